@@ -1,0 +1,3 @@
+//! One module per `k3d` subcommand.
+pub mod check;
+pub mod synth;

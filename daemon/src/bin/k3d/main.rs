@@ -1,0 +1,40 @@
+//! `k3d`: the Kimi K3 daemon and its offline tools.
+//!
+//! Every subcommand lives in `cmd/<name>.rs`; this file only parses and dispatches, and turns
+//! errors into one line on stderr and a documented exit code (see `exit.rs`).
+
+mod cmd;
+mod exit;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "k3d",
+    version,
+    about = "Kimi K3 on one machine: daemon and offline tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a checkpoint directory and print its byte census.
+    Check(cmd::check::Args),
+    /// Write a random-weight checkpoint in exactly the released layout.
+    Synth(cmd::synth::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(args) => cmd::check::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("k3d: error: {:#}", e.error);
+        std::process::exit(e.exit as i32);
+    }
+}

@@ -1,0 +1,1 @@
+//! Prompts in, tokens out: generation over a loaded model.

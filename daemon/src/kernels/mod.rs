@@ -1,0 +1,16 @@
+//! The numerics contract of spec §6, in one place.
+//!
+//! Every reduction accumulates in f64 with one fixed tree ([`reduce`]), every elementwise
+//! function is evaluated in f64 with the pure-Rust `libm` and rounded to f32 once
+//! ([`elementwise`]), and parallelism is only ever over independent outputs (rows). So the
+//! result of every kernel is a function of its inputs alone — not of thread count, batch size,
+//! memory budget or SIMD path.
+
+pub mod elementwise;
+pub mod matmul;
+pub mod mxfp4;
+pub mod norm;
+pub mod reduce;
+pub mod softmax;
+
+pub use matmul::{Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_f32, matmul_mxfp4};

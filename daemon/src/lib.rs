@@ -1,0 +1,33 @@
+//! # k3d — the Kimi K3 engine
+//!
+//! This crate is the engine as a library plus the `k3d` binary (`src/bin/k3d`). The library
+//! computes the official Kimi K3 mathematics exactly (spec `k3-model.md`) on the CPU, streaming
+//! weights from the released safetensors shards. It knows nothing about RPC: no tokio, tonic
+//! or protobuf here (enforced by `tests/architecture.rs`); the binary's server layer wraps it.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! checkpoint ──► store ──► model ──► engine ──► (server, in the binary) ──► client
+//!  files,          bytes      the        generation,
+//!  config,         in RAM     forward    sampling,
+//!  layout          or read    pass       sessions
+//! ```
+//!
+//! * [`checkpoint`] — safetensors headers, `config.json`, the layout binding (which bytes are
+//!   which tensor) and the byte census. Reads headers only.
+//! * [`store`] — where weight bytes live: direct-I/O reads, pinned trunk layers, the expert cache.
+//! * [`kernels`] — the numerics contract (spec §6): fixed f64 reduction trees, bf16 / MXFP4
+//!   matvecs, norms and elementwise functions; SIMD paths bit-identical to the portable one.
+//! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
+//! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
+//! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
+
+pub mod checkpoint;
+pub mod engine;
+pub mod kernels;
+pub mod model;
+pub mod store;
+pub mod synth;
+pub mod tokenizer;
