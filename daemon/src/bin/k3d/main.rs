@@ -25,6 +25,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Write a random-weight checkpoint in exactly the released layout.
     Synth(cmd::synth::Args),
+    /// Generate greedily from prompt ids, offline (tests and benchmarks use this).
+    Run(cmd::run::Args),
 }
 
 fn main() {
@@ -32,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Check(args) => cmd::check::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Run(args) => cmd::run::run(args),
     };
     if let Err(e) = result {
         eprintln!("k3d: error: {:#}", e.error);
