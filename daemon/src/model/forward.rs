@@ -92,6 +92,20 @@ pub struct Model {
 }
 
 impl Model {
+    /// Loads a checkpoint opened by [`crate::checkpoint`].
+    pub fn load(
+        checkpoint: &crate::checkpoint::Checkpoint,
+        options: LoadOptions,
+    ) -> Result<Model, ModelError> {
+        let shards = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
+        Model::from_parts(
+            checkpoint.config.clone(),
+            checkpoint.layout.clone(),
+            shards,
+            options,
+        )
+    }
+
     /// Loads from a validated config, its layout binding and the shard paths the layout's
     /// [`crate::checkpoint::layout::ByteRun::shard`] numbers index.
     pub fn from_parts(

@@ -192,3 +192,53 @@ pub fn gate_err(ours: &[f32], reference: &[f32]) -> f64 {
         .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
     diff / scale
 }
+
+/// A checkpoint written by `k3d synth` into a fresh temporary directory, removed on drop.
+pub struct TempCheckpoint {
+    pub dir: std::path::PathBuf,
+    pub fingerprint: String,
+}
+
+impl Drop for TempCheckpoint {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Writes the synth checkpoint `shape` with `seed` (the library behind `k3d synth`).
+pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let s =
+        k3d::synth::shape::Shape::named(shape).unwrap_or_else(|| panic!("no synth shape {shape}"));
+    let plan = k3d::synth::plan(&s);
+    let dir = std::env::temp_dir().join(format!(
+        "k3d-model-test-{shape}-{seed}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let summary = k3d::synth::write(&plan, &dir, seed, false, &mut |_| {})
+        .unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
+    TempCheckpoint {
+        dir,
+        fingerprint: summary.fingerprint,
+    }
+}
+
+/// Opens and loads a checkpoint directory.
+pub fn load(dir: &std::path::Path) -> k3d::model::Model {
+    let ck = k3d::checkpoint::Checkpoint::open(dir)
+        .unwrap_or_else(|e| panic!("open {}: {e}", dir.display()));
+    k3d::model::Model::load(&ck, k3d::model::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("load {}: {e}", dir.display()))
+}
+
+/// Never cancels.
+pub fn no_cancel() -> bool {
+    false
+}
+
+/// Bit patterns, for exact comparisons.
+pub fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
