@@ -34,9 +34,17 @@ fn chunked(model: &Model, ids: &[u32], chunk: usize) -> Vec<f32> {
     out
 }
 
+/// Every tiny shape: tiny-c adds block size 1, an MLA first layer and a 2-tap conv.
 #[test]
 fn prefill_decode_chunks_and_recompute_are_bit_identical() {
-    let ck = synth("tiny", 0);
+    for shape in ["tiny", "tiny-b", "tiny-c"] {
+        println!("{shape}");
+        incremental_matches_one_call(shape);
+    }
+}
+
+fn incremental_matches_one_call(shape: &str) {
+    let ck = synth(shape, 0);
     let model = load(&ck.dir);
     let ids = prompt(&model);
     let vocab = model.config().vocab_size;

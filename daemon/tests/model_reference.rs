@@ -83,7 +83,11 @@ fn gate(shape: &str) {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        assert_eq!(reference.len(), fed.len() * vocab, "{shape} prompt {i}: rows");
+        assert_eq!(
+            reference.len(),
+            fed.len() * vocab,
+            "{shape} prompt {i}: rows"
+        );
 
         let mut state = model.new_state();
         let ours = model
@@ -95,9 +99,16 @@ fn gate(shape: &str) {
             "{shape} prompt {i}: {} rows, max|ref| {max_ref:.3}, max|Δ|/max(1,max|ref|) = {err:.3e}",
             fed.len()
         );
-        assert!(err <= 1e-4, "{shape} prompt {i}: logits differ by {err:.3e}");
+        assert!(
+            err <= 1e-4,
+            "{shape} prompt {i}: logits differ by {err:.3e}"
+        );
         for (r, (a, b)) in ours.chunks(vocab).zip(reference.chunks(vocab)).enumerate() {
-            assert_eq!(argmax(a), argmax(b), "{shape} prompt {i}: argmax differs at row {r}");
+            assert_eq!(
+                argmax(a),
+                argmax(b),
+                "{shape} prompt {i}: argmax differs at row {r}"
+            );
         }
         assert_eq!(
             greedy(&model, &prompt, n_gen),

@@ -5,6 +5,9 @@
 //! correct reference to `TOL`; the same reference with the trap reintroduced must be far away —
 //! so each test shows both that the engine is right and that the trap would be caught.
 
+// The references index like the spec's formulas (S[i][j], π_b·s_b[i]) on purpose.
+#![allow(clippy::needless_range_loop)]
+
 mod model_support;
 
 use k3d::model::attn_res::{aggregate, fold_query, is_block_start};

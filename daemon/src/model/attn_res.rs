@@ -8,7 +8,7 @@ use crate::kernels::softmax::softmax_f64;
 /// Whether layer `layer` (zero-based) starts a new block: `L mod B == 0` (spec §4.4) — not
 /// `(L+1) mod B` (spec §5.3 item 13).
 pub fn is_block_start(layer: usize, block_size: usize) -> bool {
-    layer % block_size == 0
+    layer.is_multiple_of(block_size)
 }
 
 /// Folds a norm gain and a pseudo-query into the score vector `f = n ⊙ p` (spec §4.3). The

@@ -136,7 +136,7 @@ pub fn mxfp4_matrix<'a>(
     cols: usize,
     t: (TensorName, TensorName),
 ) -> Result<Mxfp4Matrix<'a>, ModelError> {
-    if cols % mxfp4::GROUP != 0 {
+    if !cols.is_multiple_of(mxfp4::GROUP) {
         return Err(problem(
             t.0,
             format!("input width {cols} is not a multiple of {}", mxfp4::GROUP),

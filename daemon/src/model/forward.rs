@@ -292,26 +292,39 @@ impl Model {
         Ok(logits)
     }
 
+    /// Refuses a state made for another model: layer kinds and every carried size must match.
     fn check_state(&self, state: &State) -> Result<(), ModelError> {
-        let kinds_match = state.layers.len() == self.config.layer_kinds.len()
-            && state
-                .layers
-                .iter()
-                .zip(&self.config.layer_kinds)
-                .all(|(s, k)| {
-                    matches!(
-                        (s, k),
-                        (LayerState::Kda(_), MixerKind::Kda) | (LayerState::Mla(_), MixerKind::Mla)
-                    )
-                });
-        if kinds_match {
-            Ok(())
-        } else {
-            Err(ModelError::StateMismatch(format!(
-                "{} layer states for a {}-layer model",
-                state.layers.len(),
-                self.config.layer_kinds.len()
-            )))
+        let d = &self.kda;
+        let kda_state = d.heads * d.head_dim * d.head_dim;
+        let kda_history = d.conv.saturating_sub(1) * d.width();
+        let kv_lora = self.mla.kv_lora;
+        let fits = |s: &LayerState, k: &MixerKind| match (s, k) {
+            (LayerState::Kda(s), MixerKind::Kda) => {
+                s.s.len() == kda_state && s.history.iter().all(|h| h.len() == kda_history)
+            }
+            (LayerState::Mla(c), MixerKind::Mla) => {
+                c.latent.len() == state.positions * kv_lora
+                    && c.rope_key.len() == state.positions * self.mla.rope
+            }
+            _ => false,
+        };
+        let n = self.config.layer_kinds.len();
+        if state.layers.len() != n {
+            return Err(ModelError::StateMismatch(format!(
+                "{} layer states for a {n}-layer model",
+                state.layers.len()
+            )));
+        }
+        match state
+            .layers
+            .iter()
+            .zip(&self.config.layer_kinds)
+            .position(|(s, k)| !fits(s, k))
+        {
+            None => Ok(()),
+            Some(l) => Err(ModelError::StateMismatch(format!(
+                "layer {l}: kind or carried sizes differ from this model's"
+            ))),
         }
     }
 

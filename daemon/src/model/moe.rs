@@ -3,8 +3,9 @@
 //! up, and add the shared MLP computed on the original x with weight 1.
 //!
 //! Two phases around the weight store: [`plan`] computes `z` and the routing and names the
-//! experts the T tokens need (the union); [`finish`] runs every (token, expert) pair with each
-//! expert's weights read once and combines per token in top-k order (spec §6.1 rule 9).
+//! experts the T tokens need (the union); [`run_expert`] runs one expert on all its tokens (its
+//! weights read once), in any order; [`combine`] sums per token in top-k order (spec §6.1 rule 9).
+//! [`finish`] is the two together for a resident expert set.
 
 use rayon::prelude::*;
 
@@ -70,6 +71,33 @@ pub fn plan(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> M
     MoePlan { z, routes, needed }
 }
 
+/// The outputs of one routed expert for the tokens that chose it: `users[i] = (token, slot)`
+/// (slot = position in that token's top-k order) and `ys[i]` its `latent`-wide output row.
+pub struct ExpertOutput {
+    pub users: Vec<(usize, usize)>,
+    pub ys: Vec<f32>,
+}
+
+/// Runs expert `e` (weights `w`) on every token of `plan` that routed to it, reading the weights
+/// once: `W2_e · SiTU-GLU(W1_e z, W3_e z)`. Independent of every other expert, so experts can be
+/// computed in any order — e.g. as their reads complete.
+pub fn run_expert(dims: &MoeDims, plan: &MoePlan, e: usize, w: &Expert<'_>) -> ExpertOutput {
+    let lw = dims.latent;
+    let users: Vec<(usize, usize)> = plan
+        .routes
+        .iter()
+        .enumerate()
+        .filter_map(|(tok, r)| r.experts.iter().position(|&x| x == e).map(|j| (tok, j)))
+        .collect();
+    let mut zs = Vec::with_capacity(users.len() * lw);
+    for &(tok, _) in &users {
+        zs.extend_from_slice(&plan.z[tok * lw..(tok + 1) * lw]);
+    }
+    let mut ys = vec![0.0f32; users.len() * lw];
+    w.forward(dims.act, &zs, &mut ys);
+    ExpertOutput { users, ys }
+}
+
 /// Phase 2: `experts[i]` are the weights of `plan.needed[i]`. Writes `[T, hidden]` into `out`.
 pub fn finish(
     dims: &MoeDims,
@@ -80,33 +108,32 @@ pub fn finish(
     experts: &[Expert<'_>],
     out: &mut [f32],
 ) {
-    let t = plan.routes.len();
-    let k = dims.router.top_k;
-    let lw = dims.latent;
-    // y[(tok, slot)] = W2_e · SiTU-GLU(W1_e z, W3_e z), each expert over all its tokens at once.
-    let per_expert: Vec<(Vec<(usize, usize)>, Vec<f32>)> = plan
+    let outputs: Vec<ExpertOutput> = plan
         .needed
         .par_iter()
         .zip(experts)
-        .map(|(&e, w)| {
-            let users: Vec<(usize, usize)> = plan
-                .routes
-                .iter()
-                .enumerate()
-                .filter_map(|(tok, r)| r.experts.iter().position(|&x| x == e).map(|j| (tok, j)))
-                .collect();
-            let mut zs = Vec::with_capacity(users.len() * lw);
-            for &(tok, _) in &users {
-                zs.extend_from_slice(&plan.z[tok * lw..(tok + 1) * lw]);
-            }
-            let mut ys = vec![0.0f32; users.len() * lw];
-            w.forward(dims.act, &zs, &mut ys);
-            (users, ys)
-        })
+        .map(|(&e, w)| run_expert(dims, plan, e, w))
         .collect();
+    combine(dims, m, p, xs, plan, &outputs, out);
+}
+
+/// Sums each token's expert outputs in f64 in top-k order (whatever order `outputs` come in),
+/// applies the aggregate norm and the up-projection, and adds the shared MLP on x.
+pub fn combine(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+    plan: &MoePlan,
+    outputs: &[ExpertOutput],
+    out: &mut [f32],
+) {
+    let t = plan.routes.len();
+    let k = dims.router.top_k;
+    let lw = dims.latent;
     let mut slots = vec![0.0f32; t * k * lw];
-    for (users, ys) in &per_expert {
-        for (&(tok, j), y) in users.iter().zip(ys.chunks_exact(lw)) {
+    for o in outputs {
+        for (&(tok, j), y) in o.users.iter().zip(o.ys.chunks_exact(lw)) {
             slots[(tok * k + j) * lw..(tok * k + j + 1) * lw].copy_from_slice(y);
         }
     }
