@@ -52,6 +52,7 @@ pub struct KdaParams {
 
 impl KdaParams {
     /// `a_log` is the stored (padded) `A_log`; entries past `dims.heads` are ignored (spec §3.3).
+    /// The caller checks `a_log.len() ≥ dims.heads` (the loader does, naming the tensor).
     pub fn new(
         dims: &KdaDims,
         conv: [Vec<f32>; 3],

@@ -255,8 +255,10 @@ impl WeightStore {
     /// The stored bytes of embedding row `id`, `row_bytes` long.
     pub fn embedding_row(&self, id: usize, row_bytes: usize) -> Result<&[u8], StoreError> {
         let rows = self.embed_tokens.len().checked_div(row_bytes).unwrap_or(0);
-        let start = id.checked_mul(row_bytes);
-        match start.and_then(|s| self.embed_tokens.get(s..s + row_bytes)) {
+        let range = id
+            .checked_mul(row_bytes)
+            .and_then(|s| Some(s..s.checked_add(row_bytes)?));
+        match range.and_then(|r| self.embed_tokens.get(r)) {
             Some(row) if row_bytes > 0 => Ok(row),
             _ => Err(StoreError::NoSuchRow { id, rows }),
         }
