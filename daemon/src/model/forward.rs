@@ -18,7 +18,6 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
-use super::ModelError;
 use super::attn_res::{aggregate, fold_query, is_block_start};
 use super::bind::{TensorName, bf16_matrix, bf16_values, f32_values, mxfp4_matrix};
 use super::kda::{self, KdaDims, KdaMatrices, KdaParams, KdaState};
@@ -27,6 +26,7 @@ use super::mlp::{Mlp, Situ, apply};
 use super::moe::{self, Expert, MoeDims, MoeMatrices, MoeParams};
 use super::router::RouterConfig;
 use super::state::{LayerState, State};
+use super::{ModelError, grain};
 use crate::checkpoint::config::{MixerKind, ModelConfig};
 use crate::checkpoint::layout::{
     FfnLayout, KdaLayout, LayerLayout, MixerLayout, MlaLayout, MlpLayout, ModelLayout, ModelTensor,
@@ -468,11 +468,15 @@ impl Model {
 /// `AR(blocks ++ [last])` for each of the token rows of `last` (rows of `blocks` aligned).
 fn aggregate_rows(blocks: &[Vec<f32>], last: &[f32], f: &[f32], eps: f64, h: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; last.len()];
-    out.par_chunks_mut(h).enumerate().for_each(|(tok, dst)| {
-        let mut sources: Vec<&[f32]> = blocks.iter().map(|b| &b[tok * h..(tok + 1) * h]).collect();
-        sources.push(&last[tok * h..(tok + 1) * h]);
-        aggregate(&sources, f, eps, dst);
-    });
+    out.par_chunks_mut(h)
+        .with_min_len(grain(2 * (blocks.len() + 1) * h))
+        .enumerate()
+        .for_each(|(tok, dst)| {
+            let mut sources: Vec<&[f32]> =
+                blocks.iter().map(|b| &b[tok * h..(tok + 1) * h]).collect();
+            sources.push(&last[tok * h..(tok + 1) * h]);
+            aggregate(&sources, f, eps, dst);
+        });
     out
 }
 

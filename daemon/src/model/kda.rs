@@ -8,6 +8,7 @@
 
 use rayon::prelude::*;
 
+use super::grain;
 use super::mlp::{Linear, apply};
 use crate::kernels::Bf16Matrix;
 use crate::kernels::elementwise::{sigmoid, silu};
@@ -160,6 +161,7 @@ pub fn forward(
     by_head
         .par_chunks_mut(t * d)
         .zip(state.s.par_chunks_mut(d * d))
+        .with_min_len(grain(4 * t * d * d))
         .enumerate()
         .for_each(|(h, (o, s))| head_recurrence(dims, p, &inputs, h, s, o));
     let mut o = vec![0.0f32; t * pw];

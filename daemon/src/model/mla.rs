@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use super::grain;
 use super::mlp::{Linear, apply};
 use crate::kernels::Bf16Matrix;
 use crate::kernels::elementwise::sigmoid;
@@ -105,35 +106,39 @@ pub fn forward(
     let scale = 1.0 / (dims.qk() as f64).sqrt();
     // Outputs as [T][heads][v]; parallel over (token, head), each an independent output.
     let mut o = vec![0.0f32; t * dims.heads * dims.v];
-    o.par_chunks_mut(dims.v).enumerate().for_each(|(idx, dst)| {
-        let (tok, h) = (idx / dims.heads, idx % dims.heads);
-        let qh = &q[(tok * dims.heads + h) * dims.qk()..(tok * dims.heads + h + 1) * dims.qk()];
-        let visible = first + tok + 1;
-        let scores: Vec<f64> = (0..visible)
-            .map(|s| {
-                let kn = &kv[(s * dims.heads + h) * hw..(s * dims.heads + h) * hw + dims.nope];
-                let kr = &cache.rope_key[s * dims.rope..(s + 1) * dims.rope];
-                // One 192-term reduction: content dims, then the shared rope slot.
-                let dot = tree_sum(dims.qk(), |i| {
-                    let key = if i < dims.nope {
-                        kn[i]
-                    } else {
-                        kr[i - dims.nope]
-                    };
-                    qh[i] as f64 * key as f64
-                });
-                dot * scale
-            })
-            .collect();
-        let pi = softmax_f64(&scores);
-        for (j, y) in dst.iter_mut().enumerate() {
-            let mut acc = 0.0f64;
-            for (s, &w) in pi.iter().enumerate() {
-                acc += w * kv[(s * dims.heads + h) * hw + dims.nope + j] as f64;
+    let work = (first + t) * (dims.qk() + dims.v);
+    o.par_chunks_mut(dims.v)
+        .with_min_len(grain(work))
+        .enumerate()
+        .for_each(|(idx, dst)| {
+            let (tok, h) = (idx / dims.heads, idx % dims.heads);
+            let qh = &q[(tok * dims.heads + h) * dims.qk()..(tok * dims.heads + h + 1) * dims.qk()];
+            let visible = first + tok + 1;
+            let scores: Vec<f64> = (0..visible)
+                .map(|s| {
+                    let kn = &kv[(s * dims.heads + h) * hw..(s * dims.heads + h) * hw + dims.nope];
+                    let kr = &cache.rope_key[s * dims.rope..(s + 1) * dims.rope];
+                    // One 192-term reduction: content dims, then the shared rope slot.
+                    let dot = tree_sum(dims.qk(), |i| {
+                        let key = if i < dims.nope {
+                            kn[i]
+                        } else {
+                            kr[i - dims.nope]
+                        };
+                        qh[i] as f64 * key as f64
+                    });
+                    dot * scale
+                })
+                .collect();
+            let pi = softmax_f64(&scores);
+            for (j, y) in dst.iter_mut().enumerate() {
+                let mut acc = 0.0f64;
+                for (s, &w) in pi.iter().enumerate() {
+                    acc += w * kv[(s * dims.heads + h) * hw + dims.nope + j] as f64;
+                }
+                *y = acc as f32;
             }
-            *y = acc as f32;
-        }
-    });
+        });
     if let Some(g) = &m.g_proj {
         // σ(W_g x) on the heads × v outputs; no norm.
         let gl = apply(g, xs);

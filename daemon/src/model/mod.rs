@@ -27,6 +27,16 @@ pub use state::State;
 
 use crate::store::StoreError;
 
+/// Multiply-adds below which splitting work across threads costs more than it saves. Only
+/// scheduling depends on it: every output element is computed the same way either way.
+const PARALLEL_MIN_WORK: usize = 1 << 15;
+
+/// Minimum number of items per parallel job (rayon `with_min_len`) for items of
+/// `work_per_item` multiply-adds each, so small layers stay on one thread.
+fn grain(work_per_item: usize) -> usize {
+    (PARALLEL_MIN_WORK / work_per_item.max(1)).max(1)
+}
+
 /// Failures of loading or running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

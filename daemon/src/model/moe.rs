@@ -9,6 +9,7 @@
 
 use rayon::prelude::*;
 
+use super::grain;
 use super::mlp::{Mlp, Situ, apply};
 use super::router::{RouterConfig, Routing, route};
 use crate::kernels::norm::rms_norm;
@@ -108,10 +109,12 @@ pub fn finish(
     experts: &[Expert<'_>],
     out: &mut [f32],
 ) {
+    let expert_work = experts.first().map_or(0, |w| 3 * w.gate.rows * w.gate.cols);
     let outputs: Vec<ExpertOutput> = plan
         .needed
         .par_iter()
         .zip(experts)
+        .with_min_len(grain(expert_work))
         .map(|(&e, w)| run_expert(dims, plan, e, w))
         .collect();
     combine(dims, m, p, xs, plan, &outputs, out);
