@@ -85,7 +85,7 @@ impl Generation {
         model: &Model,
         tokenizer: &Tokenizer,
         prefill_chunk: usize,
-        cancel: &dyn Fn() -> bool,
+        cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Step, EngineError> {
         if self.done {
             return Err(EngineError::Finished);
@@ -96,7 +96,8 @@ impl Generation {
             let end = (self.fed + prefill_chunk.max(1)).min(total);
             let want = if self.request.record_logits { Logits::All } else { Logits::Last };
             let prompt = &self.request.prompt[self.fed..end];
-            let logits = self.counted(model, |state| model.forward(state, prompt, want, cancel))?;
+            let state = &mut self.state;
+            let logits = counted(model, &mut self.io, || model.forward(state, prompt, want, cancel))?;
             self.fed = end;
             let vocab = model.config().vocab_size;
             if self.request.record_logits {
@@ -119,7 +120,8 @@ impl Generation {
             Some(l) => l,
             None => {
                 let last = *self.generated.last().ok_or(EngineError::Finished)?;
-                let l = self.counted(model, |state| model.forward(state, &[last], Logits::Last, cancel))?;
+                let state = &mut self.state;
+                let l = counted(model, &mut self.io, || model.forward(state, &[last], Logits::Last, cancel))?;
                 if self.request.record_logits {
                     self.logits_log.extend_from_slice(&l);
                 }
@@ -137,7 +139,9 @@ impl Generation {
         self.generated.push(id);
         if !self.request.stop_strings.is_empty() {
             let before = self.output_text.len();
-            self.output_text.extend_from_slice(&tokenizer.decode(&[id]));
+            // An id without bytes in the tokenizer (possible only if the config's vocabulary is
+            // larger than the tokenizer's) contributes no text.
+            self.output_text.extend_from_slice(tokenizer.token_bytes(id).unwrap_or_default());
             if let Some(s) = first_completed_stop(&self.request.stop_strings, &self.output_text, before) {
                 self.finish = Some(StopReason::StopString(s.to_owned()));
             }
@@ -146,20 +150,6 @@ impl Generation {
             self.finish = Some(StopReason::MaxTokens);
         }
         Ok(Step::Token { id })
-    }
-
-    /// Runs one forward on this generation's state, charging it the store traffic it caused.
-    fn counted<T>(
-        &mut self,
-        model: &Model,
-        forward: impl FnOnce(&mut State) -> Result<T, crate::model::ModelError>,
-    ) -> Result<T, EngineError> {
-        let before = model.store_stats();
-        let result = forward(&mut self.state);
-        let after = model.store_stats();
-        self.io.read += after.bytes_read - before.bytes_read;
-        self.io.avoided += after.bytes_avoided - before.bytes_avoided;
-        Ok(result?)
     }
 
     fn finished(&mut self, stop_reason: StopReason) -> Step {
@@ -176,6 +166,21 @@ impl Generation {
             logits: std::mem::take(&mut self.logits_log),
         })
     }
+}
+
+/// Runs one forward, charging `io` with the store traffic it caused. Steps of different
+/// generations never overlap (one engine thread steps them), so the difference is this one's.
+fn counted<T>(
+    model: &Model,
+    io: &mut IoTally,
+    forward: impl FnOnce() -> Result<T, crate::model::ModelError>,
+) -> Result<T, EngineError> {
+    let before = model.store_stats();
+    let result = forward();
+    let after = model.store_stats();
+    io.read += after.bytes_read - before.bytes_read;
+    io.avoided += after.bytes_avoided - before.bytes_avoided;
+    Ok(result?)
 }
 
 /// The first stop string that occurs in `text` and ends after byte `new_from` (i.e. was

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use sha2::{Digest, Sha256};
 
 use super::EngineError;
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::Checkpoint;
 use crate::checkpoint::config::MixerKind;
 use crate::store::StoreStats;
 
@@ -15,8 +15,8 @@ use crate::store::StoreStats;
 pub enum LoadProgress {
     /// Reading and validating config and shard headers.
     Checking,
-    /// Loading weight bytes: `done` of `total` bytes.
-    Weights { done: u64, total: u64 },
+    /// Loading the weights the memory plan keeps resident.
+    Weights,
     Ready,
 }
 
@@ -69,13 +69,13 @@ fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
     let mut h = Sha256::new();
     let config_path = checkpoint.dir.join("config.json");
     let config = std::fs::read(&config_path)
-        .map_err(|e| CheckpointError::io(&config_path, e))?;
+        .map_err(|source| EngineError::Io { path: config_path.clone(), source })?;
     h.update(&config);
     for shard in &checkpoint.shards {
         let mut header = vec![0u8; shard.data_start as usize];
         std::fs::File::open(&shard.path)
             .and_then(|mut f| f.read_exact(&mut header))
-            .map_err(|e| CheckpointError::io(&shard.path, e))?;
+            .map_err(|source| EngineError::Io { path: shard.path.clone(), source })?;
         h.update(shard.path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
         h.update(shard.size.to_le_bytes());
         h.update(&header);

@@ -20,7 +20,7 @@ pub use request::{GenerateRequest, Sampling, StopReason, Summary};
 use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::model::{Model, ModelError, ModelOptions};
+use crate::model::{LoadOptions, Model, ModelError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// How an engine is set up.
@@ -32,7 +32,7 @@ pub struct EngineOptions {
     /// cancellation. Results do not depend on it.
     pub prefill_chunk: usize,
     /// Passed through to the model (memory plan etc.).
-    pub model: ModelOptions,
+    pub model: LoadOptions,
 }
 
 impl Default for EngineOptions {
@@ -40,7 +40,7 @@ impl Default for EngineOptions {
         EngineOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             prefill_chunk: 32,
-            model: ModelOptions::default(),
+            model: LoadOptions::default(),
         }
     }
 }
@@ -60,6 +60,8 @@ pub enum EngineError {
     /// The caller's cancel check returned true; the generation is abandoned.
     #[error("cancelled")]
     Cancelled,
+    #[error("reading {path}: {source}")]
+    Io { path: std::path::PathBuf, source: std::io::Error },
     #[error("generation already finished")]
     Finished,
     #[error("could not build the compute thread pool: {0}")]
@@ -107,11 +109,8 @@ impl Engine {
             .thread_name(|i| format!("k3d-compute-{i}"))
             .build()
             .map_err(|e| EngineError::ThreadPool(e.to_string()))?;
-        let model = pool.install(|| {
-            Model::load(checkpoint, options.model.clone(), &mut |done, total| {
-                progress(LoadProgress::Weights { done, total })
-            })
-        })?;
+        progress(LoadProgress::Weights);
+        let model = pool.install(|| Model::load(&checkpoint, options.model.clone()))?;
         progress(LoadProgress::Ready);
         Ok(Engine { model, tokenizer, pool, options, info })
     }
@@ -148,7 +147,7 @@ impl Engine {
     pub fn step(
         &self,
         generation: &mut Generation,
-        cancel: &dyn Fn() -> bool,
+        cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Step, EngineError> {
         self.pool.install(|| generation.advance(&self.model, &self.tokenizer, self.options.prefill_chunk, cancel))
     }

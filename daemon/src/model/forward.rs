@@ -232,6 +232,11 @@ impl Model {
     }
 
     /// The validated configuration.
+    /// Weight traffic of the store since load.
+    pub fn store_stats(&self) -> crate::store::StoreStats {
+        self.store.stats()
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }

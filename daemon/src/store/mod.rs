@@ -14,6 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, ModelLayout, Slice};
 use crate::kernels::mxfp4;
@@ -144,6 +145,29 @@ pub struct WeightStore {
     norm: Vec<u8>,
     output_attn_res_norm: Vec<u8>,
     output_attn_res_proj: Vec<u8>,
+    counters: Counters,
+}
+
+/// Weight traffic since the store was created (engine-lessons §4.2: bytes, not hit rates).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Bytes read from the shard files.
+    pub bytes_read: u64,
+    /// Bytes handed to the model from memory that a store without them resident would have
+    /// had to read.
+    pub bytes_avoided: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    read: AtomicU64,
+    avoided: AtomicU64,
+}
+
+impl Counters {
+    fn avoided(&self, n: usize) {
+        self.avoided.fetch_add(n as u64, Ordering::Relaxed);
+    }
 }
 
 impl WeightStore {
@@ -179,6 +203,14 @@ impl WeightStore {
         let norm = read(&layout.norm.run)?;
         let output_attn_res_norm = read(&layout.output_attn_res_norm.run)?;
         let output_attn_res_proj = read(&layout.output_attn_res_proj.run)?;
+        let counters = Counters::default();
+        let loaded = trunks.iter().map(Vec::len).sum::<usize>()
+            + experts.iter().flatten().map(|e| e.bytes.len()).sum::<usize>()
+            + [&embed_tokens, &lm_head, &norm, &output_attn_res_norm, &output_attn_res_proj]
+                .iter()
+                .map(|b| b.len())
+                .sum::<usize>();
+        counters.read.store(loaded as u64, Ordering::Relaxed);
         Ok(WeightStore {
             layout,
             shards,
@@ -189,7 +221,16 @@ impl WeightStore {
             norm,
             output_attn_res_norm,
             output_attn_res_proj,
+            counters,
         })
+    }
+
+    /// Weight traffic so far.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            bytes_read: self.counters.read.load(Ordering::Relaxed),
+            bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
+        }
     }
 
     /// The layout the store serves.
@@ -203,6 +244,7 @@ impl WeightStore {
             layer,
             count: self.trunks.len(),
         })?;
+        self.counters.avoided(bytes.len());
         Ok(TrunkView { bytes })
     }
 
@@ -243,6 +285,7 @@ impl WeightStore {
                     offset: bad.offset,
                 });
             }
+            self.counters.avoided(r.bytes.len());
             out.push(ExpertView {
                 expert: e,
                 bytes: &r.bytes,
@@ -259,20 +302,25 @@ impl WeightStore {
             .checked_mul(row_bytes)
             .and_then(|s| Some(s..s.checked_add(row_bytes)?));
         match range.and_then(|r| self.embed_tokens.get(r)) {
-            Some(row) if row_bytes > 0 => Ok(row),
+            Some(row) if row_bytes > 0 => {
+                self.counters.avoided(row.len());
+                Ok(row)
+            }
             _ => Err(StoreError::NoSuchRow { id, rows }),
         }
     }
 
     /// A whole model-level tensor.
     pub fn model_tensor(&self, which: ModelTensorId) -> &[u8] {
-        match which {
+        let bytes = match which {
             ModelTensorId::EmbedTokens => &self.embed_tokens,
             ModelTensorId::LmHead => &self.lm_head,
             ModelTensorId::Norm => &self.norm,
             ModelTensorId::OutputAttnResNorm => &self.output_attn_res_norm,
             ModelTensorId::OutputAttnResProj => &self.output_attn_res_proj,
-        }
+        };
+        self.counters.avoided(bytes.len());
+        bytes
     }
 
     fn shard_path(&self, shard: usize) -> PathBuf {

@@ -57,7 +57,7 @@ impl From<k3d::engine::EngineError> for CliError {
         use k3d::engine::EngineError as E;
         let exit = match &e {
             E::Checkpoint(c) if c.is_config() => Exit::Usage,
-            E::Checkpoint(_) | E::Tokenizer(_) => Exit::Checkpoint,
+            E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
             E::InvalidRequest(_) => Exit::Usage,
             E::Model(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => Exit::RunInvalid,
         };

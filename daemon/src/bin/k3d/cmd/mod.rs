@@ -2,3 +2,4 @@
 pub mod check;
 pub mod synth;
 pub mod run;
+pub mod tokenize;

@@ -23,8 +23,8 @@ pub struct Args {
     #[arg(long)]
     prompt: Option<String>,
     /// Number of tokens to generate greedily.
-    #[arg(long, default_value_t = 16)]
-    gen: usize,
+    #[arg(long = "gen", id = "gen", default_value_t = 16)]
+    generate: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -46,12 +46,12 @@ pub fn run(args: Args) -> CliResult {
     }
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
     let prompt = match &args.prompt {
-        Some(text) => engine.tokenizer().encode(text, k3d::tokenizer::Specials::Ignore),
+        Some(text) => engine.tokenizer().encode(text, k3d::tokenizer::Specials::Plain),
         None => args.ids.clone(),
     };
     let request = GenerateRequest {
         prompt: prompt.clone(),
-        max_tokens: args.gen,
+        max_tokens: args.generate,
         record_logits: args.dump_logits.is_some(),
         ..GenerateRequest::default()
     };
@@ -61,7 +61,8 @@ pub fn run(args: Args) -> CliResult {
             Step::Finished(summary) => break summary,
             Step::Token { id } if !args.json => {
                 let mut out = std::io::stdout().lock();
-                out.write_all(&engine.tokenizer().decode(&[id])).context("writing to stdout")?;
+                let bytes = engine.tokenizer().token_bytes(id).unwrap_or_default();
+                out.write_all(bytes).context("writing to stdout")?;
                 out.flush().context("writing to stdout")?;
             }
             _ => {}
