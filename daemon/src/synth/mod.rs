@@ -293,3 +293,6 @@ pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
     }
     Ok(fingerprint(&files))
 }
+
+#[cfg(test)]
+mod tests;
