@@ -1,7 +1,8 @@
 //! Kernel benchmark (not a test): how fast the matvec kernels consume weights, as a fraction
 //! of the memory bandwidth measured in the same run.
 //!
-//! `cargo run --release -p k3d --example kernel_bench [runs]`
+//! `cargo run --release -p k3d --example kernel_bench [runs] [path]` (path: portable, avx2 or
+//! avx512 to run only that one)
 //!
 //! Shapes: BF16 7168×12288 and 12288×7168 (trunk projections); one MXFP4 routed expert
 //! (w1, w3: 3072×3584, w2: 3584×3072 = 17,547,264 bytes), cycling through 8 distinct experts
@@ -18,7 +19,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use k3d::kernels::{Bf16Matrix, Isa, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with};
+use k3d::kernels::{Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with};
 
 /// splitmix64, to fill buffers quickly and reproducibly.
 struct Rng(u64);
@@ -133,7 +134,14 @@ fn main() {
     let x_exp: Vec<f32> = (0..3584).map(|_| rng.unit()).collect();
     let stream: Vec<u64> = (0..BANDWIDTH_BYTES / 8).map(|_| rng.next()).collect();
 
-    let paths = Isa::all_supported();
+    let only: Option<IsaKind> = std::env::args().nth(2).map(|a| match a.parse() {
+        Ok(kind) => kind,
+        Err(e) => panic!("{e}"),
+    });
+    let paths: Vec<Isa> = Isa::all_supported()
+        .into_iter()
+        .filter(|isa| only.is_none_or(|k| k == isa.kind()))
+        .collect();
     println!(
         "kernel_bench: median of {runs} runs; paths {:?}; expert = {} bytes ({EXPERTS} experts cycled)",
         paths.iter().map(|p| p.to_string()).collect::<Vec<_>>(),

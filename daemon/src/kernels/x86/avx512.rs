@@ -17,6 +17,11 @@ const POSITIONS: Positions = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 
 const TILE_ROWS: usize = 4;
 /// Tokens per tile (prefill): each decoded weight register feeds this many tokens.
 const TILE_TOKENS: usize = 2;
+/// Software prefetch distance in weight bytes, per row: each tile streams several rows at
+/// once, more streams than the hardware prefetcher follows well; measured ~10 % faster on the
+/// BF16 matvec than no prefetch (and than 1 KiB) on the development machine. Not used for
+/// MXFP4, which is bound by decoding, not by memory (prefetching measured no gain there).
+const PREFETCH_BYTES: usize = 2048;
 
 /// E2M1 codes 0–7 and 8–15 as f64 (spec §3.5; code 8 is −0).
 const E2M1_POS: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
@@ -88,6 +93,13 @@ fn bf16_tile<const R: usize, const TC: usize>(
             // 2·R·cols ≤ w.len() (asserted); loadu has no alignment requirement.
             let v =
                 unsafe { _mm256_loadu_si256(w.as_ptr().add(2 * (r * cols + LANES * b)).cast()) };
+            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+            // past the end of the slice.
+            _mm_prefetch::<_MM_HINT_T0>(
+                w.as_ptr()
+                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
+                    .cast(),
+            );
             // Each u32 holds BF16 element 2j (low half) and 2j+1 (high half); a BF16 is the top
             // half of an f32, so a shift / a mask widens them exactly.
             wr[0] = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
