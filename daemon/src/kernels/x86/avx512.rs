@@ -164,6 +164,8 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
 }
 
 /// `a[r][t] += wv[r] · x_t` over block `b` for every row and token of the tile.
+// `t` indexes the token dimension of `a` (inner) and the rows of `xw` together.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 fn accumulate<const R: usize, const TC: usize>(
