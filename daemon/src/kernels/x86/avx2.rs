@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, Simd, Tile, drive, fold_natural, scale_f64};
+use super::{Positions, SCALES, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -128,7 +128,7 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
             let b = 2 * g + h;
             let mut wv = [[_mm256_setzero_pd(); 4]; R];
             for (r, wr) in wv.iter_mut().enumerate() {
-                let s = _mm256_set1_pd(scale_f64(scales[r * groups + g]));
+                let s = _mm256_set1_pd(SCALES[scales[r * groups + g] as usize]);
                 // SAFETY: r < R, g < cols/32, h < 2: the 8 bytes at r·half + 16g + 8h end at
                 // most at R·half ≤ packed.len() (asserted); the load is unaligned-safe.
                 let bytes = unsafe {

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, Simd, Tile, drive, fold_natural, scale_f64};
+use super::{Positions, SCALES, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -137,7 +137,7 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
     for g in 0..groups {
         let mut table = [[_mm512_setzero_pd(); 2]; R];
         for (r, tr) in table.iter_mut().enumerate() {
-            let s = _mm512_set1_pd(scale_f64(scales[r * groups + g]));
+            let s = _mm512_set1_pd(SCALES[scales[r * groups + g] as usize]);
             // Products of an E2M1 value and a power of two: exact.
             *tr = [_mm512_mul_pd(pos, s), _mm512_mul_pd(neg, s)];
         }
