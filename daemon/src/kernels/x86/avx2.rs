@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, SCALES, Simd, Tile, drive, fold_natural};
+use super::{PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -87,6 +87,13 @@ fn bf16_tile<const R: usize, const TC: usize>(
                 let p = w.as_ptr().add(2 * (r * cols + LANES * b));
                 (_mm_loadu_si128(p.cast()), _mm_loadu_si128(p.add(16).cast()))
             };
+            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+            // past the end of the slice.
+            _mm_prefetch::<_MM_HINT_T0>(
+                w.as_ptr()
+                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
+                    .cast(),
+            );
             // A BF16 is the top half of an f32: shift the even element up, mask the odd one.
             for (k, v) in [v0, v1].into_iter().enumerate() {
                 wr[2 * k] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32::<16>(v)));

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, SCALES, Simd, Tile, drive, fold_natural};
+use super::{PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -17,11 +17,6 @@ const POSITIONS: Positions = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 
 const TILE_ROWS: usize = 4;
 /// Tokens per tile (prefill): each decoded weight register feeds this many tokens.
 const TILE_TOKENS: usize = 2;
-/// Software prefetch distance in weight bytes, per row: each tile streams several rows at
-/// once, more streams than the hardware prefetcher follows well; measured ~10 % faster on the
-/// BF16 matvec than no prefetch (and than 1 KiB) on the development machine. Not used for
-/// MXFP4, which is bound by decoding, not by memory (prefetching measured no gain there).
-const PREFETCH_BYTES: usize = 2048;
 
 /// E2M1 codes 0–7 and 8–15 as f64 (spec §3.5; code 8 is −0).
 const E2M1_POS: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];

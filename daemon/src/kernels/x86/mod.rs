@@ -38,6 +38,12 @@ pub(crate) static SCALES: [f64; 256] = {
     t
 };
 
+/// Software prefetch distance in weight bytes, per row: each tile streams several rows at
+/// once, more streams than the hardware prefetcher follows well; measured ~10 % faster on the
+/// BF16 matvec than no prefetch (and than 1 KiB) on the development machine. Not used for
+/// MXFP4, which is bound by decoding, not by memory (prefetching measured no gain there).
+pub(crate) const PREFETCH_BYTES: usize = 2048;
+
 /// Tree lane of each register position: position `p` of a block of sixteen holds element
 /// `POSITIONS[p]` of that block, i.e. it accumulates tree lane `POSITIONS[p]`.
 pub(crate) type Positions = [usize; LANES];
