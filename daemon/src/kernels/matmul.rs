@@ -109,7 +109,7 @@ const TOKEN_CHUNK: usize = 64;
 /// Checks the shapes of a matmul call and returns the token count T.
 fn token_count(rows: usize, cols: usize, xs: &[f32], ys: &[f32]) -> usize {
     assert!(
-        cols > 0 && xs.len() % cols == 0,
+        cols > 0 && xs.len().is_multiple_of(cols),
         "activation length is not a multiple of cols"
     );
     let t = xs.len() / cols;

@@ -88,7 +88,7 @@ mod tests {
     fn tree_association_is_the_specified_one() {
         // Values chosen so that any other association rounds differently.
         let big = 1e16f64;
-        let mut terms = vec![0.0f64; 19];
+        let mut terms = [0.0f64; 19];
         terms[0] = big;
         terms[8] = -big;
         terms[1] = 1.0;

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, Simd, Tile, drive, fold_natural, scale_f64};
+use super::{PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -87,6 +87,13 @@ fn bf16_tile<const R: usize, const TC: usize>(
                 let p = w.as_ptr().add(2 * (r * cols + LANES * b));
                 (_mm_loadu_si128(p.cast()), _mm_loadu_si128(p.add(16).cast()))
             };
+            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+            // past the end of the slice.
+            _mm_prefetch::<_MM_HINT_T0>(
+                w.as_ptr()
+                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
+                    .cast(),
+            );
             // A BF16 is the top half of an f32: shift the even element up, mask the odd one.
             for (k, v) in [v0, v1].into_iter().enumerate() {
                 wr[2 * k] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32::<16>(v)));
@@ -128,7 +135,7 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
             let b = 2 * g + h;
             let mut wv = [[_mm256_setzero_pd(); 4]; R];
             for (r, wr) in wv.iter_mut().enumerate() {
-                let s = _mm256_set1_pd(scale_f64(scales[r * groups + g]));
+                let s = _mm256_set1_pd(SCALES[scales[r * groups + g] as usize]);
                 // SAFETY: r < R, g < cols/32, h < 2: the 8 bytes at r·half + 16g + 8h end at
                 // most at R·half ≤ packed.len() (asserted); the load is unaligned-safe.
                 let bytes = unsafe {
@@ -155,6 +162,8 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
 }
 
 /// `a[r][t] += wv[r] · x_t` over block `b` for every row and token of the tile.
+// `t` indexes the token dimension of `a` (inner) and the rows of `xw` together.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn accumulate<const R: usize, const TC: usize>(

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Positions, Simd, Tile, drive, fold_natural, scale_f64};
+use super::{PREFETCH_BYTES, Positions, Simd, Tile, drive, fold_natural};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -21,6 +21,19 @@ const TILE_TOKENS: usize = 2;
 /// E2M1 codes 0–7 and 8–15 as f64 (spec §3.5; code 8 is −0).
 const E2M1_POS: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 const E2M1_NEG: [f64; 8] = [-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+/// Table entries 1–7 (entry 0 is ±0).
+const NONZERO_ENTRIES: __mmask8 = 0xfe;
+/// `(s − 127) << 52` for every scale byte: the f64 exponent-field increment of ×2^(s−127),
+/// broadcast from memory (a load, not a shuffle).
+static EXPONENT_STEPS: [i64; 256] = {
+    let mut t = [0i64; 256];
+    let mut s = 0;
+    while s < 256 {
+        t[s] = (s as i64 - 127) << 52;
+        s += 1;
+    }
+    t
+};
 
 /// Proof that the running CPU supports AVX-512F, AVX2 and FMA.
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +101,13 @@ fn bf16_tile<const R: usize, const TC: usize>(
             // 2·R·cols ≤ w.len() (asserted); loadu has no alignment requirement.
             let v =
                 unsafe { _mm256_loadu_si256(w.as_ptr().add(2 * (r * cols + LANES * b)).cast()) };
+            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+            // past the end of the slice.
+            _mm_prefetch::<_MM_HINT_T0>(
+                w.as_ptr()
+                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
+                    .cast(),
+            );
             // Each u32 holds BF16 element 2j (low half) and 2j+1 (high half); a BF16 is the top
             // half of an f32, so a shift / a mask widens them exactly.
             wr[0] = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
@@ -125,9 +145,15 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
     for g in 0..groups {
         let mut table = [[_mm512_setzero_pd(); 2]; R];
         for (r, tr) in table.iter_mut().enumerate() {
-            let s = _mm512_set1_pd(scale_f64(scales[r * groups + g]));
-            // Products of an E2M1 value and a power of two: exact.
-            *tr = [_mm512_mul_pd(pos, s), _mm512_mul_pd(neg, s)];
+            // ×2^(s−127) is exact; for the non-zero entries (exponents −1 … 2) it is the same as
+            // adding s − 127 to the f64 exponent field, which stays normal for every byte s;
+            // entries 0 (±0) are left alone. Integer adds can issue on every vector pipe,
+            // leaving the multiply pipes to the FMAs.
+            let k = _mm512_set1_epi64(EXPONENT_STEPS[scales[r * groups + g] as usize]);
+            *tr = [pos, neg].map(|v| {
+                let v = _mm512_castpd_si512(v);
+                _mm512_castsi512_pd(_mm512_mask_add_epi64(v, NONZERO_ENTRIES, v, k))
+            });
         }
         for h in 0..2 {
             let b = 2 * g + h;
@@ -152,6 +178,8 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
 }
 
 /// `a[r][t] += wv[r] · x_t` over block `b` for every row and token of the tile.
+// `t` indexes the token dimension of `a` (inner) and the rows of `xw` together.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 fn accumulate<const R: usize, const TC: usize>(
