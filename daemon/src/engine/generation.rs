@@ -94,10 +94,16 @@ impl Generation {
         if self.fed < total {
             let started = Instant::now();
             let end = (self.fed + prefill_chunk.max(1)).min(total);
-            let want = if self.request.record_logits { Logits::All } else { Logits::Last };
+            let want = if self.request.record_logits {
+                Logits::All
+            } else {
+                Logits::Last
+            };
             let prompt = &self.request.prompt[self.fed..end];
             let state = &mut self.state;
-            let logits = counted(model, &mut self.io, || model.forward(state, prompt, want, cancel))?;
+            let logits = counted(model, &mut self.io, || {
+                model.forward(state, prompt, want, cancel)
+            })?;
             self.fed = end;
             let vocab = model.config().vocab_size;
             if self.request.record_logits {
@@ -110,7 +116,10 @@ impl Generation {
                 }
             }
             self.prefill_seconds += started.elapsed().as_secs_f64();
-            return Ok(Step::Prefill { done: self.fed, total });
+            return Ok(Step::Prefill {
+                done: self.fed,
+                total,
+            });
         }
         if let Some(reason) = self.finish.take() {
             return Ok(self.finished(reason));
@@ -121,7 +130,9 @@ impl Generation {
             None => {
                 let last = *self.generated.last().ok_or(EngineError::Finished)?;
                 let state = &mut self.state;
-                let l = counted(model, &mut self.io, || model.forward(state, &[last], Logits::Last, cancel))?;
+                let l = counted(model, &mut self.io, || {
+                    model.forward(state, &[last], Logits::Last, cancel)
+                })?;
                 if self.request.record_logits {
                     self.logits_log.extend_from_slice(&l);
                 }
@@ -141,8 +152,11 @@ impl Generation {
             let before = self.output_text.len();
             // An id without bytes in the tokenizer (possible only if the config's vocabulary is
             // larger than the tokenizer's) contributes no text.
-            self.output_text.extend_from_slice(tokenizer.token_bytes(id).unwrap_or_default());
-            if let Some(s) = first_completed_stop(&self.request.stop_strings, &self.output_text, before) {
+            self.output_text
+                .extend_from_slice(tokenizer.token_bytes(id).unwrap_or_default());
+            if let Some(s) =
+                first_completed_stop(&self.request.stop_strings, &self.output_text, before)
+            {
                 self.finish = Some(StopReason::StopString(s.to_owned()));
             }
         }

@@ -38,7 +38,11 @@ pub struct EngineInfo {
 impl EngineInfo {
     pub(super) fn describe(checkpoint: &Checkpoint) -> Result<EngineInfo, EngineError> {
         let c = &checkpoint.config;
-        let kda = c.layer_kinds.iter().filter(|k| **k == MixerKind::Kda).count();
+        let kda = c
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == MixerKind::Kda)
+            .count();
         let summary = format!(
             "{} layers ({} KDA, {} MLA), hidden {}, {} experts top-{} (+{} shared), vocab {}",
             c.num_hidden_layers,
@@ -51,10 +55,10 @@ impl EngineInfo {
             c.vocab_size
         );
         Ok(EngineInfo {
-            name: checkpoint
-                .dir
-                .file_name()
-                .map_or_else(|| checkpoint.dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            name: checkpoint.dir.file_name().map_or_else(
+                || checkpoint.dir.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
             dir: checkpoint.dir.clone(),
             fingerprint: fingerprint(checkpoint)?,
             summary,
@@ -68,15 +72,26 @@ impl EngineInfo {
 fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
     let mut h = Sha256::new();
     let config_path = checkpoint.dir.join("config.json");
-    let config = std::fs::read(&config_path)
-        .map_err(|source| EngineError::Io { path: config_path.clone(), source })?;
+    let config = std::fs::read(&config_path).map_err(|source| EngineError::Io {
+        path: config_path.clone(),
+        source,
+    })?;
     h.update(&config);
     for shard in &checkpoint.shards {
         let mut header = vec![0u8; shard.data_start as usize];
         std::fs::File::open(&shard.path)
             .and_then(|mut f| f.read_exact(&mut header))
-            .map_err(|source| EngineError::Io { path: shard.path.clone(), source })?;
-        h.update(shard.path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+            .map_err(|source| EngineError::Io {
+                path: shard.path.clone(),
+                source,
+            })?;
+        h.update(
+            shard
+                .path
+                .file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
         h.update(shard.size.to_le_bytes());
         h.update(&header);
     }
@@ -93,7 +108,11 @@ pub struct EngineStats {
 
 impl EngineStats {
     pub(super) fn from_store(s: StoreStats) -> Self {
-        EngineStats { bytes_read: s.bytes_read, bytes_avoided: s.bytes_avoided, peak_rss_bytes: peak_rss_bytes() }
+        EngineStats {
+            bytes_read: s.bytes_read,
+            bytes_avoided: s.bytes_avoided,
+            peak_rss_bytes: peak_rss_bytes(),
+        }
     }
 }
 

@@ -61,7 +61,10 @@ pub enum EngineError {
     #[error("cancelled")]
     Cancelled,
     #[error("reading {path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("generation already finished")]
     Finished,
     #[error("could not build the compute thread pool: {0}")]
@@ -112,7 +115,13 @@ impl Engine {
         progress(LoadProgress::Weights);
         let model = pool.install(|| Model::load(&checkpoint, options.model.clone()))?;
         progress(LoadProgress::Ready);
-        Ok(Engine { model, tokenizer, pool, options, info })
+        Ok(Engine {
+            model,
+            tokenizer,
+            pool,
+            options,
+            info,
+        })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -149,6 +158,13 @@ impl Engine {
         generation: &mut Generation,
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Step, EngineError> {
-        self.pool.install(|| generation.advance(&self.model, &self.tokenizer, self.options.prefill_chunk, cancel))
+        self.pool.install(|| {
+            generation.advance(
+                &self.model,
+                &self.tokenizer,
+                self.options.prefill_chunk,
+                cancel,
+            )
+        })
     }
 }

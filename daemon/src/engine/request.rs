@@ -20,7 +20,12 @@ pub struct Sampling {
 
 impl Default for Sampling {
     fn default() -> Self {
-        Sampling { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
     }
 }
 
@@ -51,15 +56,28 @@ impl GenerateRequest {
         if self.prompt.is_empty() {
             return invalid("the prompt is empty".into());
         }
-        if let Some((pos, id)) = self.prompt.iter().enumerate().find(|(_, id)| **id as usize >= vocab_size) {
-            return invalid(format!("prompt id {id} at position {pos} is outside the vocabulary (0..{vocab_size})"));
+        if let Some((pos, id)) = self
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab_size)
+        {
+            return invalid(format!(
+                "prompt id {id} at position {pos} is outside the vocabulary (0..{vocab_size})"
+            ));
         }
         if self.max_tokens > MAX_TOKENS_LIMIT {
-            return invalid(format!("max_tokens {} exceeds the limit {MAX_TOKENS_LIMIT}", self.max_tokens));
+            return invalid(format!(
+                "max_tokens {} exceeds the limit {MAX_TOKENS_LIMIT}",
+                self.max_tokens
+            ));
         }
         let s = &self.sampling;
         if !(s.temperature.is_finite() && s.temperature >= 0.0) {
-            return invalid(format!("temperature {} must be a finite number ≥ 0", s.temperature));
+            return invalid(format!(
+                "temperature {} must be a finite number ≥ 0",
+                s.temperature
+            ));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
             return invalid(format!("top_p {} must be in (0, 1]", s.top_p));

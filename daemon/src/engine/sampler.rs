@@ -48,7 +48,10 @@ impl Sampler {
         }
         let t = self.params.temperature as f64;
         let top = logits[order[0] as usize] as f64;
-        let weights: Vec<f64> = order.iter().map(|&i| libm::exp((logits[i as usize] as f64 - top) / t)).collect();
+        let weights: Vec<f64> = order
+            .iter()
+            .map(|&i| libm::exp((logits[i as usize] as f64 - top) / t))
+            .collect();
         let total: f64 = weights.iter().sum();
         // Nucleus: the shortest prefix whose mass reaches top_p.
         let mut keep = weights.len();
@@ -106,10 +109,17 @@ mod tests {
     #[test]
     fn same_seed_same_draws_different_seed_different_draws() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = Sampling { temperature: 1.0, top_p: 0.95, top_k: 0, seed: 7 };
+        let p = Sampling {
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 0,
+            seed: 7,
+        };
         let run = |p: Sampling| {
             let mut s = Sampler::new(p);
-            (0..40).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+            (0..40)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(p.clone()), run(p.clone()));
         assert_ne!(run(p.clone()), run(Sampling { seed: 8, ..p }));
@@ -118,7 +128,12 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy() {
         let logits = [0.1f32, 2.0, 1.9, -1.0];
-        let mut s = Sampler::new(Sampling { temperature: 5.0, top_p: 1.0, top_k: 1, seed: 3 });
+        let mut s = Sampler::new(Sampling {
+            temperature: 5.0,
+            top_p: 1.0,
+            top_k: 1,
+            seed: 3,
+        });
         for _ in 0..20 {
             assert_eq!(s.sample(&logits), Some(1));
         }

@@ -205,11 +205,21 @@ impl WeightStore {
         let output_attn_res_proj = read(&layout.output_attn_res_proj.run)?;
         let counters = Counters::default();
         let loaded = trunks.iter().map(Vec::len).sum::<usize>()
-            + experts.iter().flatten().map(|e| e.bytes.len()).sum::<usize>()
-            + [&embed_tokens, &lm_head, &norm, &output_attn_res_norm, &output_attn_res_proj]
+            + experts
                 .iter()
-                .map(|b| b.len())
-                .sum::<usize>();
+                .flatten()
+                .map(|e| e.bytes.len())
+                .sum::<usize>()
+            + [
+                &embed_tokens,
+                &lm_head,
+                &norm,
+                &output_attn_res_norm,
+                &output_attn_res_proj,
+            ]
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>();
         counters.read.store(loaded as u64, Ordering::Relaxed);
         Ok(WeightStore {
             layout,

@@ -1,5 +1,5 @@
 //! One module per `k3d` subcommand.
 pub mod check;
-pub mod synth;
 pub mod run;
+pub mod synth;
 pub mod tokenize;

@@ -17,7 +17,12 @@ pub struct Args {
     /// The checkpoint directory.
     model_dir: PathBuf,
     /// Prompt token ids, comma-separated (e.g. 1,2,3).
-    #[arg(long, value_delimiter = ',', conflicts_with = "prompt", required_unless_present = "prompt")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
     ids: Vec<u32>,
     /// Prompt text, tokenized with the checkpoint's tokenizer (no special tokens).
     #[arg(long)]
@@ -40,13 +45,19 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> CliResult {
-    let mut options = EngineOptions { prefill_chunk: args.prefill_chunk, ..EngineOptions::default() };
+    let mut options = EngineOptions {
+        prefill_chunk: args.prefill_chunk,
+        ..EngineOptions::default()
+    };
     if let Some(t) = args.threads {
         options.threads = t;
     }
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
     let prompt = match &args.prompt {
-        Some(text) => engine.tokenizer().encode(text, k3d::tokenizer::Specials::Plain),
+        Some(text) => engine
+            .tokenizer()
+            .encode(text, k3d::tokenizer::Specials::Plain)
+            .map_err(|e| CliError::new(Exit::Usage, e))?,
         None => args.ids.clone(),
     };
     let request = GenerateRequest {
@@ -69,7 +80,11 @@ pub fn run(args: Args) -> CliResult {
         }
     };
     if let Some(path) = &args.dump_logits {
-        let bytes: Vec<u8> = summary.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes: Vec<u8> = summary
+            .logits
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         std::fs::write(path, bytes)
             .with_context(|| format!("writing logits to {}", path.display()))
             .map_err(|e| CliError::new(Exit::Failure, e))?;
