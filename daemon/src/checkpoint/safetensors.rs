@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde_json::error::Category;
 
 /// Element types the engine knows. K3 uses exactly these three (spec §3.2 rule 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -563,6 +564,7 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
         dims: Vec::new(),
         entries: Vec::new(),
         seen_metadata: false,
+        failed_in: None,
         error: None,
     };
     let mut de = serde_json::Deserializer::from_str(text);
@@ -576,9 +578,20 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
         return Err(e);
     }
     if let Err(e) = parsed {
-        return Err(SafetensorsError::Json {
-            file: state.file,
-            message: e.to_string(),
+        let file = state.file;
+        let message = e.to_string();
+        // A syntax error is bad JSON wherever it occurs; a well-formed value of the wrong
+        // form is a malformed entry of the tensor (or metadata) being read.
+        return Err(match (e.classify(), state.failed_in) {
+            (Category::Data, Some(FailedIn::Tensor(tensor))) => SafetensorsError::Entry {
+                file,
+                tensor,
+                message,
+            },
+            (Category::Data, Some(FailedIn::Metadata)) => {
+                SafetensorsError::Metadata { file, message }
+            }
+            _ => SafetensorsError::Json { file, message },
         });
     }
     let HeaderState {
@@ -657,6 +670,11 @@ fn check_tiling(
     Ok(())
 }
 
+enum FailedIn {
+    Metadata,
+    Tensor(String),
+}
+
 /// Accumulates one header's tensors while serde walks its top-level object.
 struct HeaderState {
     file: String,
@@ -664,6 +682,8 @@ struct HeaderState {
     dims: Vec<u64>,
     entries: Vec<Entry>,
     seen_metadata: bool,
+    /// Which value serde was reading when it failed, to tell a malformed entry from bad JSON.
+    failed_in: Option<FailedIn>,
     /// A typed refusal found mid-parse; the serde error that aborts the walk is then a carrier.
     error: Option<SafetensorsError>,
 }
@@ -790,23 +810,16 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
                 }
                 state.seen_metadata = true;
                 if let Err(e) = map.next_value::<BTreeMap<String, String>>() {
-                    let file = state.file.clone();
-                    return Err(state.fail(SafetensorsError::Metadata {
-                        file,
-                        message: e.to_string(),
-                    }));
+                    state.failed_in = Some(FailedIn::Metadata);
+                    return Err(e);
                 }
                 continue;
             }
             let raw = match map.next_value::<RawTensor>() {
                 Ok(raw) => raw,
                 Err(e) => {
-                    let file = state.file.clone();
-                    return Err(state.fail(SafetensorsError::Entry {
-                        file,
-                        tensor: name.into_owned(),
-                        message: e.to_string(),
-                    }));
+                    state.failed_in = Some(FailedIn::Tensor(name.into_owned()));
+                    return Err(e);
                 }
             };
             if let Err(e) = state.add(&name, raw, self.data_start) {
