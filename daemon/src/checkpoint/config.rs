@@ -70,7 +70,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Whether layer `l` (zero-based) has a MoE feed-forward (spec §2.2 `moe_layer_freq`).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.first_k_dense_replace && l % self.moe_layer_freq == 0
+        l >= self.first_k_dense_replace && l.is_multiple_of(self.moe_layer_freq)
     }
 
     /// Read and validate `path` (normally `MODEL_DIR/config.json`).
@@ -447,7 +447,7 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
         ("moe_intermediate_size", moe_intermediate_size),
     ] {
         if let Some(w) = width
-            && w % 32 != 0
+            && !w.is_multiple_of(32)
         {
             r.issue(
                 format!("{}{key}", t.path),
@@ -628,7 +628,7 @@ fn read_quantization(r: &mut Reader, root: &Obj, t: &Obj) {
             return;
         }
     };
-    let Some(q) = r.child(&o, "quantization_config") else {
+    let Some(q) = r.child(o, "quantization_config") else {
         return;
     };
     r.exact(&q, "quant_method", &Value::from("compressed-tensors"));
