@@ -440,21 +440,21 @@ impl TensorIndex {
     /// shard that holds it, and it lists every tensor exactly once. Only `weight_map` is read.
     pub fn check_index_file(&self, path: &Path) -> Result<(), SafetensorsError> {
         let file = file_name(path);
-        let text = std::fs::read(path).map_err(|source| SafetensorsError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| SafetensorsError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let parsed: IndexFile =
-            serde_json::from_slice(&text).map_err(|e| SafetensorsError::IndexJson {
+            serde_json::from_str(&text).map_err(|e| SafetensorsError::IndexJson {
                 file: file.clone(),
                 message: e.to_string(),
             })?;
         let mut listed = parsed.weight_map.0;
-        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        listed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         if let Some(w) = listed.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(SafetensorsError::IndexDuplicate {
                 file,
-                tensor: w[0].0.clone(),
+                tensor: w[0].0.to_string(),
             });
         }
         let shard_names: Vec<String> = self.shards.iter().map(ShardFile::name).collect();
@@ -463,16 +463,16 @@ impl TensorIndex {
             let Some(i) = self.position(&tensor) else {
                 return Err(SafetensorsError::IndexExtraName {
                     file,
-                    tensor,
-                    listed: shard,
+                    tensor: tensor.into_owned(),
+                    listed: shard.into_owned(),
                 });
             };
             let actual = &shard_names[self.entries[i].shard as usize];
-            if *actual != shard {
+            if actual.as_str() != shard {
                 return Err(SafetensorsError::IndexWrongShard {
                     file,
-                    tensor,
-                    listed: shard,
+                    tensor: tensor.into_owned(),
+                    listed: shard.into_owned(),
                     actual: actual.clone(),
                 });
             }
@@ -887,30 +887,32 @@ impl<'de> Deserialize<'de> for DtypeField {
 
 /// `model.safetensors.index.json`; `metadata` and other keys are not semantic here.
 #[derive(Deserialize)]
-struct IndexFile {
-    weight_map: WeightMap,
+struct IndexFile<'a> {
+    #[serde(borrow)]
+    weight_map: WeightMap<'a>,
 }
 
 /// `weight_map` as a list of entries, so that duplicates survive parsing and can be refused.
-struct WeightMap(Vec<(String, String)>);
+/// Names are borrowed from the file text unless they contain escapes.
+struct WeightMap<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
 
-impl<'de> Deserialize<'de> for WeightMap {
+impl<'de: 'a, 'a> Deserialize<'de> for WeightMap<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = WeightMap;
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = WeightMap<'a>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object mapping tensor names to shard file names")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap<'a>, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some(entry) = map.next_entry::<String, String>()? {
-                    entries.push(entry);
+                while let Some((Key(name), Key(shard))) = map.next_entry::<Key, Key>()? {
+                    entries.push((name, shard));
                 }
                 Ok(WeightMap(entries))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 
