@@ -454,3 +454,28 @@ fn k3d_check_exit_codes_and_output() {
     let (code, _, _) = k3d_check(&[]);
     assert_eq!(code, Some(2));
 }
+
+#[test]
+fn k3d_check_accepts_every_tiny_synth_checkpoint() {
+    for shape in ["tiny", "tiny-b", "tiny-c"] {
+        let dir = TempDir::new(shape);
+        let d = dir.path().to_str().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_k3d"))
+            .args(["synth", "--shape", shape, "--force", d])
+            .output()
+            .expect("run k3d synth");
+        assert!(
+            out.status.success(),
+            "synth {shape}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (code, stdout, stderr) = k3d_check(&["--json", d]);
+        assert_eq!(code, Some(0), "check {shape}: {stderr}");
+        let census: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let ck = open(&dir).expect("synth output binds");
+        assert_eq!(census["trunk_bytes"], ck.census.trunk_bytes);
+        // Every byte of every shard is accounted for by the binding.
+        let data: u64 = ck.shards.iter().map(|s| s.data_len()).sum();
+        assert_eq!(ck.census.text_bytes, data, "{shape}");
+    }
+}
