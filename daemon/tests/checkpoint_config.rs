@@ -399,3 +399,15 @@ fn from_file_names_the_file() {
     let e = ModelConfig::from_file(&dir.join("absent.json")).unwrap_err();
     assert!(e.is_io());
 }
+
+#[test]
+fn absurd_layer_count_is_refused_without_allocating_for_it() {
+    let mut config = tiny_config();
+    text(&mut config)["num_hidden_layers"] = json!(1u64 << 60);
+    let issues = issues_of(&config);
+    has(
+        &issues,
+        "text_config.linear_attn_config.kda_layers",
+        "together have 9 entries, fewer than the 1152921504606846976 layers",
+    );
+}

@@ -479,3 +479,19 @@ fn k3d_check_accepts_every_tiny_synth_checkpoint() {
         assert_eq!(ck.census.text_bytes, data, "{shape}");
     }
 }
+
+#[test]
+fn absurd_expert_count_is_refused_by_arithmetic() {
+    let dir = TempDir::new("absurd");
+    write_tiny(dir.path());
+    let mut config = tiny_config();
+    config["text_config"]["num_experts"] = 1_000_000_000_000u64.into();
+    write_config(dir.path(), &config);
+    match layout_error(&dir) {
+        LayoutError::FarTooMany { implied, present } => {
+            assert_eq!(present, 23 + 5 * (28 + 48) + 3 * (22 + 48) + 5);
+            assert!(implied > 1_000_000_000_000);
+        }
+        other => panic!("expected FarTooMany, got {other}"),
+    }
+}

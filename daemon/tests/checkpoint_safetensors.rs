@@ -545,3 +545,15 @@ fn index_file_without_weight_map() {
     let e = with_index("0}, \"x\": {");
     assert!(matches!(&e, SafetensorsError::IndexJson { .. }), "{e}");
 }
+
+#[test]
+fn offsets_near_u64_max_do_not_wrap() {
+    let end = u64::MAX - 2;
+    let header =
+        format!("{{\"{A}\":{{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[{end},{end}]}}}}");
+    let e = refused(&header, 0);
+    assert!(
+        matches!(&e, SafetensorsError::SizeOverflow { tensor, .. } if tensor == A),
+        "{e}"
+    );
+}

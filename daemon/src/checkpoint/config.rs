@@ -548,6 +548,20 @@ fn layer_map(
     kda: Vec<i64>,
     mla: Vec<i64>,
 ) -> Option<Vec<MixerKind>> {
+    // Fewer entries than layers cannot partition them; checking first also keeps an absurd
+    // `num_hidden_layers` from sizing an allocation (the map below is at most as long as the
+    // lists, which the file bounds).
+    if kda.len().saturating_add(mla.len()) < n {
+        r.issue(
+            format!("{path}kda_layers"),
+            format!(
+                "kda_layers and full_attn_layers together have {} entries, fewer than the {n} \
+                 layers: the one-based lists must list every layer 1..={n} exactly once",
+                kda.len() + mla.len()
+            ),
+        );
+        return None;
+    }
     let before = r.issues.len();
     let mut kinds: Vec<Option<(MixerKind, &str)>> = vec![None; n];
     for (key, list, kind) in [

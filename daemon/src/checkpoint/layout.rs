@@ -223,6 +223,10 @@ pub enum LayoutError {
         total: usize,
     },
     #[error(
+        "config.json implies {implied} tensors but the shards hold {present}: config and files disagree"
+    )]
+    FarTooMany { implied: u64, present: usize },
+    #[error(
         "layer {layer}{}: tensors are split across shards: {first} is in {first_file}, {other} in {other_file}",
         expert_label(*expert)
     )]
@@ -301,6 +305,18 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
         issues: Vec::new(),
         total: 0,
     };
+    // Checking tensor by tensor costs time in what the config implies; an absurd config (say,
+    // 10^12 experts) must be refused by arithmetic, not by a loop that never ends.
+    let implied = implied_tensors(config)?;
+    let limit = (index.len() as u64)
+        .saturating_mul(4)
+        .saturating_add(1 << 20);
+    if implied > limit {
+        return Err(LayoutError::FarTooMany {
+            implied,
+            present: index.len(),
+        });
+    }
     let model_wants = model_level(config);
     let model: Vec<Option<Found>> = model_wants.iter().map(|w| b.find(w.name, w)).collect();
     // Names, dtypes and shapes first, for the whole model: a disagreement between config and
@@ -340,6 +356,29 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
         output_attn_res_norm: next()?,
         output_attn_res_proj: next()?,
     })
+}
+
+/// How many text tensors `config` implies (spec §3.3).
+fn implied_tensors(config: &ModelConfig) -> Result<u64, DimOverflow> {
+    let overflow = DimOverflow {
+        what: "the number of tensors",
+    };
+    let per_expert = inventory::expert(config).len() as u64;
+    let mut n = model_level(config).len() as u64;
+    for l in 0..config.num_hidden_layers {
+        let experts = if config.is_moe_layer(l) {
+            (config.num_experts as u64)
+                .checked_mul(per_expert)
+                .ok_or(overflow.clone())?
+        } else {
+            0
+        };
+        n = n
+            .checked_add(inventory::trunk(config, l)?.len() as u64)
+            .and_then(|n| n.checked_add(experts))
+            .ok_or(overflow.clone())?;
+    }
+    Ok(n)
 }
 
 /// A tensor the assembly needed but the checks did not provide (they always do).
@@ -447,7 +486,7 @@ impl<'a> Binder<'a> {
         }
         let parts = inventory::expert(c);
         let expert_count = if c.is_moe_layer(l) { c.num_experts } else { 0 };
-        let mut experts = Vec::with_capacity(expert_count);
+        let mut experts = Vec::new();
         for e in 0..expert_count {
             let [a, b, c, d, e2, f] = parts
                 .each_ref()

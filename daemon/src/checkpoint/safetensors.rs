@@ -751,14 +751,15 @@ impl HeaderState {
                 actual: end - begin,
             });
         }
-        // Offsets past the file end are caught by the tiling check; keep the sum from wrapping.
-        let offset =
-            data_start
-                .checked_add(begin)
-                .ok_or_else(|| SafetensorsError::SizeOverflow {
-                    file: file(),
-                    tensor: tensor(),
-                })?;
+        // Offsets past the file end are caught by the tiling check; keep the absolute offsets
+        // (start and end, `offset + len`) from wrapping.
+        let offset = data_start
+            .checked_add(begin)
+            .filter(|_| data_start.checked_add(end).is_some())
+            .ok_or_else(|| SafetensorsError::SizeOverflow {
+                file: file(),
+                tensor: tensor(),
+            })?;
         let too_large = |what| SafetensorsError::TooLarge { file: file(), what };
         let entry = Entry {
             name_start: u32::try_from(self.names.len()).map_err(|_| too_large("names"))?,
