@@ -450,6 +450,13 @@ fn k3d_check_exit_codes_and_output() {
         "{stderr}"
     );
 
+    // A directory without a checkpoint: exit 3, the OS error said once.
+    let empty = TempDir::new("empty");
+    let (code, _, stderr) = k3d_check(&[empty.path().to_str().unwrap()]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("config.json"), "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
+
     // Usage: no directory given.
     let (code, _, _) = k3d_check(&[]);
     assert_eq!(code, Some(2));

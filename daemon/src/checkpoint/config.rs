@@ -75,9 +75,9 @@ impl ModelConfig {
 
     /// Read and validate `path` (normally `MODEL_DIR/config.json`).
     pub fn from_file(path: &Path) -> Result<ModelConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         ModelConfig::from_json(&text).map_err(|e| e.in_file(path))
     }
@@ -122,11 +122,11 @@ impl fmt::Display for ConfigIssue {
 /// Why `config.json` was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a `source`, so a `{:#}` chain shows it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}not valid JSON: {message}", prefix(path))]
     Json {

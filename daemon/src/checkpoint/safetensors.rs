@@ -98,11 +98,11 @@ fn file_name(path: &Path) -> String {
 /// Why a shard set was refused. Every variant names the file and, where there is one, the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum SafetensorsError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a `source`, so a `{:#}` chain shows it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{dir}: no *.safetensors files")]
     NoShards { dir: PathBuf },
@@ -269,9 +269,9 @@ pub struct TensorIndex {
 impl TensorIndex {
     /// Index every `*.safetensors` file in `dir`, in bytewise file-name order (spec §3.1).
     pub fn open_dir(dir: &Path) -> Result<TensorIndex, SafetensorsError> {
-        let io = |source| SafetensorsError::Io {
+        let io = |error| SafetensorsError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
         let mut paths = Vec::new();
         for item in std::fs::read_dir(dir).map_err(io)? {
@@ -440,9 +440,9 @@ impl TensorIndex {
     /// shard that holds it, and it lists every tensor exactly once. Only `weight_map` is read.
     pub fn check_index_file(&self, path: &Path) -> Result<(), SafetensorsError> {
         let file = file_name(path);
-        let text = std::fs::read_to_string(path).map_err(|source| SafetensorsError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| SafetensorsError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let parsed: IndexFile =
             serde_json::from_str(&text).map_err(|e| SafetensorsError::IndexJson {
@@ -506,9 +506,9 @@ struct ParsedShard {
 }
 
 fn read_shard(path: &Path) -> Result<ParsedShard, SafetensorsError> {
-    let io = |source| SafetensorsError::Io {
+    let io = |error| SafetensorsError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
