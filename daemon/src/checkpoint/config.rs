@@ -70,14 +70,14 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Whether layer `l` (zero-based) has a MoE feed-forward (spec §2.2 `moe_layer_freq`).
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.first_k_dense_replace && l % self.moe_layer_freq == 0
+        l >= self.first_k_dense_replace && l.is_multiple_of(self.moe_layer_freq)
     }
 
     /// Read and validate `path` (normally `MODEL_DIR/config.json`).
     pub fn from_file(path: &Path) -> Result<ModelConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         ModelConfig::from_json(&text).map_err(|e| e.in_file(path))
     }
@@ -122,11 +122,11 @@ impl fmt::Display for ConfigIssue {
 /// Why `config.json` was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a `source`, so a `{:#}` chain shows it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}not valid JSON: {message}", prefix(path))]
     Json {
@@ -177,11 +177,11 @@ fn join(issues: &[ConfigIssue]) -> String {
 }
 
 /// An object being read, with its JSON path for messages.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Obj<'a> {
     map: &'a Map<String, Value>,
     /// `""` for the root, else `text_config.` etc. (with the trailing dot).
-    path: &'a str,
+    path: String,
 }
 
 /// Collects issues while typed getters read required keys.
@@ -199,7 +199,7 @@ impl Reader {
     }
 
     /// A required key; records "missing" when absent.
-    fn get<'a>(&mut self, o: Obj<'a>, key: &str) -> Option<&'a Value> {
+    fn get<'a>(&mut self, o: &Obj<'a>, key: &str) -> Option<&'a Value> {
         let v = o.map.get(key);
         if v.is_none() {
             self.issue(format!("{}{key}", o.path), "missing");
@@ -207,7 +207,7 @@ impl Reader {
         v
     }
 
-    fn wrong_type(&mut self, o: Obj, key: &str, want: &str, v: &Value) {
+    fn wrong_type(&mut self, o: &Obj, key: &str, want: &str, v: &Value) {
         self.issue(
             format!("{}{key}", o.path),
             format!("must be {want}, found {}", describe(v)),
@@ -215,7 +215,7 @@ impl Reader {
     }
 
     /// A required JSON integer ≥ 0 (strict: `4.0` is not an integer).
-    fn uint(&mut self, o: Obj, key: &str) -> Option<usize> {
+    fn uint(&mut self, o: &Obj, key: &str) -> Option<usize> {
         let v = self.get(o, key)?;
         match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
             Some(n) => Some(n),
@@ -227,7 +227,7 @@ impl Reader {
     }
 
     /// A required JSON integer ≥ 1 (widths, counts).
-    fn positive(&mut self, o: Obj, key: &str) -> Option<usize> {
+    fn positive(&mut self, o: &Obj, key: &str) -> Option<usize> {
         let n = self.uint(o, key)?;
         if n == 0 {
             self.issue(format!("{}{key}", o.path), "must be at least 1");
@@ -237,7 +237,7 @@ impl Reader {
     }
 
     /// A required JSON number (any form), finite.
-    fn number(&mut self, o: Obj, key: &str) -> Option<f64> {
+    fn number(&mut self, o: &Obj, key: &str) -> Option<f64> {
         let v = self.get(o, key)?;
         match v.as_f64() {
             Some(x) if x.is_finite() => Some(x),
@@ -248,7 +248,7 @@ impl Reader {
         }
     }
 
-    fn boolean(&mut self, o: Obj, key: &str) -> Option<bool> {
+    fn boolean(&mut self, o: &Obj, key: &str) -> Option<bool> {
         let v = self.get(o, key)?;
         match v.as_bool() {
             Some(b) => Some(b),
@@ -259,10 +259,14 @@ impl Reader {
         }
     }
 
-    fn object<'a>(&mut self, o: Obj<'a>, key: &str) -> Option<&'a Map<String, Value>> {
+    /// A required nested object, as an [`Obj`] with its path.
+    fn child<'a>(&mut self, o: &Obj<'a>, key: &str) -> Option<Obj<'a>> {
         let v = self.get(o, key)?;
         match v.as_object() {
-            Some(m) => Some(m),
+            Some(map) => Some(Obj {
+                map,
+                path: format!("{}{key}.", o.path),
+            }),
             None => {
                 self.wrong_type(o, key, "an object", v);
                 None
@@ -271,7 +275,7 @@ impl Reader {
     }
 
     /// A required array of JSON integers (any sign; range checks come later).
-    fn int_list(&mut self, o: Obj, key: &str) -> Option<Vec<i64>> {
+    fn int_list(&mut self, o: &Obj, key: &str) -> Option<Vec<i64>> {
         let v = self.get(o, key)?;
         let list = v
             .as_array()
@@ -283,7 +287,7 @@ impl Reader {
     }
 
     /// A required value that must equal `want` exactly (a supported-value rule, §2.3 rule 3).
-    fn exact(&mut self, o: Obj, key: &str, want: &Value) {
+    fn exact(&mut self, o: &Obj, key: &str, want: &Value) {
         if let Some(v) = self.get(o, key)
             && v != want
         {
@@ -296,7 +300,7 @@ impl Reader {
 
     /// An optional token id: absent or `null` is `None`; anything else must be a u32 integer.
     fn token_id(&mut self, objs: &[Obj], key: &str) -> Option<u32> {
-        let (o, v) = objs.iter().find_map(|o| o.map.get(key).map(|v| (*o, v)))?;
+        let (o, v) = objs.iter().find_map(|o| o.map.get(key).map(|v| (o, v)))?;
         if v.is_null() {
             return None;
         }
@@ -326,48 +330,48 @@ fn describe(v: &Value) -> String {
 fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
     let root_obj = Obj {
         map: root,
-        path: "",
+        path: String::new(),
     };
     // Nested iff the root carries a `text_config` object; then every text key is read there.
     let t = match root.get("text_config") {
         Some(Value::Object(m)) => Obj {
             map: m,
-            path: "text_config.",
+            path: "text_config.".into(),
         },
         Some(v) => {
-            r.wrong_type(root_obj, "text_config", "an object", v);
+            r.wrong_type(&root_obj, "text_config", "an object", v);
             return None;
         }
-        None => root_obj,
+        None => root_obj.clone(),
     };
     let nested = !t.path.is_empty();
 
-    let hidden_size = r.positive(t, "hidden_size");
-    let num_hidden_layers = r.positive(t, "num_hidden_layers");
-    let vocab_size = r.positive(t, "vocab_size");
-    let rms_norm_eps = r.number(t, "rms_norm_eps");
-    r.exact(t, "hidden_act", &Value::from("situ"));
-    let activation_situ_beta = r.number(t, "activation_situ_beta");
-    let activation_situ_linear_beta = r.number(t, "activation_situ_linear_beta");
-    let intermediate_size = r.positive(t, "intermediate_size");
-    let first_k_dense_replace = r.uint(t, "first_k_dense_replace");
-    let moe_layer_freq = r.positive(t, "moe_layer_freq");
-    let num_experts = r.positive(t, "num_experts");
-    let num_experts_per_token = r.positive(t, "num_experts_per_token");
-    let num_shared_experts = r.positive(t, "num_shared_experts");
-    let moe_intermediate_size = r.positive(t, "moe_intermediate_size");
-    let routed_expert_hidden_size = r.positive(t, "routed_expert_hidden_size");
-    let latent_moe_use_norm = r.boolean(t, "latent_moe_use_norm");
-    r.exact(t, "moe_router_activation_func", &Value::from("sigmoid"));
-    let moe_renormalize = r.boolean(t, "moe_renormalize");
-    let routed_scaling_factor = r.number(t, "routed_scaling_factor");
-    r.boolean(t, "use_grouped_topk");
-    let num_expert_group = r.positive(t, "num_expert_group");
-    let topk_group = r.positive(t, "topk_group");
+    let hidden_size = r.positive(&t, "hidden_size");
+    let num_hidden_layers = r.positive(&t, "num_hidden_layers");
+    let vocab_size = r.positive(&t, "vocab_size");
+    let rms_norm_eps = r.number(&t, "rms_norm_eps");
+    r.exact(&t, "hidden_act", &Value::from("situ"));
+    let activation_situ_beta = r.number(&t, "activation_situ_beta");
+    let activation_situ_linear_beta = r.number(&t, "activation_situ_linear_beta");
+    let intermediate_size = r.positive(&t, "intermediate_size");
+    let first_k_dense_replace = r.uint(&t, "first_k_dense_replace");
+    let moe_layer_freq = r.positive(&t, "moe_layer_freq");
+    let num_experts = r.positive(&t, "num_experts");
+    let num_experts_per_token = r.positive(&t, "num_experts_per_token");
+    let num_shared_experts = r.positive(&t, "num_shared_experts");
+    let moe_intermediate_size = r.positive(&t, "moe_intermediate_size");
+    let routed_expert_hidden_size = r.positive(&t, "routed_expert_hidden_size");
+    let latent_moe_use_norm = r.boolean(&t, "latent_moe_use_norm");
+    r.exact(&t, "moe_router_activation_func", &Value::from("sigmoid"));
+    let moe_renormalize = r.boolean(&t, "moe_renormalize");
+    let routed_scaling_factor = r.number(&t, "routed_scaling_factor");
+    r.boolean(&t, "use_grouped_topk");
+    let num_expert_group = r.positive(&t, "num_expert_group");
+    let topk_group = r.positive(&t, "topk_group");
     // The engine implements only the bias-corrected top-k; another method is another model.
-    r.exact(t, "topk_method", &Value::from("noaux_tc"));
-    let num_attention_heads = r.positive(t, "num_attention_heads");
-    let num_key_value_heads = r.positive(t, "num_key_value_heads");
+    r.exact(&t, "topk_method", &Value::from("noaux_tc"));
+    let num_attention_heads = r.positive(&t, "num_attention_heads");
+    let num_key_value_heads = r.positive(&t, "num_key_value_heads");
     let q_lora_rank = match t.map.get("q_lora_rank") {
         Some(Value::Null) => {
             r.issue(
@@ -376,17 +380,17 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
             );
             None
         }
-        _ => r.positive(t, "q_lora_rank"),
+        _ => r.positive(&t, "q_lora_rank"),
     };
-    let kv_lora_rank = r.positive(t, "kv_lora_rank");
-    let qk_nope_head_dim = r.positive(t, "qk_nope_head_dim");
-    let qk_rope_head_dim = r.positive(t, "qk_rope_head_dim");
-    let v_head_dim = r.positive(t, "v_head_dim");
-    r.exact(t, "mla_use_nope", &Value::Bool(true));
-    let mla_use_output_gate = r.boolean(t, "mla_use_output_gate");
-    let attn_res_block_size = r.positive(t, "attn_res_block_size");
-    r.exact(t, "tie_word_embeddings", &Value::Bool(false));
-    r.exact(t, "num_nextn_predict_layers", &Value::from(0));
+    let kv_lora_rank = r.positive(&t, "kv_lora_rank");
+    let qk_nope_head_dim = r.positive(&t, "qk_nope_head_dim");
+    let qk_rope_head_dim = r.positive(&t, "qk_rope_head_dim");
+    let v_head_dim = r.positive(&t, "v_head_dim");
+    r.exact(&t, "mla_use_nope", &Value::Bool(true));
+    let mla_use_output_gate = r.boolean(&t, "mla_use_output_gate");
+    let attn_res_block_size = r.positive(&t, "attn_res_block_size");
+    r.exact(&t, "tie_word_embeddings", &Value::Bool(false));
+    r.exact(&t, "num_nextn_predict_layers", &Value::from(0));
     if nested && let Some(v) = root.get("tie_word_embeddings") {
         // The released wrapper repeats it at the root; a root `true` would contradict.
         if v != &Value::Bool(false) {
@@ -397,8 +401,8 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
         }
     }
 
-    let kda = read_kda(r, t, num_hidden_layers);
-    read_quantization(r, root_obj, t);
+    let kda = read_kda(r, &t, num_hidden_layers);
+    read_quantization(r, &root_obj, &t);
 
     // §2.3 rules 3 and 5: relations between values.
     if let (Some(h), Some(kv)) = (num_attention_heads, num_key_value_heads)
@@ -443,7 +447,7 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
         ("moe_intermediate_size", moe_intermediate_size),
     ] {
         if let Some(w) = width
-            && w % 32 != 0
+            && !w.is_multiple_of(32)
         {
             r.issue(
                 format!("{}{key}", t.path),
@@ -495,26 +499,25 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
         attn_res_block_size: attn_res_block_size?,
         kda,
         layer_kinds,
-        bos_token_id: r.token_id(&[root_obj, t], "bos_token_id"),
-        eos_token_id: r.token_id(&[root_obj, t], "eos_token_id"),
-        pad_token_id: r.token_id(&[root_obj, t], "pad_token_id"),
+        bos_token_id: r.token_id(&[root_obj.clone(), t.clone()], "bos_token_id"),
+        eos_token_id: r.token_id(&[root_obj.clone(), t.clone()], "eos_token_id"),
+        pad_token_id: r.token_id(&[root_obj.clone(), t.clone()], "pad_token_id"),
     })
 }
 
 /// `linear_attn_config`: KDA dims and the two one-based layer lists (§2.3 rule 4).
 fn read_kda(
     r: &mut Reader,
-    t: Obj,
+    t: &Obj,
     num_layers: Option<usize>,
 ) -> Option<(KdaConfig, Vec<MixerKind>)> {
-    let path = format!("{}linear_attn_config.", t.path);
-    let map = r.object(t, "linear_attn_config")?;
-    let o = Obj { map, path: &path };
-    let num_heads = r.positive(o, "num_heads");
-    let head_dim = r.positive(o, "head_dim");
-    let short_conv_kernel_size = r.positive(o, "short_conv_kernel_size");
-    let gate_lower_bound = r.number(o, "gate_lower_bound");
-    r.exact(o, "use_full_rank_gate", &Value::Bool(true));
+    let o = r.child(t, "linear_attn_config")?;
+    let path = o.path.clone();
+    let num_heads = r.positive(&o, "num_heads");
+    let head_dim = r.positive(&o, "head_dim");
+    let short_conv_kernel_size = r.positive(&o, "short_conv_kernel_size");
+    let gate_lower_bound = r.number(&o, "gate_lower_bound");
+    r.exact(&o, "use_full_rank_gate", &Value::Bool(true));
     if let Some(b) = gate_lower_bound
         && b >= 0.0
     {
@@ -523,8 +526,8 @@ fn read_kda(
             format!("must be < 0, found {b}"),
         );
     }
-    let kda_layers = r.int_list(o, "kda_layers");
-    let full_attn_layers = r.int_list(o, "full_attn_layers");
+    let kda_layers = r.int_list(&o, "kda_layers");
+    let full_attn_layers = r.int_list(&o, "full_attn_layers");
     let layer_kinds = layer_map(r, &path, num_layers?, kda_layers?, full_attn_layers?);
     Some((
         KdaConfig {
@@ -545,6 +548,20 @@ fn layer_map(
     kda: Vec<i64>,
     mla: Vec<i64>,
 ) -> Option<Vec<MixerKind>> {
+    // Fewer entries than layers cannot partition them; checking first also keeps an absurd
+    // `num_hidden_layers` from sizing an allocation (the map below is at most as long as the
+    // lists, which the file bounds).
+    if kda.len().saturating_add(mla.len()) < n {
+        r.issue(
+            format!("{path}kda_layers"),
+            format!(
+                "kda_layers and full_attn_layers together have {} entries, fewer than the {n} \
+                 layers: the one-based lists must list every layer 1..={n} exactly once",
+                kda.len() + mla.len()
+            ),
+        );
+        return None;
+    }
     let before = r.issues.len();
     let mut kinds: Vec<Option<(MixerKind, &str)>> = vec![None; n];
     for (key, list, kind) in [
@@ -603,7 +620,7 @@ fn layer_map(
 
 /// `quantization_config` (in `text_config`, else at the root): compressed-tensors MXFP4,
 /// group 32 (§2.2). If both places have one they must agree.
-fn read_quantization(r: &mut Reader, root: Obj, t: Obj) {
+fn read_quantization(r: &mut Reader, root: &Obj, t: &Obj) {
     let inner = t.map.get("quantization_config");
     let outer = if t.path.is_empty() {
         None
@@ -625,41 +642,22 @@ fn read_quantization(r: &mut Reader, root: Obj, t: Obj) {
             return;
         }
     };
-    let path = format!("{}quantization_config.", o.path);
-    let Some(map) = r.object(o, "quantization_config") else {
+    let Some(q) = r.child(o, "quantization_config") else {
         return;
     };
-    let q = Obj { map, path: &path };
-    r.exact(q, "quant_method", &Value::from("compressed-tensors"));
-    r.exact(q, "format", &Value::from("mxfp4-pack-quantized"));
-    let groups_path = format!("{path}config_groups.");
-    let Some(groups) = r.object(q, "config_groups") else {
+    r.exact(&q, "quant_method", &Value::from("compressed-tensors"));
+    r.exact(&q, "format", &Value::from("mxfp4-pack-quantized"));
+    let Some(w) = r
+        .child(&q, "config_groups")
+        .and_then(|g| r.child(&g, "group_0"))
+        .and_then(|g0| r.child(&g0, "weights"))
+    else {
         return;
     };
-    let g = Obj {
-        map: groups,
-        path: &groups_path,
-    };
-    let group_path = format!("{groups_path}group_0.");
-    let Some(group) = r.object(g, "group_0") else {
-        return;
-    };
-    let g0 = Obj {
-        map: group,
-        path: &group_path,
-    };
-    let weights_path = format!("{group_path}weights.");
-    let Some(weights) = r.object(g0, "weights") else {
-        return;
-    };
-    let w = Obj {
-        map: weights,
-        path: &weights_path,
-    };
-    r.exact(w, "num_bits", &Value::from(4));
-    r.exact(w, "type", &Value::from("float"));
-    r.exact(w, "strategy", &Value::from("group"));
-    r.exact(w, "group_size", &Value::from(32));
-    r.exact(w, "symmetric", &Value::Bool(true));
-    r.exact(w, "scale_dtype", &Value::from("torch.uint8"));
+    r.exact(&w, "num_bits", &Value::from(4));
+    r.exact(&w, "type", &Value::from("float"));
+    r.exact(&w, "strategy", &Value::from("group"));
+    r.exact(&w, "group_size", &Value::from(32));
+    r.exact(&w, "symmetric", &Value::Bool(true));
+    r.exact(&w, "scale_dtype", &Value::from("torch.uint8"));
 }

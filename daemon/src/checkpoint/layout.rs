@@ -223,6 +223,10 @@ pub enum LayoutError {
         total: usize,
     },
     #[error(
+        "config.json implies {implied} tensors but the shards hold {present}: config and files disagree"
+    )]
+    FarTooMany { implied: u64, present: usize },
+    #[error(
         "layer {layer}{}: tensors are split across shards: {first} is in {first_file}, {other} in {other_file}",
         expert_label(*expert)
     )]
@@ -301,17 +305,35 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
         issues: Vec::new(),
         total: 0,
     };
+    // Checking tensor by tensor costs time in what the config implies; an absurd config (say,
+    // 10^12 experts) must be refused by arithmetic, not by a loop that never ends.
+    let implied = implied_tensors(config)?;
+    let limit = (index.len() as u64)
+        .saturating_mul(4)
+        .saturating_add(1 << 20);
+    if implied > limit {
+        return Err(LayoutError::FarTooMany {
+            implied,
+            present: index.len(),
+        });
+    }
     let model_wants = model_level(config);
     let model: Vec<Option<Found>> = model_wants.iter().map(|w| b.find(w.name, w)).collect();
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    // Names, dtypes and shapes first, for the whole model: a disagreement between config and
+    // files is the root cause of any broken run it would also produce.
+    let mut found = Vec::with_capacity(config.num_hidden_layers);
     for l in 0..config.num_hidden_layers {
-        layers.push(b.layer(config, l)?);
+        found.push(b.find_layer(config, l)?);
     }
     b.refuse_unexpected();
     if b.total > 0 {
         return Err(b.into_error());
     }
-    let layers = layers.into_iter().flatten().collect();
+    let mut layers = Vec::with_capacity(found.len());
+    for (l, f) in found.into_iter().enumerate() {
+        let f = f.ok_or_else(|| missing(&layer_prefix(l)))?;
+        layers.push(b.assemble(config, l, f)?);
+    }
     let mut model = model.into_iter().flatten().map(|f| ModelTensor {
         run: ByteRun {
             shard: f.shard,
@@ -336,6 +358,29 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
     })
 }
 
+/// How many text tensors `config` implies (spec §3.3).
+fn implied_tensors(config: &ModelConfig) -> Result<u64, DimOverflow> {
+    let overflow = DimOverflow {
+        what: "the number of tensors",
+    };
+    let per_expert = inventory::expert(config).len() as u64;
+    let mut n = model_level(config).len() as u64;
+    for l in 0..config.num_hidden_layers {
+        let experts = if config.is_moe_layer(l) {
+            (config.num_experts as u64)
+                .checked_mul(per_expert)
+                .ok_or(overflow.clone())?
+        } else {
+            0
+        };
+        n = n
+            .checked_add(inventory::trunk(config, l)?.len() as u64)
+            .and_then(|n| n.checked_add(experts))
+            .ok_or(overflow.clone())?;
+    }
+    Ok(n)
+}
+
 /// A tensor the assembly needed but the checks did not provide (they always do).
 fn missing(tensor: &str) -> LayoutError {
     LayoutError::Tensors {
@@ -346,6 +391,15 @@ fn missing(tensor: &str) -> LayoutError {
         }],
         total: 1,
     }
+}
+
+/// Every tensor of one layer, found and checked, runs not yet verified.
+struct FoundLayer<'a> {
+    prefix: String,
+    wants: Vec<Want>,
+    trunk: Vec<Found<'a>>,
+    /// `experts[e]`: the six parts in [`inventory::expert`] order.
+    experts: Vec<[Found<'a>; 6]>,
 }
 
 struct Binder<'a> {
@@ -414,35 +468,61 @@ impl<'a> Binder<'a> {
         })
     }
 
-    /// One layer; `None` if some tensor had an issue (recorded), an error if a run is broken.
-    fn layer(&mut self, c: &ModelConfig, l: usize) -> Result<Option<LayerLayout>, LayoutError> {
+    /// Find and check every tensor of layer `l`; `None` if any had an issue (recorded).
+    fn find_layer(
+        &mut self,
+        c: &ModelConfig,
+        l: usize,
+    ) -> Result<Option<FoundLayer<'a>>, DimOverflow> {
         let prefix = layer_prefix(l);
         let wants = inventory::trunk(c, l)?;
-        let mut found = Vec::with_capacity(wants.len());
+        let mut trunk = Vec::with_capacity(wants.len());
         let mut name = String::new();
         for w in &wants {
             name.clear();
             name.push_str(&prefix);
             name.push_str(w.name);
-            found.push(self.find(&name, w));
+            trunk.push(self.find(&name, w));
         }
-        let experts = if c.is_moe_layer(l) {
-            self.experts(c, l, &prefix)?
-        } else {
-            Some(Vec::new())
-        };
-        let (Some(found), Some(experts)) = (found.into_iter().collect::<Option<Vec<_>>>(), experts)
-        else {
-            return Ok(None);
-        };
-        let trunk = self.run(&found, l, None)?;
+        let parts = inventory::expert(c);
+        let expert_count = if c.is_moe_layer(l) { c.num_experts } else { 0 };
+        let mut experts = Vec::new();
+        for e in 0..expert_count {
+            let [a, b, c, d, e2, f] = parts
+                .each_ref()
+                .map(|w| self.find(&expert_name(&prefix, e, w.name), w));
+            experts.push(
+                a.zip(b)
+                    .zip(c.zip(d))
+                    .zip(e2.zip(f))
+                    .map(|(((a, b), (c, d)), (e, f))| [a, b, c, d, e, f]),
+            );
+        }
+        let trunk = trunk.into_iter().collect::<Option<Vec<_>>>();
+        let experts = experts.into_iter().collect::<Option<Vec<_>>>();
+        Ok(trunk.zip(experts).map(|(trunk, experts)| FoundLayer {
+            prefix,
+            wants,
+            trunk,
+            experts,
+        }))
+    }
+
+    /// Check layer `l`'s runs (trunk first, then each expert) and build its layout.
+    fn assemble(
+        &self,
+        c: &ModelConfig,
+        l: usize,
+        f: FoundLayer,
+    ) -> Result<LayerLayout, LayoutError> {
+        let trunk = self.run(&f.trunk, l, None)?;
         let get = |suffix: &str| -> Result<Slice, LayoutError> {
-            wants
+            f.wants
                 .iter()
-                .zip(&found)
+                .zip(&f.trunk)
                 .find(|(w, _)| w.name == suffix)
-                .map(|(_, f)| f.slice(&trunk))
-                .ok_or_else(|| missing(&format!("{prefix}{suffix}")))
+                .map(|(_, t)| t.slice(&trunk))
+                .ok_or_else(|| missing(&format!("{}{suffix}", f.prefix)))
         };
         let vectors = LayerVectors {
             input_layernorm: get(INPUT_LAYERNORM)?,
@@ -481,6 +561,23 @@ impl<'a> Binder<'a> {
             }),
         };
         let ffn = if c.is_moe_layer(l) {
+            let mut experts = Vec::with_capacity(f.experts.len());
+            for (e, parts) in f.experts.iter().enumerate() {
+                let run = self.run(parts, l, Some(e))?;
+                // `inventory::expert` lists the six parts in ExpertLayout's field order.
+                let [w1p, w1s, w2p, w2s, w3p, w3s] = parts;
+                experts.push((
+                    run,
+                    ExpertLayout {
+                        w1_packed: w1p.slice(&run),
+                        w1_scale: w1s.slice(&run),
+                        w2_packed: w2p.slice(&run),
+                        w2_scale: w2s.slice(&run),
+                        w3_packed: w3p.slice(&run),
+                        w3_scale: w3s.slice(&run),
+                    },
+                ));
+            }
             FfnLayout::Moe(MoeLayout {
                 gate: get(MOE_GATE)?,
                 e_score_correction_bias: get(MOE_BIAS)?,
@@ -504,52 +601,13 @@ impl<'a> Binder<'a> {
                 down_proj: get(MLP_DOWN_PROJ)?,
             })
         };
-        Ok(Some(LayerLayout {
+        Ok(LayerLayout {
             index: l,
             trunk,
             vectors,
             mixer,
             ffn,
-        }))
-    }
-
-    /// All routed experts of layer `l`, indexed by numeric expert id.
-    fn experts(
-        &mut self,
-        c: &ModelConfig,
-        l: usize,
-        prefix: &str,
-    ) -> Result<Option<Vec<(ByteRun, ExpertLayout)>>, LayoutError> {
-        let parts = inventory::expert(c);
-        let mut out = Some(Vec::with_capacity(c.num_experts));
-        for e in 0..c.num_experts {
-            let mut found = Vec::with_capacity(parts.len());
-            for w in &parts {
-                found.push(self.find(&expert_name(prefix, e, w.name), w));
-            }
-            let Some(found) = found.into_iter().collect::<Option<Vec<_>>>() else {
-                out = None;
-                continue;
-            };
-            let Some(list) = out.as_mut() else { continue };
-            let run = self.run(&found, l, Some(e))?;
-            // `inventory::expert` lists exactly six parts in ExpertLayout's field order.
-            let Ok([w1p, w1s, w2p, w2s, w3p, w3s]) = <[Found; 6]>::try_from(found) else {
-                return Err(missing(&expert_name(prefix, e, "")));
-            };
-            list.push((
-                run,
-                ExpertLayout {
-                    w1_packed: w1p.slice(&run),
-                    w1_scale: w1s.slice(&run),
-                    w2_packed: w2p.slice(&run),
-                    w2_scale: w2s.slice(&run),
-                    w3_packed: w3p.slice(&run),
-                    w3_scale: w3s.slice(&run),
-                },
-            ));
-        }
-        Ok(out)
+        })
     }
 
     /// The one contiguous run in one shard that `found` must form (spec §3.4).

@@ -45,6 +45,14 @@ pub enum CheckpointError {
 }
 
 impl CheckpointError {
+    /// A checkpoint file at `path` could not be read.
+    pub fn io(path: &Path, error: std::io::Error) -> CheckpointError {
+        CheckpointError::Files(SafetensorsError::Io {
+            path: path.to_path_buf(),
+            error,
+        })
+    }
+
     /// Whether `config.json` was read and refused (a usage problem, exit 2), as opposed to a
     /// missing, corrupt or disagreeing checkpoint file (exit 3).
     pub fn is_config(&self) -> bool {

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde_json::error::Category;
 
 /// Element types the engine knows. K3 uses exactly these three (spec §3.2 rule 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,11 +98,11 @@ fn file_name(path: &Path) -> String {
 /// Why a shard set was refused. Every variant names the file and, where there is one, the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum SafetensorsError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a `source`, so a `{:#}` chain shows it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{dir}: no *.safetensors files")]
     NoShards { dir: PathBuf },
@@ -268,9 +269,9 @@ pub struct TensorIndex {
 impl TensorIndex {
     /// Index every `*.safetensors` file in `dir`, in bytewise file-name order (spec §3.1).
     pub fn open_dir(dir: &Path) -> Result<TensorIndex, SafetensorsError> {
-        let io = |source| SafetensorsError::Io {
+        let io = |error| SafetensorsError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
         let mut paths = Vec::new();
         for item in std::fs::read_dir(dir).map_err(io)? {
@@ -439,21 +440,21 @@ impl TensorIndex {
     /// shard that holds it, and it lists every tensor exactly once. Only `weight_map` is read.
     pub fn check_index_file(&self, path: &Path) -> Result<(), SafetensorsError> {
         let file = file_name(path);
-        let text = std::fs::read(path).map_err(|source| SafetensorsError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| SafetensorsError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let parsed: IndexFile =
-            serde_json::from_slice(&text).map_err(|e| SafetensorsError::IndexJson {
+            serde_json::from_str(&text).map_err(|e| SafetensorsError::IndexJson {
                 file: file.clone(),
                 message: e.to_string(),
             })?;
         let mut listed = parsed.weight_map.0;
-        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        listed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         if let Some(w) = listed.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(SafetensorsError::IndexDuplicate {
                 file,
-                tensor: w[0].0.clone(),
+                tensor: w[0].0.to_string(),
             });
         }
         let shard_names: Vec<String> = self.shards.iter().map(ShardFile::name).collect();
@@ -462,16 +463,16 @@ impl TensorIndex {
             let Some(i) = self.position(&tensor) else {
                 return Err(SafetensorsError::IndexExtraName {
                     file,
-                    tensor,
-                    listed: shard,
+                    tensor: tensor.into_owned(),
+                    listed: shard.into_owned(),
                 });
             };
             let actual = &shard_names[self.entries[i].shard as usize];
-            if *actual != shard {
+            if actual.as_str() != shard {
                 return Err(SafetensorsError::IndexWrongShard {
                     file,
-                    tensor,
-                    listed: shard,
+                    tensor: tensor.into_owned(),
+                    listed: shard.into_owned(),
                     actual: actual.clone(),
                 });
             }
@@ -505,9 +506,9 @@ struct ParsedShard {
 }
 
 fn read_shard(path: &Path) -> Result<ParsedShard, SafetensorsError> {
-    let io = |source| SafetensorsError::Io {
+    let io = |error| SafetensorsError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = File::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
@@ -563,6 +564,7 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
         dims: Vec::new(),
         entries: Vec::new(),
         seen_metadata: false,
+        failed_in: None,
         error: None,
     };
     let mut de = serde_json::Deserializer::from_str(text);
@@ -576,9 +578,20 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
         return Err(e);
     }
     if let Err(e) = parsed {
-        return Err(SafetensorsError::Json {
-            file: state.file,
-            message: e.to_string(),
+        let file = state.file;
+        let message = e.to_string();
+        // A syntax error is bad JSON wherever it occurs; a well-formed value of the wrong
+        // form is a malformed entry of the tensor (or metadata) being read.
+        return Err(match (e.classify(), state.failed_in) {
+            (Category::Data, Some(FailedIn::Tensor(tensor))) => SafetensorsError::Entry {
+                file,
+                tensor,
+                message,
+            },
+            (Category::Data, Some(FailedIn::Metadata)) => {
+                SafetensorsError::Metadata { file, message }
+            }
+            _ => SafetensorsError::Json { file, message },
         });
     }
     let HeaderState {
@@ -657,6 +670,11 @@ fn check_tiling(
     Ok(())
 }
 
+enum FailedIn {
+    Metadata,
+    Tensor(String),
+}
+
 /// Accumulates one header's tensors while serde walks its top-level object.
 struct HeaderState {
     file: String,
@@ -664,6 +682,8 @@ struct HeaderState {
     dims: Vec<u64>,
     entries: Vec<Entry>,
     seen_metadata: bool,
+    /// Which value serde was reading when it failed, to tell a malformed entry from bad JSON.
+    failed_in: Option<FailedIn>,
     /// A typed refusal found mid-parse; the serde error that aborts the walk is then a carrier.
     error: Option<SafetensorsError>,
 }
@@ -731,14 +751,15 @@ impl HeaderState {
                 actual: end - begin,
             });
         }
-        // Offsets past the file end are caught by the tiling check; keep the sum from wrapping.
-        let offset =
-            data_start
-                .checked_add(begin)
-                .ok_or_else(|| SafetensorsError::SizeOverflow {
-                    file: file(),
-                    tensor: tensor(),
-                })?;
+        // Offsets past the file end are caught by the tiling check; keep the absolute offsets
+        // (start and end, `offset + len`) from wrapping.
+        let offset = data_start
+            .checked_add(begin)
+            .filter(|_| data_start.checked_add(end).is_some())
+            .ok_or_else(|| SafetensorsError::SizeOverflow {
+                file: file(),
+                tensor: tensor(),
+            })?;
         let too_large = |what| SafetensorsError::TooLarge { file: file(), what };
         let entry = Entry {
             name_start: u32::try_from(self.names.len()).map_err(|_| too_large("names"))?,
@@ -790,23 +811,16 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
                 }
                 state.seen_metadata = true;
                 if let Err(e) = map.next_value::<BTreeMap<String, String>>() {
-                    let file = state.file.clone();
-                    return Err(state.fail(SafetensorsError::Metadata {
-                        file,
-                        message: e.to_string(),
-                    }));
+                    state.failed_in = Some(FailedIn::Metadata);
+                    return Err(e);
                 }
                 continue;
             }
             let raw = match map.next_value::<RawTensor>() {
                 Ok(raw) => raw,
                 Err(e) => {
-                    let file = state.file.clone();
-                    return Err(state.fail(SafetensorsError::Entry {
-                        file,
-                        tensor: name.into_owned(),
-                        message: e.to_string(),
-                    }));
+                    state.failed_in = Some(FailedIn::Tensor(name.into_owned()));
+                    return Err(e);
                 }
             };
             if let Err(e) = state.add(&name, raw, self.data_start) {
@@ -874,30 +888,32 @@ impl<'de> Deserialize<'de> for DtypeField {
 
 /// `model.safetensors.index.json`; `metadata` and other keys are not semantic here.
 #[derive(Deserialize)]
-struct IndexFile {
-    weight_map: WeightMap,
+struct IndexFile<'a> {
+    #[serde(borrow)]
+    weight_map: WeightMap<'a>,
 }
 
 /// `weight_map` as a list of entries, so that duplicates survive parsing and can be refused.
-struct WeightMap(Vec<(String, String)>);
+/// Names are borrowed from the file text unless they contain escapes.
+struct WeightMap<'a>(Vec<(Cow<'a, str>, Cow<'a, str>)>);
 
-impl<'de> Deserialize<'de> for WeightMap {
+impl<'de: 'a, 'a> Deserialize<'de> for WeightMap<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = WeightMap;
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = WeightMap<'a>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object mapping tensor names to shard file names")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap<'a>, A::Error> {
                 let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some(entry) = map.next_entry::<String, String>()? {
-                    entries.push(entry);
+                while let Some((Key(name), Key(shard))) = map.next_entry::<Key, Key>()? {
+                    entries.push((name, shard));
                 }
                 Ok(WeightMap(entries))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 
