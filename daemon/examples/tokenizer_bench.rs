@@ -96,7 +96,9 @@ fn build_tokenizers(ranks: &[(Vec<u8>, u32)]) -> tokenizers::Tokenizer {
     let lookup: HashMap<&[u8], u32> = ranks.iter().map(|(b, r)| (b.as_slice(), *r)).collect();
     let vocab: tokenizers::models::bpe::Vocab = ranks.iter().map(|(b, r)| (name(b), *r)).collect();
     // Every split of a token into two tokens is a merge, ordered by the result's rank.
-    let mut merges: Vec<(u32, u32, u32, &[u8], &[u8])> = Vec::new();
+    // (result rank, left rank, right rank, left bytes, right bytes)
+    type Merge<'a> = (u32, u32, u32, &'a [u8], &'a [u8]);
+    let mut merges: Vec<Merge> = Vec::new();
     for (bytes, rank) in ranks {
         for cut in 1..bytes.len() {
             let (l, r) = bytes.split_at(cut);
