@@ -109,6 +109,10 @@ fn whole_piece_fast_path_and_merges() {
         [rank("中".as_bytes())]
     );
     assert_eq!(t.encode("", Specials::Plain).unwrap(), Vec::<u32>::new());
+    // "xyz" is a token with no two-byte part: merging alone would leave three bytes.
+    assert_eq!(t.encode("xyz", Specials::Plain).unwrap(), [rank(b"xyz")]);
+    let bytes: Vec<u32> = b" xyz".iter().map(|b| rank(&[*b])).collect();
+    assert_eq!(t.encode(" xyz", Specials::Plain).unwrap(), bytes);
 }
 
 #[test]
