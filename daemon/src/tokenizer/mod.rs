@@ -7,7 +7,7 @@
 //! * [`chat`] renders conversations (XTML) and parses replies.
 //!
 //! Encoding is our own rank BPE on `fancy_regex`, not the `tokenizers` crate: measured in one
-//! run (`examples/tokenizer_bench.rs`, 163,840 ids), it loads in about a quarter of the time
+//! run (`examples/tokenizer_bench.rs`, 163,840 ids), it loads in about a tenth of the time
 //! and encodes about three times faster, at the speed of tiktoken-rs's CoreBPE; and the spec's
 //! piece / run guards, per-call specials switch and whole-piece fast path are explicit in
 //! [`Tokenizer::encode`] rather than reconstructed around a third-party pipeline.
