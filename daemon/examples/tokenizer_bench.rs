@@ -17,20 +17,41 @@ use k3d::tokenizer::{Specials, Tokenizer, pretokenize::PATTERN};
 const K3_RANKS: usize = 163_584;
 const RUNS: usize = 5;
 
+/// Wall and process CPU times of repeated runs. The machine is shared, so routes are measured
+/// round-robin (each sees the same background load) and CPU time is reported next to wall time.
+#[derive(Default)]
+struct Times {
+    wall: Vec<Duration>,
+    cpu: Vec<Duration>,
+}
+
+impl Times {
+    fn run<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let (cpu0, wall0) = (cpu_time(), Instant::now());
+        let out = f();
+        self.wall.push(wall0.elapsed());
+        self.cpu.push(cpu_time().saturating_sub(cpu0));
+        out
+    }
+
+    fn medians(&self) -> (Duration, Duration) {
+        (median(self.wall.clone()), median(self.cpu.clone()))
+    }
+}
+
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     xs[xs.len() / 2]
 }
 
-fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
-    let mut times = Vec::new();
-    let mut last = None;
-    for _ in 0..RUNS {
-        let start = Instant::now();
-        last = Some(f());
-        times.push(start.elapsed());
-    }
-    (median(times), last.expect("RUNS > 0"))
+/// User + system CPU time of this process (all threads).
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(usage.user_time()) + tv(usage.system_time())
 }
 
 /// (bytes, rank) pairs of a tiktoken file, for the alternatives' constructors.
@@ -75,7 +96,9 @@ fn build_tokenizers(ranks: &[(Vec<u8>, u32)]) -> tokenizers::Tokenizer {
     let lookup: HashMap<&[u8], u32> = ranks.iter().map(|(b, r)| (b.as_slice(), *r)).collect();
     let vocab: tokenizers::models::bpe::Vocab = ranks.iter().map(|(b, r)| (name(b), *r)).collect();
     // Every split of a token into two tokens is a merge, ordered by the result's rank.
-    let mut merges: Vec<(u32, u32, u32, &[u8], &[u8])> = Vec::new();
+    // (result rank, left rank, right rank, left bytes, right bytes)
+    type Merge<'a> = (u32, u32, u32, &'a [u8], &'a [u8]);
+    let mut merges: Vec<Merge> = Vec::new();
     for (bytes, rank) in ranks {
         for cut in 1..bytes.len() {
             let (l, r) = bytes.split_at(cut);
@@ -119,26 +142,45 @@ fn main() {
         .collect();
     std::fs::write(&model, head).expect("write stand-in");
 
-    let (ours_load, ours) = time(|| Tokenizer::from_files(&model, k3_config).expect("load"));
-    assert_eq!(ours.vocab_size(), 163_840);
     let ranks = parse_ranks(&model);
-    let (tiktoken_load, core) = time(|| {
-        let encoder: rustc_hash::FxHashMap<Vec<u8>, u32> =
-            parse_ranks(&model).into_iter().collect();
-        tiktoken_rs::CoreBPE::new(encoder, Default::default(), PATTERN).expect("CoreBPE")
-    });
-    let (hf_load, hf) = time(|| build_tokenizers(&parse_ranks(&model)));
+    let (mut ours_load, mut core_load, mut hf_load) =
+        (Times::default(), Times::default(), Times::default());
+    let (mut ours, mut core, mut hf) = (None, None, None);
+    for _ in 0..RUNS {
+        ours = Some(ours_load.run(|| Tokenizer::from_files(&model, k3_config).expect("load")));
+        core = Some(core_load.run(|| {
+            let encoder: rustc_hash::FxHashMap<Vec<u8>, u32> =
+                parse_ranks(&model).into_iter().collect();
+            tiktoken_rs::CoreBPE::new(encoder, Default::default(), PATTERN).expect("CoreBPE")
+        }));
+        hf = Some(hf_load.run(|| build_tokenizers(&parse_ranks(&model))));
+    }
+    let (ours, core, hf) = (ours.expect("ran"), core.expect("ran"), hf.expect("ran"));
+    assert_eq!(ours.vocab_size(), 163_840);
 
     let corpus = std::fs::read_to_string(corpus).expect("corpus").repeat(16);
     let mb = corpus.len() as f64 / 1e6;
-    let (ours_t, ours_ids) = time(|| ours.encode(&corpus, Specials::Plain).expect("encode"));
-    let (tiktoken_t, core_ids) = time(|| core.encode_ordinary(&corpus));
-    let (hf_t, hf_ids) = time(|| {
-        hf.encode_fast(corpus.as_str(), false)
-            .expect("encode")
-            .get_ids()
-            .to_vec()
-    });
+    // The pre-tokeniser alone bounds every route that runs this pattern on fancy_regex.
+    let pattern = fancy_regex::Regex::new(PATTERN).expect("pattern");
+    let (mut ours_enc, mut core_enc, mut hf_enc, mut split) = (
+        Times::default(),
+        Times::default(),
+        Times::default(),
+        Times::default(),
+    );
+    let (mut ours_ids, mut core_ids, mut hf_ids, mut pieces) =
+        (Vec::new(), Vec::new(), Vec::new(), 0);
+    for _ in 0..RUNS {
+        ours_ids = ours_enc.run(|| ours.encode(&corpus, Specials::Plain).expect("encode"));
+        core_ids = core_enc.run(|| core.encode_ordinary(&corpus));
+        hf_ids = hf_enc.run(|| {
+            hf.encode_fast(corpus.as_str(), false)
+                .expect("encode")
+                .get_ids()
+                .to_vec()
+        });
+        pieces = split.run(|| pattern.find_iter(&corpus).count());
+    }
     let differ = |ids: &[u32]| {
         ids.iter().zip(&ours_ids).filter(|(a, b)| a != b).count()
             + ids.len().abs_diff(ours_ids.len())
@@ -148,27 +190,45 @@ fn main() {
         ranks.len(),
         ours.vocab_size()
     );
-    println!("corpus: {mb:.2} MB, {} ids (ours)", ours_ids.len());
     println!(
-        "route                          load (median of {RUNS})   encode MB/s   ids differing from ours"
+        "corpus: {mb:.2} MB, {} ids (ours); medians of {RUNS}, routes interleaved",
+        ours_ids.len()
     );
+    println!(
+        "route                        load wall / cpu s    encode MB/s wall / cpu   ids differing"
+    );
+    let rate = |t: Duration| mb / t.as_secs_f64();
     for (name, load, enc, diff) in [
-        ("k3d rank BPE (fancy_regex)", ours_load, ours_t, 0),
+        ("k3d rank BPE (fancy_regex)", &ours_load, &ours_enc, 0),
         (
             "tiktoken-rs CoreBPE",
-            tiktoken_load,
-            tiktoken_t,
+            &core_load,
+            &core_enc,
             differ(&core_ids),
         ),
-        ("tokenizers byte-level BPE", hf_load, hf_t, differ(&hf_ids)),
+        (
+            "tokenizers byte-level BPE",
+            &hf_load,
+            &hf_enc,
+            differ(&hf_ids),
+        ),
     ] {
+        let ((lw, lc), (ew, ec)) = (load.medians(), enc.medians());
         println!(
-            "{name:<30} {:>10.3} s {:>19.2} {:>12}",
-            load.as_secs_f64(),
-            mb / enc.as_secs_f64(),
-            diff
+            "{name:<28} {:>7.3} / {:<7.3} {:>11.2} / {:<8.2} {diff:>10}",
+            lw.as_secs_f64(),
+            lc.as_secs_f64(),
+            rate(ew),
+            rate(ec),
         );
     }
+    let (sw, sc) = split.medians();
+    println!(
+        "pre-tokeniser split alone ({pieces} pieces): {:.2} / {:.2} MB/s",
+        rate(sw),
+        rate(sc)
+    );
+    let ours_load = ours_load.medians().0;
     let _ = std::fs::remove_file(&model);
     if ours_load >= Duration::from_millis(1500) {
         eprintln!(

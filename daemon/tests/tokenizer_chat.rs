@@ -106,32 +106,16 @@ fn k3_special_ids_are_the_published_ones() {
 fn worked_example_thinking_off_segments() {
     use Segment::{Control as C, Text as T};
     let t = |s: &str| T(s.to_owned());
+    #[rustfmt::skip]
     let expected = vec![
-        C("<|open|>"),
-        t("message"),
-        t(" role=\"system\""),
-        C("<|sep|>"),
+        C("<|open|>"), t("message"), t(" role=\"system\""), C("<|sep|>"),
         t("You are helpful."),
-        C("<|close|>"),
-        t("message"),
-        C("<|sep|>"),
-        C("<|end_of_msg|>"),
-        C("<|open|>"),
-        t("message"),
-        t(" role=\"user\""),
-        C("<|sep|>"),
+        C("<|close|>"), t("message"), C("<|sep|>"), C("<|end_of_msg|>"),
+        C("<|open|>"), t("message"), t(" role=\"user\""), C("<|sep|>"),
         t("Hello"),
-        C("<|close|>"),
-        t("message"),
-        C("<|sep|>"),
-        C("<|end_of_msg|>"),
-        C("<|open|>"),
-        t("message"),
-        t(" role=\"assistant\""),
-        C("<|sep|>"),
-        C("<|open|>"),
-        t("response"),
-        C("<|sep|>"),
+        C("<|close|>"), t("message"), C("<|sep|>"), C("<|end_of_msg|>"),
+        C("<|open|>"), t("message"), t(" role=\"assistant\""), C("<|sep|>"),
+        C("<|open|>"), t("response"), C("<|sep|>"),
     ];
     assert_eq!(segments(&worked_example(Thinking::Off)), expected);
 }

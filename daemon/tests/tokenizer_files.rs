@@ -109,6 +109,10 @@ fn whole_piece_fast_path_and_merges() {
         [rank("中".as_bytes())]
     );
     assert_eq!(t.encode("", Specials::Plain).unwrap(), Vec::<u32>::new());
+    // "xyz" is a token with no two-byte part: merging alone would leave three bytes.
+    assert_eq!(t.encode("xyz", Specials::Plain).unwrap(), [rank(b"xyz")]);
+    let bytes: Vec<u32> = b" xyz".iter().map(|b| rank(&[*b])).collect();
+    assert_eq!(t.encode(" xyz", Specials::Plain).unwrap(), bytes);
 }
 
 #[test]
@@ -125,33 +129,30 @@ fn crlf_and_blank_lines_are_tolerated() {
     assert_eq!(t.rank_count(), model_lines().len());
 }
 
-#[test]
-fn bad_base64_names_the_line() {
-    let (e, text) = message(load_edited("b64", |l| l[4] = "!!!* 4".into()));
+/// Replaces model line `line` (1-based); the load error must name that line.
+fn line_error(test: &str, line: usize, replacement: &str) -> String {
+    let (e, text) = message(load_edited(test, |l| l[line - 1] = replacement.into()));
     assert!(
-        matches!(e, TokenizerError::ModelLine { line: 5, .. }),
+        matches!(e, TokenizerError::ModelLine { line: l, .. } if l == line),
         "{text}"
     );
-    assert!(text.contains("tiktoken.model:5: bad base64"), "{text}");
+    assert!(text.contains(&format!("tiktoken.model:{line}: ")), "{text}");
+    text
+}
+
+#[test]
+fn bad_base64_names_the_line() {
+    assert!(line_error("b64", 5, "!!!* 4").contains(":5: bad base64"));
 }
 
 #[test]
 fn missing_rank_names_the_line() {
-    let (e, text) = message(load_edited("norank", |l| l[2] = "Iw==".into()));
-    assert!(
-        matches!(e, TokenizerError::ModelLine { line: 3, .. }),
-        "{text}"
-    );
-    assert!(text.contains(":3: missing rank"), "{text}");
+    assert!(line_error("norank", 3, "Iw==").contains(":3: missing rank"));
 }
 
 #[test]
 fn unparsable_rank_names_the_line() {
-    let (e, text) = message(load_edited("badrank", |l| l[6] = "Jw== seven".into()));
-    assert!(
-        matches!(e, TokenizerError::ModelLine { line: 7, .. }),
-        "{text}"
-    );
+    assert!(line_error("badrank", 7, "Jw== seven").contains("\"seven\" is not a number"));
 }
 
 #[test]

@@ -179,7 +179,8 @@ def gpt2_byte_order():
 
 # A tiny vocabulary (like a synthetic checkpoint's): 256 bytes, a few merges, 256 added slots.
 TINY_MERGES = [b"he", b"ll", b"llo", b"hello", b" w", b"or", b"ld", b" world", b"me", b"ss",
-               b"age", b"mess", b"message", b" r", b"ole", b" role", b"=\"", b"\xe4\xb8", b"\xe4\xb8\xad"]
+               b"age", b"mess", b"message", b" r", b"ole", b" role", b"=\"", b"\xe4\xb8", b"\xe4\xb8\xad",
+               b"xyz"]  # "xyz" has no two-byte part: only the whole-piece fast path finds it
 
 
 def write_tiny():

@@ -6,7 +6,7 @@
 //! exactly their bytes. Bad tokenizer files and bad input exit 2 with the line or position.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow};
 use k3d::tokenizer::{Specials, Tokenizer};
@@ -37,7 +37,7 @@ fn usage(error: impl Into<anyhow::Error>) -> CliError {
     CliError::new(Exit::Usage, error)
 }
 
-fn load(dir: &PathBuf) -> Result<Tokenizer, CliError> {
+fn load(dir: &Path) -> Result<Tokenizer, CliError> {
     Tokenizer::load(dir).map_err(usage)
 }
 
