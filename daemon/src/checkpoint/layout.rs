@@ -216,7 +216,7 @@ const SHOWN_ISSUES: usize = 8;
 pub enum LayoutError {
     #[error(transparent)]
     Dims(#[from] DimOverflow),
-    /// Every missing, unexpected or mis-shaped tensor (the first [`KEPT_ISSUES`]) and the total.
+    /// Every missing, unexpected or mis-shaped tensor (the first 64 kept) and their total.
     #[error("{total} tensor(s) disagree with config.json: {}", show(issues, *total))]
     Tensors {
         issues: Vec<TensorIssue>,

@@ -2,7 +2,7 @@
 //!
 //! Only headers are read (one positioned read per shard); tensor data is never touched. The
 //! index is compact because the release has 497,220 tensors: names live in one string arena,
-//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte [`Entry`] on top of its name
+//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte `Entry` on top of its name
 //! and dims.
 //!
 //! Headers are read with `pread` rather than a memory map: a map would need `unsafe`, and a

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use k3d::checkpoint::config::MixerKind;
 use k3d::checkpoint::{Census, Checkpoint, CheckpointError};
 
 use crate::exit::{CliError, CliResult, Exit};
@@ -72,7 +73,17 @@ fn report(ck: &Checkpoint) -> String {
     ));
     out.push_str("trunk bytes per layer:\n");
     for (l, bytes) in c.trunk_bytes_per_layer.iter().enumerate() {
-        out.push_str(&format!("  layer {l:>3}           {}\n", gb(*bytes)));
+        let mixer = match ck.config.layer_kinds.get(l) {
+            Some(MixerKind::Kda) => "KDA",
+            Some(MixerKind::Mla) => "MLA",
+            None => "?",
+        };
+        let ffn = if ck.config.is_moe_layer(l) {
+            "MoE"
+        } else {
+            "dense"
+        };
+        out.push_str(&format!("  layer {l:>3} {mixer}+{ffn:<6}{}\n", gb(*bytes)));
     }
     out
 }
