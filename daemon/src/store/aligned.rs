@@ -153,9 +153,7 @@ impl BufPart {
         // SAFETY: `start + len ≤ capacity` by construction; the range is disjoint from every
         // other part and nothing reads the buffer while parts exist (see the `Send` impl), and
         // `&mut self` makes this the only live borrow of the range.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.owner.ptr.as_ptr().add(self.start), self.len)
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.owner.ptr.as_ptr().add(self.start), self.len) }
     }
 }
 
@@ -178,15 +176,16 @@ mod tests {
         let b = AlignedBuf::zeroed(3 * ALIGN).unwrap();
         let (lender, parts) = b.into_parts(3 * ALIGN, 2 * ALIGN).ok().unwrap();
         assert_eq!(
-            parts.iter().map(|p| (p.start(), p.len())).collect::<Vec<_>>(),
+            parts
+                .iter()
+                .map(|p| (p.start(), p.len()))
+                .collect::<Vec<_>>(),
             vec![(0, 2 * ALIGN), (2 * ALIGN, ALIGN)]
         );
         let handles: Vec<_> = parts
             .into_iter()
             .enumerate()
-            .map(|(i, mut p)| {
-                std::thread::spawn(move || p.as_mut_slice().fill(i as u8 + 1))
-            })
+            .map(|(i, mut p)| std::thread::spawn(move || p.as_mut_slice().fill(i as u8 + 1)))
             .collect();
         for h in handles {
             h.join().unwrap();

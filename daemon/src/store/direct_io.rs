@@ -87,7 +87,9 @@ pub enum ReadError {
     },
     #[error("run of shard {shard} at offset {offset}, length {len} overflows the address space")]
     RunOverflow { shard: usize, offset: u64, len: u64 },
-    #[error("read of shard {shard} at offset {offset}, length {len} cancelled: its batch was dropped")]
+    #[error(
+        "read of shard {shard} at offset {offset}, length {len} cancelled: its batch was dropped"
+    )]
     Cancelled { shard: usize, offset: u64, len: u64 },
     #[error(
         "read of shard {shard} at offset {offset}, length {len}: buffer still lent out after \
@@ -262,9 +264,8 @@ impl Shard {
             },
         };
         // Some filesystems accept the flag at open and refuse the reads: probe one page.
-        let mut probe = AlignedBuf::zeroed(ALIGN).map_err(|_| {
-            open_err(io::Error::new(io::ErrorKind::OutOfMemory, "probe buffer"))
-        })?;
+        let mut probe = AlignedBuf::zeroed(ALIGN)
+            .map_err(|_| open_err(io::Error::new(io::ErrorKind::OutOfMemory, "probe buffer")))?;
         loop {
             match file.read_at(probe.as_mut_slice(), 0) {
                 Ok(_) => break,
@@ -293,11 +294,19 @@ impl Shard {
     /// Read `dst.len()` bytes at `offset` (both 4096-aligned on the direct path), retrying
     /// `EINTR` and short reads, at most [`MAX_SINGLE_READ`] per `pread`. End of file is an error
     /// unless at least `required` bytes arrived.
-    pub fn read_chunk(&self, offset: u64, dst: &mut [u8], required: usize) -> Result<(), ReadError> {
+    pub fn read_chunk(
+        &self,
+        offset: u64,
+        dst: &mut [u8],
+        required: usize,
+    ) -> Result<(), ReadError> {
         let mut got = 0;
         while got < dst.len() {
             let n = (dst.len() - got).min(MAX_SINGLE_READ);
-            match self.file.read_at(&mut dst[got..got + n], offset + got as u64) {
+            match self
+                .file
+                .read_at(&mut dst[got..got + n], offset + got as u64)
+            {
                 Ok(0) => break,
                 Ok(k) => got += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -515,7 +524,10 @@ mod tests {
         let cs = w.chunks(MIN_CHUNK).unwrap();
         assert_eq!(cs.len(), 3);
         assert_eq!(cs.iter().map(|c| c.len).sum::<usize>(), w.len);
-        assert!(cs.windows(2).all(|p| p[0].buf_start + p[0].len == p[1].buf_start));
+        assert!(
+            cs.windows(2)
+                .all(|p| p[0].buf_start + p[0].len == p[1].buf_start)
+        );
         assert_eq!(cs[0].required, MIN_CHUNK);
         // Payload ends 100 bytes before the 20 MiB window end.
         assert_eq!(cs[2].required, cs[2].len - 100);

@@ -19,9 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::aligned::{AlignedBuf, BufPart, Lender};
-use super::direct_io::{
-    Chunk, LoadedRun, ReadError, ReadFailure, ShardSet, Window, check_chunk,
-};
+use super::direct_io::{Chunk, LoadedRun, ReadError, ReadFailure, ShardSet, Window, check_chunk};
 use crate::checkpoint::layout::ByteRun;
 
 /// Requests in flight by default. On this project's virtual disk (see `examples/read_bench.rs`
