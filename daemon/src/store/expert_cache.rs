@@ -283,6 +283,12 @@ impl Directory {
         Lookup::Miss(slot)
     }
 
+    /// The reservation of `slot` was given up before any read finished: empty it.
+    fn abandon(&mut self, slot: usize, key: ExpertId) {
+        self.entries[slot] = Entry::Empty;
+        self.map.remove(&key);
+    }
+
     /// The read into `slot` finished: publish it, or empty the slot.
     fn finish(&mut self, slot: usize, key: ExpertId, bytes: u64, ok: bool) {
         self.counters.reads += 1;
@@ -502,6 +508,17 @@ impl ExpertCache {
     }
 }
 
+impl ExpertCache {
+    fn abandon(&self, slot: usize, key: ExpertId) {
+        let mut inner = lock(&self.inner);
+        // The buffer left with the caller; the slot gets a new one when next filled.
+        inner.slots[slot] = Slot::Spare(None);
+        inner.dir.abandon(slot, key);
+        drop(inner);
+        self.landed.notify_all();
+    }
+}
+
 impl Ticket<'_> {
     pub fn key(&self) -> ExpertId {
         self.key
@@ -519,20 +536,11 @@ impl Ticket<'_> {
 }
 
 impl Drop for Ticket<'_> {
+    /// An unpublished reservation (caller gave up, or allocation failed) frees its slot so
+    /// waiters on the same expert retry instead of waiting forever.
     fn drop(&mut self) {
         if !self.done {
-            let lost = ReadFailure {
-                error: ReadError::Cancelled {
-                    shard: 0,
-                    offset: 0,
-                    len: self.bytes,
-                },
-                buf: None,
-            };
-            // The caller abandoned the read; its error is of no use to anyone.
-            let _ = self
-                .cache
-                .finish(self.slot, self.key, self.bytes, Err(lost));
+            self.cache.abandon(self.slot, self.key);
         }
     }
 }

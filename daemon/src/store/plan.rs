@@ -14,14 +14,18 @@
 //!    leaves nothing to retain), and the embedding (one row per token) is resident only when
 //!    memory would otherwise go unused.
 //!
-//! Unpinned trunk streams through [`StreamScheme`]: fixed chunks consumed as they land (the
-//! default, chosen by measurement, see `examples/read_bench.rs`) or a ring of ≥ 2 whole-run
-//! slots. A single whole-layer slot is unrepresentable: the C engine's prefetcher overwrote the
-//! layer being computed and emitted wrong tokens without an error (§3.1).
+//! Unpinned trunk streams through [`StreamScheme`]: a ring of ≥ 2 whole-layer slots (the
+//! default, chosen by measurement: see `examples/read_bench.rs`, where a layer read as 32 MiB
+//! requests queued ahead ran ~1.6× faster than chunks resubmitted as they were consumed) or
+//! fixed chunks consumed as they land (less memory; needs a forward pass that consumes weights by
+//! row ranges). A streamed lm_head passes through the same buffers in row blocks of at most
+//! 64 MiB: its rows are independent. A single whole-layer slot is unrepresentable: the C
+//! engine's prefetcher overwrote the layer being computed and emitted wrong tokens without an
+//! error (§3.1).
 
 use std::fmt;
 
-use super::direct_io::Window;
+use super::direct_io::{MAX_CHUNK, Window};
 use super::reader::{DEFAULT_CHUNK, DEFAULT_QUEUE_DEPTH};
 use crate::checkpoint::config::{MixerKind, ModelConfig};
 use crate::checkpoint::layout::{FfnLayout, ModelLayout};
@@ -207,6 +211,13 @@ pub enum StreamScheme {
 
 impl Default for StreamScheme {
     fn default() -> Self {
+        Self::Ring { slots: 2 }
+    }
+}
+
+impl StreamScheme {
+    /// The chunk stream with the reader pool's default request size and depth.
+    pub fn default_chunks() -> Self {
         Self::Chunks {
             chunk: DEFAULT_CHUNK as u64,
             in_flight: DEFAULT_QUEUE_DEPTH,
@@ -404,11 +415,12 @@ impl Plan {
         let mut pinned = vec![false; census.trunk_layers.len()];
         let mut lm_head = Residency::Streamed;
         let mut embedding = Residency::Streamed;
+        let lm_piece = census.lm_head_bytes.min(MAX_CHUNK as u64);
         let largest_streamed = |pinned: &[bool], lm: Residency| -> u64 {
             let trunk = census.trunk_layers.iter().zip(pinned).filter(|(_, p)| !**p);
             trunk
                 .map(|(b, _)| *b)
-                .chain((lm == Residency::Streamed).then_some(census.lm_head_bytes))
+                .chain((lm == Residency::Streamed).then_some(lm_piece))
                 .max()
                 .unwrap_or(0)
         };
@@ -701,8 +713,20 @@ mod tests {
         let c = k3();
         let p = Plan::new(&c, Budget::preset(Preset::Laptop), StreamScheme::default()).unwrap();
         assert!(p.total() <= p.budget);
-        // Largest first: layer 0 (2.34 GB), then KDA+MoE layers in index order.
-        assert_eq!(p.pinned_layers, vec![0, 1, 2, 4]);
+        // Largest first: layer 0 (2.34 GB), then KDA+MoE layers in index order while they fit
+        // beside two 1.27 GB ring slots, then a smaller MLA+MoE layer (3) that still fits.
+        assert_eq!(p.pinned_layers, vec![0, 1, 3]);
+        assert_eq!(
+            p.stream_bytes,
+            2 * Window::capacity_for(1_267_744_256).unwrap()
+        );
+        // The chunk stream needs 0.30 GB instead of 2.54 and pins one layer more.
+        let chunks = Plan::new(
+            &c,
+            Budget::preset(Preset::Laptop),
+            StreamScheme::default_chunks(),
+        );
+        assert_eq!(chunks.unwrap().pinned_layers, vec![0, 1, 2, 4]);
         assert!(p.reads.trunk > c.trunk_bytes() * 9 / 10);
         assert_eq!(p.lm_head, Residency::Streamed);
         assert_eq!(p.embedding, Residency::Streamed);
@@ -713,7 +737,7 @@ mod tests {
             c.trunk_bytes() - p.pinned_trunk_bytes + c.lm_head_bytes + 14_336 + 25_829_572_608
         );
         let text = p.to_string();
-        assert!(text.contains("layers 0-2, 4"), "{text}");
+        assert!(text.contains("layers 0-1, 3"), "{text}");
     }
 
     #[test]
@@ -778,7 +802,7 @@ mod tests {
             + c.scratch_bytes
             + 43_008
             + 17 * 17_551_360
-            + 9 * (32 << 20)
+            + 2 * Window::capacity_for(2_341_213_184).unwrap()
             + Window::capacity_for(14_336).unwrap();
         assert_eq!(needed, min);
         assert!(
@@ -807,7 +831,7 @@ mod tests {
     }
 
     #[test]
-    fn ring_slots_fit_the_largest_streamed_run() {
+    fn ring_slots_fit_the_largest_streamed_layer() {
         let c = k3();
         let p = Plan::new(
             &c,
@@ -815,13 +839,22 @@ mod tests {
             StreamScheme::Ring { slots: 2 },
         );
         let p = p.unwrap();
-        // The streamed lm_head (2.35 GB) is the largest run, so each slot holds it.
+        // Layer 0 pinned, so slots fit a KDA+MoE layer; the streamed lm_head passes through
+        // them in 64 MiB row blocks and does not widen them.
         assert_eq!(p.lm_head, Residency::Streamed);
         assert_eq!(
             p.stream_bytes,
-            2 * Window::capacity_for(2_348_810_240).unwrap()
+            2 * Window::capacity_for(1_267_744_256).unwrap()
         );
-        assert!(p.pinned_layers.len() < 4);
+        let three = Plan::new(
+            &c,
+            Budget::preset(Preset::Laptop),
+            StreamScheme::Ring { slots: 3 },
+        );
+        assert_eq!(
+            three.unwrap().stream_bytes,
+            3 * Window::capacity_for(1_267_744_256).unwrap()
+        );
     }
 
     fn tiny() -> Census {

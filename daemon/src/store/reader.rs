@@ -212,11 +212,18 @@ impl ReaderPool {
             }
         }
         jobs.sort_by_key(|j| (j.shard, j.chunk.file_offset));
-        if !jobs.is_empty() {
+        let n = jobs.len();
+        if n > 0 {
             let mut q = lock(&self.shared.queue);
             q.jobs.extend(jobs);
             drop(q);
-            self.shared.work.notify_all();
+            // Wake only as many workers as there are new requests: on an oversubscribed CPU a
+            // herd of woken threads delays the one that gets the work.
+            if n >= self.config.queue_depth {
+                self.shared.work.notify_all();
+            } else {
+                (0..n).for_each(|_| self.shared.work.notify_one());
+            }
         }
         Batch {
             state,
