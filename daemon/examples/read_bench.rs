@@ -265,7 +265,8 @@ fn run() -> Result<(), String> {
     } else {
         DirectPolicy::Prefer
     };
-    let shards = Arc::new(ShardSet::open(&[path.clone()], policy).map_err(|e| e.to_string())?);
+    let shards =
+        Arc::new(ShardSet::open(std::slice::from_ref(&path), policy).map_err(|e| e.to_string())?);
     println!("read mode: {}", shards.read_mode());
     println!("| test | chunk MiB | qd | median GB/s | min | max | GB per run |");
     println!("|---|---:|---:|---:|---:|---:|---:|");

@@ -72,7 +72,7 @@ impl AlignedBuf {
     /// (`part_len` a positive multiple of [`ALIGN`]; `end ≤ capacity`), plus the [`Lender`] that
     /// gets the buffer back. Gives the buffer back unchanged if the arguments break those rules.
     pub fn into_parts(self, end: usize, part_len: usize) -> Result<(Lender, Vec<BufPart>), Self> {
-        if part_len == 0 || part_len % ALIGN != 0 || end > self.capacity {
+        if part_len == 0 || !part_len.is_multiple_of(ALIGN) || end > self.capacity {
             return Err(self);
         }
         let owner = Arc::new(self);

@@ -169,7 +169,7 @@ impl Window {
 
 /// Refuse a request size outside 8–64 MiB or not a multiple of 4096.
 pub fn check_chunk(chunk: usize) -> Result<(), ReadError> {
-    if (MIN_CHUNK..=MAX_CHUNK).contains(&chunk) && chunk % ALIGN == 0 {
+    if (MIN_CHUNK..=MAX_CHUNK).contains(&chunk) && chunk.is_multiple_of(ALIGN) {
         Ok(())
     } else {
         Err(ReadError::BadChunk { chunk })

@@ -165,7 +165,7 @@ impl LfuAging {
         self.meta[slot] = m;
         self.resident[slot] = true;
         self.order.insert((m.0, m.1, slot));
-        if self.clock % self.period == 0 {
+        if self.clock.is_multiple_of(self.period) {
             self.age();
         }
     }

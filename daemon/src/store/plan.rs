@@ -405,9 +405,17 @@ impl Plan {
         let base = census.state_bytes + census.scratch_bytes + census.model_vectors_bytes;
 
         let Some(ram) = budget.ram else {
-            return Ok(everything_resident(census, scheme, min_slots, slot));
+            // Max: exactly the budget that holds every byte, planned like any other.
+            let cache = census.pool() as u64 * slot;
+            let all =
+                base + census.trunk_bytes() + census.lm_head_bytes + census.embedding_bytes + cache;
+            let budget = Budget {
+                ram: Some(all),
+                trunk: None,
+                cache: Some(cache),
+            };
+            return Self::new(census, budget, scheme);
         };
-
         let cache_slots_wanted = match budget.cache {
             Some(c) => ((c / slot) as usize).clamp(min_slots, census.pool()),
             None => min_slots,
@@ -527,35 +535,6 @@ fn expert_reads(census: &Census, slots: usize, min_slots: usize) -> u64 {
     (per_token * (pool as u128 - kept) / pool as u128) as u64
 }
 
-fn everything_resident(census: &Census, scheme: StreamScheme, min_slots: usize, slot: u64) -> Plan {
-    let mut plan = Plan {
-        budget: 0,
-        pinned_layers: (0..census.trunk_layers.len()).collect(),
-        pinned_trunk_bytes: census.trunk_bytes(),
-        layer_count: census.trunk_layers.len(),
-        scheme,
-        stream_bytes: 0,
-        lm_head: Residency::Resident,
-        lm_head_bytes: census.lm_head_bytes,
-        embedding: Residency::Resident,
-        embedding_bytes: census.embedding_bytes,
-        cache_slots: census.pool(),
-        cache_min_slots: min_slots,
-        cache_slot_bytes: slot,
-        state_bytes: census.state_bytes,
-        scratch_bytes: census.scratch_bytes,
-        model_vectors_bytes: census.model_vectors_bytes,
-        reads: ReadsPerToken {
-            trunk: 0,
-            lm_head: 0,
-            embedding: 0,
-            experts: 0,
-        },
-    };
-    plan.budget = plan.total();
-    plan
-}
-
 /// "0-3, 7, 9-12".
 fn ranges(ls: &[usize]) -> String {
     let mut out: Vec<String> = Vec::new();
@@ -627,17 +606,16 @@ impl fmt::Display for Plan {
             res(self.lm_head),
             gb(self.lm_head_bytes)
         )?;
-        writeln!(
-            f,
-            "  embedding  {} ({} {})",
-            res(self.embedding),
-            gb(self.embedding_bytes),
-            if self.embedding == Residency::Resident {
-                "table"
-            } else {
-                "row window"
+        match self.embedding {
+            Residency::Resident => {
+                writeln!(f, "  embedding  resident ({})", gb(self.embedding_bytes))?
             }
-        )?;
+            Residency::Streamed => writeln!(
+                f,
+                "  embedding  streamed (one row per token; {} B read window)",
+                self.embedding_bytes
+            )?,
+        }
         writeln!(
             f,
             "  experts    {} cache slots × {:.2} MB = {} (minimum {} = top-k + 1)",
@@ -737,6 +715,7 @@ mod tests {
             c.trunk_bytes() - p.pinned_trunk_bytes + c.lm_head_bytes + 14_336 + 25_829_572_608
         );
         let text = p.to_string();
+        println!("{text}");
         assert!(text.contains("layers 0-1, 3"), "{text}");
     }
 
@@ -753,6 +732,7 @@ mod tests {
         assert_eq!(p.embedding, Residency::Resident);
         assert_eq!(p.reads.total(), 25_829_572_608);
         assert!(p.total() <= p.budget);
+        println!("{p}");
     }
 
     #[test]
@@ -833,26 +813,14 @@ mod tests {
     #[test]
     fn ring_slots_fit_the_largest_streamed_layer() {
         let c = k3();
-        let p = Plan::new(
-            &c,
-            Budget::preset(Preset::Laptop),
-            StreamScheme::Ring { slots: 2 },
-        );
-        let p = p.unwrap();
+        let ring = StreamScheme::Ring { slots: 3 };
+        let p = Plan::new(&c, Budget::preset(Preset::Laptop), ring).unwrap();
         // Layer 0 pinned, so slots fit a KDA+MoE layer; the streamed lm_head passes through
         // them in 64 MiB row blocks and does not widen them.
+        assert_eq!(p.pinned_layers[0], 0);
         assert_eq!(p.lm_head, Residency::Streamed);
         assert_eq!(
             p.stream_bytes,
-            2 * Window::capacity_for(1_267_744_256).unwrap()
-        );
-        let three = Plan::new(
-            &c,
-            Budget::preset(Preset::Laptop),
-            StreamScheme::Ring { slots: 3 },
-        );
-        assert_eq!(
-            three.unwrap().stream_bytes,
             3 * Window::capacity_for(1_267_744_256).unwrap()
         );
     }
