@@ -24,10 +24,12 @@
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
 
+pub mod advice;
 pub mod checkpoint;
 pub mod engine;
 pub mod kernels;
 pub mod model;
 pub mod store;
 pub mod synth;
+pub mod system;
 pub mod tokenizer;

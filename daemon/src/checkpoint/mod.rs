@@ -13,7 +13,9 @@ pub mod census;
 pub mod config;
 pub mod inventory;
 pub mod layout;
+pub mod manifest;
 pub mod safetensors;
+pub mod verify;
 
 use std::path::{Path, PathBuf};
 

@@ -31,6 +31,10 @@ enum Command {
     Tokenize(cmd::tokenize::TokenizeArgs),
     /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
     Detokenize(cmd::tokenize::DetokenizeArgs),
+    /// Check this machine (and a model directory) and recommend a memory budget.
+    Doctor(cmd::doctor::Args),
+    /// SHA-256 every checkpoint file against a manifest (resumable).
+    Verify(cmd::verify::Args),
 }
 
 fn main() {
@@ -41,6 +45,8 @@ fn main() {
         Command::Run(args) => cmd::run::run(args),
         Command::Tokenize(args) => cmd::tokenize::tokenize(args),
         Command::Detokenize(args) => cmd::tokenize::detokenize(args),
+        Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Verify(args) => cmd::verify::run(args),
     };
     if let Err(e) = result {
         eprintln!("k3d: error: {:#}", e.error);

@@ -1,5 +1,7 @@
 //! One module per `k3d` subcommand.
 pub mod check;
+pub mod doctor;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
+pub mod verify;
