@@ -128,3 +128,79 @@ pub fn advise(census: &Census, usable: u64, bandwidth: Option<f64>) -> Result<Ad
         seconds_per_token: bandwidth.filter(|b| *b > 0.0).map(|b| reads as f64 / b),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten 1 GiB trunk layers, 2 MoE layers of 64 experts (top-4) of 16 MiB, small tables.
+    fn census() -> Census {
+        Census {
+            trunk_layers: vec![GIB; 10],
+            expert_bytes: 16 << 20,
+            experts_per_layer: 64,
+            moe_layers: 2,
+            top_k: 4,
+            embedding_bytes: 64 << 20,
+            embedding_row_bytes: 4096,
+            lm_head_bytes: 64 << 20,
+            model_vectors_bytes: 4096,
+            state_bytes: 1 << 20,
+            scratch_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn plenty_of_memory_recommends_everything_resident() {
+        let a = advise(&census(), 64 * GIB, Some(2e9)).unwrap();
+        assert!(a.budget_bytes >= a.max_plan_bytes);
+        assert!(
+            a.budget_bytes - a.max_plan_bytes < GIB / 10 + 1,
+            "rounded up to 0.1 GiB only"
+        );
+        // Every trunk layer pinned; what remains is the planner's expert estimate at that
+        // budget (a cache beyond its minimum only when ≥ 36 GB would be left, §4.1).
+        assert_eq!(
+            (a.pinned_layers, a.read_trunk_bytes, a.read_lm_head_bytes),
+            (10, 0, 0)
+        );
+        let plan = Plan::new(
+            &census(),
+            Budget {
+                ram: Some(a.budget_bytes),
+                ..Budget::default()
+            },
+            StreamScheme::default(),
+        )
+        .unwrap();
+        assert_eq!(a.read_bytes_per_token, plan.reads.total());
+        assert_eq!(a.seconds_per_token, Some(plan.reads.total() as f64 / 2e9));
+    }
+
+    #[test]
+    fn tight_memory_recommends_usable_minus_headroom_and_predicts_from_reads() {
+        let usable = 6 * GIB;
+        let a = advise(&census(), usable, Some(1e9)).unwrap();
+        assert_eq!(a.headroom_bytes, GIB);
+        assert!(a.budget_bytes <= usable - GIB && a.budget_bytes > usable - GIB - GIB / 10);
+        assert!(a.pinned_layers < 10 && a.pinned_layers > 0, "{a:?}");
+        let s = a.seconds_per_token.unwrap();
+        assert!((s - a.read_bytes_per_token as f64 / 1e9).abs() < 1e-12);
+        assert!(a.read_trunk_bytes >= (10 - a.pinned_layers as u64) * GIB);
+        assert!(
+            advise(&census(), usable, None)
+                .unwrap()
+                .seconds_per_token
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn too_little_memory_names_the_minimum() {
+        let e = advise(&census(), GIB, Some(1e9)).unwrap_err();
+        match e {
+            AdviceError::NotEnoughMemory { needed, .. } => assert!(needed > 0),
+            other => panic!("{other}"),
+        }
+    }
+}

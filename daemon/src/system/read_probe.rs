@@ -118,7 +118,8 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
                     let mut buf = AlignedBuf::zeroed(request)
                         .map_err(|_| ProbeError::Buffer { len: request })?;
                     let mut rng = SplitMix(seed ^ (t as u64).wrapping_mul(0xA24B_AED4_963E_E407));
-                    while Instant::now() < deadline {
+                    // At least one read per worker, however late it was scheduled.
+                    loop {
                         // A file chosen in proportion to its size, then an aligned offset in it.
                         let mut at = rng.next() % total;
                         let Some((shard, size)) = shards.iter().find(|(_, s)| {
@@ -140,6 +141,9 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
                         shard.read_chunk(offset, buf.as_mut_slice(), want)?;
                         bytes.fetch_add(want as u64, Ordering::Relaxed);
                         reads.fetch_add(1, Ordering::Relaxed);
+                        if Instant::now() >= deadline {
+                            break;
+                        }
                     }
                     Ok(())
                 })

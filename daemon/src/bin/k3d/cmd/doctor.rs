@@ -215,6 +215,25 @@ pub fn run(args: Args) -> CliResult {
     } else {
         print_text(&report);
     }
+    // Scripts (and the installer's user) get a failing status for a model that will not load.
+    if let Some(m) = &report.model {
+        let s = &m.shards;
+        if !s.missing_files.is_empty() || s.open_error.is_some() {
+            return Err(CliError::new(
+                Exit::Checkpoint,
+                anyhow::anyhow!(
+                    "{}: {} listed shard(s) missing{}",
+                    m.dir.display(),
+                    s.missing_files.len(),
+                    if s.open_error.is_some() {
+                        "; the engine refuses the checkpoint (see above)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
