@@ -51,19 +51,34 @@ fn run(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// `install.sh --root ROOT --prefix PREFIX --bin-dir BINS`, which must succeed.
+fn install(root: &Path, prefix: &str, bins: &Path) {
+    run(Command::new(repo().join("packaging/install.sh"))
+        .arg("--root")
+        .arg(root)
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--bin-dir")
+        .arg(bins));
+}
+
+/// `systemd-analyze verify` of both units in `units`.
+fn analyze(units: &Path) -> std::process::Output {
+    Command::new("systemd-analyze")
+        .arg("verify")
+        .arg("k3d.socket")
+        .arg("k3d.service")
+        .current_dir(units)
+        .output()
+        .expect("spawn systemd-analyze")
+}
+
 #[test]
 fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them() {
     let dir = scratch("install");
     let root = dir.join("root");
     let bins = bin_dir(&dir);
-    let install = repo().join("packaging/install.sh");
-    run(Command::new(&install)
-        .arg("--root")
-        .arg(&root)
-        .arg("--prefix")
-        .arg("/opt/k3")
-        .arg("--bin-dir")
-        .arg(&bins));
+    install(&root, "/opt/k3", &bins);
     let expect: &[(&str, u32)] = &[
         ("opt/k3/bin/k3d", 0o755),
         ("opt/k3/bin/k3", 0o755),
@@ -91,13 +106,7 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
     );
     // Installing again keeps an edited config and ships the new one beside it.
     std::fs::write(root.join("etc/k3d/k3d.toml"), "ram_gb = 7\n").unwrap();
-    run(Command::new(&install)
-        .arg("--root")
-        .arg(&root)
-        .arg("--prefix")
-        .arg("/opt/k3")
-        .arg("--bin-dir")
-        .arg(&bins));
+    install(&root, "/opt/k3", &bins);
     assert_eq!(
         std::fs::read_to_string(root.join("etc/k3d/k3d.toml")).unwrap(),
         "ram_gb = 7\n"
@@ -163,11 +172,7 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
     }
     let dir = scratch("analyze");
     let root = dir.join("root");
-    run(Command::new(repo().join("packaging/install.sh"))
-        .arg("--root")
-        .arg(&root)
-        .arg("--bin-dir")
-        .arg(bin_dir(&dir)));
+    install(&root, "/usr/local", &bin_dir(&dir));
     // verify checks that ExecStart's binary exists, so point it at the copy in the temporary
     // root; every other line is verified as installed.
     let units = dir.join("units");
@@ -184,13 +189,7 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
         units.join("k3d.socket"),
     )
     .unwrap();
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg("k3d.socket")
-        .arg("k3d.service")
-        .current_dir(&units)
-        .output()
-        .unwrap();
+    let out = analyze(&units);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stderr.trim().is_empty(),
@@ -202,13 +201,7 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
         .unwrap()
         .replace("ProtectHome=", "ProtectHomes=");
     std::fs::write(units.join("k3d.service"), broken).unwrap();
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg("k3d.socket")
-        .arg("k3d.service")
-        .current_dir(&units)
-        .output()
-        .unwrap();
+    let out = analyze(&units);
     assert!(String::from_utf8_lossy(&out.stderr).contains("ProtectHomes"));
     std::fs::remove_dir_all(dir).unwrap();
 }

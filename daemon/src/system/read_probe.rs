@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::store::aligned::{AlignedBuf, round_up};
 use crate::store::direct_io::{DirectPolicy, ReadError, ReadMode, Shard};
+use crate::synth::rng::splitmix64;
 
 /// One routed expert, the engine's typical random read (spec §1.2).
 pub const EXPERT_READ: usize = 17_547_264;
@@ -68,19 +69,6 @@ impl ProbeResult {
     }
 }
 
-/// A small, seedable generator: the offsets only need to be spread, not unpredictable.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// Read random aligned windows of `files` for `opts.duration`, `opts.in_flight` at a time.
 pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, ProbeError> {
     let mut shards = Vec::new();
@@ -117,11 +105,12 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
                 scope.spawn(move || -> Result<(), ProbeError> {
                     let mut buf = AlignedBuf::zeroed(request)
                         .map_err(|_| ProbeError::Buffer { len: request })?;
-                    let mut rng = SplitMix(seed ^ (t as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+                    // The offsets only need to be spread, not unpredictable.
+                    let mut rng = seed ^ (t as u64).wrapping_mul(0xA24B_AED4_963E_E407);
                     // At least one read per worker, however late it was scheduled.
                     loop {
                         // A file chosen in proportion to its size, then an aligned offset in it.
-                        let mut at = rng.next() % total;
+                        let mut at = splitmix64(&mut rng) % total;
                         let Some((shard, size)) = shards.iter().find(|(_, s)| {
                             let hit = at < *s;
                             if !hit {
@@ -135,7 +124,7 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
                         let offset = if span == 0 {
                             0
                         } else {
-                            (rng.next() % (span + 1)) & !4095
+                            (splitmix64(&mut rng) % (span + 1)) & !4095
                         };
                         let want = (size - offset).min(request as u64) as usize;
                         shard.read_chunk(offset, buf.as_mut_slice(), want)?;
