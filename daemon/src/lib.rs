@@ -23,6 +23,8 @@
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
+//! * [`system`] — machine facts (CPU features, RAM, cgroup limit, disk) and a drive read probe.
+//! * [`advice`] — the `--ram-gb` to recommend for a machine and checkpoint, and its expected speed.
 
 pub mod advice;
 pub mod checkpoint;

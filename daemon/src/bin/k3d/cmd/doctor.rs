@@ -3,7 +3,7 @@
 //! engine reads, and which `--ram-gb` to run with at what expected speed.
 use crate::exit::{CliError, CliResult, Exit};
 use k3d::advice::{self, Advice};
-use k3d::checkpoint::Checkpoint;
+use k3d::checkpoint::{Checkpoint, CheckpointError};
 use k3d::store::direct_io::DirectPolicy;
 use k3d::store::plan::{Census, GIB};
 use k3d::store::reader::DEFAULT_QUEUE_DEPTH;
@@ -74,7 +74,10 @@ fn gib(b: u64) -> String {
 }
 
 /// Shard files on disk against model.safetensors.index.json.
-fn check_shards(dir: &Path) -> Result<(ShardCheck, Vec<PathBuf>), CliError> {
+fn check_shards(
+    dir: &Path,
+    opened: &Result<Checkpoint, CheckpointError>,
+) -> Result<(ShardCheck, Vec<PathBuf>), CliError> {
     let read_err = |p: &Path, e: std::io::Error| {
         CliError::new(
             Exit::Checkpoint,
@@ -120,7 +123,7 @@ fn check_shards(dir: &Path) -> Result<(ShardCheck, Vec<PathBuf>), CliError> {
         Err(_) => (false, None, Vec::new()),
     };
     let names: Vec<&String> = present.iter().map(|(n, _, _)| n).collect();
-    let (data_bytes, open_error) = match Checkpoint::open(dir) {
+    let (data_bytes, open_error) = match opened {
         Ok(c) => (Some(c.shards.iter().map(|s| s.data_len()).sum()), None),
         Err(e) => (None, Some(e.to_string())),
     };
@@ -152,7 +155,8 @@ fn check_shards(dir: &Path) -> Result<(ShardCheck, Vec<PathBuf>), CliError> {
 
 fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelReport, CliError> {
     let disk = Disk::of(dir).map_err(|e| CliError::new(Exit::Checkpoint, e))?;
-    let (shards, files) = check_shards(dir)?;
+    let opened = Checkpoint::open(dir);
+    let (shards, files) = check_shards(dir, &opened)?;
     let (probe, probe_error) = match read_probe::measure(
         &files,
         ProbeOptions {
@@ -165,7 +169,7 @@ fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelRepo
         Ok(p) => (Some(p), None),
         Err(e) => (None, Some(e.to_string())),
     };
-    let (advice, advice_error) = match Checkpoint::open(dir) {
+    let (advice, advice_error) = match &opened {
         Err(e) => (None, Some(format!("the checkpoint does not open: {e}"))),
         Ok(c) => match Census::from_layout(&c.layout, &c.config, PLANNED_CONTEXT, 0)
             .map_err(advice::AdviceError::from)
