@@ -138,13 +138,10 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     });
     outcome?;
     let seconds = start.elapsed().as_secs_f64();
