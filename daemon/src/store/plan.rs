@@ -15,13 +15,14 @@
 //!    memory would otherwise go unused.
 //!
 //! Unpinned trunk streams through [`StreamScheme`]: a ring of ≥ 2 whole-layer slots (the
-//! default, chosen by measurement: see `examples/read_bench.rs`, where a layer read as 32 MiB
-//! requests queued ahead ran ~1.6× faster than chunks resubmitted as they were consumed) or
-//! fixed chunks consumed as they land (less memory; needs a forward pass that consumes weights by
-//! row ranges). A streamed lm_head passes through the same buffers in row blocks of at most
-//! 64 MiB: its rows are independent. A single whole-layer slot is unrepresentable: the C
-//! engine's prefetcher overwrote the layer being computed and emitted wrong tokens without an
-//! error (§3.1).
+//! default) or fixed chunks consumed as they land. Measured with `examples/read_bench.rs`, both
+//! reach the same direct-read bandwidth once buffers sit on huge pages (`store::aligned`), so
+//! bandwidth does not decide; the ring is the default because the forward pass can use a whole
+//! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
+//! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
+//! A streamed lm_head passes through the same buffers in row blocks of at most 64 MiB: its rows
+//! are independent. A single whole-layer slot is unrepresentable: the C engine's prefetcher
+//! overwrote the layer being computed and emitted wrong tokens without an error (§3.1).
 
 use std::fmt;
 
