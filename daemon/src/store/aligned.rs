@@ -46,11 +46,17 @@ impl AlignedBuf {
             .and_then(|c| usize::try_from(c).ok())
             .filter(|&c| c <= isize::MAX as usize)
             .ok_or_else(|| oom("size overflows".into()))?;
-        let map = MmapMut::map_anon(capacity).map_err(|e| oom(e.to_string()))?;
+        let mut map = MmapMut::map_anon(capacity).map_err(|e| oom(e.to_string()))?;
         #[cfg(target_os = "linux")]
         if capacity >= HUGE {
             // Advice only: where THP is off the buffer works the same with 4 KiB pages.
             let _ = map.advise(memmap2::Advice::HugePage);
+        }
+        // Fault every page in now: the memory is then really resident as the plan counts it,
+        // and the first read does not pay the faults (a first cold run into a fresh 1.27 GB
+        // buffer ran at 0.5 GB/s against 2.8 for later ones).
+        for b in map.iter_mut().step_by(ALIGN) {
+            *b = 0;
         }
         Ok(Self { map })
     }
