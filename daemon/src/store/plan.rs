@@ -418,7 +418,8 @@ impl Plan {
             return Self::new(census, budget, scheme);
         };
         let cache_slots_wanted = match budget.cache {
-            Some(c) => ((c / slot) as usize).clamp(min_slots, census.pool()),
+            // Never below the minimum, even for a model whose pool is smaller than top-k + 1.
+            Some(c) => ((c / slot) as usize).min(census.pool()).max(min_slots),
             None => min_slots,
         };
         let mut pinned = vec![false; census.trunk_layers.len()];
@@ -480,7 +481,9 @@ impl Plan {
         let mut cache_slots = cache_slots_wanted;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
         if budget.cache.is_none() && left >= CACHE_WORTHWHILE {
-            cache_slots = (cache_slots + (left / slot) as usize).min(census.pool());
+            cache_slots = (cache_slots + (left / slot) as usize)
+                .min(census.pool())
+                .max(cache_slots);
         }
         if needs(&pinned, lm_head, Residency::Resident, cache_slots) <= ram {
             embedding = Residency::Resident;
@@ -901,6 +904,21 @@ mod tests {
         };
         let p = Plan::new(&c, all, TINY_SCHEME).unwrap();
         assert_eq!(p.cache_slots, 24);
+        assert_eq!(p.reads.experts, 0);
+    }
+
+    #[test]
+    fn a_pool_smaller_than_the_minimum_does_not_break_the_plan() {
+        let mut c = tiny();
+        c.moe_layers = 1;
+        c.experts_per_layer = 2;
+        let b = Budget {
+            ram: Some(100_000_000),
+            trunk: None,
+            cache: Some(1),
+        };
+        let p = Plan::new(&c, b, TINY_SCHEME).unwrap();
+        assert_eq!(p.cache_slots, 3);
         assert_eq!(p.reads.experts, 0);
     }
 
