@@ -10,6 +10,12 @@
 //! owned buffers. MXFP4 scale bytes of an expert are verified the first time the expert is
 //! handed out (spec §3.5): a 255 fails the forward with layer, expert, tensor, row and group.
 
+pub mod aligned;
+pub mod direct_io;
+pub mod expert_cache;
+pub mod plan;
+pub mod reader;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

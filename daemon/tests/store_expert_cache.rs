@@ -1,0 +1,210 @@
+//! `store::expert_cache` with real reads through the reader pool: payloads, counters equal to
+//! the trace replay's, failed reads never published, held experts never evicted.
+
+mod store_util;
+
+use std::sync::Arc;
+
+use k3d::checkpoint::layout::ByteRun;
+use k3d::store::direct_io::{DirectPolicy, MIN_CHUNK, ShardSet, Window};
+use k3d::store::expert_cache::{
+    Acquired, CacheCounters, CacheError, ExpertCache, ExpertId, PolicyKind, replay,
+};
+use k3d::store::reader::{ReaderConfig, ReaderPool};
+use store_util::{assert_bytes, pattern_file};
+
+/// A small "expert": not a multiple of 4096, stored at unaligned offsets like the real ones.
+const EXPERT: u64 = 50_000;
+const SHIFT: u64 = 1_234;
+const EXPERTS: u64 = 12;
+
+fn run_of(e: u32) -> ByteRun {
+    ByteRun {
+        shard: 0,
+        offset: SHIFT + e as u64 * EXPERT,
+        len: EXPERT,
+    }
+}
+
+fn setup(name: &str) -> ReaderPool {
+    let path = pattern_file(name, SHIFT + EXPERTS * EXPERT);
+    let set = Arc::new(ShardSet::open(&[path], DirectPolicy::Prefer).unwrap());
+    let config = ReaderConfig {
+        queue_depth: 2,
+        chunk: MIN_CHUNK,
+    };
+    ReaderPool::new(set, config).unwrap()
+}
+
+fn cache(slots: usize, policy: PolicyKind) -> ExpertCache {
+    let slot = Window::capacity_for(EXPERT).unwrap() as usize;
+    ExpertCache::new(slots, slot, policy).unwrap()
+}
+
+/// Acquire `id`, reading it through `pool` on a miss; check its bytes.
+fn fetch(c: &ExpertCache, pool: &ReaderPool, id: ExpertId) -> Result<(), CacheError> {
+    let run = run_of(id.expert);
+    let data = match c.acquire(id, run)? {
+        Acquired::Ready(d) => d,
+        Acquired::Read { ticket, run, buf } => ticket.publish(pool.read(run, buf))?,
+    };
+    assert_bytes(data.payload(), run.offset);
+    Ok(())
+}
+
+fn trace() -> Vec<ExpertId> {
+    // Three "tokens" over two layers, top-2, with some reuse.
+    [
+        (1, 3),
+        (1, 7),
+        (2, 3),
+        (2, 11),
+        (1, 3),
+        (1, 5),
+        (2, 11),
+        (2, 0),
+        (1, 7),
+        (1, 3),
+    ]
+    .into_iter()
+    .map(|(layer, expert)| ExpertId { layer, expert })
+    .collect()
+}
+
+#[test]
+fn real_cache_counts_what_the_replay_predicts() {
+    let pool = setup("cache-trace.bin");
+    for policy in [PolicyKind::Lru, PolicyKind::LfuAging { period: 0 }] {
+        for slots in [3, 4, 10] {
+            let c = cache(slots, policy);
+            for &id in &trace() {
+                fetch(&c, &pool, id).unwrap();
+            }
+            let got = c.counters();
+            assert_eq!(
+                got,
+                replay(&trace(), EXPERT, slots, policy),
+                "{policy:?} {slots}"
+            );
+            assert_eq!(got.bytes_read + got.bytes_avoided, 10 * EXPERT);
+        }
+    }
+    // With room for all six distinct experts, exactly those are read.
+    let c = cache(10, PolicyKind::Lru);
+    for &id in &trace() {
+        fetch(&c, &pool, id).unwrap();
+    }
+    assert_eq!(
+        c.counters(),
+        CacheCounters {
+            requests: 10,
+            hits: 4,
+            reads: 6,
+            bytes_read: 6 * EXPERT,
+            bytes_avoided: 4 * EXPERT,
+            evictions: 0,
+            read_errors: 0,
+        }
+    );
+}
+
+#[test]
+fn a_failed_read_is_not_published() {
+    let pool = setup("cache-fail.bin");
+    let c = cache(3, PolicyKind::Lru);
+    let id = ExpertId {
+        layer: 1,
+        expert: 99,
+    };
+    // Expert 99 lies beyond end of file.
+    let Acquired::Read { ticket, run, buf } = c.acquire(id, run_of(99)).unwrap() else {
+        panic!("an empty cache cannot hit");
+    };
+    let e = ticket.publish(pool.read(run, buf)).unwrap_err();
+    assert!(matches!(e, CacheError::Read { expert: 99, .. }), "{e}");
+    // The next request reads again instead of being served the failed bytes.
+    assert!(matches!(
+        c.acquire(id, run_of(99)).unwrap(),
+        Acquired::Read { .. }
+    ));
+    let k = c.counters();
+    // Two requests, one read (failed), the second reservation abandoned unread.
+    assert_eq!(
+        (k.requests, k.reads, k.read_errors, k.bytes_read, k.hits),
+        (2, 1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn held_experts_are_not_evicted_and_a_full_cache_is_an_error() {
+    let pool = setup("cache-held.bin");
+    let c = cache(2, PolicyKind::Lru);
+    let mut held = Vec::new();
+    for e in 0..2 {
+        let id = ExpertId {
+            layer: 1,
+            expert: e,
+        };
+        let Acquired::Read { ticket, run, buf } = c.acquire(id, run_of(e)).unwrap() else {
+            panic!("miss expected");
+        };
+        held.push(ticket.publish(pool.read(run, buf)).unwrap());
+    }
+    let third = ExpertId {
+        layer: 1,
+        expert: 2,
+    };
+    assert!(matches!(
+        c.acquire(third, run_of(2)),
+        Err(CacheError::Full { capacity: 2, .. })
+    ));
+    // Release expert 0: now it can be evicted, and expert 1 (still held) survives.
+    held.remove(0);
+    fetch(&c, &pool, third).unwrap();
+    assert!(matches!(
+        c.acquire(
+            ExpertId {
+                layer: 1,
+                expert: 1
+            },
+            run_of(1)
+        )
+        .unwrap(),
+        Acquired::Ready(_)
+    ));
+    assert_bytes(held[0].payload(), run_of(1).offset);
+}
+
+#[test]
+fn abandoned_ticket_frees_its_slot() {
+    let c = cache(1, PolicyKind::Lru);
+    let id = ExpertId {
+        layer: 1,
+        expert: 0,
+    };
+    match c.acquire(id, run_of(0)).unwrap() {
+        Acquired::Read { ticket, .. } => drop(ticket),
+        Acquired::Ready(_) => panic!("miss expected"),
+    }
+    assert!(matches!(
+        c.acquire(id, run_of(0)).unwrap(),
+        Acquired::Read { .. }
+    ));
+}
+
+#[test]
+fn concurrent_requests_for_one_expert_read_it_once() {
+    let pool = setup("cache-concurrent.bin");
+    let c = cache(4, PolicyKind::Lru);
+    let id = ExpertId {
+        layer: 3,
+        expert: 5,
+    };
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| fetch(&c, &pool, id).unwrap());
+        }
+    });
+    let k = c.counters();
+    assert_eq!((k.requests, k.reads, k.hits), (4, 1, 3));
+}
