@@ -25,6 +25,10 @@ enum Command {
     Check(cmd::check::Args),
     /// Write a random-weight checkpoint in exactly the released layout.
     Synth(cmd::synth::Args),
+    /// Text on stdin to token ids on stdout.
+    Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
+    Detokenize(cmd::tokenize::DetokenizeArgs),
 }
 
 fn main() {
@@ -32,6 +36,8 @@ fn main() {
     let result = match cli.command {
         Command::Check(args) => cmd::check::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Tokenize(args) => cmd::tokenize::tokenize(args),
+        Command::Detokenize(args) => cmd::tokenize::detokenize(args),
     };
     if let Err(e) = result {
         eprintln!("k3d: error: {:#}", e.error);

@@ -1,3 +1,4 @@
 //! One module per `k3d` subcommand.
 pub mod check;
 pub mod synth;
+pub mod tokenize;
