@@ -1,1 +1,295 @@
-//! Synthetic random-weight checkpoints in exactly the released layout (spec §9.1).
+//! Synthetic random-weight checkpoints in exactly the released layout (spec §9.1), written by
+//! `k3d synth`: the tests and benches run on these, since no real weights exist here.
+//!
+//! * [`shape`] — the named shapes (`tiny`, `tiny-b`, `tiny-c`, `small`, `bench`).
+//! * [`inventory`] — every tensor of every shard, with its value distribution (spec §3.3, §9.1).
+//! * [`values`] — element values as stored bytes, from per-chunk deterministic streams.
+//! * [`rng`] — the fully specified PRNG: same shape + seed ⇒ same bytes on every machine.
+//! * [`writer`] — safetensors shards in the released byte layout (spec §3.2), streamed.
+//! * [`tokenizer_files`] — a small real BPE vocabulary and the K3 added tokens (spec §7).
+//! * [`config_files`] — `config.json`, `generation_config.json`, the index.
+//!
+//! The checkpoint's **fingerprint** identifies its exact bytes: the SHA-256 of the manifest
+//! made of one line `<sha256 hex of the file>  <file name>\n` per written file, lines sorted
+//! by file name (the format of `sha256sum`; reproduce with
+//! `sha256sum * | sort -k2 | sha256sum` in the directory). Committed reference fixtures
+//! record it, so a change to anything written here shows up as stale fixtures.
+
+pub mod config_files;
+pub mod inventory;
+pub mod rng;
+pub mod shape;
+pub mod tokenizer_files;
+pub mod values;
+pub mod writer;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use self::config_files::SpecialIds;
+use self::shape::Shape;
+use self::tokenizer_files::{ADDED_SLOTS, Vocab};
+use self::writer::PlannedShard;
+
+/// Disk space kept free beyond the checkpoint itself, so a synth never fills the disk.
+const DISK_HEADROOM: u64 = 256 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not empty (first entry: {first}); pass --force to overwrite its checkpoint files"
+    )]
+    NotEmpty { path: PathBuf, first: String },
+    #[error(
+        "not enough free disk space in {path}: the checkpoint needs {need} bytes (+{headroom} headroom), {avail} available"
+    )]
+    NoSpace {
+        path: PathBuf,
+        need: u64,
+        headroom: u64,
+        avail: u64,
+    },
+    #[error("statvfs {path}: {source}")]
+    Statvfs { path: PathBuf, source: nix::Error },
+}
+
+/// Everything to be written, computed before any byte hits the disk.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub shape: Shape,
+    pub vocab: Vocab,
+    pub vocab_size: usize,
+    pub shards: Vec<PlannedShard>,
+    /// The small files: (name, contents).
+    pub small_files: Vec<(String, Vec<u8>)>,
+}
+
+impl Plan {
+    /// Bytes of all files this plan writes.
+    pub fn total_bytes(&self) -> u64 {
+        let shards: u64 = self.shards.iter().map(PlannedShard::file_size).sum();
+        let small: u64 = self.small_files.iter().map(|(_, c)| c.len() as u64).sum();
+        shards + small
+    }
+
+    /// Tensor data bytes (the index's `total_size`).
+    pub fn data_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.data_len).sum()
+    }
+}
+
+/// Shard file name: five digits, then six (`model-00001-of-000010.safetensors`, spec §3.1).
+pub fn shard_file_name(i: usize, n: usize) -> String {
+    format!("model-{i:05}-of-{n:06}.safetensors")
+}
+
+/// Plans the checkpoint of `shape`: learns the tokenizer, lays out every shard.
+pub fn plan(shape: &Shape) -> Plan {
+    let vocab = Vocab::learn(shape.bpe_merges);
+    let vocab_size = vocab.n_ranks() + ADDED_SLOTS;
+    let specs = inventory::shards(shape, vocab_size);
+    let n = specs.len();
+    let shards: Vec<PlannedShard> = specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, spec)| writer::plan(shard_file_name(i + 1, n), spec))
+        .collect();
+    let mut weight_map = BTreeMap::new();
+    for s in &shards {
+        for t in &s.tensors {
+            weight_map.insert(t.name.clone(), s.file_name.clone());
+        }
+    }
+    let ids = SpecialIds::after_ranks(vocab.n_ranks());
+    let data_bytes = shards.iter().map(|s| s.data_len).sum();
+    let pretty = |v: &serde_json::Value| {
+        let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+        s.push('\n');
+        s.into_bytes()
+    };
+    let small_files = vec![
+        (
+            "config.json".to_string(),
+            pretty(&config_files::config_json(shape, vocab_size, ids)),
+        ),
+        (
+            "generation_config.json".to_string(),
+            pretty(&config_files::generation_config_json(ids)),
+        ),
+        (
+            "model.safetensors.index.json".to_string(),
+            pretty(&config_files::index_json(data_bytes, &weight_map)),
+        ),
+        (
+            "tiktoken.model".to_string(),
+            vocab.tiktoken_model().into_bytes(),
+        ),
+        (
+            "tokenizer_config.json".to_string(),
+            pretty(&vocab.tokenizer_config()),
+        ),
+    ];
+    Plan {
+        shape: shape.clone(),
+        vocab,
+        vocab_size,
+        shards,
+        small_files,
+    }
+}
+
+/// Progress of a write, reported after every batch of data.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// One-based shard being written, and the shard count.
+    pub shard: usize,
+    pub shards: usize,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// (file name, SHA-256 hex), sorted by name.
+    pub files: Vec<(String, String)>,
+    pub fingerprint: String,
+    pub total_bytes: u64,
+    pub vocab_size: usize,
+}
+
+/// The fingerprint of a set of (file name, SHA-256 hex) (see the module docs).
+pub fn fingerprint(files: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = files.iter().collect();
+    sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut h = Sha256::new();
+    for (name, digest) in sorted {
+        h.update(format!("{digest}  {name}\n").as_bytes());
+    }
+    writer::hex(&h.finalize())
+}
+
+/// Makes `dir` ready: created if missing; if it has entries, refused unless `force`, and with
+/// `force` the files a checkpoint consists of (our names and any `model*.safetensors`, which
+/// loaders pick up by pattern) are removed so no stale shard survives. Other files stay.
+fn prepare_dir(dir: &Path, plan: &Plan, force: bool) -> Result<(), SynthError> {
+    let io = |source| SynthError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    fs::create_dir_all(dir).map_err(io)?;
+    let mut entries: Vec<String> = fs::read_dir(dir)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    entries.sort();
+    let Some(first) = entries.first() else {
+        return Ok(());
+    };
+    if !force {
+        return Err(SynthError::NotEmpty {
+            path: dir.to_path_buf(),
+            first: first.clone(),
+        });
+    }
+    let ours = |name: &str| {
+        (name.starts_with("model") && name.ends_with(".safetensors"))
+            || plan.small_files.iter().any(|(n, _)| n == name)
+    };
+    for name in entries.iter().filter(|n| ours(n)) {
+        let path = dir.join(name);
+        fs::remove_file(&path).map_err(|source| SynthError::Io { path, source })?;
+    }
+    Ok(())
+}
+
+/// Refuses when the file system holding `dir` lacks room for `need` bytes plus headroom.
+fn check_space(dir: &Path, need: u64) -> Result<(), SynthError> {
+    let st = nix::sys::statvfs::statvfs(dir).map_err(|source| SynthError::Statvfs {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let avail = st.blocks_available() as u64 * st.fragment_size() as u64;
+    if avail < need.saturating_add(DISK_HEADROOM) {
+        return Err(SynthError::NoSpace {
+            path: dir.to_path_buf(),
+            need,
+            headroom: DISK_HEADROOM,
+            avail,
+        });
+    }
+    Ok(())
+}
+
+/// Writes the checkpoint of `plan` into `dir` (see [`prepare_dir`] for `force`).
+pub fn write(
+    plan: &Plan,
+    dir: &Path,
+    seed: u64,
+    force: bool,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Summary, SynthError> {
+    prepare_dir(dir, plan, force)?;
+    let bytes_total = plan.total_bytes();
+    check_space(dir, bytes_total)?;
+    let mut files = Vec::new();
+    let mut done = 0u64;
+    for (name, contents) in &plan.small_files {
+        let path = dir.join(name);
+        fs::write(&path, contents).map_err(|source| SynthError::Io { path, source })?;
+        files.push((name.clone(), writer::hex(&Sha256::digest(contents))));
+        done += contents.len() as u64;
+    }
+    let shards = plan.shards.len();
+    for (i, s) in plan.shards.iter().enumerate() {
+        let mut report = |n: u64| {
+            done += n;
+            progress(Progress {
+                shard: i + 1,
+                shards,
+                bytes_done: done,
+                bytes_total,
+            });
+        };
+        let digest = writer::write(s, dir, seed, &mut report)?;
+        files.push((s.file_name.clone(), digest));
+    }
+    files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    Ok(Summary {
+        fingerprint: fingerprint(&files),
+        files,
+        total_bytes: bytes_total,
+        vocab_size: plan.vocab_size,
+    })
+}
+
+/// Recomputes the fingerprint of the checkpoint files a plan would write, from the files in
+/// `dir` (e.g. to check a checkpoint against a fixture without rewriting it).
+pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
+    let names = plan
+        .small_files
+        .iter()
+        .map(|(n, _)| n)
+        .chain(plan.shards.iter().map(|s| &s.file_name));
+    let mut files = Vec::new();
+    for name in names {
+        let path = dir.join(name);
+        let mut f = fs::File::open(&path).map_err(|source| SynthError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h).map_err(|source| SynthError::Io { path, source })?;
+        files.push((name.clone(), writer::hex(&h.finalize())));
+    }
+    Ok(fingerprint(&files))
+}

@@ -1,0 +1,227 @@
+//! Writing one safetensors shard exactly as the released files are laid out (spec §3.2):
+//! compact JSON header (entries in data order, keys `dtype`, `shape`, `data_offsets`), no
+//! `__metadata__`, space-padded to a multiple of 8; data ordered F32, then BF16, then U8,
+//! each group by bytewise name. Data is generated and written in bounded batches of chunks,
+//! never a whole tensor or shard in memory.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::SynthError;
+use super::inventory::{ShardSpec, TensorSpec};
+use super::values::{CHUNK, chunk_bytes, tensor_seed};
+use crate::checkpoint::safetensors::Dtype;
+
+/// Chunks generated in parallel per batch: ≤ 32 × 64 Ki elements × 4 B = 8 MiB in flight.
+const BATCH_CHUNKS: u64 = 32;
+
+/// A shard with its tensors in file order and its serialized header.
+#[derive(Debug, Clone)]
+pub struct PlannedShard {
+    pub file_name: String,
+    pub tensors: Vec<TensorSpec>,
+    /// The 8-byte length prefix followed by the padded JSON.
+    pub header: Vec<u8>,
+    pub data_len: u64,
+}
+
+impl PlannedShard {
+    pub fn file_size(&self) -> u64 {
+        self.header.len() as u64 + self.data_len
+    }
+}
+
+fn dtype_tag(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "F32",
+        Dtype::Bf16 => "BF16",
+        Dtype::U8 => "U8",
+    }
+}
+
+/// Position of a dtype in the released data order.
+fn dtype_group(d: Dtype) -> u8 {
+    match d {
+        Dtype::F32 => 0,
+        Dtype::Bf16 => 1,
+        Dtype::U8 => 2,
+    }
+}
+
+/// Orders the tensors and builds the header.
+pub fn plan(file_name: String, spec: ShardSpec) -> PlannedShard {
+    let mut tensors = spec.tensors;
+    tensors.sort_by(|a, b| {
+        dtype_group(a.dtype)
+            .cmp(&dtype_group(b.dtype))
+            .then_with(|| a.name.as_bytes().cmp(b.name.as_bytes()))
+    });
+    let mut json = String::from("{");
+    let mut offset = 0u64;
+    for (i, t) in tensors.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        let end = offset + t.nbytes();
+        let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+        // Names are ASCII identifiers with dots; serde_json quotes and escapes them.
+        json.push_str(&format!(
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
+            serde_json::Value::from(t.name.as_str()),
+            dtype_tag(t.dtype),
+            shape.join(","),
+        ));
+        offset = end;
+    }
+    json.push('}');
+    while json.len() % 8 != 0 {
+        json.push(' ');
+    }
+    let mut header = (json.len() as u64).to_le_bytes().to_vec();
+    header.extend_from_slice(json.as_bytes());
+    PlannedShard {
+        file_name,
+        tensors,
+        header,
+        data_len: offset,
+    }
+}
+
+/// A writer that hashes everything passing through it.
+pub struct HashingWriter<W: Write> {
+    inner: W,
+    hasher: Sha256,
+}
+
+impl<W: Write> HashingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+        }
+    }
+
+    /// Flushes and returns the lowercase hex SHA-256 of all bytes written.
+    pub fn finish(mut self) -> std::io::Result<String> {
+        self.inner.flush()?;
+        Ok(hex(&self.hasher.finalize()))
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes the shard to `dir`, calling `progress(bytes)` after each batch with the number of
+/// bytes just written. Returns the file's SHA-256.
+pub fn write(
+    shard: &PlannedShard,
+    dir: &Path,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<String, SynthError> {
+    let path = dir.join(&shard.file_name);
+    let io = |source| SynthError::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = File::create(&path).map_err(io)?;
+    let mut w = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    w.write_all(&shard.header).map_err(io)?;
+    progress(shard.header.len() as u64);
+    for t in &shard.tensors {
+        let tseed = tensor_seed(seed, &t.name);
+        let numel = t.numel();
+        let chunks = numel.div_ceil(CHUNK);
+        let mut c0 = 0;
+        while c0 < chunks {
+            let c1 = (c0 + BATCH_CHUNKS).min(chunks);
+            let batch: Vec<Vec<u8>> = (c0..c1)
+                .into_par_iter()
+                .map(|c| {
+                    let first = c * CHUNK;
+                    let n = (numel - first).min(CHUNK) as usize;
+                    let mut out = Vec::with_capacity(n * t.dtype.size());
+                    chunk_bytes(t, tseed, first, n, &mut out);
+                    out
+                })
+                .collect();
+            let mut written = 0;
+            for b in &batch {
+                w.write_all(b).map_err(io)?;
+                written += b.len() as u64;
+            }
+            progress(written);
+            c0 = c1;
+        }
+    }
+    w.finish().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::inventory::Init;
+    use super::*;
+
+    fn t(name: &str, dtype: Dtype, n: usize) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: vec![n],
+            init: Init::Bytes,
+        }
+    }
+
+    #[test]
+    fn order_and_header_follow_the_release() {
+        let spec = ShardSpec {
+            tensors: vec![
+                t("b.u8", Dtype::U8, 3),
+                t("z.f32", Dtype::F32, 1),
+                t("a.bf16", Dtype::Bf16, 2),
+                t("a.u8", Dtype::U8, 1),
+                t("experts.10.x", Dtype::U8, 1),
+                t("experts.2.x", Dtype::U8, 1),
+            ],
+        };
+        let p = plan("s".into(), spec);
+        let names: Vec<&str> = p.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "z.f32",
+                "a.bf16",
+                "a.u8",
+                "b.u8",
+                "experts.10.x",
+                "experts.2.x"
+            ]
+        );
+        let n = u64::from_le_bytes(p.header[..8].try_into().unwrap()) as usize;
+        assert_eq!(n % 8, 0);
+        assert_eq!(p.header.len(), 8 + n);
+        let json = std::str::from_utf8(&p.header[8..]).unwrap();
+        assert!(json.starts_with(
+            "{\"z.f32\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"a.bf16\""
+        ));
+        let parsed: serde_json::Value = serde_json::from_str(json).unwrap();
+        assert_eq!(parsed["b.u8"]["data_offsets"], serde_json::json!([9, 12]));
+        assert_eq!(p.data_len, 4 + 4 + 1 + 3 + 1 + 1);
+    }
+}
