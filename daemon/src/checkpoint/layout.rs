@@ -5,7 +5,14 @@
 //! run). Tensors inside a run are [`Slice`]s relative to the run's start, so whoever holds a run's
 //! bytes — pinned in RAM, streamed, cached — can find every tensor without another lookup.
 
-use super::safetensors::Dtype;
+use std::fmt;
+
+use super::config::{MixerKind, ModelConfig};
+use super::inventory::{
+    self, DimOverflow, IGNORED_PREFIXES, ShapeRule, Want, expert_name, layer_prefix, model_level,
+    names::*,
+};
+use super::safetensors::{Dtype, TensorIndex};
 
 /// A contiguous byte range of one shard file. `offset` is absolute within the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,4 +156,463 @@ pub struct ModelLayout {
     pub norm: ModelTensor,
     pub output_attn_res_norm: ModelTensor,
     pub output_attn_res_proj: ModelTensor,
+}
+
+// Slices hold byte positions as `usize`; on a 64-bit target every `u64` file offset fits.
+const _: () = assert!(usize::BITS == 64, "k3d supports 64-bit targets only");
+
+/// What is wrong with one tensor, relative to the inventory the config implies (spec §3.2
+/// rule 6, §3.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IssueKind {
+    /// The config implies it; no shard holds it.
+    Missing,
+    /// A shard holds it; the config does not imply it (config and files disagree).
+    Unexpected,
+    Dtype {
+        expected: Dtype,
+        found: Dtype,
+    },
+    Shape {
+        expected: ShapeRule,
+        found: Vec<u64>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorIssue {
+    pub tensor: String,
+    /// The shard holding the tensor, when one does.
+    pub file: Option<String>,
+    pub kind: IssueKind,
+}
+
+impl fmt::Display for TensorIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.tensor)?;
+        if let Some(file) = &self.file {
+            write!(f, " ({file})")?;
+        }
+        match &self.kind {
+            IssueKind::Missing => write!(f, " missing"),
+            IssueKind::Unexpected => write!(f, " unexpected for this config"),
+            IssueKind::Dtype { expected, found } => {
+                write!(f, " dtype {found}, config implies {expected}")
+            }
+            IssueKind::Shape { expected, found } => {
+                write!(f, " shape {found:?}, config implies {expected}")
+            }
+        }
+    }
+}
+
+/// How many tensor issues are kept for the message; the total is always counted.
+const KEPT_ISSUES: usize = 64;
+/// How many of them the message shows.
+const SHOWN_ISSUES: usize = 8;
+
+/// Why the files could not be bound to the config.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(transparent)]
+    Dims(#[from] DimOverflow),
+    /// Every missing, unexpected or mis-shaped tensor (the first [`KEPT_ISSUES`]) and the total.
+    #[error("{total} tensor(s) disagree with config.json: {}", show(issues, *total))]
+    Tensors {
+        issues: Vec<TensorIssue>,
+        total: usize,
+    },
+    #[error(
+        "layer {layer}{}: tensors are split across shards: {first} is in {first_file}, {other} in {other_file}",
+        expert_label(*expert)
+    )]
+    RunSplit {
+        layer: usize,
+        /// `None` for the trunk run, `Some(e)` for routed expert `e`.
+        expert: Option<usize>,
+        first: String,
+        first_file: String,
+        other: String,
+        other_file: String,
+    },
+    #[error(
+        "layer {layer}{}: tensors in {file} are not one contiguous run: they span {span} bytes from offset {offset} but total {sum} bytes (first after a hole: {tensor})",
+        expert_label(*expert)
+    )]
+    RunNotContiguous {
+        layer: usize,
+        expert: Option<usize>,
+        file: String,
+        offset: u64,
+        span: u64,
+        sum: u64,
+        tensor: String,
+    },
+}
+
+fn expert_label(expert: Option<usize>) -> String {
+    match expert {
+        Some(e) => format!(" expert {e}"),
+        None => " trunk".into(),
+    }
+}
+
+fn show(issues: &[TensorIssue], total: usize) -> String {
+    let mut parts: Vec<String> = issues
+        .iter()
+        .take(SHOWN_ISSUES)
+        .map(|i| i.to_string())
+        .collect();
+    let shown = parts.len();
+    if total > shown {
+        parts.push(format!("… and {} more", total - shown));
+    }
+    parts.join("; ")
+}
+
+/// A required tensor found with the right dtype and shape.
+struct Found<'a> {
+    name: &'a str,
+    shard: usize,
+    offset: u64,
+    len: u64,
+    dtype: Dtype,
+    shape: &'a [u64],
+}
+
+impl Found<'_> {
+    fn slice(&self, run: &ByteRun) -> Slice {
+        Slice {
+            start: (self.offset - run.offset) as usize,
+            len: self.len as usize,
+            dtype: self.dtype,
+            shape: self.shape.iter().map(|&d| d as usize).collect(),
+        }
+    }
+}
+
+/// Bind `index` to `config`: every tensor of §3.3 found with the implied dtype and shape, each
+/// layer's trunk and each expert one contiguous run, and nothing left over except the vision
+/// model. Never guesses: any disagreement is a refusal.
+pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, LayoutError> {
+    let mut b = Binder {
+        index,
+        covered: vec![false; index.len()],
+        issues: Vec::new(),
+        total: 0,
+    };
+    let model_wants = model_level(config);
+    let model: Vec<Option<Found>> = model_wants.iter().map(|w| b.find(w.name, w)).collect();
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for l in 0..config.num_hidden_layers {
+        layers.push(b.layer(config, l)?);
+    }
+    b.refuse_unexpected();
+    if b.total > 0 {
+        return Err(b.into_error());
+    }
+    let layers = layers.into_iter().flatten().collect();
+    let mut model = model.into_iter().flatten().map(|f| ModelTensor {
+        run: ByteRun {
+            shard: f.shard,
+            offset: f.offset,
+            len: f.len,
+        },
+        slice: f.slice(&ByteRun {
+            shard: f.shard,
+            offset: f.offset,
+            len: f.len,
+        }),
+    });
+    // `model_level` lists exactly these five, in this order, and all were found.
+    let mut next = || model.next().ok_or_else(|| missing("model-level tensor"));
+    Ok(ModelLayout {
+        layers,
+        embed_tokens: next()?,
+        lm_head: next()?,
+        norm: next()?,
+        output_attn_res_norm: next()?,
+        output_attn_res_proj: next()?,
+    })
+}
+
+/// A tensor the assembly needed but the checks did not provide (they always do).
+fn missing(tensor: &str) -> LayoutError {
+    LayoutError::Tensors {
+        issues: vec![TensorIssue {
+            tensor: tensor.to_owned(),
+            file: None,
+            kind: IssueKind::Missing,
+        }],
+        total: 1,
+    }
+}
+
+struct Binder<'a> {
+    index: &'a TensorIndex,
+    /// Which index positions some requirement named.
+    covered: Vec<bool>,
+    issues: Vec<TensorIssue>,
+    total: usize,
+}
+
+impl<'a> Binder<'a> {
+    fn issue(&mut self, tensor: &str, file: Option<String>, kind: IssueKind) {
+        self.total += 1;
+        if self.issues.len() < KEPT_ISSUES {
+            self.issues.push(TensorIssue {
+                tensor: tensor.to_owned(),
+                file,
+                kind,
+            });
+        }
+    }
+
+    fn into_error(self) -> LayoutError {
+        LayoutError::Tensors {
+            issues: self.issues,
+            total: self.total,
+        }
+    }
+
+    fn file(&self, shard: usize) -> String {
+        self.index.shards()[shard].name()
+    }
+
+    /// Look `name` up and check it against `want`; records an issue and returns `None` on failure.
+    fn find(&mut self, name: &str, want: &Want) -> Option<Found<'a>> {
+        let Some(pos) = self.index.position(name) else {
+            self.issue(name, None, IssueKind::Missing);
+            return None;
+        };
+        self.covered[pos] = true;
+        let t = self.index.at(pos);
+        let mut ok = true;
+        if t.dtype != want.dtype {
+            let kind = IssueKind::Dtype {
+                expected: want.dtype,
+                found: t.dtype,
+            };
+            self.issue(name, Some(self.file(t.shard)), kind);
+            ok = false;
+        }
+        if !want.shape.accepts(t.shape) {
+            let kind = IssueKind::Shape {
+                expected: want.shape.clone(),
+                found: t.shape.to_vec(),
+            };
+            self.issue(name, Some(self.file(t.shard)), kind);
+            ok = false;
+        }
+        ok.then_some(Found {
+            name: t.name,
+            shard: t.shard,
+            offset: t.offset,
+            len: t.len,
+            dtype: t.dtype,
+            shape: t.shape,
+        })
+    }
+
+    /// One layer; `None` if some tensor had an issue (recorded), an error if a run is broken.
+    fn layer(&mut self, c: &ModelConfig, l: usize) -> Result<Option<LayerLayout>, LayoutError> {
+        let prefix = layer_prefix(l);
+        let wants = inventory::trunk(c, l)?;
+        let mut found = Vec::with_capacity(wants.len());
+        let mut name = String::new();
+        for w in &wants {
+            name.clear();
+            name.push_str(&prefix);
+            name.push_str(w.name);
+            found.push(self.find(&name, w));
+        }
+        let experts = if c.is_moe_layer(l) {
+            self.experts(c, l, &prefix)?
+        } else {
+            Some(Vec::new())
+        };
+        let (Some(found), Some(experts)) = (found.into_iter().collect::<Option<Vec<_>>>(), experts)
+        else {
+            return Ok(None);
+        };
+        let trunk = self.run(&found, l, None)?;
+        let get = |suffix: &str| -> Result<Slice, LayoutError> {
+            wants
+                .iter()
+                .zip(&found)
+                .find(|(w, _)| w.name == suffix)
+                .map(|(_, f)| f.slice(&trunk))
+                .ok_or_else(|| missing(&format!("{prefix}{suffix}")))
+        };
+        let vectors = LayerVectors {
+            input_layernorm: get(INPUT_LAYERNORM)?,
+            post_attention_layernorm: get(POST_ATTENTION_LAYERNORM)?,
+            self_attention_res_norm: get(SELF_ATTENTION_RES_NORM)?,
+            self_attention_res_proj: get(SELF_ATTENTION_RES_PROJ)?,
+            mlp_res_norm: get(MLP_RES_NORM)?,
+            mlp_res_proj: get(MLP_RES_PROJ)?,
+        };
+        let mixer = match c.layer_kinds.get(l) {
+            Some(MixerKind::Kda) => MixerLayout::Kda(KdaLayout {
+                q_proj: get(Q_PROJ)?,
+                k_proj: get(K_PROJ)?,
+                v_proj: get(V_PROJ)?,
+                g_proj: get(G_PROJ)?,
+                o_proj: get(O_PROJ)?,
+                q_conv1d: get(Q_CONV1D)?,
+                k_conv1d: get(K_CONV1D)?,
+                v_conv1d: get(V_CONV1D)?,
+                f_a_proj: get(F_A_PROJ)?,
+                f_b_proj: get(F_B_PROJ)?,
+                b_proj: get(B_PROJ)?,
+                a_log: get(A_LOG)?,
+                dt_bias: get(DT_BIAS)?,
+                o_norm: get(O_NORM)?,
+            }),
+            _ => MixerLayout::Mla(MlaLayout {
+                q_a_proj: get(Q_A_PROJ)?,
+                q_a_layernorm: get(Q_A_LAYERNORM)?,
+                q_b_proj: get(Q_B_PROJ)?,
+                kv_a_proj_with_mqa: get(KV_A_PROJ_WITH_MQA)?,
+                kv_a_layernorm: get(KV_A_LAYERNORM)?,
+                kv_b_proj: get(KV_B_PROJ)?,
+                o_proj: get(O_PROJ)?,
+                g_proj: c.mla_use_output_gate.then(|| get(G_PROJ)).transpose()?,
+            }),
+        };
+        let ffn = if c.is_moe_layer(l) {
+            FfnLayout::Moe(MoeLayout {
+                gate: get(MOE_GATE)?,
+                e_score_correction_bias: get(MOE_BIAS)?,
+                routed_expert_down_proj: get(ROUTED_DOWN_PROJ)?,
+                routed_expert_up_proj: get(ROUTED_UP_PROJ)?,
+                routed_expert_norm: c
+                    .latent_moe_use_norm
+                    .then(|| get(ROUTED_NORM))
+                    .transpose()?,
+                shared: MlpLayout {
+                    gate_proj: get(SHARED_GATE_PROJ)?,
+                    up_proj: get(SHARED_UP_PROJ)?,
+                    down_proj: get(SHARED_DOWN_PROJ)?,
+                },
+                experts,
+            })
+        } else {
+            FfnLayout::Dense(MlpLayout {
+                gate_proj: get(MLP_GATE_PROJ)?,
+                up_proj: get(MLP_UP_PROJ)?,
+                down_proj: get(MLP_DOWN_PROJ)?,
+            })
+        };
+        Ok(Some(LayerLayout {
+            index: l,
+            trunk,
+            vectors,
+            mixer,
+            ffn,
+        }))
+    }
+
+    /// All routed experts of layer `l`, indexed by numeric expert id.
+    fn experts(
+        &mut self,
+        c: &ModelConfig,
+        l: usize,
+        prefix: &str,
+    ) -> Result<Option<Vec<(ByteRun, ExpertLayout)>>, LayoutError> {
+        let parts = inventory::expert(c);
+        let mut out = Some(Vec::with_capacity(c.num_experts));
+        for e in 0..c.num_experts {
+            let mut found = Vec::with_capacity(parts.len());
+            for w in &parts {
+                found.push(self.find(&expert_name(prefix, e, w.name), w));
+            }
+            let Some(found) = found.into_iter().collect::<Option<Vec<_>>>() else {
+                out = None;
+                continue;
+            };
+            let Some(list) = out.as_mut() else { continue };
+            let run = self.run(&found, l, Some(e))?;
+            // `inventory::expert` lists exactly six parts in ExpertLayout's field order.
+            let Ok([w1p, w1s, w2p, w2s, w3p, w3s]) = <[Found; 6]>::try_from(found) else {
+                return Err(missing(&expert_name(prefix, e, "")));
+            };
+            list.push((
+                run,
+                ExpertLayout {
+                    w1_packed: w1p.slice(&run),
+                    w1_scale: w1s.slice(&run),
+                    w2_packed: w2p.slice(&run),
+                    w2_scale: w2s.slice(&run),
+                    w3_packed: w3p.slice(&run),
+                    w3_scale: w3s.slice(&run),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The one contiguous run in one shard that `found` must form (spec §3.4).
+    fn run(
+        &self,
+        found: &[Found],
+        layer: usize,
+        expert: Option<usize>,
+    ) -> Result<ByteRun, LayoutError> {
+        let Some(first) = found.iter().min_by_key(|f| f.offset) else {
+            return Err(missing(&format!("layer {layer} run")));
+        };
+        if let Some(other) = found.iter().find(|f| f.shard != first.shard) {
+            return Err(LayoutError::RunSplit {
+                layer,
+                expert,
+                first: first.name.to_owned(),
+                first_file: self.file(first.shard),
+                other: other.name.to_owned(),
+                other_file: self.file(other.shard),
+            });
+        }
+        // Headers were validated to tile their data, so tensors never overlap: the run is
+        // contiguous exactly when the span equals the sum of the sizes.
+        let end = found
+            .iter()
+            .map(|f| f.offset + f.len)
+            .max()
+            .unwrap_or(first.offset);
+        let sum: u64 = found.iter().map(|f| f.len).sum();
+        let span = end - first.offset;
+        if span != sum {
+            let mut by_offset: Vec<&Found> = found.iter().collect();
+            by_offset.sort_by_key(|f| f.offset);
+            let after_hole = by_offset
+                .windows(2)
+                .find(|w| w[0].offset + w[0].len != w[1].offset)
+                .map_or("", |w| w[1].name);
+            return Err(LayoutError::RunNotContiguous {
+                layer,
+                expert,
+                file: self.file(first.shard),
+                offset: first.offset,
+                span,
+                sum,
+                tensor: after_hole.to_owned(),
+            });
+        }
+        Ok(ByteRun {
+            shard: first.shard,
+            offset: first.offset,
+            len: span,
+        })
+    }
+
+    /// Every indexed tensor no requirement named, except the vision model's, is an error.
+    fn refuse_unexpected(&mut self) {
+        let index = self.index;
+        for (pos, covered) in std::mem::take(&mut self.covered).into_iter().enumerate() {
+            let t = index.at(pos);
+            if !covered && !IGNORED_PREFIXES.iter().any(|p| t.name.starts_with(p)) {
+                self.issue(t.name, Some(self.file(t.shard)), IssueKind::Unexpected);
+            }
+        }
+    }
 }

@@ -2,9 +2,74 @@
 //!
 //! * [`safetensors`] — parse and validate every shard header (spec §3.2) into one tensor index.
 //! * [`config`] — parse and validate `config.json` (spec §2), nested or flat.
+//! * [`inventory`] — the names, dtypes and shapes a config implies (spec §3.3).
 //! * [`layout`] — bind the index to the model: per-layer trunk runs, expert runs, tensor slices
-//!   (spec §3.3–§3.4), and the byte census.
+//!   (spec §3.3–§3.4).
+//! * [`census`] — the byte census of a bound model (spec §1.2).
+//!
+//! [`Checkpoint::open`] does all of it for a model directory.
 
+pub mod census;
 pub mod config;
+pub mod inventory;
 pub mod layout;
 pub mod safetensors;
+
+use std::path::{Path, PathBuf};
+
+pub use census::Census;
+pub use config::{ConfigError, ModelConfig};
+pub use layout::{LayoutError, ModelLayout};
+pub use safetensors::{SafetensorsError, ShardFile, TensorIndex};
+
+/// A validated checkpoint directory: config, shard files and the layout binding.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    /// In bytewise file-name order; [`layout::ByteRun::shard`] indexes this.
+    pub shards: Vec<ShardFile>,
+    pub layout: ModelLayout,
+    pub census: Census,
+}
+
+/// Why a checkpoint directory was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Files(#[from] SafetensorsError),
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+impl CheckpointError {
+    /// Whether `config.json` was read and refused (a usage problem, exit 2), as opposed to a
+    /// missing, corrupt or disagreeing checkpoint file (exit 3).
+    pub fn is_config(&self) -> bool {
+        matches!(self, CheckpointError::Config(e) if !e.is_io())
+    }
+}
+
+impl Checkpoint {
+    /// Read `dir/config.json`, index every `*.safetensors` header, cross-check
+    /// `model.safetensors.index.json` if present, and bind. Reads no tensor data.
+    pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let index = TensorIndex::open_dir(dir)?;
+        let index_file = dir.join(safetensors::INDEX_FILE_NAME);
+        if index_file.exists() {
+            index.check_index_file(&index_file)?;
+        }
+        let layout = layout::bind(&config, &index)?;
+        let census = Census::of(&config, &layout);
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            shards: index.shards().to_vec(),
+            layout,
+            census,
+        })
+    }
+}

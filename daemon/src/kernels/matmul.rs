@@ -9,8 +9,11 @@
 
 use rayon::prelude::*;
 
+use super::isa::{Isa, IsaKind};
 use super::mxfp4;
-use super::reduce::tree_sum;
+use super::reduce::{dot_f32_with, tree_sum};
+#[cfg(target_arch = "x86_64")]
+use super::x86;
 
 /// A row-major BF16 matrix `[rows, cols]` viewed in its stored bytes.
 #[derive(Clone, Copy, Debug)]
@@ -91,10 +94,81 @@ impl<'a> Mxfp4Matrix<'a> {
 /// either way; this only avoids scheduling overhead on tiny matrices).
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
-/// Rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
+/// Parallel tasks per rayon thread: a few, so a thread slowed by a noisy neighbour is helped
+/// by the others, few enough that each task streams a long contiguous run of weight rows.
+const TASKS_PER_THREAD: usize = 4;
 
-/// Shared driver: `row_dot(r, x)` computes the exact f64 dot of row r with one token row `x`.
+/// Task row counts are multiples of this (the largest SIMD tile height), so only the last
+/// task of a call runs the single-row remainder tiles.
+const ROW_ALIGN: usize = 4;
+
+/// Tokens widened and multiplied per pass of a SIMD matmul: bounds the f64 activation copy
+/// (64 × 7168 × 8 B = 3.7 MB) while each weight row is still read once per 64 tokens.
+const TOKEN_CHUNK: usize = 64;
+
+/// Checks the shapes of a matmul call and returns the token count T.
+fn token_count(rows: usize, cols: usize, xs: &[f32], ys: &[f32]) -> usize {
+    assert!(
+        cols > 0 && xs.len().is_multiple_of(cols),
+        "activation length is not a multiple of cols"
+    );
+    let t = xs.len() / cols;
+    assert_eq!(ys.len(), t * rows, "output length");
+    t
+}
+
+/// Rows per parallel task for `rows` rows of `work_per_row` multiply-adds each; `rows` itself
+/// when the call should stay on the calling thread.
+fn rows_per_task(rows: usize, work_per_row: usize) -> usize {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || rows.saturating_mul(work_per_row) < PARALLEL_MIN_WORK {
+        return rows.max(1);
+    }
+    let per = rows
+        .div_ceil(threads * TASKS_PER_THREAD)
+        .next_multiple_of(ROW_ALIGN);
+    per.min(rows)
+}
+
+/// Shared driver: `block(r0, out)` fills `out = [n][t]` (row-major: row `r0 + k`, token `tok`
+/// at `k·t + tok`) for the `n = out.len() / t` rows starting at `r0`. Threads own disjoint row
+/// blocks (spec §6.1 rule 4); the result is transposed into `ys = [t][rows]`.
+fn for_row_blocks(
+    rows: usize,
+    cols: usize,
+    t: usize,
+    ys: &mut [f32],
+    block: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    if t == 0 || rows == 0 {
+        return;
+    }
+    let per = rows_per_task(rows, cols * t);
+    let run = |by_row: &mut [f32]| {
+        if per >= rows {
+            block(0, by_row);
+        } else {
+            by_row
+                .par_chunks_mut(per * t)
+                .enumerate()
+                .for_each(|(i, out)| block(i * per, out));
+        }
+    };
+    if t == 1 {
+        // [1][rows] and [rows][1] are the same layout.
+        run(ys);
+    } else {
+        let mut by_row = vec![0.0f32; rows * t];
+        run(&mut by_row);
+        for r in 0..rows {
+            for tok in 0..t {
+                ys[tok * rows + r] = by_row[r * t + tok];
+            }
+        }
+    }
+}
+
+/// The portable reference: `row_dot(r, x)` is the exact f64 tree dot of row r with token row x.
 fn matmul_rows(
     rows: usize,
     cols: usize,
@@ -102,66 +176,107 @@ fn matmul_rows(
     ys: &mut [f32],
     row_dot: impl Fn(usize, &[f32]) -> f64 + Sync,
 ) {
-    assert!(
-        cols > 0 && xs.len() % cols == 0,
-        "activation length is not a multiple of cols"
-    );
-    let t = xs.len() / cols;
-    assert_eq!(ys.len(), t * rows, "output length");
-    // Row-major [rows][t] scratch so that threads own disjoint row blocks; transposed after.
-    let mut by_row = vec![0.0f32; rows * t];
-    let work = |(block, out): (usize, &mut [f32])| {
+    let t = token_count(rows, cols, xs, ys);
+    for_row_blocks(rows, cols, t, ys, |r0, out| {
         for (k, out_row) in out.chunks_mut(t).enumerate() {
-            let r = block * ROWS_PER_TASK + k;
             for (tok, y) in out_row.iter_mut().enumerate() {
-                *y = row_dot(r, &xs[tok * cols..(tok + 1) * cols]) as f32;
+                *y = row_dot(r0 + k, &xs[tok * cols..(tok + 1) * cols]) as f32;
             }
         }
-    };
-    if rows * cols * t < PARALLEL_MIN_WORK {
-        by_row
-            .chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(work);
-    } else {
-        by_row
-            .par_chunks_mut(ROWS_PER_TASK * t)
-            .enumerate()
-            .for_each(work);
-    }
-    for r in 0..rows {
-        for tok in 0..t {
-            ys[tok * rows + r] = by_row[r * t + tok];
-        }
-    }
-}
-
-/// `ys = xs · Wᵀ` for a BF16 weight: `xs` is `[T, cols]`, `ys` is `[T, rows]`.
-pub fn matmul_bf16(w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
-    matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
-        let row = &w.bytes[2 * r * w.cols..2 * (r + 1) * w.cols];
-        tree_sum(w.cols, |i| {
-            bf16_to_f32(row[2 * i], row[2 * i + 1]) as f64 * x[i] as f64
-        })
     });
 }
 
-/// `ys = xs · Wᵀ` for an f32 weight given as a slice `[rows, cols]`.
+/// A SIMD matmul: activations widened once per token chunk, weights decoded per tile.
+#[cfg(target_arch = "x86_64")]
+fn matmul_tiled<K: x86::Tile>(k: &K, rows: usize, xs: &[f32], ys: &mut [f32]) {
+    let cols = k.cols();
+    token_count(rows, cols, xs, ys);
+    for (xc, yc) in xs
+        .chunks(TOKEN_CHUNK * cols)
+        .zip(ys.chunks_mut(TOKEN_CHUNK * rows))
+    {
+        let t = xc.len() / cols;
+        let xw = x86::widen(xc, cols, &K::POSITIONS);
+        for_row_blocks(rows, cols, t, yc, |r0, out| {
+            k.rows(r0, out.len() / t, t, &xw, out)
+        });
+    }
+}
+
+/// `ys = xs · Wᵀ` for a BF16 weight: `xs` is `[T, cols]`, `ys` is `[T, rows]`. Fastest path.
+pub fn matmul_bf16(w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
+    matmul_bf16_with(Isa::detect(), w, xs, ys);
+}
+
+/// [`matmul_bf16`] on a chosen path; every path gives the same bits.
+pub fn matmul_bf16_with(isa: Isa, w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
+    match isa.kind() {
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx512 => {
+            // SAFETY: an `Isa` of kind Avx512 is only constructed after
+            // `IsaKind::is_supported` detected AVX-512F, AVX2 and FMA.
+            let simd = unsafe { x86::avx512::Avx512::new() };
+            matmul_tiled(&x86::Bf16 { w, simd }, w.rows, xs, ys);
+        }
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => {
+            // SAFETY: an `Isa` of kind Avx2 is only constructed after
+            // `IsaKind::is_supported` detected AVX2 and FMA.
+            let simd = unsafe { x86::avx2::Avx2::new() };
+            matmul_tiled(&x86::Bf16 { w, simd }, w.rows, xs, ys);
+        }
+        _ => matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
+            let row = &w.bytes[2 * r * w.cols..2 * (r + 1) * w.cols];
+            tree_sum(w.cols, |i| {
+                bf16_to_f32(row[2 * i], row[2 * i + 1]) as f64 * x[i] as f64
+            })
+        }),
+    }
+}
+
+/// `ys = xs · Wᵀ` for an f32 weight given as a slice `[rows, cols]` (rows by [`dot_f32`]).
 pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
+    matmul_f32_with(Isa::detect(), w, rows, cols, xs, ys);
+}
+
+/// [`matmul_f32`] on a chosen path; every path gives the same bits.
+pub fn matmul_f32_with(isa: Isa, w: &[f32], rows: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
     assert_eq!(w.len(), rows * cols, "f32 matrix length");
     matmul_rows(rows, cols, xs, ys, |r, x| {
-        let row = &w[r * cols..(r + 1) * cols];
-        tree_sum(cols, |i| row[i] as f64 * x[i] as f64)
+        dot_f32_with(isa, &w[r * cols..(r + 1) * cols], x)
     });
 }
 
-/// `ys = xs · Wᵀ` for an MXFP4 weight, straight from the packed bytes.
+/// `ys = xs · Wᵀ` for an MXFP4 weight, straight from the packed bytes. Fastest path.
 pub fn matmul_mxfp4(w: Mxfp4Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
-    let half = w.cols / 2;
-    let groups = w.cols / mxfp4::GROUP;
-    matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
-        let packed = &w.packed[r * half..(r + 1) * half];
-        let scales = &w.scales[r * groups..(r + 1) * groups];
-        tree_sum(w.cols, |i| mxfp4::element(packed, scales, i) * x[i] as f64)
-    });
+    matmul_mxfp4_with(Isa::detect(), w, xs, ys);
+}
+
+/// [`matmul_mxfp4`] on a chosen path; every path gives the same bits.
+pub fn matmul_mxfp4_with(isa: Isa, w: Mxfp4Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
+    match isa.kind() {
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx512 => {
+            // SAFETY: an `Isa` of kind Avx512 is only constructed after
+            // `IsaKind::is_supported` detected AVX-512F, AVX2 and FMA.
+            let simd = unsafe { x86::avx512::Avx512::new() };
+            matmul_tiled(&x86::Mxfp4 { w, simd }, w.rows, xs, ys);
+        }
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => {
+            // SAFETY: an `Isa` of kind Avx2 is only constructed after
+            // `IsaKind::is_supported` detected AVX2 and FMA.
+            let simd = unsafe { x86::avx2::Avx2::new() };
+            matmul_tiled(&x86::Mxfp4 { w, simd }, w.rows, xs, ys);
+        }
+        _ => {
+            let half = w.cols / 2;
+            let groups = w.cols / mxfp4::GROUP;
+            matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
+                let packed = &w.packed[r * half..(r + 1) * half];
+                let scales = &w.scales[r * groups..(r + 1) * groups];
+                tree_sum(w.cols, |i| mxfp4::element(packed, scales, i) * x[i] as f64)
+            })
+        }
+    }
 }

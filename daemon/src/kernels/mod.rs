@@ -7,10 +7,17 @@
 //! memory budget or SIMD path.
 
 pub mod elementwise;
+pub mod isa;
 pub mod matmul;
 pub mod mxfp4;
 pub mod norm;
 pub mod reduce;
 pub mod softmax;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
-pub use matmul::{Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_f32, matmul_mxfp4};
+pub use isa::{Isa, IsaKind};
+pub use matmul::{
+    Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32, matmul_f32_with,
+    matmul_mxfp4, matmul_mxfp4_with,
+};

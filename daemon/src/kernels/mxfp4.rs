@@ -30,7 +30,11 @@ pub fn scale(s: u8) -> f64 {
 #[inline]
 pub fn element(packed_row: &[u8], scale_row: &[u8], i: usize) -> f64 {
     let byte = packed_row[i / 2];
-    let code = if i % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+    let code = if i.is_multiple_of(2) {
+        byte & 0x0f
+    } else {
+        byte >> 4
+    };
     e2m1(code) as f64 * scale(scale_row[i / GROUP])
 }
 

@@ -5,6 +5,10 @@
 //! `v_k = u_k + u_{k+2}`, `sum = v_0 + v_1`; the `n mod 16` tail terms are then added one by one
 //! in increasing index. SIMD kernels must reproduce exactly this association.
 
+use super::isa::{Isa, IsaKind};
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+
 /// Number of f64 accumulator lanes of the tree.
 pub const LANES: usize = 16;
 
@@ -43,17 +47,37 @@ pub fn tree_sum(n: usize, mut term: impl FnMut(usize) -> f64) -> f64 {
     sum
 }
 
-/// `Σ a_i·b_i` of two f32 vectors, f64 tree, not rounded.
+/// `Σ a_i·b_i` of two f32 vectors, f64 tree, not rounded. Fastest path.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "dot of unequal lengths");
-    tree_sum(a.len(), |i| a[i] as f64 * b[i] as f64)
+    dot_f32_with(Isa::detect(), a, b)
 }
 
-/// `Σ a_i²`, f64 tree, not rounded.
+/// [`dot_f32`] on a chosen path; every path gives the same bits.
+pub fn dot_f32_with(isa: Isa, a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "dot of unequal lengths");
+    match isa.kind() {
+        // SAFETY: an `Isa` of kind Avx512 is only constructed after `IsaKind::is_supported`
+        // detected AVX-512F, AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx512 => unsafe { x86::avx512::dot(a, b) },
+        // SAFETY: an `Isa` of kind Avx2 is only constructed after `IsaKind::is_supported`
+        // detected AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 => unsafe { x86::avx2::dot(a, b) },
+        _ => tree_sum(a.len(), |i| a[i] as f64 * b[i] as f64),
+    }
+}
+
+/// `Σ a_i²`, f64 tree, not rounded. Fastest path.
 #[inline]
 pub fn sum_squares(a: &[f32]) -> f64 {
-    tree_sum(a.len(), |i| a[i] as f64 * a[i] as f64)
+    sum_squares_with(Isa::detect(), a)
+}
+
+/// [`sum_squares`] on a chosen path: the dot of `a` with itself (the same exact products).
+pub fn sum_squares_with(isa: Isa, a: &[f32]) -> f64 {
+    dot_f32_with(isa, a, a)
 }
 
 #[cfg(test)]
@@ -64,7 +88,7 @@ mod tests {
     fn tree_association_is_the_specified_one() {
         // Values chosen so that any other association rounds differently.
         let big = 1e16f64;
-        let mut terms = vec![0.0f64; 19];
+        let mut terms = [0.0f64; 19];
         terms[0] = big;
         terms[8] = -big;
         terms[1] = 1.0;

@@ -315,6 +315,18 @@ mod tests {
         assert_eq!(c.len(), 10);
     }
 
+    /// Byte inits go with U8 tensors and float inits with F32/BF16 ones, in every shape.
+    #[test]
+    fn inits_match_dtypes() {
+        for name in crate::synth::shape::SHAPE_NAMES {
+            let s = Shape::named(name).unwrap();
+            for t in shards(&s, 300).iter().flat_map(|sh| &sh.tensors) {
+                let bytes = matches!(t.init, Init::Bytes | Init::ScaleBytes { .. });
+                assert_eq!(bytes, t.dtype == Dtype::U8, "{name}: {}", t.name);
+            }
+        }
+    }
+
     /// The bench shape reproduces released per-layer bytes exactly (spec §1.2), except the
     /// router, which has one row and one bias per expert (64 instead of 896).
     #[test]

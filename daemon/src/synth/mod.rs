@@ -111,6 +111,7 @@ pub fn plan(shape: &Shape) -> Plan {
     let ids = SpecialIds::after_ranks(vocab.n_ranks());
     let data_bytes = shards.iter().map(|s| s.data_len).sum();
     let pretty = |v: &serde_json::Value| {
+        // Serializing a `Value` cannot fail (every map key is a string).
         let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
         s.push('\n');
         s.into_bytes()
@@ -293,3 +294,6 @@ pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
     }
     Ok(fingerprint(&files))
 }
+
+#[cfg(test)]
+mod tests;

@@ -49,3 +49,18 @@ impl From<anyhow::Error> for CliError {
 }
 
 pub type CliResult = Result<(), CliError>;
+
+/// Engine failures, by class: bad requests and configs are usage errors, broken files are
+/// checkpoint errors, and a failure while computing invalidates the run.
+impl From<k3d::engine::EngineError> for CliError {
+    fn from(e: k3d::engine::EngineError) -> Self {
+        use k3d::engine::EngineError as E;
+        let exit = match &e {
+            E::Checkpoint(c) if c.is_config() => Exit::Usage,
+            E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
+            E::InvalidRequest(_) => Exit::Usage,
+            E::Model(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => Exit::RunInvalid,
+        };
+        CliError::new(exit, e)
+    }
+}

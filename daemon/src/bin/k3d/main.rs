@@ -25,6 +25,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Write a random-weight checkpoint in exactly the released layout.
     Synth(cmd::synth::Args),
+    /// Generate greedily from prompt ids, offline (tests and benchmarks use this).
+    Run(cmd::run::Args),
     /// Text on stdin to token ids on stdout.
     Tokenize(cmd::tokenize::TokenizeArgs),
     /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
@@ -36,6 +38,7 @@ fn main() {
     let result = match cli.command {
         Command::Check(args) => cmd::check::run(args),
         Command::Synth(args) => cmd::synth::run(args),
+        Command::Run(args) => cmd::run::run(args),
         Command::Tokenize(args) => cmd::tokenize::tokenize(args),
         Command::Detokenize(args) => cmd::tokenize::detokenize(args),
     };

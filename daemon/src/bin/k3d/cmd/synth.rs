@@ -14,7 +14,7 @@ const PROGRESS_ABOVE: u64 = 256 << 20;
 #[derive(clap::Args)]
 pub struct Args {
     /// Shape: tiny, tiny-b, tiny-c (tests), small (a few hundred MB), bench (released layer
-    /// dims, ~14 GB).
+    /// dims, 13.4 GB).
     #[arg(long)]
     shape: String,
     /// Output directory (created if missing; must be empty unless --force).

@@ -1,0 +1,122 @@
+//! `k3d run`: one offline greedy generation — the stable entry point of tests and benchmarks.
+//!
+//! `--dump-logits FILE` writes one little-endian f32 row of `vocab_size` logits per **fed**
+//! position: the prompt, then every generated token fed back (so `prompt_len + gen − 1` rows;
+//! row i predicts token i+1; `--gen 0` gives `prompt_len` rows).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use k3d::engine::{Engine, EngineOptions, GenerateRequest, Step, peak_rss_bytes};
+
+use crate::exit::{CliError, CliResult, Exit};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The checkpoint directory.
+    model_dir: PathBuf,
+    /// Prompt token ids, comma-separated (e.g. 1,2,3).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "prompt",
+        required_unless_present = "prompt"
+    )]
+    ids: Vec<u32>,
+    /// Prompt text, tokenized with the checkpoint's tokenizer (no special tokens).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Number of tokens to generate greedily.
+    #[arg(long = "gen", id = "gen", default_value_t = 16)]
+    generate: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Write every fed position's logits to FILE (little-endian f32 rows).
+    #[arg(long, value_name = "FILE")]
+    dump_logits: Option<PathBuf>,
+    /// Compute threads (default: all cores). Output does not depend on it.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Prompt tokens per prefill step. Output does not depend on it.
+    #[arg(long, default_value_t = 32)]
+    prefill_chunk: usize,
+}
+
+pub fn run(args: Args) -> CliResult {
+    let mut options = EngineOptions {
+        prefill_chunk: args.prefill_chunk,
+        ..EngineOptions::default()
+    };
+    if let Some(t) = args.threads {
+        options.threads = t;
+    }
+    let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
+    let prompt = match &args.prompt {
+        Some(text) => engine
+            .tokenizer()
+            .encode(text, k3d::tokenizer::Specials::Plain)
+            .map_err(|e| CliError::new(Exit::Usage, e))?,
+        None => args.ids.clone(),
+    };
+    let request = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: args.generate,
+        record_logits: args.dump_logits.is_some(),
+        ..GenerateRequest::default()
+    };
+    let mut generation = engine.start(request)?;
+    let summary = loop {
+        match engine.step(&mut generation, &|| false)? {
+            Step::Finished(summary) => break summary,
+            Step::Token { id } if !args.json => {
+                let mut out = std::io::stdout().lock();
+                let bytes = engine.tokenizer().token_bytes(id).unwrap_or_default();
+                out.write_all(bytes).context("writing to stdout")?;
+                out.flush().context("writing to stdout")?;
+            }
+            _ => {}
+        }
+    };
+    if let Some(path) = &args.dump_logits {
+        let bytes: Vec<u8> = summary
+            .logits
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(path, bytes)
+            .with_context(|| format!("writing logits to {}", path.display()))
+            .map_err(|e| CliError::new(Exit::Failure, e))?;
+    }
+    let decoded = summary.generated_tokens.saturating_sub(1);
+    let seconds_per_token = if decoded > 0 {
+        summary.decode_seconds / decoded as f64
+    } else {
+        summary.prefill_seconds / summary.prompt_tokens.max(1) as f64
+    };
+    if args.json {
+        let report = serde_json::json!({
+            "prompt_ids": prompt,
+            "generated_ids": summary.generated,
+            "seconds_per_token": seconds_per_token,
+            "prefill_seconds": summary.prefill_seconds,
+            "decode_seconds": summary.decode_seconds,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "bytes_read": summary.bytes_read,
+            "bytes_avoided": summary.bytes_avoided,
+            "threads": engine.options().threads,
+        });
+        println!("{report}");
+    } else {
+        println!();
+        eprintln!(
+            "k3d: {} prompt + {} generated tokens, {:.4} s/token, peak RSS {:.1} MB",
+            summary.prompt_tokens,
+            summary.generated_tokens,
+            seconds_per_token,
+            peak_rss_bytes() as f64 / 1e6
+        );
+    }
+    Ok(())
+}

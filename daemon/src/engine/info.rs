@@ -1,0 +1,125 @@
+//! What an engine is (identity, fingerprint, configuration) and what it has done (counters).
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::EngineError;
+use crate::checkpoint::Checkpoint;
+use crate::checkpoint::config::MixerKind;
+use crate::store::StoreStats;
+
+/// Load phases reported while [`super::Engine::open`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadProgress {
+    /// Reading and validating config and shard headers.
+    Checking,
+    /// Loading the weights the memory plan keeps resident.
+    Weights,
+    Ready,
+}
+
+/// Identity and shape of the loaded model.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// The model directory's name.
+    pub name: String,
+    pub dir: PathBuf,
+    /// sha256 over `config.json` and every shard's name, size and header: two checkpoints with
+    /// the same fingerprint bind the same tensors to the same bytes positions.
+    pub fingerprint: String,
+    /// One line: layers, mixers, width, experts, vocabulary.
+    pub summary: String,
+    pub num_layers: usize,
+    pub vocab_size: usize,
+}
+
+impl EngineInfo {
+    pub(super) fn describe(checkpoint: &Checkpoint) -> Result<EngineInfo, EngineError> {
+        let c = &checkpoint.config;
+        let kda = c
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == MixerKind::Kda)
+            .count();
+        let summary = format!(
+            "{} layers ({} KDA, {} MLA), hidden {}, {} experts top-{} (+{} shared), vocab {}",
+            c.num_hidden_layers,
+            kda,
+            c.num_hidden_layers - kda,
+            c.hidden_size,
+            c.num_experts,
+            c.num_experts_per_token,
+            c.num_shared_experts,
+            c.vocab_size
+        );
+        Ok(EngineInfo {
+            name: checkpoint.dir.file_name().map_or_else(
+                || checkpoint.dir.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            dir: checkpoint.dir.clone(),
+            fingerprint: fingerprint(checkpoint)?,
+            summary,
+            num_layers: c.num_hidden_layers,
+            vocab_size: c.vocab_size,
+        })
+    }
+}
+
+/// sha256 of `config.json` bytes, then per shard (sorted as indexed): file name, size, header.
+fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
+    let mut h = Sha256::new();
+    let config_path = checkpoint.dir.join("config.json");
+    let config = std::fs::read(&config_path).map_err(|source| EngineError::Io {
+        path: config_path.clone(),
+        source,
+    })?;
+    h.update(&config);
+    for shard in &checkpoint.shards {
+        let mut header = vec![0u8; shard.data_start as usize];
+        std::fs::File::open(&shard.path)
+            .and_then(|mut f| f.read_exact(&mut header))
+            .map_err(|source| EngineError::Io {
+                path: shard.path.clone(),
+                source,
+            })?;
+        h.update(
+            shard
+                .path
+                .file_name()
+                .map(|n| n.as_encoded_bytes())
+                .unwrap_or_default(),
+        );
+        h.update(shard.size.to_le_bytes());
+        h.update(&header);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Counters since the engine was opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineStats {
+    pub bytes_read: u64,
+    pub bytes_avoided: u64,
+    pub peak_rss_bytes: u64,
+}
+
+impl EngineStats {
+    pub(super) fn from_store(s: StoreStats) -> Self {
+        EngineStats {
+            bytes_read: s.bytes_read,
+            bytes_avoided: s.bytes_avoided,
+            peak_rss_bytes: peak_rss_bytes(),
+        }
+    }
+}
+
+/// The process's peak resident set size (getrusage), in bytes.
+pub fn peak_rss_bytes() -> u64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        // Linux reports ru_maxrss in KiB.
+        .map(|u| u.max_rss().max(0) as u64 * 1024)
+        .unwrap_or(0)
+}

@@ -1,0 +1,118 @@
+//! What a caller asks for, and what it gets back at the end.
+
+use super::EngineError;
+
+/// Longest generation one request may ask for; larger values are refused, not clamped.
+pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
+
+/// Sampling parameters. `temperature == 0` (the default) is greedy: the first index of the
+/// maximum logit (spec §6.1 rule 12), independent of `seed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 disables it.
+    pub top_p: f32,
+    /// Keep only the k most likely ids; 0 disables it.
+    pub top_k: usize,
+    /// Seed of the request's private random stream: same seed ⇒ same output.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
+    }
+}
+
+impl Sampling {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// One generation request in token ids (text is tokenized by the caller).
+#[derive(Debug, Clone, Default)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Generation stops when one of these ids is produced; the id itself is not emitted.
+    pub stop_ids: Vec<u32>,
+    /// Generation stops after the token that completes one of these strings in the output.
+    pub stop_strings: Vec<String>,
+    /// Keep every fed position's logits (offline checks: `k3d run --dump-logits`).
+    pub record_logits: bool,
+}
+
+impl GenerateRequest {
+    /// Refuses what cannot be served, with a message that says what is wrong.
+    pub fn validate(&self, vocab_size: usize) -> Result<(), EngineError> {
+        let invalid = |m: String| Err(EngineError::InvalidRequest(m));
+        if self.prompt.is_empty() {
+            return invalid("the prompt is empty".into());
+        }
+        if let Some((pos, id)) = self
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab_size)
+        {
+            return invalid(format!(
+                "prompt id {id} at position {pos} is outside the vocabulary (0..{vocab_size})"
+            ));
+        }
+        if self.max_tokens > MAX_TOKENS_LIMIT {
+            return invalid(format!(
+                "max_tokens {} exceeds the limit {MAX_TOKENS_LIMIT}",
+                self.max_tokens
+            ));
+        }
+        let s = &self.sampling;
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
+            return invalid(format!(
+                "temperature {} must be a finite number ≥ 0",
+                s.temperature
+            ));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return invalid(format!("top_p {} must be in (0, 1]", s.top_p));
+        }
+        if self.stop_strings.iter().any(|s| s.is_empty()) {
+            return invalid("stop strings must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    MaxTokens,
+    /// A stop id was produced (not emitted).
+    StopId(u32),
+    /// The output now ends with this stop string (its last token was emitted).
+    StopString(String),
+}
+
+/// The end-of-generation report.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub stop_reason: StopReason,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// Weight bytes read from disk while this generation ran.
+    pub bytes_read: u64,
+    /// Weight bytes the caches served without a read while this generation ran.
+    pub bytes_avoided: u64,
+    /// Generated ids in order (stop ids excluded).
+    pub generated: Vec<u32>,
+    /// With `record_logits`: one row of `vocab` logits per fed position.
+    pub logits: Vec<f32>,
+}

@@ -1,0 +1,141 @@
+//! Turning logits into the next id: greedy, or seeded temperature / top-k / top-p sampling.
+//!
+//! The random stream is private to the request (SplitMix64 seeded by `Sampling::seed`), so a
+//! request's output depends only on its own seed and logits.
+
+use super::request::Sampling;
+
+/// Greedy choice: the first index of the maximum (spec §6.1 rule 12). `None` on a NaN.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v.is_nan() {
+            return None;
+        }
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    (!logits.is_empty()).then_some(best as u32)
+}
+
+/// A request's sampler.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: Sampling,
+    rng: SplitMix64,
+}
+
+impl Sampler {
+    pub fn new(params: Sampling) -> Self {
+        let rng = SplitMix64(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Chooses the next id from one row of logits. `None` if the logits contain a NaN.
+    pub fn sample(&mut self, logits: &[f32]) -> Option<u32> {
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        if logits.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        // Candidates by descending logit, ties to the lower id (stable sort of ids).
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        if self.params.top_k > 0 {
+            order.truncate(self.params.top_k);
+        }
+        let t = self.params.temperature as f64;
+        let top = logits[order[0] as usize] as f64;
+        let weights: Vec<f64> = order
+            .iter()
+            .map(|&i| libm::exp((logits[i as usize] as f64 - top) / t))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        // Nucleus: the shortest prefix whose mass reaches top_p.
+        let mut keep = weights.len();
+        if self.params.top_p < 1.0 {
+            let mut mass = 0.0;
+            for (n, w) in weights.iter().enumerate() {
+                mass += w / total;
+                if mass >= self.params.top_p as f64 {
+                    keep = n + 1;
+                    break;
+                }
+            }
+        }
+        let kept_total: f64 = weights[..keep].iter().sum();
+        let mut draw = self.rng.next_f64() * kept_total;
+        for (n, w) in weights[..keep].iter().enumerate() {
+            if draw < *w {
+                return Some(order[n]);
+            }
+            draw -= w;
+        }
+        Some(order[keep - 1])
+    }
+}
+
+/// SplitMix64: tiny, fast, and identical on every platform.
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_takes_the_first_maximum() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), Some(1));
+        assert_eq!(argmax(&[1.0, f32::NAN]), None);
+    }
+
+    #[test]
+    fn same_seed_same_draws_different_seed_different_draws() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let p = Sampling {
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 0,
+            seed: 7,
+        };
+        let run = |p: Sampling| {
+            let mut s = Sampler::new(p);
+            (0..40)
+                .map(|_| s.sample(&logits).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(p.clone()), run(p.clone()));
+        assert_ne!(run(p.clone()), run(Sampling { seed: 8, ..p }));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let logits = [0.1f32, 2.0, 1.9, -1.0];
+        let mut s = Sampler::new(Sampling {
+            temperature: 5.0,
+            top_p: 1.0,
+            top_k: 1,
+            seed: 3,
+        });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits), Some(1));
+        }
+    }
+}

@@ -1,0 +1,825 @@
+//! The top-level forward pass (spec §4.2, §4.4, §4.10):
+//!
+//! ```text
+//! cur = embed(ids)
+//! for L in 0..N:  h  = AR(blocks ++ [cur])          (raw cur while no block exists)
+//!                 bank cur as a snapshot if L starts a block (partial restarts)
+//!                 partial += Mixer_L(RMSNorm(h))
+//!                 h2 = AR(blocks ++ [partial])
+//!                 cur = partial + FFN_L(RMSNorm(h2))
+//! logits = lm_head · RMSNorm(AR(blocks ++ [cur]))
+//! ```
+//!
+//! All T tokens of a call travel together: each op is batched over T rows, KDA advances in time
+//! inside its layer and MLA attends causally, so any split of a sequence into calls gives the same
+//! bits. Weights are reached only through the [`WeightStore`].
+
+use std::path::PathBuf;
+
+use rayon::prelude::*;
+
+use super::attn_res::{aggregate, fold_query, is_block_start};
+use super::bind::{TensorName, bf16_matrix, bf16_values, f32_values, mxfp4_matrix};
+use super::kda::{self, KdaDims, KdaMatrices, KdaParams, KdaState};
+use super::mla::{self, MlaCache, MlaDims, MlaMatrices, MlaParams};
+use super::mlp::{Mlp, Situ, apply};
+use super::moe::{self, Expert, MoeDims, MoeMatrices, MoeParams};
+use super::router::RouterConfig;
+use super::state::{LayerState, State};
+use super::{ModelError, grain};
+use crate::checkpoint::config::{MixerKind, ModelConfig};
+use crate::checkpoint::layout::{
+    FfnLayout, KdaLayout, LayerLayout, MixerLayout, MlaLayout, MlpLayout, ModelLayout, ModelTensor,
+    MoeLayout,
+};
+use crate::kernels::Bf16Matrix;
+use crate::kernels::matmul::bf16_vector;
+use crate::kernels::norm::rms_norm;
+use crate::store::{ExpertView, ModelTensorId, WeightStore};
+
+/// How the model is loaded. Phase 1 has a single mode (everything resident); the memory budget
+/// of the streaming store (issue 4) is configured here.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {}
+
+/// Which positions' logits a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last input position: `[vocab]`.
+    Last,
+    /// Every input position: `[T, vocab]`.
+    All,
+}
+
+/// A layer's AttnRes and norm vectors, decoded once.
+struct LayerVectors {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// `self_attention_res_norm ⊙ self_attention_res_proj`.
+    attn_res: Vec<f32>,
+    /// `mlp_res_norm ⊙ mlp_res_proj`.
+    mlp_res: Vec<f32>,
+}
+
+enum MixerParams {
+    Kda(KdaParams),
+    Mla(MlaParams),
+}
+
+enum FfnParams {
+    Dense,
+    Moe(MoeParams),
+}
+
+struct LayerParams {
+    vectors: LayerVectors,
+    mixer: MixerParams,
+    ffn: FfnParams,
+}
+
+/// The loaded Kimi K3 text model.
+pub struct Model {
+    config: ModelConfig,
+    store: WeightStore,
+    kda: KdaDims,
+    mla: MlaDims,
+    moe: MoeDims,
+    act: Situ,
+    layers: Vec<LayerParams>,
+    final_norm: Vec<f32>,
+    /// `output_attn_res_norm ⊙ output_attn_res_proj`.
+    output_res: Vec<f32>,
+}
+
+impl Model {
+    /// Loads a checkpoint opened by [`crate::checkpoint`].
+    pub fn load(
+        checkpoint: &crate::checkpoint::Checkpoint,
+        options: LoadOptions,
+    ) -> Result<Model, ModelError> {
+        let shards = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
+        Model::from_parts(
+            checkpoint.config.clone(),
+            checkpoint.layout.clone(),
+            shards,
+            options,
+        )
+    }
+
+    /// Loads from a validated config, its layout binding and the shard paths the layout's
+    /// [`crate::checkpoint::layout::ByteRun::shard`] numbers index.
+    pub fn from_parts(
+        config: ModelConfig,
+        layout: ModelLayout,
+        shards: Vec<PathBuf>,
+        _options: LoadOptions,
+    ) -> Result<Model, ModelError> {
+        let n = config.num_hidden_layers;
+        if layout.layers.len() != n || config.layer_kinds.len() != n {
+            return Err(ModelError::LayoutMismatch(format!(
+                "config has {n} layers, the layout {} and the layer map {}",
+                layout.layers.len(),
+                config.layer_kinds.len()
+            )));
+        }
+        let kda_rank = layout
+            .layers
+            .iter()
+            .find_map(|l| match &l.mixer {
+                MixerLayout::Kda(k) => k.f_a_proj.shape.first().copied(),
+                MixerLayout::Mla(_) => None,
+            })
+            .unwrap_or(0);
+        let act = Situ {
+            beta1: config.activation_situ_beta,
+            beta2: config.activation_situ_linear_beta,
+        };
+        let h = config.hidden_size;
+        let model_dims = ModelDims {
+            kda: KdaDims {
+                hidden: h,
+                heads: config.kda.num_heads,
+                head_dim: config.kda.head_dim,
+                conv: config.kda.short_conv_kernel_size,
+                rank: kda_rank,
+                lower_bound: config.kda.gate_lower_bound,
+                eps: config.rms_norm_eps,
+            },
+            mla: MlaDims {
+                hidden: h,
+                heads: config.num_attention_heads,
+                q_lora: config.q_lora_rank,
+                kv_lora: config.kv_lora_rank,
+                nope: config.qk_nope_head_dim,
+                rope: config.qk_rope_head_dim,
+                v: config.v_head_dim,
+            },
+            moe: MoeDims {
+                hidden: h,
+                latent: config.routed_expert_hidden_size,
+                act,
+                router: RouterConfig {
+                    top_k: config.num_experts_per_token,
+                    renormalize: config.moe_renormalize,
+                    scaling_factor: config.routed_scaling_factor,
+                },
+                eps: config.rms_norm_eps,
+            },
+        };
+        let store = WeightStore::load_resident(layout, shards)?;
+
+        let mut layers = Vec::with_capacity(n);
+        for (l, ll) in store.layout().layers.iter().enumerate() {
+            if ll.index != l {
+                return Err(ModelError::LayoutMismatch(format!(
+                    "layout entry {l} describes layer {}",
+                    ll.index
+                )));
+            }
+            let trunk = store.trunk(l)?;
+            let params = layer_params(&config, &model_dims, ll, &trunk)?;
+            // Bind every matrix once so that a bad shape fails the load, not a later forward.
+            let binder = Binder {
+                config: &config,
+                dims: &model_dims,
+            };
+            binder.mixer(ll, &trunk)?;
+            match &ll.ffn {
+                FfnLayout::Dense(d) => {
+                    binder.dense(l, d, &trunk)?;
+                }
+                FfnLayout::Moe(m) => {
+                    binder.moe(l, m, &trunk)?;
+                }
+            }
+            layers.push(params);
+        }
+        let layout = store.layout();
+        let model_vector = |t: &ModelTensor, which, name| {
+            bf16_values(
+                store.model_tensor(which),
+                &t.slice,
+                &[h],
+                TensorName::model(name),
+            )
+        };
+        let final_norm = model_vector(&layout.norm, ModelTensorId::Norm, "norm.weight")?;
+        let out_norm = model_vector(
+            &layout.output_attn_res_norm,
+            ModelTensorId::OutputAttnResNorm,
+            "output_attn_res_norm.weight",
+        )?;
+        let out_proj = bf16_values(
+            store.model_tensor(ModelTensorId::OutputAttnResProj),
+            &layout.output_attn_res_proj.slice,
+            &[1, h],
+            TensorName::model("output_attn_res_proj.weight"),
+        )?;
+        let model = Model {
+            kda: model_dims.kda,
+            mla: model_dims.mla,
+            moe: model_dims.moe,
+            act,
+            layers,
+            final_norm,
+            output_res: fold_query(&out_norm, &out_proj),
+            store,
+            config,
+        };
+        model.embedding()?;
+        model.lm_head()?;
+        Ok(model)
+    }
+
+    /// The validated configuration.
+    /// Weight traffic of the store since load.
+    pub fn store_stats(&self) -> crate::store::StoreStats {
+        self.store.stats()
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// A fresh state for a new sequence (zero KDA state and histories, empty MLA caches).
+    pub fn new_state(&self) -> State {
+        State::new(
+            self.config
+                .layer_kinds
+                .iter()
+                .map(|k| match k {
+                    MixerKind::Kda => LayerState::Kda(KdaState::new(&self.kda)),
+                    MixerKind::Mla => LayerState::Mla(MlaCache::default()),
+                })
+                .collect(),
+        )
+    }
+
+    /// Runs `ids` after the positions already in `state`, advancing it, and returns the logits
+    /// of the last position (`[vocab]`) or of all (`[T, vocab]`). `cancel` is polled between
+    /// layers. If the call fails or is cancelled after the first layer ran, `state` is poisoned.
+    pub fn forward(
+        &self,
+        state: &mut State,
+        ids: &[u32],
+        want: Logits,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        if state.poisoned {
+            return Err(ModelError::StatePoisoned);
+        }
+        self.check_state(state)?;
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        let vocab = self.config.vocab_size;
+        if let Some((index, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= vocab)
+        {
+            return Err(ModelError::TokenOutOfVocab { id, index, vocab });
+        }
+        let h = self.config.hidden_size;
+        let mut cur = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            // No scaling, no position embedding, no BOS insertion (spec §4.2).
+            cur.extend(bf16_vector(self.store.embedding_row(id as usize, 2 * h)?));
+        }
+        if cancel() {
+            return Err(ModelError::Cancelled);
+        }
+        state.poisoned = true;
+        let (blocks, cur) = self.layers(state, cur, cancel)?;
+        let logits = self.head(&blocks, &cur, ids.len(), want)?;
+        state.positions += ids.len();
+        state.poisoned = false;
+        Ok(logits)
+    }
+
+    /// Refuses a state made for another model: layer kinds and every carried size must match.
+    fn check_state(&self, state: &State) -> Result<(), ModelError> {
+        let d = &self.kda;
+        let kda_state = d.heads * d.head_dim * d.head_dim;
+        let kda_history = d.conv.saturating_sub(1) * d.width();
+        let kv_lora = self.mla.kv_lora;
+        let fits = |s: &LayerState, k: &MixerKind| match (s, k) {
+            (LayerState::Kda(s), MixerKind::Kda) => {
+                s.s.len() == kda_state && s.history.iter().all(|h| h.len() == kda_history)
+            }
+            (LayerState::Mla(c), MixerKind::Mla) => {
+                c.latent.len() == state.positions * kv_lora
+                    && c.rope_key.len() == state.positions * self.mla.rope
+            }
+            _ => false,
+        };
+        let n = self.config.layer_kinds.len();
+        if state.layers.len() != n {
+            return Err(ModelError::StateMismatch(format!(
+                "{} layer states for a {n}-layer model",
+                state.layers.len()
+            )));
+        }
+        match state
+            .layers
+            .iter()
+            .zip(&self.config.layer_kinds)
+            .position(|(s, k)| !fits(s, k))
+        {
+            None => Ok(()),
+            Some(l) => Err(ModelError::StateMismatch(format!(
+                "layer {l}: kind or carried sizes differ from this model's"
+            ))),
+        }
+    }
+
+    /// The layer loop of spec §4.4 over all T tokens; returns the snapshots and the final `cur`.
+    fn layers(
+        &self,
+        state: &mut State,
+        mut cur: Vec<f32>,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<(Vec<Vec<f32>>, Vec<f32>), ModelError> {
+        let h = self.config.hidden_size;
+        let eps = self.config.rms_norm_eps;
+        let binder = Binder {
+            config: &self.config,
+            dims: &ModelDims {
+                kda: self.kda,
+                mla: self.mla,
+                moe: self.moe,
+            },
+        };
+        let mut blocks: Vec<Vec<f32>> = Vec::new();
+        for (l, (lp, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+            if l > 0 && cancel() {
+                return Err(ModelError::Cancelled);
+            }
+            let ll = &self.store.layout().layers[l];
+            let trunk = self.store.trunk(l)?;
+            let h_in = if blocks.is_empty() {
+                cur.clone()
+            } else {
+                aggregate_rows(&blocks, &cur, &lp.vectors.attn_res, eps, h)
+            };
+            // At a block start the finished block is banked and the partial sum restarts.
+            let base = if is_block_start(l, self.config.attn_res_block_size) {
+                blocks.push(cur);
+                None
+            } else {
+                Some(cur)
+            };
+            let x = norm_rows(&h_in, &lp.vectors.input_norm, eps, h);
+            let mut a = vec![0.0f32; x.len()];
+            match (&lp.mixer, ls, binder.mixer(ll, &trunk)?) {
+                (MixerParams::Kda(p), LayerState::Kda(s), MixerMatrices::Kda(m)) => {
+                    kda::forward(&self.kda, &m, p, &x, s, &mut a)
+                }
+                (MixerParams::Mla(p), LayerState::Mla(c), MixerMatrices::Mla(m)) => {
+                    mla::forward(&self.mla, &m, p, &x, c, &mut a)
+                }
+                _ => {
+                    return Err(ModelError::LayoutMismatch(format!(
+                        "layer {l}: mixer kind differs between config, layout and state"
+                    )));
+                }
+            }
+            let partial = match base {
+                None => a,
+                Some(mut p) => {
+                    add_into(&mut p, &a);
+                    p
+                }
+            };
+            let h2 = aggregate_rows(&blocks, &partial, &lp.vectors.mlp_res, eps, h);
+            let x2 = norm_rows(&h2, &lp.vectors.post_norm, eps, h);
+            let mut f = vec![0.0f32; x2.len()];
+            match (&lp.ffn, &ll.ffn) {
+                (FfnParams::Dense, FfnLayout::Dense(d)) => {
+                    binder.dense(l, d, &trunk)?.forward(self.act, &x2, &mut f)
+                }
+                (FfnParams::Moe(p), FfnLayout::Moe(ml)) => {
+                    let m = binder.moe(l, ml, &trunk)?;
+                    let plan = moe::plan(&self.moe, &m, p, &x2);
+                    let set = self.store.experts(l, &plan.needed)?;
+                    let experts = set
+                        .experts
+                        .iter()
+                        .map(|v| binder.expert(l, v))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    moe::finish(&self.moe, &m, p, &x2, &plan, &experts, &mut f);
+                }
+                _ => {
+                    return Err(ModelError::LayoutMismatch(format!(
+                        "layer {l}: feed-forward kind differs between config and layout"
+                    )));
+                }
+            }
+            cur = partial;
+            add_into(&mut cur, &f);
+        }
+        Ok((blocks, cur))
+    }
+
+    /// Model-level AR, final norm and lm_head (spec §4.10) for the wanted rows.
+    fn head(
+        &self,
+        blocks: &[Vec<f32>],
+        cur: &[f32],
+        t: usize,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let h = self.config.hidden_size;
+        let eps = self.config.rms_norm_eps;
+        let first = match want {
+            Logits::Last => t - 1,
+            Logits::All => 0,
+        };
+        let rows: Vec<Vec<f32>> = blocks.iter().map(|b| b[first * h..].to_vec()).collect();
+        let hl = aggregate_rows(&rows, &cur[first * h..], &self.output_res, eps, h);
+        let normed = norm_rows(&hl, &self.final_norm, eps, h);
+        let logits = apply(&self.lm_head()?, &normed);
+        let vocab = self.config.vocab_size;
+        if let Some(p) = logits.iter().position(|v| v.is_nan()) {
+            return Err(ModelError::NanLogits {
+                row: first + p / vocab,
+                index: p % vocab,
+            });
+        }
+        Ok(logits)
+    }
+
+    fn lm_head(&self) -> Result<Bf16Matrix<'_>, ModelError> {
+        bf16_matrix(
+            self.store.model_tensor(ModelTensorId::LmHead),
+            &self.store.layout().lm_head.slice,
+            self.config.vocab_size,
+            self.config.hidden_size,
+            TensorName::model("lm_head.weight"),
+        )
+    }
+
+    fn embedding(&self) -> Result<Bf16Matrix<'_>, ModelError> {
+        bf16_matrix(
+            self.store.model_tensor(ModelTensorId::EmbedTokens),
+            &self.store.layout().embed_tokens.slice,
+            self.config.vocab_size,
+            self.config.hidden_size,
+            TensorName::model("embed_tokens.weight"),
+        )
+    }
+}
+
+/// `AR(blocks ++ [last])` for each of the token rows of `last` (rows of `blocks` aligned).
+fn aggregate_rows(blocks: &[Vec<f32>], last: &[f32], f: &[f32], eps: f64, h: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; last.len()];
+    out.par_chunks_mut(h)
+        .with_min_len(grain(2 * (blocks.len() + 1) * h))
+        .enumerate()
+        .for_each(|(tok, dst)| {
+            let mut sources: Vec<&[f32]> =
+                blocks.iter().map(|b| &b[tok * h..(tok + 1) * h]).collect();
+            sources.push(&last[tok * h..(tok + 1) * h]);
+            aggregate(&sources, f, eps, dst);
+        });
+    out
+}
+
+/// RMSNorm of each `h`-wide row.
+fn norm_rows(xs: &[f32], gain: &[f32], eps: f64, h: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; xs.len()];
+    for (src, dst) in xs.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        rms_norm(src, gain, eps, dst);
+    }
+    out
+}
+
+/// `acc += x` elementwise in f32 (one rounding per element).
+fn add_into(acc: &mut [f32], x: &[f32]) {
+    for (a, &b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+/// The op dimensions derived from the config.
+struct ModelDims {
+    kda: KdaDims,
+    mla: MlaDims,
+    moe: MoeDims,
+}
+
+enum MixerMatrices<'a> {
+    Kda(KdaMatrices<'a>),
+    Mla(MlaMatrices<'a>),
+}
+
+/// Binds a layer's matrices in its trunk bytes, checking every shape against the config.
+struct Binder<'c> {
+    config: &'c ModelConfig,
+    dims: &'c ModelDims,
+}
+
+impl Binder<'_> {
+    fn mixer<'a>(&self, ll: &LayerLayout, run: &'a [u8]) -> Result<MixerMatrices<'a>, ModelError> {
+        let l = ll.index;
+        let h = self.config.hidden_size;
+        let m = |s, rows, cols, name| bf16_matrix(run, s, rows, cols, TensorName::layer(l, name));
+        Ok(match &ll.mixer {
+            MixerLayout::Kda(k) => {
+                let d = &self.dims.kda;
+                let pw = d.width();
+                MixerMatrices::Kda(KdaMatrices {
+                    q_proj: m(&k.q_proj, pw, h, "self_attn.q_proj.weight")?,
+                    k_proj: m(&k.k_proj, pw, h, "self_attn.k_proj.weight")?,
+                    v_proj: m(&k.v_proj, pw, h, "self_attn.v_proj.weight")?,
+                    g_proj: m(&k.g_proj, pw, h, "self_attn.g_proj.weight")?,
+                    o_proj: m(&k.o_proj, h, pw, "self_attn.o_proj.weight")?,
+                    f_a_proj: m(&k.f_a_proj, d.rank, h, "self_attn.f_a_proj.weight")?,
+                    f_b_proj: m(&k.f_b_proj, pw, d.rank, "self_attn.f_b_proj.weight")?,
+                    b_proj: m(&k.b_proj, d.heads, h, "self_attn.b_proj.weight")?,
+                })
+            }
+            MixerLayout::Mla(a) => {
+                let d = &self.dims.mla;
+                let g_proj = match (&a.g_proj, self.config.mla_use_output_gate) {
+                    (Some(g), true) => Some(m(g, d.heads * d.v, h, "self_attn.g_proj.weight")?),
+                    (None, false) => None,
+                    (g, _) => {
+                        return Err(ModelError::LayoutMismatch(format!(
+                            "layer {l}: mla_use_output_gate is {} but g_proj is {}",
+                            self.config.mla_use_output_gate,
+                            if g.is_some() { "present" } else { "absent" }
+                        )));
+                    }
+                };
+                MixerMatrices::Mla(MlaMatrices {
+                    q_a_proj: m(&a.q_a_proj, d.q_lora, h, "self_attn.q_a_proj.weight")?,
+                    q_b_proj: m(
+                        &a.q_b_proj,
+                        d.heads * d.qk(),
+                        d.q_lora,
+                        "self_attn.q_b_proj.weight",
+                    )?,
+                    kv_a_proj: m(
+                        &a.kv_a_proj_with_mqa,
+                        d.kv_lora + d.rope,
+                        h,
+                        "self_attn.kv_a_proj_with_mqa.weight",
+                    )?,
+                    kv_b_proj: m(
+                        &a.kv_b_proj,
+                        d.heads * (d.nope + d.v),
+                        d.kv_lora,
+                        "self_attn.kv_b_proj.weight",
+                    )?,
+                    o_proj: m(&a.o_proj, h, d.heads * d.v, "self_attn.o_proj.weight")?,
+                    g_proj,
+                })
+            }
+        })
+    }
+
+    fn dense<'a>(
+        &self,
+        l: usize,
+        d: &MlpLayout,
+        run: &'a [u8],
+    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
+        self.mlp(l, d, self.config.intermediate_size, run, DENSE_NAMES)
+    }
+
+    fn mlp<'a>(
+        &self,
+        l: usize,
+        d: &MlpLayout,
+        width: usize,
+        run: &'a [u8],
+        names: [&'static str; 3],
+    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
+        let h = self.config.hidden_size;
+        let t = |name| TensorName::layer(l, name);
+        Ok(Mlp {
+            gate: bf16_matrix(run, &d.gate_proj, width, h, t(names[0]))?,
+            up: bf16_matrix(run, &d.up_proj, width, h, t(names[1]))?,
+            down: bf16_matrix(run, &d.down_proj, h, width, t(names[2]))?,
+        })
+    }
+
+    fn moe<'a>(
+        &self,
+        l: usize,
+        m: &MoeLayout,
+        run: &'a [u8],
+    ) -> Result<MoeMatrices<'a>, ModelError> {
+        let c = self.config;
+        let h = c.hidden_size;
+        let latent = c.routed_expert_hidden_size;
+        let t = |name| TensorName::layer(l, name);
+        Ok(MoeMatrices {
+            router: bf16_matrix(
+                run,
+                &m.gate,
+                c.num_experts,
+                h,
+                t("block_sparse_moe.gate.weight"),
+            )?,
+            latent_down: bf16_matrix(
+                run,
+                &m.routed_expert_down_proj,
+                latent,
+                h,
+                t("block_sparse_moe.routed_expert_down_proj.weight"),
+            )?,
+            latent_up: bf16_matrix(
+                run,
+                &m.routed_expert_up_proj,
+                h,
+                latent,
+                t("block_sparse_moe.routed_expert_up_proj.weight"),
+            )?,
+            shared: self.mlp(
+                l,
+                &m.shared,
+                c.num_shared_experts * c.moe_intermediate_size,
+                run,
+                SHARED_NAMES,
+            )?,
+        })
+    }
+
+    fn expert<'a>(&self, l: usize, v: &ExpertView<'a>) -> Result<Expert<'a>, ModelError> {
+        let latent = self.config.routed_expert_hidden_size;
+        let width = self.config.moe_intermediate_size;
+        let e = v.expert;
+        let x = &v.layout;
+        let t = |a, b| (TensorName::expert(l, e, a), TensorName::expert(l, e, b));
+        Ok(Mlp {
+            gate: mxfp4_matrix(
+                v.bytes,
+                &x.w1_packed,
+                &x.w1_scale,
+                width,
+                latent,
+                t("w1.weight_packed", "w1.weight_scale"),
+            )?,
+            up: mxfp4_matrix(
+                v.bytes,
+                &x.w3_packed,
+                &x.w3_scale,
+                width,
+                latent,
+                t("w3.weight_packed", "w3.weight_scale"),
+            )?,
+            down: mxfp4_matrix(
+                v.bytes,
+                &x.w2_packed,
+                &x.w2_scale,
+                latent,
+                width,
+                t("w2.weight_packed", "w2.weight_scale"),
+            )?,
+        })
+    }
+}
+
+const DENSE_NAMES: [&str; 3] = [
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+];
+const SHARED_NAMES: [&str; 3] = [
+    "block_sparse_moe.shared_experts.gate_proj.weight",
+    "block_sparse_moe.shared_experts.up_proj.weight",
+    "block_sparse_moe.shared_experts.down_proj.weight",
+];
+
+/// Decodes a layer's small tensors (vectors, conv taps, decay parameters, biases) once.
+fn layer_params(
+    config: &ModelConfig,
+    dims: &ModelDims,
+    ll: &LayerLayout,
+    run: &[u8],
+) -> Result<LayerParams, ModelError> {
+    let l = ll.index;
+    let h = config.hidden_size;
+    let t = |name| TensorName::layer(l, name);
+    let v = &ll.vectors;
+    let vec_h = |s, name| bf16_values(run, s, &[h], t(name));
+    let proj = |s, name| bf16_values(run, s, &[1, h], t(name));
+    let vectors = LayerVectors {
+        input_norm: vec_h(&v.input_layernorm, "input_layernorm.weight")?,
+        post_norm: vec_h(
+            &v.post_attention_layernorm,
+            "post_attention_layernorm.weight",
+        )?,
+        attn_res: fold_query(
+            &vec_h(&v.self_attention_res_norm, "self_attention_res_norm.weight")?,
+            &proj(&v.self_attention_res_proj, "self_attention_res_proj.weight")?,
+        ),
+        mlp_res: fold_query(
+            &vec_h(&v.mlp_res_norm, "mlp_res_norm.weight")?,
+            &proj(&v.mlp_res_proj, "mlp_res_proj.weight")?,
+        ),
+    };
+    let kind_matches = matches!(
+        (&ll.mixer, config.layer_kinds.get(l)),
+        (MixerLayout::Kda(_), Some(MixerKind::Kda)) | (MixerLayout::Mla(_), Some(MixerKind::Mla))
+    );
+    if !kind_matches {
+        return Err(ModelError::LayoutMismatch(format!(
+            "layer {l}: the layout's mixer differs from the config's layer map"
+        )));
+    }
+    let mixer = match &ll.mixer {
+        MixerLayout::Kda(k) => MixerParams::Kda(kda_params(&dims.kda, k, run, l)?),
+        MixerLayout::Mla(a) => MixerParams::Mla(mla_params(&dims.mla, a, run, l)?),
+    };
+    let ffn = match (&ll.ffn, config.is_moe_layer(l)) {
+        (FfnLayout::Dense(_), false) => FfnParams::Dense,
+        (FfnLayout::Moe(m), true) => {
+            let score_bias = f32_values(
+                run,
+                &m.e_score_correction_bias,
+                &[config.num_experts],
+                t("block_sparse_moe.gate.e_score_correction_bias"),
+            )?;
+            let routed_norm = match (&m.routed_expert_norm, config.latent_moe_use_norm) {
+                (Some(s), true) => Some(bf16_values(
+                    run,
+                    s,
+                    &[config.routed_expert_hidden_size],
+                    t("block_sparse_moe.routed_expert_norm.weight"),
+                )?),
+                (None, false) => None,
+                _ => {
+                    return Err(ModelError::LayoutMismatch(format!(
+                        "layer {l}: latent_moe_use_norm disagrees with the presence of \
+                         routed_expert_norm"
+                    )));
+                }
+            };
+            FfnParams::Moe(MoeParams {
+                score_bias,
+                routed_norm,
+            })
+        }
+        _ => {
+            return Err(ModelError::LayoutMismatch(format!(
+                "layer {l}: the layout's feed-forward kind differs from first_k_dense_replace / \
+                 moe_layer_freq"
+            )));
+        }
+    };
+    Ok(LayerParams {
+        vectors,
+        mixer,
+        ffn,
+    })
+}
+
+fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaParams, ModelError> {
+    let pw = d.width();
+    let t = |name| TensorName::layer(l, name);
+    let conv = |s, name| f32_values(run, s, &[pw, 1, d.conv], t(name));
+    // A_log is stored padded (spec §3.3): any length ≥ heads; only the first `heads` are used.
+    let a_log_len = k.a_log.shape.first().copied().unwrap_or(0);
+    if k.a_log.shape.len() != 1 || a_log_len < d.heads {
+        return Err(ModelError::Tensor {
+            tensor: t("self_attn.A_log"),
+            problem: format!(
+                "shape {:?}, expected [n] with n ≥ {}",
+                k.a_log.shape, d.heads
+            ),
+        });
+    }
+    let a_log = f32_values(run, &k.a_log, &[a_log_len], t("self_attn.A_log"))?;
+    Ok(KdaParams::new(
+        d,
+        [
+            conv(&k.q_conv1d, "self_attn.q_conv1d.weight")?,
+            conv(&k.k_conv1d, "self_attn.k_conv1d.weight")?,
+            conv(&k.v_conv1d, "self_attn.v_conv1d.weight")?,
+        ],
+        &a_log,
+        f32_values(run, &k.dt_bias, &[pw], t("self_attn.dt_bias"))?,
+        f32_values(run, &k.o_norm, &[d.head_dim], t("self_attn.o_norm.weight"))?,
+    ))
+}
+
+fn mla_params(d: &MlaDims, a: &MlaLayout, run: &[u8], l: usize) -> Result<MlaParams, ModelError> {
+    let t = |name| TensorName::layer(l, name);
+    Ok(MlaParams {
+        q_a_norm: bf16_values(
+            run,
+            &a.q_a_layernorm,
+            &[d.q_lora],
+            t("self_attn.q_a_layernorm.weight"),
+        )?,
+        kv_a_norm: bf16_values(
+            run,
+            &a.kv_a_layernorm,
+            &[d.kv_lora],
+            t("self_attn.kv_a_layernorm.weight"),
+        )?,
+    })
+}

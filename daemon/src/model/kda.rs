@@ -1,0 +1,275 @@
+//! Kimi Delta Attention (spec §4.5): projections, a short causal depthwise conv over carried
+//! PRE-conv inputs, L2-normalised q/k, the lower-bounded per-channel decay with a per-HEAD rate,
+//! the decay → read → write → read delta-rule recurrence, `o_norm` then the sigmoid gate, `o_proj`.
+//!
+//! The T tokens' projections are batched (each weight read once per call); the conv and the
+//! recurrence then run sequentially in time, so a T-token call equals T one-token calls bit for
+//! bit (spec §6.1 rule 5). Heads are independent and run in parallel.
+
+use rayon::prelude::*;
+
+use super::grain;
+use super::mlp::{Linear, apply};
+use crate::kernels::Bf16Matrix;
+use crate::kernels::elementwise::{sigmoid, silu};
+use crate::kernels::norm::{l2_norm, rms_norm};
+use crate::kernels::reduce::tree_sum;
+
+/// Dimensions and constants of a KDA layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdaDims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Conv taps `K`.
+    pub conv: usize,
+    /// Rank of the decay projection pair (`f_a_proj` rows).
+    pub rank: usize,
+    /// `gate_lower_bound` (negative).
+    pub lower_bound: f64,
+    /// ε of `o_norm`.
+    pub eps: f64,
+}
+
+impl KdaDims {
+    /// `P` = heads × head_dim.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+}
+
+/// The layer's small parameters, decoded once at load.
+#[derive(Debug, Clone)]
+pub struct KdaParams {
+    /// Depthwise taps of the q, k, v convs: `[P][K]`, oldest → current.
+    pub conv: [Vec<f32>; 3],
+    /// `exp(A_log[h])` for each head `h` (only the first `heads` stored entries).
+    pub decay_rate: Vec<f64>,
+    /// `[P]`, added to the decay projection inside the sigmoid.
+    pub dt_bias: Vec<f32>,
+    /// `[D]`, one gain shared by all heads.
+    pub o_norm: Vec<f32>,
+}
+
+impl KdaParams {
+    /// `a_log` is the stored (padded) `A_log`; entries past `dims.heads` are ignored (spec §3.3).
+    /// The caller checks `a_log.len() ≥ dims.heads` (the loader does, naming the tensor).
+    pub fn new(
+        dims: &KdaDims,
+        conv: [Vec<f32>; 3],
+        a_log: &[f32],
+        dt_bias: Vec<f32>,
+        o_norm: Vec<f32>,
+    ) -> Self {
+        let decay_rate = a_log[..dims.heads]
+            .iter()
+            .map(|&a| libm::exp(a as f64))
+            .collect();
+        KdaParams {
+            conv,
+            decay_rate,
+            dt_bias,
+            o_norm,
+        }
+    }
+}
+
+/// The layer's matrices, borrowed from its trunk run.
+pub struct KdaMatrices<'a> {
+    pub q_proj: Bf16Matrix<'a>,
+    pub k_proj: Bf16Matrix<'a>,
+    pub v_proj: Bf16Matrix<'a>,
+    pub g_proj: Bf16Matrix<'a>,
+    pub o_proj: Bf16Matrix<'a>,
+    pub f_a_proj: Bf16Matrix<'a>,
+    pub f_b_proj: Bf16Matrix<'a>,
+    pub b_proj: Bf16Matrix<'a>,
+}
+
+/// What a KDA layer carries between calls (spec §5.1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KdaState {
+    /// Per head a `D×D` matrix, row = key channel, column = value channel.
+    pub s: Vec<f32>,
+    /// q, k, v streams: the last `K−1` PRE-conv inputs, `[K−1][P]`, oldest first.
+    pub history: [Vec<f32>; 3],
+}
+
+impl KdaState {
+    /// The zero state of a sequence start.
+    pub fn new(dims: &KdaDims) -> Self {
+        let hist = vec![0.0f32; dims.conv.saturating_sub(1) * dims.width()];
+        KdaState {
+            s: vec![0.0f32; dims.heads * dims.head_dim * dims.head_dim],
+            history: [hist.clone(), hist.clone(), hist],
+        }
+    }
+}
+
+/// Runs the layer on the T normed rows `xs` `[T, hidden]`, advancing `state`; `out` is `[T, hidden]`.
+pub fn forward(
+    dims: &KdaDims,
+    m: &KdaMatrices<'_>,
+    p: &KdaParams,
+    xs: &[f32],
+    state: &mut KdaState,
+    out: &mut [f32],
+) {
+    let pw = dims.width();
+    let t = xs.len() / dims.hidden;
+    let mut q = apply(&m.q_proj, xs);
+    let mut k = apply(&m.k_proj, xs);
+    let mut v = apply(&m.v_proj, xs);
+    // One low-rank pair shared by all heads, no activation in between.
+    let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs));
+    let beta_logits = apply(&m.b_proj, xs);
+    let gate_logits = apply(&m.g_proj, xs);
+
+    let [hq, hk, hv] = &mut state.history;
+    short_conv(&p.conv[0], dims.conv, hq, &mut q);
+    short_conv(&p.conv[1], dims.conv, hk, &mut k);
+    short_conv(&p.conv[2], dims.conv, hv, &mut v);
+
+    // α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))): one f64 evaluation, one rounding.
+    let alpha: Vec<f32> = decay_proj
+        .iter()
+        .enumerate()
+        .map(|(idx, &z)| {
+            let c = idx % pw;
+            let x = z as f64 + p.dt_bias[c] as f64;
+            let g = dims.lower_bound * sigmoid(p.decay_rate[c / dims.head_dim] * x);
+            libm::exp(g) as f32
+        })
+        .collect();
+    let beta: Vec<f32> = beta_logits
+        .iter()
+        .map(|&b| sigmoid(b as f64) as f32)
+        .collect();
+
+    let d = dims.head_dim;
+    let inputs = HeadInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        alpha: &alpha,
+        beta: &beta,
+        gate: &gate_logits,
+        tokens: t,
+    };
+    // Per head: outputs as [head][T][D] so that heads own disjoint memory.
+    let mut by_head = vec![0.0f32; dims.heads * t * d];
+    by_head
+        .par_chunks_mut(t * d)
+        .zip(state.s.par_chunks_mut(d * d))
+        .with_min_len(grain(4 * t * d * d))
+        .enumerate()
+        .for_each(|(h, (o, s))| head_recurrence(dims, p, &inputs, h, s, o));
+    let mut o = vec![0.0f32; t * pw];
+    for h in 0..dims.heads {
+        for tok in 0..t {
+            o[tok * pw + h * d..tok * pw + (h + 1) * d]
+                .copy_from_slice(&by_head[(h * t + tok) * d..(h * t + tok + 1) * d]);
+        }
+    }
+    m.o_proj.apply(&o, out);
+}
+
+/// Per-token inputs of the recurrence, `[T, P]` (β: `[T, heads]`).
+struct HeadInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    alpha: &'a [f32],
+    beta: &'a [f32],
+    gate: &'a [f32],
+    tokens: usize,
+}
+
+/// The recurrence of head `h` over the T tokens, then `o_norm` and the gate; `out` is `[T][D]`.
+fn head_recurrence(
+    dims: &KdaDims,
+    p: &KdaParams,
+    x: &HeadInputs<'_>,
+    h: usize,
+    s: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = dims.head_dim;
+    let pw = dims.width();
+    let q_scale = 1.0 / (d as f64).sqrt();
+    let mut q = vec![0.0f32; d];
+    let mut k = vec![0.0f32; d];
+    let mut u = vec![0.0f32; d];
+    let mut o = vec![0.0f32; d];
+    for tok in 0..x.tokens {
+        let ch = tok * pw + h * d..tok * pw + (h + 1) * d;
+        // q: L2 norm first, then the D^-1/2 scale (spec §4.5; §5.3 item 4).
+        l2_norm(&x.q[ch.clone()], &mut q);
+        for qi in q.iter_mut() {
+            *qi = (*qi as f64 * q_scale) as f32;
+        }
+        l2_norm(&x.k[ch.clone()], &mut k);
+        let v = &x.v[ch.clone()];
+        let alpha = &x.alpha[ch.clone()];
+        let beta = x.beta[tok * dims.heads + h] as f64;
+        // 1. decay each key row.
+        for (row, &a) in s.chunks_exact_mut(d).zip(alpha) {
+            for sij in row.iter_mut() {
+                *sij = (*sij as f64 * a as f64) as f32;
+            }
+        }
+        // 2. read with the key: u = Sᵀk.
+        read_columns(s, &k, &mut u);
+        // 3. delta-rule write: S[i][j] += k_i·β·(v_j − u_j), right side in f64.
+        for (row, &ki) in s.chunks_exact_mut(d).zip(k.iter()) {
+            let kb = ki as f64 * beta;
+            for ((sij, &vj), &uj) in row.iter_mut().zip(v).zip(u.iter()) {
+                *sij = (*sij as f64 + kb * (vj as f64 - uj as f64)) as f32;
+            }
+        }
+        // 4. read the updated state with the scaled query: o = Sᵀq.
+        read_columns(s, &q, &mut o);
+        // o_norm first, then the sigmoid gate (spec §5.3 item 7).
+        let dst = &mut out[tok * d..(tok + 1) * d];
+        rms_norm(&o, &p.o_norm, dims.eps, dst);
+        for (y, &g) in dst.iter_mut().zip(&x.gate[ch.clone()]) {
+            *y = (*y as f64 * sigmoid(g as f64)) as f32;
+        }
+    }
+}
+
+/// `out[j] = Σ_i w[i] · S[i][j]` for a row-major `D×D` state, each sum with the fixed tree.
+fn read_columns(s: &[f32], w: &[f32], out: &mut [f32]) {
+    let d = w.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = tree_sum(d, |i| w[i] as f64 * s[i * d + j] as f64) as f32;
+    }
+}
+
+/// Causal depthwise conv + SiLU over T rows of `xs` `[T, P]`, in place, with the carried history
+/// of PRE-conv inputs `hist` `[K−1][P]` (oldest first), which is advanced token by token.
+fn short_conv(taps: &[f32], kernel: usize, hist: &mut [f32], xs: &mut [f32]) {
+    let pw = taps.len() / kernel;
+    let mut pre = vec![0.0f32; pw];
+    for row in xs.chunks_exact_mut(pw) {
+        pre.copy_from_slice(row);
+        for (c, y) in row.iter_mut().enumerate() {
+            let w = &taps[c * kernel..(c + 1) * kernel];
+            // Tap K−1 is the current token; taps 0..K−1 read the history, oldest first.
+            let sum = tree_sum(kernel, |j| {
+                let x = if j + 1 == kernel {
+                    pre[c]
+                } else {
+                    hist[j * pw + c]
+                };
+                w[j] as f64 * x as f64
+            });
+            *y = silu(sum as f32);
+        }
+        if kernel > 1 {
+            hist.copy_within(pw.., 0);
+            let last = hist.len() - pw;
+            hist[last..].copy_from_slice(&pre);
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Stable LatentMoE (spec §4.8): route on the full-width x, run the routed experts on the latent
+//! `z = down · x`, sum their outputs in f64 in top-k order, RMSNorm the aggregate, project back
+//! up, and add the shared MLP computed on the original x with weight 1.
+//!
+//! Two phases around the weight store: [`plan`] computes `z` and the routing and names the
+//! experts the T tokens need (the union); [`run_expert`] runs one expert on all its tokens (its
+//! weights read once), in any order; [`combine`] sums per token in top-k order (spec §6.1 rule 9).
+//! [`finish`] is the two together for a resident expert set.
+
+use rayon::prelude::*;
+
+use super::grain;
+use super::mlp::{Mlp, Situ, apply};
+use super::router::{RouterConfig, Routing, route};
+use crate::kernels::norm::rms_norm;
+use crate::kernels::{Bf16Matrix, Mxfp4Matrix};
+
+/// Widths of a MoE layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeDims {
+    pub hidden: usize,
+    /// `routed_expert_hidden_size`, the width the experts work in.
+    pub latent: usize,
+    pub act: Situ,
+    pub router: RouterConfig,
+    /// ε of the aggregate norm.
+    pub eps: f64,
+}
+
+/// The layer's small parameters, decoded once at load.
+#[derive(Debug, Clone)]
+pub struct MoeParams {
+    pub score_bias: Vec<f32>,
+    /// Gain of the aggregate RMSNorm, present iff `latent_moe_use_norm`.
+    pub routed_norm: Option<Vec<f32>>,
+}
+
+/// The non-routed matrices, borrowed from the trunk run.
+pub struct MoeMatrices<'a> {
+    pub router: Bf16Matrix<'a>,
+    pub latent_down: Bf16Matrix<'a>,
+    pub latent_up: Bf16Matrix<'a>,
+    pub shared: Mlp<Bf16Matrix<'a>>,
+}
+
+/// A routed expert: `w1` = gate, `w3` = up, `w2` = down, all MXFP4.
+pub type Expert<'a> = Mlp<Mxfp4Matrix<'a>>;
+
+/// The result of the routing phase for T tokens.
+pub struct MoePlan {
+    /// `[T, latent]`.
+    pub z: Vec<f32>,
+    pub routes: Vec<Routing>,
+    /// The distinct experts the T tokens use, ascending.
+    pub needed: Vec<usize>,
+}
+
+/// Phase 1: latent projection and routing of the T rows of `xs`.
+pub fn plan(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> MoePlan {
+    let z = apply(&m.latent_down, xs);
+    let logits = apply(&m.router, xs);
+    let routes: Vec<Routing> = logits
+        .chunks_exact(m.router.rows)
+        .map(|l| route(dims.router, l, &p.score_bias))
+        .collect();
+    let mut needed: Vec<usize> = routes
+        .iter()
+        .flat_map(|r| r.experts.iter().copied())
+        .collect();
+    needed.sort_unstable();
+    needed.dedup();
+    MoePlan { z, routes, needed }
+}
+
+/// The outputs of one routed expert for the tokens that chose it: `users[i] = (token, slot)`
+/// (slot = position in that token's top-k order) and `ys[i]` its `latent`-wide output row.
+pub struct ExpertOutput {
+    pub users: Vec<(usize, usize)>,
+    pub ys: Vec<f32>,
+}
+
+/// Runs expert `e` (weights `w`) on every token of `plan` that routed to it, reading the weights
+/// once: `W2_e · SiTU-GLU(W1_e z, W3_e z)`. Independent of every other expert, so experts can be
+/// computed in any order — e.g. as their reads complete.
+pub fn run_expert(dims: &MoeDims, plan: &MoePlan, e: usize, w: &Expert<'_>) -> ExpertOutput {
+    let lw = dims.latent;
+    let users: Vec<(usize, usize)> = plan
+        .routes
+        .iter()
+        .enumerate()
+        .filter_map(|(tok, r)| r.experts.iter().position(|&x| x == e).map(|j| (tok, j)))
+        .collect();
+    let mut zs = Vec::with_capacity(users.len() * lw);
+    for &(tok, _) in &users {
+        zs.extend_from_slice(&plan.z[tok * lw..(tok + 1) * lw]);
+    }
+    let mut ys = vec![0.0f32; users.len() * lw];
+    w.forward(dims.act, &zs, &mut ys);
+    ExpertOutput { users, ys }
+}
+
+/// Phase 2: `experts[i]` are the weights of `plan.needed[i]`. Writes `[T, hidden]` into `out`.
+pub fn finish(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+    plan: &MoePlan,
+    experts: &[Expert<'_>],
+    out: &mut [f32],
+) {
+    let expert_work = experts.first().map_or(0, |w| 3 * w.gate.rows * w.gate.cols);
+    let outputs: Vec<ExpertOutput> = plan
+        .needed
+        .par_iter()
+        .zip(experts)
+        .with_min_len(grain(expert_work))
+        .map(|(&e, w)| run_expert(dims, plan, e, w))
+        .collect();
+    combine(dims, m, p, xs, plan, &outputs, out);
+}
+
+/// Sums each token's expert outputs in f64 in top-k order (whatever order `outputs` come in),
+/// applies the aggregate norm and the up-projection, and adds the shared MLP on x.
+pub fn combine(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+    plan: &MoePlan,
+    outputs: &[ExpertOutput],
+    out: &mut [f32],
+) {
+    let t = plan.routes.len();
+    let k = dims.router.top_k;
+    let lw = dims.latent;
+    let mut slots = vec![0.0f32; t * k * lw];
+    for o in outputs {
+        for (&(tok, j), y) in o.users.iter().zip(o.ys.chunks_exact(lw)) {
+            slots[(tok * k + j) * lw..(tok * k + j + 1) * lw].copy_from_slice(y);
+        }
+    }
+    // acc = Σ_j w_j · y_j in f64, in top-k order, rounded once; then the aggregate norm.
+    let mut agg = vec![0.0f32; t * lw];
+    let mut acc = vec![0.0f64; lw];
+    for (tok, r) in plan.routes.iter().enumerate() {
+        acc.fill(0.0);
+        for (j, &w) in r.weights.iter().enumerate() {
+            let y = &slots[(tok * k + j) * lw..(tok * k + j + 1) * lw];
+            for (a, &yi) in acc.iter_mut().zip(y) {
+                *a += w as f64 * yi as f64;
+            }
+        }
+        let dst = &mut agg[tok * lw..(tok + 1) * lw];
+        for (d, &a) in dst.iter_mut().zip(&acc) {
+            *d = a as f32;
+        }
+        if let Some(gain) = &p.routed_norm {
+            let raw = dst.to_vec();
+            rms_norm(&raw, gain, dims.eps, dst);
+        }
+    }
+    let routed = apply(&m.latent_up, &agg);
+    // The shared MLP sees the ORIGINAL x and is added with weight 1.
+    m.shared.forward(dims.act, xs, out);
+    for (o, &r) in out.iter_mut().zip(&routed) {
+        *o += r;
+    }
+}
