@@ -184,11 +184,7 @@ fn write_failure(e: std::io::Error) -> Failure {
 
 fn bar(phase: &str, done: u64, total: u64) -> String {
     const WIDTH: u64 = 30;
-    let filled = if total == 0 {
-        0
-    } else {
-        (done.min(total) * WIDTH / total) as usize
-    };
+    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(0) as usize;
     format!(
         "k3: {phase} [{}{}] {done}/{total}",
         "#".repeat(filled),
