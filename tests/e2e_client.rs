@@ -396,3 +396,46 @@ fn client_reaches_the_socket_quickly() {
         "median {median:?} over the 20 ms target: {samples:?}"
     );
 }
+
+/// Ctrl-C (SIGINT) during `k3 run` cancels the generation on the daemon and exits 130.
+#[tokio::test]
+async fn ctrl_c_during_run_cancels_the_request() {
+    let (d, _c) = ready_daemon("client-sigint", &[]).await;
+    let child = Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--ids", "--max-tokens", "4000", "1 2 3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("k3");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !d.log_text().contains("request 1 started") {
+        assert!(
+            Instant::now() < deadline,
+            "never started:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().expect("k3");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("[cancelled]"));
+    let printed = text(&out.stdout).split_whitespace().count();
+    assert!(
+        printed > 0 && printed < 4000,
+        "some tokens, not all: {printed}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !d.log_text().contains("request 1 cancelled") {
+        assert!(
+            Instant::now() < deadline,
+            "daemon kept computing:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

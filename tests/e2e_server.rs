@@ -340,14 +340,36 @@ async fn sigterm_lets_a_generation_finish_within_the_grace_then_exits_0() {
 
 #[tokio::test]
 async fn sigterm_cancels_what_outlives_the_grace() {
-    let (mut d, mut c) = ready_daemon("sigterm-cancel", &["--shutdown-grace", "0.2"]).await;
+    let (mut d, mut c) = ready_daemon(
+        "sigterm-cancel",
+        &["--shutdown-grace", "0.2", "--max-active", "1"],
+    )
+    .await;
     let stream = computing(&mut c, prompt(2)).await;
+    // A second request waits for the only compute slot.
+    let mut queued = c
+        .generate(ids_request(prompt(3), 4))
+        .await
+        .expect("queued")
+        .into_inner();
+    while !matches!(
+        queued.next().await.expect("event").expect("ok").event,
+        Some(pb::event::Event::Queued(_))
+    ) {}
     let t = Instant::now();
     d.signal(libc::SIGTERM);
-    let rest = collect(stream).await;
-    let err = rest.error.expect("cancelled by the shutdown");
-    assert_eq!(err.code(), tonic::Code::Cancelled);
-    assert!(err.message().contains("shutting down"), "{}", err.message());
+    for (what, events) in [("running", stream), ("queued", queued)] {
+        let rest = collect(events).await;
+        let err = rest
+            .error
+            .unwrap_or_else(|| panic!("{what}: cancelled by the shutdown"));
+        assert_eq!(err.code(), tonic::Code::Cancelled, "{what}");
+        assert!(
+            err.message().contains("shutting down"),
+            "{what}: {}",
+            err.message()
+        );
+    }
     let status = d.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{}", d.log_text());
     assert!(!d.socket.exists());
@@ -515,8 +537,12 @@ async fn systemd_socket_activation_serves_the_passed_socket() {
     drop(listener);
 }
 
+/// groupadd/useradd lock /etc files: tests running in parallel take turns.
+static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Create a group if it does not exist (needs root: fails loudly otherwise); its gid.
 pub fn ensure_group(name: &str) -> u32 {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(gid) = gid_of(name) {
         return gid;
     }
@@ -543,6 +569,7 @@ fn gid_of(name: &str) -> Option<u32> {
 
 /// Create a user (with an optional supplementary group) if missing; needs root.
 pub fn ensure_user(name: &str, group: Option<&str>) {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
     let exists = std::process::Command::new("id")
         .arg(name)
         .output()

@@ -236,14 +236,6 @@ impl Shared {
         }
         purge_abandoned(&mut st);
         let mut jobs = Vec::new();
-        if self.stop_all.load(Ordering::Relaxed) {
-            // Shutdown: queued requests never start.
-            let dropped: Vec<Job> = st.queue.drain(..).collect();
-            for job in &dropped {
-                let _ = job.tx.try_send(Err(shutdown_status()));
-            }
-            st.counters.cancelled += dropped.len() as u64;
-        }
         while jobs.len() < free {
             let Some(job) = st.queue.pop_front() else {
                 break;
@@ -315,9 +307,17 @@ impl Shared {
         self.wake.notify_all();
     }
 
-    /// Cancel everything admitted (the end of the shutdown grace).
+    /// Cancel everything admitted (the end of the shutdown grace): queued requests end here,
+    /// running ones at their next layer boundary.
     pub fn stop_all(&self) {
         self.stop_all.store(true, Ordering::Relaxed);
+        let mut st = self.lock();
+        let dropped: Vec<Job> = st.queue.drain(..).collect();
+        st.counters.cancelled += dropped.len() as u64;
+        drop(st);
+        for job in &dropped {
+            let _ = job.tx.try_send(Err(shutdown_status()));
+        }
         self.wake.notify_all();
     }
 
