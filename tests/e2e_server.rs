@@ -41,7 +41,15 @@ async fn loads_once_and_the_second_request_is_warm() {
 
 #[tokio::test]
 async fn cancel_stops_a_generation_in_the_middle() {
-    let (_d, mut c) = ready_daemon("cancel", &[]).await;
+    let (d, mut c) = ready_daemon("cancel", &[]).await;
+    // Warm up once so every thread the daemon keeps exists before counting.
+    assert!(
+        generate(&mut c, ids_request(prompt(9), 2))
+            .await
+            .error
+            .is_none()
+    );
+    let threads_before = threads(&d);
     let mut latencies = Vec::new();
     for round in 0..5 {
         let mut stream = c
@@ -85,6 +93,11 @@ async fn cancel_stops_a_generation_in_the_middle() {
         .into_inner();
     assert_eq!(s.active_requests, 0);
     assert_eq!(s.requests_cancelled, 5);
+    assert_eq!(
+        threads(&d),
+        threads_before,
+        "cancelled requests leave no threads behind"
+    );
     let err = c
         .cancel(pb::CancelRequest { request_id: 1 })
         .await
@@ -535,6 +548,13 @@ async fn systemd_socket_activation_serves_the_passed_socket() {
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(text.contains("systemd"), "{text}");
     drop(listener);
+}
+
+/// Threads of the daemon process right now.
+fn threads(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", d.child.id()))
+        .expect("/proc/PID/task")
+        .count()
 }
 
 /// groupadd/useradd lock /etc files: tests running in parallel take turns.

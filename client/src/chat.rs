@@ -35,6 +35,7 @@ Commands: /reset (new conversation), /save FILE (write it as JSON), /exit.";
 pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     let rt = crate::runtime()?;
     let mut client = rt.block_on(connect::connect(socket))?;
+    let mut interrupts = rt.block_on(async { stream::interrupts() })?;
     let mut editor = DefaultEditor::new()
         .map_err(|e| Failure::new(Code::Other, format!("starting the line editor: {e}")))?;
     let mut conversation = initial(&args);
@@ -106,7 +107,7 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         };
         let reply = rt.block_on(async {
             let events = client.chat(request).await?.into_inner();
-            stream::show(&mut client, events, &show).await
+            stream::show(&mut client, events, &show, &mut interrupts).await
         });
         match reply {
             Ok(outcome) => {

@@ -79,6 +79,7 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     } else {
         pb::generate_request::Prompt::Text(text)
     };
+    let mut interrupts = stream::interrupts()?;
     let mut client = connect::connect(socket).await?;
     let events = client
         .generate(pb::GenerateRequest {
@@ -97,7 +98,7 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         reasoning: Reasoning::Dim,
         stats: true,
     };
-    let outcome = stream::show(&mut client, events, &show).await?;
+    let outcome = stream::show(&mut client, events, &show, &mut interrupts).await?;
     if outcome.cancelled {
         return Err(Failure::new(Code::Cancelled, "cancelled"));
     }

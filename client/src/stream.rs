@@ -8,6 +8,7 @@ use k3proto::v1::engine_client::EngineClient;
 use pb::event::Event;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
@@ -47,10 +48,18 @@ pub struct Outcome {
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
+/// The Ctrl-C listener. Made once, before the request is sent, so a Ctrl-C that comes while the
+/// request is being set up is not lost (a listener only sees signals after its creation).
+pub fn interrupts() -> Result<Signal, Failure> {
+    signal(SignalKind::interrupt())
+        .map_err(|e| Failure::new(Code::Other, format!("installing the Ctrl-C handler: {e}")))
+}
+
 pub async fn show(
     client: &mut EngineClient<Channel>,
     stream: tonic::Streaming<pb::Event>,
     how: &Show,
+    interrupts: &mut Signal,
 ) -> Result<Outcome, Failure> {
     let mut stream = stream;
     let tty_out = std::io::stdout().is_terminal();
@@ -62,12 +71,10 @@ pub async fn show(
     let mut bar_shown = false;
     let started = Instant::now();
     let mut first_token = None;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
         let next = tokio::select! {
             next = stream.next() => next,
-            _ = &mut ctrl_c => {
+            _ = interrupts.recv() => {
                 if let Some(id) = request_id {
                     // Best effort: dropping the stream cancels it too.
                     let _ = client.cancel(pb::CancelRequest { request_id: id }).await;
