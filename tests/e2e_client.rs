@@ -269,6 +269,7 @@ async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
     wait_ready(&mut client(&d.socket).await).await;
     let server = format!("k3e2e-{}", std::process::id());
+    let _cleanup = TmuxServer(server.clone());
     let tmux = |args: &[&str]| {
         let out = Command::new("tmux")
             .arg("-L")
@@ -371,7 +372,17 @@ async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
     assert_eq!(conversation[3]["role"], "assistant");
     tmux(&["send-keys", "-t", "repl", "/exit", "Enter"]);
     wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
-    tmux(&["kill-server"]);
+}
+
+/// Ends the test's tmux server (and the k3 in it) however the test ends.
+struct TmuxServer(String);
+
+impl Drop for TmuxServer {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.0, "kill-server"])
+            .output();
+    }
 }
 
 /// From process start to the first byte written on the socket (target: under 20 ms).

@@ -4,6 +4,18 @@
 //! File permissions are the access control (engine-lessons §9: UDS, mode 0660 + group): the
 //! socket is created under a restrictive umask so it is never reachable by others, even for the
 //! instant between `bind` and `chmod`.
+//!
+//! With systemd, a socket unit owns the file and its access rules, e.g.
+//!
+//! ```text
+//! # k3d.socket                          # k3d.service
+//! [Socket]                              [Service]
+//! ListenStream=/run/k3d/k3d.sock        ExecStart=/usr/bin/k3d serve --model /srv/k3 \
+//! SocketMode=0660                           --socket /run/k3d/k3d.sock
+//! SocketGroup=k3
+//! ```
+//!
+//! and `k3d serve` takes descriptor 3 instead of binding (`--socket` is then unused).
 
 use anyhow::{Context, bail};
 use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname};
