@@ -45,8 +45,21 @@ pub async fn tokenize(socket: &SocketPath, args: TokenizeArgs) -> Result<(), Fai
     Ok(())
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+/// Bytes in the largest binary unit that keeps the number at least 1 (tiny test models read
+/// kilobytes, real ones terabytes).
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
 }
 
 fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
@@ -82,8 +95,8 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         "weights",
         format!(
             "{} read from disk, {} avoided",
-            gib(s.bytes_read),
-            gib(s.bytes_avoided)
+            size(s.bytes_read),
+            size(s.bytes_avoided)
         ),
     );
     if let Some(c) = &s.cache {
@@ -91,8 +104,8 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
             "cache",
             format!(
                 "{} of {}, {} hits, {} misses",
-                gib(c.used_bytes),
-                gib(c.capacity_bytes),
+                size(c.used_bytes),
+                size(c.capacity_bytes),
                 c.hits,
                 c.misses
             ),
@@ -103,7 +116,11 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     }
     line(
         "memory",
-        format!("RSS {} (peak {})", gib(s.rss_bytes), gib(s.peak_rss_bytes)),
+        format!(
+            "RSS {} (peak {})",
+            size(s.rss_bytes),
+            size(s.peak_rss_bytes)
+        ),
     );
     line("threads", s.threads.to_string());
     line("uptime", format!("{:.0} s", s.uptime_seconds));
