@@ -41,6 +41,12 @@ async fn run_prints_exactly_what_the_daemon_generates() {
         .map(|s| s.parse().expect("an id"))
         .collect();
     assert_eq!(got, expected.ids);
+    // Not a terminal: progress as plain lines, not a bar.
+    assert!(
+        text(&out.stderr).contains("k3: prefill 4/4\n"),
+        "{}",
+        text(&out.stderr)
+    );
     assert!(
         text(&out.stderr).contains("tokens/s"),
         "rate at the end: {}",
