@@ -3,3 +3,4 @@ pub mod check;
 pub mod run;
 pub mod synth;
 pub mod tokenize;
+pub mod serve;
