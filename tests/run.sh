@@ -20,4 +20,6 @@ if ((${#missing[@]})); then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust 1.95 (rustup)" >&2; exit 1; }
 
+# The end-to-end tests spawn the real k3d and k3 binaries from target/debug.
+cargo build --workspace --bins
 cargo test --workspace "$@"
