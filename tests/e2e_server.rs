@@ -26,6 +26,10 @@ async fn loads_once_and_the_second_request_is_warm() {
     assert_eq!(first.ids, second.ids, "greedy output is reproducible");
     let done = second.done.expect("Done event");
     assert_eq!(done.generated_tokens, 8);
+    assert_eq!(
+        done.bytes_read, 0,
+        "a warm request re-reads no resident weight"
+    );
     assert!(matches!(
         second.events.first(),
         Some(pb::event::Event::Accepted(_))
@@ -668,4 +672,105 @@ async fn chat_labels_each_token_with_its_channel() {
             assert!(done.stop_id != 0);
         }
     }
+}
+
+/// `k3d serve --config FILE`: the TOML file alone is enough to start; flags override it;
+/// unknown keys, wrong types and missing required settings are refused with exit 2.
+#[tokio::test]
+async fn serve_reads_its_settings_from_a_toml_config() {
+    let dir = scratch("config");
+    let socket = dir.join("from-file.sock");
+    let config = dir.join("k3d.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n",
+            tiny_model().display().to_string(),
+            socket.display().to_string()
+        ),
+    )
+    .expect("write config");
+    let log = dir.join("config.log");
+    let child = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn k3d serve --config");
+    let mut daemon = Daemon {
+        child,
+        socket: socket.clone(),
+        log,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no socket from config:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket_mode from the file applies");
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    let out = generate(&mut c, ids_request(prompt(1), 4)).await;
+    assert_eq!(out.ids.len(), 4, "a daemon configured from the file serves");
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(std::time::Duration::from_secs(20)).success());
+
+    let refuse = |text: &str, extra: &[&str], needle: &str| {
+        std::fs::write(&config, text).expect("write config");
+        let out = std::process::Command::new(bin("k3d"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(extra)
+            .output()
+            .expect("run k3d");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{text:?} must be a usage error: {err}"
+        );
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{text:?}: {err}"
+        );
+    };
+    refuse("modle = \"/x\"\n", &[], "modle");
+    refuse("max_queue = \"many\"\n", &[], "max_queue");
+    refuse("socket = \"/tmp/x.sock\"\n", &[], "--model");
+    refuse(
+        "model = \"/x\"\nsocket = \"/tmp/x.sock\"\nsocket_mode = \"0777\"\n",
+        &[],
+        "0777",
+    );
+    // A flag overrides the file: the file's bad mode is never consulted when the flag is given.
+    let missing = dir.join("missing-model");
+    std::fs::write(
+        &config,
+        "model = \"/nonexistent\"\nsocket = \"/tmp/unused.sock\"\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--model")
+        .arg(&missing)
+        .arg("--socket")
+        .arg(dir.join("flag.sock"))
+        .output()
+        .expect("run k3d");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("missing-model"),
+        "--model overrides the file's model: {err}"
+    );
 }
