@@ -20,7 +20,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use k3d::kernels::{Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with};
-use k3d::synth::rng::splitmix64;
+use k3d::rng::splitmix64;
 
 /// splitmix64 steps, to fill buffers quickly and reproducibly.
 struct Rng(u64);

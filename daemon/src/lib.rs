@@ -22,12 +22,15 @@
 //! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
+//!   synthesis: identical on every platform.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
 
 pub mod checkpoint;
 pub mod engine;
 pub mod kernels;
 pub mod model;
+pub mod rng;
 pub mod store;
 pub mod synth;
 pub mod tokenizer;

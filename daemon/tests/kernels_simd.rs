@@ -10,7 +10,7 @@ use k3d::kernels::{
     Bf16Matrix, Isa, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32_with, matmul_mxfp4,
     matmul_mxfp4_with,
 };
-use k3d::synth::rng::splitmix64;
+use k3d::rng::splitmix64;
 
 /// splitmix64 steps: a small deterministic generator (tests must not depend on a seed source).
 struct Rng(u64);

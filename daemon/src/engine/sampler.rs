@@ -4,7 +4,7 @@
 //! request's output depends only on its own seed and logits.
 
 use super::request::Sampling;
-use crate::synth::rng::splitmix64;
+use crate::rng::splitmix64;
 
 /// Greedy choice: the first index of the maximum (spec §6.1 rule 12). `None` on a NaN.
 pub fn argmax(logits: &[f32]) -> Option<u32> {

@@ -17,7 +17,6 @@
 
 pub mod config_files;
 pub mod inventory;
-pub mod rng;
 pub mod shape;
 pub mod tokenizer_files;
 pub mod values;

@@ -4,8 +4,8 @@
 //! generates the chunks.
 
 use super::inventory::{Init, Tensor};
-use super::rng::{Rng, derive_seed, fnv1a64};
 use crate::checkpoint::safetensors::Dtype;
+use crate::rng::{Rng, derive_seed, fnv1a64};
 
 /// Elements per independent stream (even, so Box–Muller pairs never straddle chunks).
 pub const CHUNK: u64 = 1 << 16;
