@@ -26,28 +26,19 @@ fn engine_library_imports_no_rpc_crates() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    assert!(
-        files.len() > 5,
-        "found too few library sources under {}",
-        src.display()
-    );
+    assert!(files.len() > 5, "found too few library sources under {}", src.display());
     let mut offences = Vec::new();
     for file in &files {
         let text = std::fs::read_to_string(file).expect("read source");
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for krate in FORBIDDEN {
-                let uses =
-                    code.contains(&format!("{krate}::")) || code.contains(&format!("use {krate}"));
+                let uses = code.contains(&format!("{krate}::")) || code.contains(&format!("use {krate}"));
                 if uses {
                     offences.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
                 }
             }
         }
     }
-    assert!(
-        offences.is_empty(),
-        "engine library imports RPC crates:\n{}",
-        offences.join("\n")
-    );
+    assert!(offences.is_empty(), "engine library imports RPC crates:\n{}", offences.join("\n"));
 }
