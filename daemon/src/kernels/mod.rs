@@ -22,4 +22,4 @@ pub use matmul::{
     Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32, matmul_f32_with,
     matmul_mxfp4, matmul_mxfp4_with,
 };
-pub use transposed::matmul_bf16_transposed;
+pub use transposed::{matmul_bf16_transposed, matmul_bf16_transposed_with};

@@ -8,9 +8,15 @@
 //! kept for a block of adjacent columns at once, so the weight is still streamed row by row and
 //! the inner loop runs over contiguous columns. A T-token call equals T one-token calls bit for
 //! bit (rule 5); threads split only column blocks (rule 4).
+//!
+//! SIMD: the same Rust loop compiled a second time with AVX2 enabled, so the compiler can use
+//! wider registers. Rust never contracts or reassociates float operations, whatever the target
+//! features, so both compilations perform the same additions in the same order — the same
+//! bits (checked by the tests below).
 
 use rayon::prelude::*;
 
+use super::isa::{Isa, IsaKind};
 use super::matmul::{Bf16Matrix, bf16_to_f32};
 use super::reduce::{LANES, combine_lanes};
 
@@ -21,8 +27,13 @@ const COL_BLOCK: usize = 64;
 /// identical either way).
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
-/// `ys = xs · W` for a BF16 weight: `xs` is `[T, rows]`, `ys` is `[T, cols]`.
+/// `ys = xs · W` for a BF16 weight: `xs` is `[T, rows]`, `ys` is `[T, cols]`. Fastest path.
 pub fn matmul_bf16_transposed(w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
+    matmul_bf16_transposed_with(Isa::detect(), w, xs, ys);
+}
+
+/// [`matmul_bf16_transposed`] on a chosen path; every path gives the same bits.
+pub fn matmul_bf16_transposed_with(isa: Isa, w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
     assert!(
         w.rows > 0 && xs.len().is_multiple_of(w.rows),
         "activation length is not a multiple of rows"
@@ -37,16 +48,35 @@ pub fn matmul_bf16_transposed(w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32]) {
         if parallel {
             y.par_chunks_mut(COL_BLOCK)
                 .enumerate()
-                .for_each(|(b, out)| column_block(w, x, b * COL_BLOCK, out));
+                .for_each(|(b, out)| column_block_on(isa, w, x, b * COL_BLOCK, out));
         } else {
             for (b, out) in y.chunks_mut(COL_BLOCK).enumerate() {
-                column_block(w, x, b * COL_BLOCK, out);
+                column_block_on(isa, w, x, b * COL_BLOCK, out);
             }
         }
     }
 }
 
+/// [`column_block`] compiled for `isa`.
+fn column_block_on(isa: Isa, w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
+    match isa.kind() {
+        // SAFETY: an `Isa` of kind Avx2 or Avx512 is only constructed after
+        // `IsaKind::is_supported` detected AVX2 (and more), the one feature enabled below.
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 | IsaKind::Avx512 => unsafe { column_block_avx2(w, x, c0, out) },
+        _ => column_block(w, x, c0, out),
+    }
+}
+
+/// [`column_block`] with AVX2 code generation; the same operations in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn column_block_avx2(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
+    column_block(w, x, c0, out)
+}
+
 /// Columns `c0 .. c0 + out.len()` of `xᵀ · W`, each by the fixed tree over the rows.
+#[inline(always)]
 fn column_block(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
     let n = out.len();
     let full = w.rows - w.rows % LANES;
@@ -66,8 +96,8 @@ fn column_block(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
         *s = combine_lanes(&std::array::from_fn(|k| lanes[k][j]));
     }
     // The n mod 16 tail rows, added one by one in increasing row order.
-    for r in full..w.rows {
-        let xr = x[r] as f64;
+    for (r, &xv) in x.iter().enumerate().skip(full) {
+        let xr = xv as f64;
         for (s, b) in sums[..n].iter_mut().zip(row_bytes(r).chunks_exact(2)) {
             *s += bf16_to_f32(b[0], b[1]) as f64 * xr;
         }
@@ -149,5 +179,28 @@ mod tests {
             ys.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         assert_eq!(run(1), run(3));
+    }
+
+    #[test]
+    fn every_supported_path_gives_the_portable_bits() {
+        for (rows, cols) in [(17, 65), (128, 512), (131, 200)] {
+            let t = 2;
+            let (bytes, xs) = data(rows, cols, t);
+            let w = Bf16Matrix::new(&bytes, rows, cols);
+            let run = |isa: Isa| {
+                let mut ys = vec![0.0f32; t * cols];
+                matmul_bf16_transposed_with(isa, w, &xs, &mut ys);
+                ys.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let portable = run(Isa::portable());
+            for isa in Isa::all_supported() {
+                assert_eq!(
+                    run(isa),
+                    portable,
+                    "{:?} rows {rows} cols {cols}",
+                    isa.kind()
+                );
+            }
+        }
     }
 }
