@@ -1,5 +1,75 @@
-//! `k3`: the thin client of the k3d daemon (issue 8 fills this in).
+//! `k3`: the thin client of the k3d daemon. It only talks to the daemon's Unix socket: run a
+//! prompt, chat, show status, tokenize. Exit codes are listed in `failure.rs` (and `k3 --help`).
+
+mod chat;
+mod connect;
+mod failure;
+mod run;
+mod status;
+mod stream;
+
+use clap::{Parser, Subcommand};
+use failure::{Code, Failure};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "k3",
+    version,
+    about = "Talk to a running k3d daemon",
+    after_help = "Socket: --socket, else $K3_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock, else /run/k3d/k3d.sock.\n\
+Exit codes: 0 ok, 1 other failure, 2 bad usage or input, 3 daemon not running, 4 permission \
+denied on the socket, 5 daemon busy or unavailable (retry later), 6 request refused as invalid, \
+7 model error, 130 cancelled."
+)]
+struct Cli {
+    /// The daemon's socket.
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Continue a prompt (no chat template) and stream the result.
+    Run(run::Args),
+    /// Chat interactively (history, multi-line input ending lines with `\`, /reset, /save, /exit).
+    Chat(chat::Args),
+    /// Show what the daemon holds and is doing.
+    Status(status::Args),
+    /// Print the token ids of a text.
+    Tokenize(status::TokenizeArgs),
+}
+
 fn main() {
-    eprintln!("k3: the client is not built yet (issue 8)");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    let socket = connect::resolve(cli.socket);
+    let result = match cli.command {
+        Command::Chat(args) => chat::run(&socket, args),
+        command => runtime().and_then(|rt| {
+            rt.block_on(async {
+                match command {
+                    Command::Run(args) => run::run(&socket, args).await,
+                    Command::Status(args) => status::status(&socket, args).await,
+                    Command::Tokenize(args) => status::tokenize(&socket, args).await,
+                    Command::Chat(_) => Ok(()),
+                }
+            })
+        }),
+    };
+    if let Err(f) = result {
+        if f.code != Code::Cancelled {
+            eprintln!("k3: {}", f.message);
+        }
+        std::process::exit(f.code as i32);
+    }
+}
+
+/// One thread is enough for a client; it keeps start-up cheap.
+pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(Code::Other, format!("starting the runtime: {e}")))
 }

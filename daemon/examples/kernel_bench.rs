@@ -20,17 +20,14 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use k3d::kernels::{Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with};
+use k3d::rng::splitmix64;
 
-/// splitmix64, to fill buffers quickly and reproducibly.
+/// splitmix64 steps, to fill buffers quickly and reproducibly.
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix64(&mut self.0)
     }
 
     /// Uniform in [−1, 1).

@@ -22,6 +22,8 @@
 //! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
+//!   synthesis: identical on every platform.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
 //! * [`system`] — machine facts (CPU features, RAM, cgroup limit, disk) and a drive read probe.
 //! * [`advice`] — the `--ram-gb` to recommend for a machine and checkpoint, and its expected speed.
@@ -31,6 +33,7 @@ pub mod checkpoint;
 pub mod engine;
 pub mod kernels;
 pub mod model;
+pub mod rng;
 pub mod store;
 pub mod synth;
 pub mod system;

@@ -10,17 +10,14 @@ use k3d::kernels::{
     Bf16Matrix, Isa, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32_with, matmul_mxfp4,
     matmul_mxfp4_with,
 };
+use k3d::rng::splitmix64;
 
-/// splitmix64: a small deterministic generator (tests must not depend on a seed source).
+/// splitmix64 steps: a small deterministic generator (tests must not depend on a seed source).
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix64(&mut self.0)
     }
 
     fn below(&mut self, n: u64) -> u64 {

@@ -240,7 +240,7 @@ fn units_carry_activation_hardening_and_memory_settings() {
     let toml = std::fs::read_to_string(repo().join("packaging/k3d.toml")).unwrap();
     let ram_gb: u64 = toml
         .lines()
-        .find_map(|l| l.strip_prefix("ram_gb = "))
+        .find_map(|l| l.trim_start_matches("# ").strip_prefix("ram_gb = "))
         .and_then(|v| v.trim().parse().ok())
         .expect("k3d.toml sets ram_gb");
     assert!(
@@ -249,4 +249,28 @@ fn units_carry_activation_hardening_and_memory_settings() {
             .any(|l| l == format!("MemoryMax={}G", ram_gb + 2)),
         "MemoryMax is ram_gb + 2 GiB"
     );
+}
+
+/// `k3d serve` accepts every key the shipped k3d.toml sets (it refuses unknown keys): with a
+/// model directory that does not exist, the failure must be about the model, not the config.
+#[test]
+fn shipped_config_is_accepted_by_k3d_serve() {
+    let dir = scratch("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_k3d"))
+        .arg("serve")
+        .arg("--config")
+        .arg(repo().join("packaging/k3d.toml"))
+        .arg("--model")
+        .arg(dir.join("no-such-model"))
+        .arg("--socket")
+        .arg(dir.join("k3d.sock"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing model cannot be served");
+    assert!(
+        !stderr.contains("--config") && stderr.contains("no-such-model"),
+        "the config file was refused or the error is not about the model:\n{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }

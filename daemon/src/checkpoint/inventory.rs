@@ -287,35 +287,55 @@ fn spec(name: String, w: &Want, a_log_len: u64) -> TensorSpec {
     }
 }
 
-/// Every tensor of layer `l` with full names, for writers: the trunk, then all experts.
-/// `a_log_len` is the stored (padded) `A_log` length; the release stores 128 for 96 heads.
-pub fn layer_tensors(
+/// Every tensor of layer `l` with full names, for writers: the trunk, then all experts, each
+/// with the inventory entry it comes from (whose `name` is the layer- or expert-relative part,
+/// one of [`names`]). `a_log_len` is the stored (padded) `A_log` length; the release stores
+/// 128 for 96 heads.
+pub fn layer_entries(
     c: &ModelConfig,
     l: usize,
     a_log_len: u64,
-) -> Result<Vec<TensorSpec>, DimOverflow> {
+) -> Result<Vec<(TensorSpec, Want)>, DimOverflow> {
     let prefix = layer_prefix(l);
-    let mut out: Vec<TensorSpec> = trunk(c, l)?
-        .iter()
-        .map(|w| spec(format!("{prefix}{}", w.name), w, a_log_len))
+    let mut out: Vec<(TensorSpec, Want)> = trunk(c, l)?
+        .into_iter()
+        .map(|w| (spec(format!("{prefix}{}", w.name), &w, a_log_len), w))
         .collect();
     if c.is_moe_layer(l) {
         let parts = expert(c);
         for e in 0..c.num_experts {
-            out.extend(
-                parts
-                    .iter()
-                    .map(|w| spec(expert_name(&prefix, e, w.name), w, a_log_len)),
-            );
+            out.extend(parts.iter().map(|w| {
+                (
+                    spec(expert_name(&prefix, e, w.name), w, a_log_len),
+                    w.clone(),
+                )
+            }));
         }
     }
     Ok(out)
 }
 
-/// The model-level tensors with full names, for writers.
-pub fn model_tensors(c: &ModelConfig) -> Vec<TensorSpec> {
+/// [`layer_entries`] without the entries.
+pub fn layer_tensors(
+    c: &ModelConfig,
+    l: usize,
+    a_log_len: u64,
+) -> Result<Vec<TensorSpec>, DimOverflow> {
+    Ok(layer_entries(c, l, a_log_len)?
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect())
+}
+
+/// The model-level tensors with full names, for writers, each with its inventory entry.
+pub fn model_entries(c: &ModelConfig) -> Vec<(TensorSpec, Want)> {
     model_level(c)
-        .iter()
-        .map(|w| spec(w.name.to_owned(), w, 0))
+        .into_iter()
+        .map(|w| (spec(w.name.to_owned(), &w, 0), w))
         .collect()
+}
+
+/// [`model_entries`] without the entries.
+pub fn model_tensors(c: &ModelConfig) -> Vec<TensorSpec> {
+    model_entries(c).into_iter().map(|(t, _)| t).collect()
 }

@@ -934,19 +934,23 @@ impl TensorSpec {
     }
 }
 
-/// A shard header laid out as the release is (spec §3.2): data ordered F32, then BF16, then
-/// U8, each group by bytewise name; compact JSON without `__metadata__`, space-padded to a
-/// multiple of 8. Returns the 8-byte length prefix plus header, and the data length.
-pub fn encode_header(tensors: &[TensorSpec]) -> Option<(Vec<u8>, u64)> {
-    let group = |d: Dtype| match d {
+/// A tensor's place in the release's data order (spec §3.2): F32, then BF16, then U8, each
+/// group by bytewise name. Sorting by this key gives the order [`encode_header`] lays out.
+pub fn data_order(t: &TensorSpec) -> (u8, &[u8]) {
+    let group = match t.dtype {
         Dtype::F32 => 0,
         Dtype::Bf16 => 1,
         Dtype::U8 => 2,
     };
+    (group, t.name.as_bytes())
+}
+
+/// A shard header laid out as the release is (spec §3.2): data in [`data_order`]; compact JSON
+/// without `__metadata__`, space-padded to a multiple of 8. Returns the 8-byte length prefix
+/// plus header, and the data length.
+pub fn encode_header(tensors: &[TensorSpec]) -> Option<(Vec<u8>, u64)> {
     let mut order: Vec<&TensorSpec> = tensors.iter().collect();
-    order.sort_by(|a, b| {
-        (group(a.dtype), a.name.as_bytes()).cmp(&(group(b.dtype), b.name.as_bytes()))
-    });
+    order.sort_by(|a, b| data_order(a).cmp(&data_order(b)));
     let mut json = String::from("{");
     let mut at = 0u64;
     for (i, t) in order.iter().enumerate() {

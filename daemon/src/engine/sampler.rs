@@ -4,6 +4,7 @@
 //! request's output depends only on its own seed and logits.
 
 use super::request::Sampling;
+use crate::rng::splitmix64;
 
 /// Greedy choice: the first index of the maximum (spec §6.1 rule 12). `None` on a NaN.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
@@ -77,17 +78,14 @@ impl Sampler {
     }
 }
 
-/// SplitMix64: tiny, fast, and identical on every platform.
+/// SplitMix64 (the synthesizer's fully specified step): tiny, fast, identical on every
+/// platform.
 #[derive(Debug, Clone)]
 struct SplitMix64(u64);
 
 impl SplitMix64 {
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64(&mut self.0)
     }
 
     /// Uniform in [0, 1) with 53 random bits.

@@ -13,6 +13,7 @@ pub mod mxfp4;
 pub mod norm;
 pub mod reduce;
 pub mod softmax;
+pub mod transposed;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -21,3 +22,4 @@ pub use matmul::{
     Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32, matmul_f32_with,
     matmul_mxfp4, matmul_mxfp4_with,
 };
+pub use transposed::{matmul_bf16_transposed, matmul_bf16_transposed_with};

@@ -302,14 +302,12 @@ impl Model {
         let d = &self.kda;
         let kda_state = d.heads * d.head_dim * d.head_dim;
         let kda_history = d.conv.saturating_sub(1) * d.width();
-        let kv_lora = self.mla.kv_lora;
         let fits = |s: &LayerState, k: &MixerKind| match (s, k) {
             (LayerState::Kda(s), MixerKind::Kda) => {
                 s.s.len() == kda_state && s.history.iter().all(|h| h.len() == kda_history)
             }
             (LayerState::Mla(c), MixerKind::Mla) => {
-                c.latent.len() == state.positions * kv_lora
-                    && c.rope_key.len() == state.positions * self.mla.rope
+                c.rows.len() == state.positions * self.mla.cache_width()
             }
             _ => false,
         };

@@ -1,19 +1,37 @@
-//! Gated MLA with NoPE (spec §4.6). The cache holds the latent form per position: the
-//! normalised 512-wide latent and the raw 64-wide shared "rope" key — never expanded K/V.
+//! Gated MLA with NoPE (spec §4.6), in the absorbed form.
 //!
-//! Per call, the cached latents are expanded through `kv_b_proj` (each position's expansion is
-//! the same matrix row reductions whatever the call, so chunking cannot change a bit), then
-//! each query position attends causally to positions `0..=p` (spec §6.1 rules 5 and 8).
+//! The cache holds the latent form per position (spec §4.6, §5.1): one row of `kv_lora + rope`
+//! values `[lat | kr]` — the normalised latent and the raw shared "rope" key — never expanded
+//! K/V. `kv_b_proj` is folded into each query and each head output instead of re-expanding the
+//! cache, so the work through `kv_b_proj` is per new token, not per cached position. For query
+//! token p and head h, with `W_kb_h` / `W_vb_h` the head's k_nope / v rows of `kv_b_proj`
+//! (rows `(nope+v)·h …+nope−1` and `(nope+v)·h+nope …+v−1`, spec §3.3):
+//!
+//! ```text
+//! q̃_h     = round_f32(W_kb_hᵀ · q_nope_h)                  tree over the nope rows
+//! score_s = tree([q̃_h | q_rope_h] · [lat_s | kr_s]) / √(nope + rope)      s = 0..=p
+//! π       = softmax(score)                                  spec §6.1 rule 8
+//! m_h     = round_f32(Σ_s π_s · lat_s)                     f64, index order (rule 8)
+//! o_h     = round_f32(W_vb_h · m_h)                        tree over the latent
+//! ```
+//!
+//! In exact arithmetic this is §4.6's expanded form (`q_nope·(W_kb·lat) = (W_kbᵀ·q_nope)·lat`,
+//! `Σ π·(W_vb·lat) = W_vb·(Σ π·lat)`); only the rounding points move. The score is ONE tree
+//! reduction (spec §6.1 rule 3) of `kv_lora + rope` terms over the concatenated vectors, latent
+//! first, then one multiply by the scale. Nothing computed for query p depends on which call
+//! or chunk computed it — only on cache rows `0..=p` and the query's own inputs — so prefill in
+//! one call, chunked prefill, token-by-token decode and full recompute give the same bits: one
+//! form for prefill and decode alike, as §4.6's last paragraph and §6.1 rule 5 require of
+//! absorption.
 
 use rayon::prelude::*;
 
-use super::grain;
 use super::mlp::{Linear, apply};
-use crate::kernels::Bf16Matrix;
 use crate::kernels::elementwise::sigmoid;
 use crate::kernels::norm::rms_norm;
-use crate::kernels::reduce::tree_sum;
+use crate::kernels::reduce::dot_f32;
 use crate::kernels::softmax::softmax_f64;
+use crate::kernels::{Bf16Matrix, matmul_bf16, matmul_bf16_transposed};
 
 /// ε of `q_a_layernorm` and `kv_a_layernorm`: the class default 1e-6, not `rms_norm_eps`
 /// (spec §4.1; §5.3 item 16).
@@ -36,6 +54,11 @@ impl MlaDims {
     pub fn qk(&self) -> usize {
         self.nope + self.rope
     }
+
+    /// Values cached per position: `kv_lora` latent + `rope` shared key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora + self.rope
+    }
 }
 
 /// The layer's two latent norm gains, decoded once at load.
@@ -56,12 +79,12 @@ pub struct MlaMatrices<'a> {
     pub g_proj: Option<Bf16Matrix<'a>>,
 }
 
-/// The latent cache of one MLA layer (spec §5.1): per position `kv_lora` normalised latent
-/// values and `rope` raw shared-key values.
+/// The latent cache of one MLA layer (spec §5.1): per position one row of
+/// [`MlaDims::cache_width`] values, `[lat (kv_lora, normalised) | kr (rope, raw)]`. Kept as one
+/// row so the score is a single contiguous dot (see the module doc).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MlaCache {
-    pub latent: Vec<f32>,
-    pub rope_key: Vec<f32>,
+    pub rows: Vec<f32>,
 }
 
 /// Runs the layer on the T normed rows `xs` `[T, hidden]`, appending T cache rows; `out` is
@@ -85,60 +108,74 @@ pub fn forward(
     }
     let q = apply(&m.q_b_proj, &qn);
 
+    let (lw, cw) = (dims.kv_lora, dims.cache_width());
     let c = apply(&m.kv_a_proj, xs);
-    let first = cache.latent.len() / dims.kv_lora;
-    let mut lat = vec![0.0f32; dims.kv_lora];
-    for row in c.chunks_exact(dims.kv_lora + dims.rope) {
-        rms_norm(
-            &row[..dims.kv_lora],
-            &p.kv_a_norm,
-            LATENT_NORM_EPS,
-            &mut lat,
-        );
-        cache.latent.extend_from_slice(&lat);
+    let first = cache.rows.len() / cw;
+    for row in c.chunks_exact(cw) {
+        let at = cache.rows.len();
+        cache.rows.resize(at + cw, 0.0);
+        let (lat, kr) = cache.rows[at..].split_at_mut(lw);
+        rms_norm(&row[..lw], &p.kv_a_norm, LATENT_NORM_EPS, lat);
         // The shared key: not normalised, not rotated, one vector for all heads.
-        cache.rope_key.extend_from_slice(&row[dims.kv_lora..]);
+        kr.copy_from_slice(&row[lw..]);
     }
-    // Per position and head: [k_nope (nope) | v (v)] (spec §3.3 row layout).
-    let kv = apply(&m.kv_b_proj, &cache.latent);
+    let rows = &cache.rows;
 
+    // Head h's `n` rows of kv_b_proj from row `from` within the head's [k_nope | v] block
+    // (spec §3.3 row layout), viewed in the stored bytes.
     let hw = dims.nope + dims.v;
+    let head_rows = |h: usize, from: usize, n: usize| {
+        let r0 = h * hw + from;
+        Bf16Matrix::new(&m.kv_b_proj.bytes[2 * r0 * lw..2 * (r0 + n) * lw], n, lw)
+    };
     let scale = 1.0 / (dims.qk() as f64).sqrt();
-    // Outputs as [T][heads][v]; parallel over (token, head), each an independent output.
-    let mut o = vec![0.0f32; t * dims.heads * dims.v];
-    let work = (first + t) * (dims.qk() + dims.v);
-    o.par_chunks_mut(dims.v)
-        .with_min_len(grain(work))
-        .enumerate()
-        .for_each(|(idx, dst)| {
-            let (tok, h) = (idx / dims.heads, idx % dims.heads);
-            let qh = &q[(tok * dims.heads + h) * dims.qk()..(tok * dims.heads + h + 1) * dims.qk()];
-            let visible = first + tok + 1;
-            let scores: Vec<f64> = (0..visible)
-                .map(|s| {
-                    let kn = &kv[(s * dims.heads + h) * hw..(s * dims.heads + h) * hw + dims.nope];
-                    let kr = &cache.rope_key[s * dims.rope..(s + 1) * dims.rope];
-                    // One 192-term reduction: content dims, then the shared rope slot.
-                    let dot = tree_sum(dims.qk(), |i| {
-                        let key = if i < dims.nope {
-                            kn[i]
-                        } else {
-                            kr[i - dims.nope]
-                        };
-                        qh[i] as f64 * key as f64
-                    });
-                    dot * scale
-                })
-                .collect();
-            let pi = softmax_f64(&scores);
-            for (j, y) in dst.iter_mut().enumerate() {
-                let mut acc = 0.0f64;
-                for (s, &w) in pi.iter().enumerate() {
-                    acc += w * kv[(s * dims.heads + h) * hw + dims.nope + j] as f64;
+    // One task per head (independent outputs, spec §6.1 rule 4): its T queries, their causal
+    // attention over the cache, and its T outputs `[T][v]`.
+    let per_head: Vec<Vec<f32>> = (0..dims.heads)
+        .into_par_iter()
+        .map(|h| {
+            let q_head = |tok: usize| {
+                let at = (tok * dims.heads + h) * dims.qk();
+                q[at..at + dims.qk()].split_at(dims.nope)
+            };
+            let q_nope: Vec<f32> = (0..t).flat_map(|tok| q_head(tok).0).copied().collect();
+            let mut q_lat = vec![0.0f32; t * lw];
+            matmul_bf16_transposed(head_rows(h, 0, dims.nope), &q_nope, &mut q_lat);
+            let mut query = vec![0.0f32; cw];
+            let mut acc = vec![0.0f64; lw];
+            let mut mix = vec![0.0f32; t * lw];
+            for (tok, dst) in mix.chunks_exact_mut(lw).enumerate() {
+                query[..lw].copy_from_slice(&q_lat[tok * lw..(tok + 1) * lw]);
+                query[lw..].copy_from_slice(q_head(tok).1);
+                let visible = &rows[..(first + tok + 1) * cw];
+                let scores: Vec<f64> = visible
+                    .chunks_exact(cw)
+                    .map(|key| dot_f32(&query, key) * scale)
+                    .collect();
+                let pi = softmax_f64(&scores);
+                acc.fill(0.0);
+                for (&w, key) in pi.iter().zip(visible.chunks_exact(cw)) {
+                    for (a, &l) in acc.iter_mut().zip(&key[..lw]) {
+                        *a += w * l as f64;
+                    }
                 }
-                *y = acc as f32;
+                for (y, &a) in dst.iter_mut().zip(&acc) {
+                    *y = a as f32;
+                }
             }
-        });
+            let mut o_head = vec![0.0f32; t * dims.v];
+            matmul_bf16(head_rows(h, dims.nope, dims.v), &mix, &mut o_head);
+            o_head
+        })
+        .collect();
+    // Outputs as [T][heads][v].
+    let mut o = vec![0.0f32; t * dims.heads * dims.v];
+    for (h, o_head) in per_head.iter().enumerate() {
+        for (tok, src) in o_head.chunks_exact(dims.v).enumerate() {
+            let at = (tok * dims.heads + h) * dims.v;
+            o[at..at + dims.v].copy_from_slice(src);
+        }
+    }
     if let Some(g) = &m.g_proj {
         // σ(W_g x) on the heads × v outputs; no norm.
         let gl = apply(g, xs);

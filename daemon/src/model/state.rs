@@ -52,7 +52,7 @@ impl State {
             .iter()
             .map(|l| match l {
                 LayerState::Kda(k) => k.s.len() + k.history.iter().map(Vec::len).sum::<usize>(),
-                LayerState::Mla(m) => m.latent.len() + m.rope_key.len(),
+                LayerState::Mla(m) => m.rows.len(),
             })
             .sum();
         values * std::mem::size_of::<f32>()

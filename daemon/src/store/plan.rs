@@ -15,13 +15,14 @@
 //!    memory would otherwise go unused.
 //!
 //! Unpinned trunk streams through [`StreamScheme`]: a ring of ≥ 2 whole-layer slots (the
-//! default, chosen by measurement: see `examples/read_bench.rs`, where a layer read as 32 MiB
-//! requests queued ahead ran ~1.6× faster than chunks resubmitted as they were consumed) or
-//! fixed chunks consumed as they land (less memory; needs a forward pass that consumes weights by
-//! row ranges). A streamed lm_head passes through the same buffers in row blocks of at most
-//! 64 MiB: its rows are independent. A single whole-layer slot is unrepresentable: the C
-//! engine's prefetcher overwrote the layer being computed and emitted wrong tokens without an
-//! error (§3.1).
+//! default) or fixed chunks consumed as they land. Measured with `examples/read_bench.rs`, both
+//! reach the same direct-read bandwidth once buffers sit on huge pages (`store::aligned`), so
+//! bandwidth does not decide; the ring is the default because the forward pass can use a whole
+//! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
+//! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
+//! A streamed lm_head passes through the same buffers in row blocks of at most 64 MiB: its rows
+//! are independent. A single whole-layer slot is unrepresentable: the C engine's prefetcher
+//! overwrote the layer being computed and emitted wrong tokens without an error (§3.1).
 
 use std::fmt;
 
@@ -83,22 +84,44 @@ pub enum PlanError {
     UnknownPreset(String),
 }
 
-/// KDA state and conv histories (fixed) plus the MLA latent cache in f32 (per position), spec
-/// §5.1: 464,633,856 + 55,296 × `max_context` bytes for the released model.
-pub fn state_bytes(cfg: &ModelConfig, max_context: u64) -> Option<u64> {
-    let kda = cfg.kda.num_heads.checked_mul(cfg.kda.head_dim)?;
-    let kda_layer = kda
-        .checked_mul(cfg.kda.head_dim)?
-        .checked_add(3 * cfg.kda.short_conv_kernel_size.saturating_sub(1) * kda)?
-        as u64
-        * 4;
-    let mla_row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u64 * 4;
-    let count = |k| cfg.layer_kinds.iter().filter(|&&x| x == k).count() as u64;
-    kda_layer.checked_mul(count(MixerKind::Kda))?.checked_add(
-        mla_row
-            .checked_mul(count(MixerKind::Mla))?
-            .checked_mul(max_context)?,
-    )
+/// The dimensions that size the conversation state (spec §5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateShape {
+    pub kda_layers: u64,
+    pub kda_heads: u64,
+    pub kda_head_dim: u64,
+    pub conv_kernel: u64,
+    pub mla_layers: u64,
+    /// Values per MLA cache row in latent form: kv_lora_rank + qk_rope_head_dim.
+    pub mla_row_values: u64,
+}
+
+impl StateShape {
+    pub fn of(cfg: &ModelConfig) -> Self {
+        let count = |k| cfg.layer_kinds.iter().filter(|&&x| x == k).count() as u64;
+        Self {
+            kda_layers: count(MixerKind::Kda),
+            kda_heads: cfg.kda.num_heads as u64,
+            kda_head_dim: cfg.kda.head_dim as u64,
+            conv_kernel: cfg.kda.short_conv_kernel_size as u64,
+            mla_layers: count(MixerKind::Mla),
+            mla_row_values: (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u64,
+        }
+    }
+
+    /// f32 KDA state and conv histories (fixed) plus the f32 latent MLA cache for
+    /// `max_context` positions: 464,633,856 + 55,296 × `max_context` for the released model.
+    pub fn bytes(&self, max_context: u64) -> Option<u64> {
+        let width = self.kda_heads.checked_mul(self.kda_head_dim)?;
+        let kda_layer = width
+            .checked_mul(self.kda_head_dim)?
+            .checked_add(3 * self.conv_kernel.saturating_sub(1) * width)?
+            .checked_mul(4)?;
+        let mla = (self.mla_row_values * 4)
+            .checked_mul(self.mla_layers)?
+            .checked_mul(max_context)?;
+        kda_layer.checked_mul(self.kda_layers)?.checked_add(mla)
+    }
 }
 
 impl Census {
@@ -130,7 +153,8 @@ impl Census {
             .copied()
             .unwrap_or(0) as u64;
         let embedding_bytes = layout.embed_tokens.run.len;
-        let state = state_bytes(cfg, max_context)
+        let state = StateShape::of(cfg)
+            .bytes(max_context)
             .ok_or_else(|| PlanError::BadCensus("state size overflows".into()))?;
         let census = Self {
             trunk_layers: layout.layers.iter().map(|l| l.trunk.len).collect(),
@@ -417,7 +441,8 @@ impl Plan {
             return Self::new(census, budget, scheme);
         };
         let cache_slots_wanted = match budget.cache {
-            Some(c) => ((c / slot) as usize).clamp(min_slots, census.pool()),
+            // Never below the minimum, even for a model whose pool is smaller than top-k + 1.
+            Some(c) => ((c / slot) as usize).min(census.pool()).max(min_slots),
             None => min_slots,
         };
         let mut pinned = vec![false; census.trunk_layers.len()];
@@ -479,7 +504,9 @@ impl Plan {
         let mut cache_slots = cache_slots_wanted;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
         if budget.cache.is_none() && left >= CACHE_WORTHWHILE {
-            cache_slots = (cache_slots + (left / slot) as usize).min(census.pool());
+            cache_slots = (cache_slots + (left / slot) as usize)
+                .min(census.pool())
+                .max(cache_slots);
         }
         if needs(&pinned, lm_head, Residency::Resident, cache_slots) <= ram {
             embedding = Residency::Resident;
@@ -901,6 +928,36 @@ mod tests {
         let p = Plan::new(&c, all, TINY_SCHEME).unwrap();
         assert_eq!(p.cache_slots, 24);
         assert_eq!(p.reads.experts, 0);
+    }
+
+    #[test]
+    fn a_pool_smaller_than_the_minimum_does_not_break_the_plan() {
+        let mut c = tiny();
+        c.moe_layers = 1;
+        c.experts_per_layer = 2;
+        let b = Budget {
+            ram: Some(100_000_000),
+            trunk: None,
+            cache: Some(1),
+        };
+        let p = Plan::new(&c, b, TINY_SCHEME).unwrap();
+        assert_eq!(p.cache_slots, 3);
+        assert_eq!(p.reads.experts, 0);
+    }
+
+    #[test]
+    fn released_state_matches_spec() {
+        let k3 = StateShape {
+            kda_layers: 69,
+            kda_heads: 96,
+            kda_head_dim: 128,
+            conv_kernel: 4,
+            mla_layers: 24,
+            mla_row_values: 576,
+        };
+        assert_eq!(k3.bytes(0), Some(464_633_856));
+        assert_eq!(k3.bytes(8192), Some(464_633_856 + 55_296 * 8192));
+        assert_eq!(k3.bytes(u64::MAX), None);
     }
 
     #[test]

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::shape::Shape;
+use super::shape::layers_of;
 use super::tokenizer_files::{BOS_OFFSET, EOS_OFFSET, MEDIA_PAD_OFFSET, PAD_OFFSET};
+use crate::checkpoint::config::{MixerKind, ModelConfig};
 
 /// Special ids derived from the number of BPE ranks (spec §2.1, §7.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,42 +30,43 @@ impl SpecialIds {
     }
 }
 
-pub fn config_json(s: &Shape, vocab_size: usize, ids: SpecialIds) -> Value {
+/// The nested `config.json` of text model `c`; the special ids are `ids` (those of `c` too).
+pub fn config_json(c: &ModelConfig, ids: SpecialIds) -> Value {
     let mut text = json!({
         "model_type": "kimi_linear",
-        "hidden_size": s.hidden_size,
-        "num_hidden_layers": s.num_hidden_layers,
-        "vocab_size": vocab_size,
-        "rms_norm_eps": 1e-5,
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "vocab_size": c.vocab_size,
+        "rms_norm_eps": c.rms_norm_eps,
         "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "intermediate_size": s.intermediate_size,
-        "first_k_dense_replace": s.first_k_dense_replace,
-        "moe_layer_freq": 1,
-        "num_experts": s.num_experts,
-        "num_experts_per_token": s.num_experts_per_token,
-        "num_shared_experts": s.num_shared_experts,
-        "moe_intermediate_size": s.moe_intermediate_size,
-        "routed_expert_hidden_size": s.routed_expert_hidden_size,
-        "latent_moe_use_norm": true,
+        "activation_situ_beta": c.activation_situ_beta,
+        "activation_situ_linear_beta": c.activation_situ_linear_beta,
+        "intermediate_size": c.intermediate_size,
+        "first_k_dense_replace": c.first_k_dense_replace,
+        "moe_layer_freq": c.moe_layer_freq,
+        "num_experts": c.num_experts,
+        "num_experts_per_token": c.num_experts_per_token,
+        "num_shared_experts": c.num_shared_experts,
+        "moe_intermediate_size": c.moe_intermediate_size,
+        "routed_expert_hidden_size": c.routed_expert_hidden_size,
+        "latent_moe_use_norm": c.latent_moe_use_norm,
         "moe_router_activation_func": "sigmoid",
-        "moe_renormalize": true,
-        "routed_scaling_factor": 1.0,
+        "moe_renormalize": c.moe_renormalize,
+        "routed_scaling_factor": c.routed_scaling_factor,
         "use_grouped_topk": true,
         "num_expert_group": 1,
         "topk_group": 1,
         "topk_method": "noaux_tc",
-        "num_attention_heads": s.num_attention_heads,
-        "num_key_value_heads": s.num_attention_heads,
-        "q_lora_rank": s.q_lora_rank,
-        "kv_lora_rank": s.kv_lora_rank,
-        "qk_nope_head_dim": s.qk_nope_head_dim,
-        "qk_rope_head_dim": s.qk_rope_head_dim,
-        "v_head_dim": s.v_head_dim,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_attention_heads,
+        "q_lora_rank": c.q_lora_rank,
+        "kv_lora_rank": c.kv_lora_rank,
+        "qk_nope_head_dim": c.qk_nope_head_dim,
+        "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim,
         "mla_use_nope": true,
-        "mla_use_output_gate": true,
-        "attn_res_block_size": s.attn_res_block_size,
+        "mla_use_output_gate": c.mla_use_output_gate,
+        "attn_res_block_size": c.attn_res_block_size,
         "tie_word_embeddings": false,
         "num_nextn_predict_layers": 0,
         "max_position_embeddings": 1048576,
@@ -73,13 +75,13 @@ pub fn config_json(s: &Shape, vocab_size: usize, ids: SpecialIds) -> Value {
         "pad_token_id": ids.pad,
     });
     let linear = json!({
-        "num_heads": s.kda_num_heads,
-        "head_dim": s.kda_head_dim,
-        "short_conv_kernel_size": s.short_conv_kernel_size,
-        "gate_lower_bound": -5.0,
+        "num_heads": c.kda.num_heads,
+        "head_dim": c.kda.head_dim,
+        "short_conv_kernel_size": c.kda.short_conv_kernel_size,
+        "gate_lower_bound": c.kda.gate_lower_bound,
         "use_full_rank_gate": true,
-        "kda_layers": s.kda_layers(),
-        "full_attn_layers": s.full_attn_layers,
+        "kda_layers": layers_of(&c.layer_kinds, MixerKind::Kda),
+        "full_attn_layers": layers_of(&c.layer_kinds, MixerKind::Mla),
     });
     let weights = json!({
         "num_bits": 4,

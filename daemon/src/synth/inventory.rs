@@ -1,9 +1,10 @@
-//! The tensors of a synthetic checkpoint, shard by shard, with the value distribution of each
-//! (spec §3.1 placement, §3.3 names/shapes/dtypes, §9.1 values).
+//! The tensors of a synthetic checkpoint, shard by shard: the checkpoint inventory of the
+//! shape's config (spec §3.1 placement, §3.3 names/shapes/dtypes, from
+//! [`crate::checkpoint::inventory`]) with the value distribution of each (spec §9.1).
 
-use super::shape::Shape;
-use crate::checkpoint::config::MixerKind;
-use crate::checkpoint::safetensors::Dtype;
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::inventory::{self, DimOverflow, Want, names};
+use crate::checkpoint::safetensors::TensorSpec;
 
 /// How a tensor's elements are drawn (spec §9.1).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,28 +21,25 @@ pub enum Init {
     ScaleBytes { lo: u8, span: u8 },
 }
 
+/// One tensor to write: what the release stores and how its values are drawn.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub dtype: Dtype,
-    pub shape: Vec<usize>,
+pub struct Tensor {
+    pub spec: TensorSpec,
     pub init: Init,
 }
 
-impl TensorSpec {
+impl Tensor {
+    /// Element count. Callers have checked [`TensorSpec::byte_len`] (the header encoding
+    /// does), so the product fits.
     pub fn numel(&self) -> u64 {
-        self.shape.iter().map(|&d| d as u64).product()
-    }
-
-    pub fn nbytes(&self) -> u64 {
-        self.numel() * self.dtype.size() as u64
+        self.spec.shape.iter().product()
     }
 }
 
 /// One shard: its tensors in no particular order (the writer orders them, spec §3.2).
 #[derive(Debug, Clone)]
 pub struct ShardSpec {
-    pub tensors: Vec<TensorSpec>,
+    pub tensors: Vec<Tensor>,
 }
 
 /// Std of an ordinary matrix: well-conditioned `0.5/√fan_in` (spec §9.1, §6.2).
@@ -50,264 +48,107 @@ const MATRIX_GAIN: f64 = 0.5;
 /// gives N(0, 0.75²) at H = 64, i.e. 6/√64: pre-activations of std ≈ 6 so that the SiTU
 /// gate cap (β₁ = 4) engages often. Scaling with fan-in keeps that true for every shape.
 const GATE_GAIN: f64 = 6.0;
-const GAIN_LO: f64 = 0.8;
-const GAIN_HI: f64 = 1.2;
+/// Norm gains: U[0.8, 1.2) (spec §9.1).
+const GAIN: Init = Init::Uniform { lo: 0.8, hi: 1.2 };
+/// Token embeddings: N(0, 1) (spec §9.1).
+const EMBEDDING: Init = Init::Normal { std: 1.0 };
 /// AttnRes pseudo-queries (spec §9.1).
-const PSEUDO_QUERY_STD: f64 = 0.15;
+const PSEUDO_QUERY: Init = Init::Normal { std: 0.15 };
 /// `dt_bias` and conv taps (spec §9.1).
-const DT_CONV_STD: f64 = 0.5;
+const DT_CONV: Init = Init::Normal { std: 0.5 };
 /// Router bias (spec §9.1).
-const ROUTER_BIAS_STD: f64 = 0.1;
+const ROUTER_BIAS: Init = Init::Normal { std: 0.1 };
 /// E8M0 scale bytes 122–125: multipliers 2^−5 … 2^−2 (spec §9.1).
-const SCALE_LO: u8 = 122;
-const SCALE_SPAN: u8 = 4;
+const SCALE_BYTES: Init = Init::ScaleBytes { lo: 122, span: 4 };
 
-struct Builder {
-    tensors: Vec<TensorSpec>,
+/// The distribution of the inventory entry `w` (a layer-relative, expert-relative or
+/// model-level name of [`names`]) stored with `shape`.
+fn init(c: &ModelConfig, w: &Want, shape: &[u64]) -> Init {
+    let matrix = |gain: f64| {
+        // Every matrix is `[out, in]` (checked by `projections_are_matrices`).
+        let fan_in = shape.get(1).copied().unwrap_or(1);
+        Init::Normal {
+            std: gain / (fan_in as f64).sqrt(),
+        }
+    };
+    match w.name {
+        names::MLP_GATE_PROJ | names::SHARED_GATE_PROJ => matrix(GATE_GAIN),
+        name => special_init(c, name).unwrap_or_else(|| matrix(MATRIX_GAIN)),
+    }
 }
 
-impl Builder {
-    fn push(&mut self, name: String, dtype: Dtype, shape: Vec<usize>, init: Init) {
-        self.tensors.push(TensorSpec {
-            name,
-            dtype,
-            shape,
-            init,
+/// The distribution of every tensor that is not a BF16 projection matrix; `None` for those.
+fn special_init(c: &ModelConfig, name: &str) -> Option<Init> {
+    use names::*;
+    Some(match name {
+        EMBED_TOKENS => EMBEDDING,
+        INPUT_LAYERNORM
+        | POST_ATTENTION_LAYERNORM
+        | SELF_ATTENTION_RES_NORM
+        | MLP_RES_NORM
+        | O_NORM
+        | Q_A_LAYERNORM
+        | KV_A_LAYERNORM
+        | ROUTED_NORM
+        | NORM
+        | OUTPUT_ATTN_RES_NORM => GAIN,
+        SELF_ATTENTION_RES_PROJ | MLP_RES_PROJ | OUTPUT_ATTN_RES_PROJ => PSEUDO_QUERY,
+        Q_CONV1D | K_CONV1D | V_CONV1D | DT_BIAS => DT_CONV,
+        A_LOG => Init::LogUniformPadded {
+            live: c.kda.num_heads,
+        },
+        MOE_BIAS => ROUTER_BIAS,
+        W1_PACKED | W2_PACKED | W3_PACKED => Init::Bytes,
+        W1_SCALE | W2_SCALE | W3_SCALE => SCALE_BYTES,
+        _ => return None,
+    })
+}
+
+fn tensor(c: &ModelConfig, (spec, w): (TensorSpec, Want)) -> Tensor {
+    let init = init(c, &w, &spec.shape);
+    Tensor { spec, init }
+}
+
+/// All shards of `config`: one per layer (shard `k+1` = layer `k`), then the model-level
+/// shard. `a_log_len` is the stored `A_log` length.
+pub fn shards(config: &ModelConfig, a_log_len: usize) -> Result<Vec<ShardSpec>, DimOverflow> {
+    let mut out = Vec::with_capacity(config.num_hidden_layers + 1);
+    for l in 0..config.num_hidden_layers {
+        let entries = inventory::layer_entries(config, l, a_log_len as u64)?;
+        out.push(ShardSpec {
+            tensors: entries.into_iter().map(|e| tensor(config, e)).collect(),
         });
     }
-
-    /// A BF16 `[out, in]` matrix with std `gain/√in`.
-    fn matrix(&mut self, name: String, out: usize, inp: usize, gain: f64) {
-        let std = gain / (inp as f64).sqrt();
-        self.push(name, Dtype::Bf16, vec![out, inp], Init::Normal { std });
-    }
-
-    /// A norm gain vector.
-    fn gain(&mut self, name: String, dtype: Dtype, n: usize) {
-        let init = Init::Uniform {
-            lo: GAIN_LO,
-            hi: GAIN_HI,
-        };
-        self.push(name, dtype, vec![n], init);
-    }
-
-    /// A SiTU-GLU MLP (dense or shared experts): gate/up `[width, h]`, down `[h, width]`.
-    fn mlp(&mut self, prefix: &str, h: usize, width: usize) {
-        self.matrix(format!("{prefix}gate_proj.weight"), width, h, GATE_GAIN);
-        self.matrix(format!("{prefix}up_proj.weight"), width, h, MATRIX_GAIN);
-        self.matrix(format!("{prefix}down_proj.weight"), h, width, MATRIX_GAIN);
-    }
-}
-
-/// All shards: one per layer (shard `k+1` = layer `k`), then the model-level shard.
-pub fn shards(s: &Shape, vocab_size: usize) -> Vec<ShardSpec> {
-    let kinds = s.layer_kinds();
-    let mut out: Vec<ShardSpec> = kinds
-        .iter()
-        .enumerate()
-        .map(|(l, &kind)| layer_shard(s, l, kind))
-        .collect();
-    out.push(model_shard(s, vocab_size));
-    out
-}
-
-/// The model-level tensors (spec §3.3, shard 94 in the release).
-fn model_shard(s: &Shape, vocab: usize) -> ShardSpec {
-    let h = s.hidden_size;
-    let mut b = Builder {
-        tensors: Vec::new(),
-    };
-    let p = "language_model.";
-    b.push(
-        format!("{p}model.embed_tokens.weight"),
-        Dtype::Bf16,
-        vec![vocab, h],
-        Init::Normal { std: 1.0 },
-    );
-    b.matrix(format!("{p}lm_head.weight"), vocab, h, MATRIX_GAIN);
-    b.gain(format!("{p}model.norm.weight"), Dtype::Bf16, h);
-    b.gain(
-        format!("{p}model.output_attn_res_norm.weight"),
-        Dtype::Bf16,
-        h,
-    );
-    b.push(
-        format!("{p}model.output_attn_res_proj.weight"),
-        Dtype::Bf16,
-        vec![1, h],
-        Init::Normal {
-            std: PSEUDO_QUERY_STD,
-        },
-    );
-    ShardSpec { tensors: b.tensors }
-}
-
-/// Every tensor of decoder layer `l` (spec §3.3).
-fn layer_shard(s: &Shape, l: usize, kind: MixerKind) -> ShardSpec {
-    let h = s.hidden_size;
-    let p = format!("language_model.model.layers.{l}.");
-    let mut b = Builder {
-        tensors: Vec::new(),
-    };
-    for v in [
-        "input_layernorm",
-        "post_attention_layernorm",
-        "self_attention_res_norm",
-        "mlp_res_norm",
-    ] {
-        b.gain(format!("{p}{v}.weight"), Dtype::Bf16, h);
-    }
-    for v in ["self_attention_res_proj", "mlp_res_proj"] {
-        let init = Init::Normal {
-            std: PSEUDO_QUERY_STD,
-        };
-        b.push(format!("{p}{v}.weight"), Dtype::Bf16, vec![1, h], init);
-    }
-    let a = format!("{p}self_attn.");
-    match kind {
-        MixerKind::Kda => kda(&mut b, s, &a),
-        MixerKind::Mla => mla(&mut b, s, &a),
-    }
-    if s.is_moe_layer(l) {
-        moe(&mut b, s, &format!("{p}block_sparse_moe."));
-    } else {
-        b.mlp(&format!("{p}mlp."), h, s.intermediate_size);
-    }
-    ShardSpec { tensors: b.tensors }
-}
-
-fn kda(b: &mut Builder, s: &Shape, a: &str) {
-    let h = s.hidden_size;
-    let d = s.kda_head_dim;
-    let pw = s.kda_num_heads * d;
-    for m in ["q_proj", "k_proj", "v_proj", "g_proj"] {
-        b.matrix(format!("{a}{m}.weight"), pw, h, MATRIX_GAIN);
-    }
-    b.matrix(format!("{a}o_proj.weight"), h, pw, MATRIX_GAIN);
-    for c in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-        let init = Init::Normal { std: DT_CONV_STD };
-        let shape = vec![pw, 1, s.short_conv_kernel_size];
-        b.push(format!("{a}{c}.weight"), Dtype::F32, shape, init);
-    }
-    // The decay low-rank pair has rank = head_dim (128 released, spec §3.3).
-    b.matrix(format!("{a}f_a_proj.weight"), d, h, MATRIX_GAIN);
-    b.matrix(format!("{a}f_b_proj.weight"), pw, d, MATRIX_GAIN);
-    b.matrix(format!("{a}b_proj.weight"), s.kda_num_heads, h, MATRIX_GAIN);
-    let live = s.kda_num_heads;
-    b.push(
-        format!("{a}A_log"),
-        Dtype::F32,
-        vec![s.a_log_len],
-        Init::LogUniformPadded { live },
-    );
-    let init = Init::Normal { std: DT_CONV_STD };
-    b.push(format!("{a}dt_bias"), Dtype::F32, vec![pw], init);
-    b.gain(format!("{a}o_norm.weight"), Dtype::F32, d);
-}
-
-fn mla(b: &mut Builder, s: &Shape, a: &str) {
-    let h = s.hidden_size;
-    let nh = s.num_attention_heads;
-    let qh = s.qk_nope_head_dim + s.qk_rope_head_dim;
-    b.matrix(format!("{a}q_a_proj.weight"), s.q_lora_rank, h, MATRIX_GAIN);
-    b.gain(
-        format!("{a}q_a_layernorm.weight"),
-        Dtype::Bf16,
-        s.q_lora_rank,
-    );
-    b.matrix(
-        format!("{a}q_b_proj.weight"),
-        nh * qh,
-        s.q_lora_rank,
-        MATRIX_GAIN,
-    );
-    let kva_rows = s.kv_lora_rank + s.qk_rope_head_dim;
-    b.matrix(
-        format!("{a}kv_a_proj_with_mqa.weight"),
-        kva_rows,
-        h,
-        MATRIX_GAIN,
-    );
-    b.gain(
-        format!("{a}kv_a_layernorm.weight"),
-        Dtype::Bf16,
-        s.kv_lora_rank,
-    );
-    let kvb_rows = nh * (s.qk_nope_head_dim + s.v_head_dim);
-    b.matrix(
-        format!("{a}kv_b_proj.weight"),
-        kvb_rows,
-        s.kv_lora_rank,
-        MATRIX_GAIN,
-    );
-    let vw = nh * s.v_head_dim;
-    b.matrix(format!("{a}o_proj.weight"), h, vw, MATRIX_GAIN);
-    b.matrix(format!("{a}g_proj.weight"), vw, h, MATRIX_GAIN);
-}
-
-fn moe(b: &mut Builder, s: &Shape, m: &str) {
-    let h = s.hidden_size;
-    let lat = s.routed_expert_hidden_size;
-    let w = s.moe_intermediate_size;
-    b.matrix(format!("{m}gate.weight"), s.num_experts, h, MATRIX_GAIN);
-    let init = Init::Normal {
-        std: ROUTER_BIAS_STD,
-    };
-    let name = format!("{m}gate.e_score_correction_bias");
-    b.push(name, Dtype::F32, vec![s.num_experts], init);
-    b.matrix(
-        format!("{m}routed_expert_down_proj.weight"),
-        lat,
-        h,
-        MATRIX_GAIN,
-    );
-    b.matrix(
-        format!("{m}routed_expert_up_proj.weight"),
-        h,
-        lat,
-        MATRIX_GAIN,
-    );
-    b.gain(format!("{m}routed_expert_norm.weight"), Dtype::Bf16, lat);
-    let shared_width = s.num_shared_experts * w;
-    b.mlp(&format!("{m}shared_experts."), h, shared_width);
-    for e in 0..s.num_experts {
-        // w1 = gate and w3 = up read the latent; w2 = down reads the expert width (spec §3.5).
-        for (wn, rows, inp) in [("w1", w, lat), ("w2", lat, w), ("w3", w, lat)] {
-            let t = format!("{m}experts.{e}.{wn}.");
-            b.push(
-                format!("{t}weight_packed"),
-                Dtype::U8,
-                vec![rows, inp / 2],
-                Init::Bytes,
-            );
-            let init = Init::ScaleBytes {
-                lo: SCALE_LO,
-                span: SCALE_SPAN,
-            };
-            b.push(
-                format!("{t}weight_scale"),
-                Dtype::U8,
-                vec![rows, inp / 32],
-                init,
-            );
-        }
-    }
+    let entries = inventory::model_entries(config);
+    out.push(ShardSpec {
+        tensors: entries.into_iter().map(|e| tensor(config, e)).collect(),
+    });
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::safetensors::Dtype;
+    use crate::synth::shape::{SHAPE_NAMES, Shape};
 
-    fn count(shape: &str) -> Vec<usize> {
-        let s = Shape::named(shape).unwrap();
-        shards(&s, 300).iter().map(|sh| sh.tensors.len()).collect()
+    fn shape_shards(name: &str) -> Vec<ShardSpec> {
+        let s = Shape::named(name).unwrap();
+        let c = ModelConfig {
+            vocab_size: 300,
+            ..s.config
+        };
+        shards(&c, s.a_log_len).unwrap()
     }
 
     /// Released tensor counts per layer kind (spec §3.1): layer 0 23, KDA+MoE 28 + 6E,
     /// MLA+MoE 22 + 6E, model level 5.
     #[test]
     fn tensor_counts_match_the_release() {
-        let c = count("tiny");
+        let c: Vec<usize> = shape_shards("tiny")
+            .iter()
+            .map(|s| s.tensors.len())
+            .collect();
         assert_eq!(c[0], 23);
         assert_eq!(c[1], 28 + 6 * 8);
         assert_eq!(c[3], 22 + 6 * 8);
@@ -318,11 +159,26 @@ mod tests {
     /// Byte inits go with U8 tensors and float inits with F32/BF16 ones, in every shape.
     #[test]
     fn inits_match_dtypes() {
-        for name in crate::synth::shape::SHAPE_NAMES {
-            let s = Shape::named(name).unwrap();
-            for t in shards(&s, 300).iter().flat_map(|sh| &sh.tensors) {
+        for name in SHAPE_NAMES {
+            for t in shape_shards(name).iter().flat_map(|sh| &sh.tensors) {
                 let bytes = matches!(t.init, Init::Bytes | Init::ScaleBytes { .. });
-                assert_eq!(bytes, t.dtype == Dtype::U8, "{name}: {}", t.name);
+                assert_eq!(bytes, t.spec.dtype == Dtype::U8, "{name}: {}", t.spec.name);
+            }
+        }
+    }
+
+    /// What [`special_init`] leaves to the matrix rule is a BF16 `[out, in]` matrix.
+    #[test]
+    fn projections_are_matrices() {
+        let s = Shape::named("tiny").unwrap();
+        let c = &s.config;
+        let mut entries = inventory::model_entries(c);
+        for l in 0..c.num_hidden_layers {
+            entries.extend(inventory::layer_entries(c, l, s.a_log_len as u64).unwrap());
+        }
+        for (t, w) in entries {
+            if special_init(c, w.name).is_none() {
+                assert_eq!((t.dtype, t.shape.len()), (Dtype::Bf16, 2), "{}", t.name);
             }
         }
     }
@@ -331,14 +187,13 @@ mod tests {
     /// router, which has one row and one bias per expert (64 instead of 896).
     #[test]
     fn bench_has_released_layer_bytes() {
-        let s = Shape::named("bench").unwrap();
-        let sh = shards(&s, 300);
+        let sh = shape_shards("bench");
         let bytes = |i: usize, experts: bool| -> u64 {
             sh[i]
                 .tensors
                 .iter()
-                .filter(|t| t.name.contains(".experts.") == experts)
-                .map(TensorSpec::nbytes)
+                .filter(|t| t.spec.name.contains(".experts.") == experts)
+                .map(|t| t.spec.byte_len().unwrap())
                 .sum()
         };
         assert_eq!(bytes(0, false), 2_341_213_184);

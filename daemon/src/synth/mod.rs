@@ -17,7 +17,6 @@
 
 pub mod config_files;
 pub mod inventory;
-pub mod rng;
 pub mod shape;
 pub mod tokenizer_files;
 pub mod values;
@@ -33,6 +32,8 @@ use self::config_files::SpecialIds;
 use self::shape::Shape;
 use self::tokenizer_files::{ADDED_SLOTS, Vocab};
 use self::writer::PlannedShard;
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::inventory::DimOverflow;
 
 /// Disk space kept free beyond the checkpoint itself, so a synth never fills the disk.
 const DISK_HEADROOM: u64 = 256 << 20;
@@ -59,14 +60,25 @@ pub enum SynthError {
     },
     #[error("statvfs {path}: {source}")]
     Statvfs { path: PathBuf, source: nix::Error },
+    #[error("shape {shape}: {source}")]
+    Dims {
+        shape: &'static str,
+        source: DimOverflow,
+    },
+    #[error("a vocabulary of {vocab_size} has token ids beyond 32 bits")]
+    VocabTooLarge { vocab_size: usize },
+    #[error("{file}: the tensor data length overflows 64 bits")]
+    DataOverflow { file: String },
 }
 
 /// Everything to be written, computed before any byte hits the disk.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub shape: Shape,
+    /// The shape's config with the learned tokenizer's vocabulary size and special ids: what
+    /// the written `config.json` says.
+    pub config: ModelConfig,
     pub vocab: Vocab,
-    pub vocab_size: usize,
     pub shards: Vec<PlannedShard>,
     /// The small files: (name, contents).
     pub small_files: Vec<(String, Vec<u8>)>,
@@ -92,23 +104,38 @@ pub fn shard_file_name(i: usize, n: usize) -> String {
 }
 
 /// Plans the checkpoint of `shape`: learns the tokenizer, lays out every shard.
-pub fn plan(shape: &Shape) -> Plan {
+pub fn plan(shape: &Shape) -> Result<Plan, SynthError> {
     let vocab = Vocab::learn(shape.bpe_merges);
     let vocab_size = vocab.n_ranks() + ADDED_SLOTS;
-    let specs = inventory::shards(shape, vocab_size);
+    let ids = SpecialIds::after_ranks(vocab.n_ranks());
+    let id = |v: usize| {
+        u32::try_from(v)
+            .map(Some)
+            .map_err(|_| SynthError::VocabTooLarge { vocab_size })
+    };
+    let config = ModelConfig {
+        vocab_size,
+        bos_token_id: id(ids.bos)?,
+        eos_token_id: id(ids.eos)?,
+        pad_token_id: id(ids.pad)?,
+        ..shape.config.clone()
+    };
+    let specs = inventory::shards(&config, shape.a_log_len).map_err(|source| SynthError::Dims {
+        shape: shape.name,
+        source,
+    })?;
     let n = specs.len();
     let shards: Vec<PlannedShard> = specs
         .into_iter()
         .enumerate()
         .map(|(i, spec)| writer::plan(shard_file_name(i + 1, n), spec))
-        .collect();
+        .collect::<Result<_, _>>()?;
     let mut weight_map = BTreeMap::new();
     for s in &shards {
         for t in &s.tensors {
-            weight_map.insert(t.name.clone(), s.file_name.clone());
+            weight_map.insert(t.spec.name.clone(), s.file_name.clone());
         }
     }
-    let ids = SpecialIds::after_ranks(vocab.n_ranks());
     let data_bytes = shards.iter().map(|s| s.data_len).sum();
     let pretty = |v: &serde_json::Value| {
         // Serializing a `Value` cannot fail (every map key is a string).
@@ -119,7 +146,7 @@ pub fn plan(shape: &Shape) -> Plan {
     let small_files = vec![
         (
             "config.json".to_string(),
-            pretty(&config_files::config_json(shape, vocab_size, ids)),
+            pretty(&config_files::config_json(&config, ids)),
         ),
         (
             "generation_config.json".to_string(),
@@ -138,13 +165,13 @@ pub fn plan(shape: &Shape) -> Plan {
             pretty(&vocab.tokenizer_config()),
         ),
     ];
-    Plan {
+    Ok(Plan {
         shape: shape.clone(),
+        config,
         vocab,
-        vocab_size,
         shards,
         small_files,
-    }
+    })
 }
 
 /// Progress of a write, reported after every batch of data.
@@ -269,7 +296,7 @@ pub fn write(
         fingerprint: fingerprint(&files),
         files,
         total_bytes: bytes_total,
-        vocab_size: plan.vocab_size,
+        vocab_size: plan.config.vocab_size,
     })
 }
 

@@ -1,40 +1,18 @@
 //! The named checkpoint shapes `k3d synth` can write. Every shape uses the released
 //! architecture and layout (spec §2–§3); only dimensions, counts and the layer map differ.
 
-use crate::checkpoint::config::MixerKind;
+use crate::checkpoint::config::{KdaConfig, MixerKind, ModelConfig};
 
-/// The dimensions of one synthetic checkpoint. Field names follow the `config.json` keys
-/// (spec §2.2) where one exists. The vocabulary size is not here: it is the size of the
-/// tokenizer learned for the shape (`bpe_merges`) plus the 256 added-token slots (spec §7.1).
+/// One synthetic checkpoint: its text-model configuration plus what `config.json` does not say.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
     pub name: &'static str,
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    /// One-based layer numbers of the MLA layers (`full_attn_layers`); all others are KDA.
-    pub full_attn_layers: Vec<usize>,
-    pub attn_res_block_size: usize,
-    pub first_k_dense_replace: usize,
-    /// Dense MLP width (`intermediate_size`).
-    pub intermediate_size: usize,
-    pub kda_num_heads: usize,
-    pub kda_head_dim: usize,
-    /// Stored length of `A_log` (padded with zeros past `kda_num_heads`, spec §3.3).
+    /// The text model (spec §2.2). Its `vocab_size` and special token ids are the released
+    /// ones here: they follow from the tokenizer learned for the shape (`bpe_merges` ranks plus
+    /// the 256 added-token slots, spec §7.1), so [`super::plan`] sets them.
+    pub config: ModelConfig,
+    /// Stored length of `A_log` (padded with zeros past the KDA head count, spec §3.3).
     pub a_log_len: usize,
-    pub short_conv_kernel_size: usize,
-    pub num_attention_heads: usize,
-    pub q_lora_rank: usize,
-    pub kv_lora_rank: usize,
-    pub qk_nope_head_dim: usize,
-    pub qk_rope_head_dim: usize,
-    pub v_head_dim: usize,
-    pub num_experts: usize,
-    pub num_experts_per_token: usize,
-    pub num_shared_experts: usize,
-    /// Expert width (`moe_intermediate_size`), the w2 MXFP4 input dim.
-    pub moe_intermediate_size: usize,
-    /// Latent width (`routed_expert_hidden_size`), the w1/w3 MXFP4 input dim.
-    pub routed_expert_hidden_size: usize,
     /// BPE merges to learn for the tokenizer (fewer if the embedded corpus runs out).
     pub bpe_merges: usize,
 }
@@ -54,30 +32,82 @@ impl Shape {
             _ => None,
         }
     }
+}
 
-    /// Zero-based mixer map derived from the one-based `full_attn_layers`.
-    pub fn layer_kinds(&self) -> Vec<MixerKind> {
-        (1..=self.num_hidden_layers)
-            .map(|one_based| {
-                if self.full_attn_layers.contains(&one_based) {
-                    MixerKind::Mla
-                } else {
-                    MixerKind::Kda
-                }
-            })
-            .collect()
+/// The zero-based mixer map of `n` layers whose one-based `full_attn_layers` are MLA, all
+/// others KDA (spec §2.2).
+pub fn layer_kinds(n: usize, full_attn_layers: &[usize]) -> Vec<MixerKind> {
+    (1..=n)
+        .map(|one_based| {
+            if full_attn_layers.contains(&one_based) {
+                MixerKind::Mla
+            } else {
+                MixerKind::Kda
+            }
+        })
+        .collect()
+}
+
+/// The one-based numbers of the layers of `kind` (`kda_layers` / `full_attn_layers`).
+pub fn layers_of(kinds: &[MixerKind], kind: MixerKind) -> Vec<usize> {
+    kinds
+        .iter()
+        .enumerate()
+        .filter(|&(_, &k)| k == kind)
+        .map(|(l, _)| l + 1)
+        .collect()
+}
+
+/// KDA settings with the released gate lower bound (spec §2.2).
+fn kda(num_heads: usize, head_dim: usize, short_conv_kernel_size: usize) -> KdaConfig {
+    KdaConfig {
+        num_heads,
+        head_dim,
+        short_conv_kernel_size,
+        gate_lower_bound: -5.0,
     }
+}
 
-    /// One-based KDA layer numbers (`kda_layers`): the complement of `full_attn_layers`.
-    pub fn kda_layers(&self) -> Vec<usize> {
-        (1..=self.num_hidden_layers)
-            .filter(|l| !self.full_attn_layers.contains(l))
-            .collect()
-    }
-
-    /// Whether zero-based layer `l` has a MoE feed-forward (`moe_layer_freq` is always 1 here).
-    pub fn is_moe_layer(&self, l: usize) -> bool {
-        l >= self.first_k_dense_replace
+/// The released text model (spec §2.1): every shape keeps its fixed settings (norm epsilon,
+/// SiTU caps, routing flags, output gate) and overrides dimensions, counts and the layer map.
+fn released() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 7168,
+        num_hidden_layers: 93,
+        vocab_size: 163_840,
+        rms_norm_eps: 1e-5,
+        activation_situ_beta: 4.0,
+        activation_situ_linear_beta: 25.0,
+        intermediate_size: 33792,
+        first_k_dense_replace: 1,
+        moe_layer_freq: 1,
+        num_experts: 896,
+        num_experts_per_token: 16,
+        num_shared_experts: 2,
+        moe_intermediate_size: 3072,
+        routed_expert_hidden_size: 3584,
+        latent_moe_use_norm: true,
+        moe_renormalize: true,
+        routed_scaling_factor: 1.0,
+        num_attention_heads: 96,
+        q_lora_rank: 1536,
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+        mla_use_output_gate: true,
+        attn_res_block_size: 12,
+        kda: kda(96, 128, 4),
+        // Every fourth layer and the last are MLA (spec §2.1): 24 of 93.
+        layer_kinds: layer_kinds(
+            93,
+            &(1..=93)
+                .filter(|l| l % 4 == 0 || *l == 93)
+                .collect::<Vec<_>>(),
+        ),
+        bos_token_id: Some(163_584),
+        eos_token_id: Some(163_586),
+        pad_token_id: Some(163_839),
     }
 }
 
@@ -85,28 +115,29 @@ impl Shape {
 fn tiny() -> Shape {
     Shape {
         name: "tiny",
-        hidden_size: 64,
-        num_hidden_layers: 9,
-        full_attn_layers: vec![4, 8, 9],
-        attn_res_block_size: 3,
-        first_k_dense_replace: 1,
-        intermediate_size: 96,
-        kda_num_heads: 4,
-        kda_head_dim: 16,
         a_log_len: 8,
-        short_conv_kernel_size: 4,
-        num_attention_heads: 4,
-        q_lora_rank: 32,
-        kv_lora_rank: 32,
-        qk_nope_head_dim: 16,
-        qk_rope_head_dim: 8,
-        v_head_dim: 16,
-        num_experts: 8,
-        num_experts_per_token: 2,
-        num_shared_experts: 2,
-        moe_intermediate_size: 32,
-        routed_expert_hidden_size: 32,
         bpe_merges: 128,
+        config: ModelConfig {
+            hidden_size: 64,
+            num_hidden_layers: 9,
+            layer_kinds: layer_kinds(9, &[4, 8, 9]),
+            attn_res_block_size: 3,
+            first_k_dense_replace: 1,
+            intermediate_size: 96,
+            kda: kda(4, 16, 4),
+            num_attention_heads: 4,
+            q_lora_rank: 32,
+            kv_lora_rank: 32,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 16,
+            num_experts: 8,
+            num_experts_per_token: 2,
+            num_shared_experts: 2,
+            moe_intermediate_size: 32,
+            routed_expert_hidden_size: 32,
+            ..released()
+        },
     }
 }
 
@@ -115,28 +146,29 @@ fn tiny() -> Shape {
 fn tiny_b() -> Shape {
     Shape {
         name: "tiny-b",
-        hidden_size: 96,
-        num_hidden_layers: 10,
-        full_attn_layers: vec![2, 5, 9, 10],
-        attn_res_block_size: 4,
-        first_k_dense_replace: 2,
-        intermediate_size: 128,
-        kda_num_heads: 6,
-        kda_head_dim: 16,
         a_log_len: 16,
-        short_conv_kernel_size: 4,
-        num_attention_heads: 6,
-        q_lora_rank: 48,
-        kv_lora_rank: 32,
-        qk_nope_head_dim: 8,
-        qk_rope_head_dim: 16,
-        v_head_dim: 24,
-        num_experts: 16,
-        num_experts_per_token: 4,
-        num_shared_experts: 1,
-        moe_intermediate_size: 64,
-        routed_expert_hidden_size: 64,
         bpe_merges: 160,
+        config: ModelConfig {
+            hidden_size: 96,
+            num_hidden_layers: 10,
+            layer_kinds: layer_kinds(10, &[2, 5, 9, 10]),
+            attn_res_block_size: 4,
+            first_k_dense_replace: 2,
+            intermediate_size: 128,
+            kda: kda(6, 16, 4),
+            num_attention_heads: 6,
+            q_lora_rank: 48,
+            kv_lora_rank: 32,
+            qk_nope_head_dim: 8,
+            qk_rope_head_dim: 16,
+            v_head_dim: 24,
+            num_experts: 16,
+            num_experts_per_token: 4,
+            num_shared_experts: 1,
+            moe_intermediate_size: 64,
+            routed_expert_hidden_size: 64,
+            ..released()
+        },
     }
 }
 
@@ -146,28 +178,29 @@ fn tiny_b() -> Shape {
 fn tiny_c() -> Shape {
     Shape {
         name: "tiny-c",
-        hidden_size: 64,
-        num_hidden_layers: 7,
-        full_attn_layers: vec![1, 3, 6, 7],
-        attn_res_block_size: 1,
-        first_k_dense_replace: 0,
-        intermediate_size: 64,
-        kda_num_heads: 2,
-        kda_head_dim: 32,
         a_log_len: 4,
-        short_conv_kernel_size: 2,
-        num_attention_heads: 2,
-        q_lora_rank: 16,
-        kv_lora_rank: 64,
-        qk_nope_head_dim: 32,
-        qk_rope_head_dim: 16,
-        v_head_dim: 32,
-        num_experts: 4,
-        num_experts_per_token: 1,
-        num_shared_experts: 3,
-        moe_intermediate_size: 64,
-        routed_expert_hidden_size: 32,
         bpe_merges: 96,
+        config: ModelConfig {
+            hidden_size: 64,
+            num_hidden_layers: 7,
+            layer_kinds: layer_kinds(7, &[1, 3, 6, 7]),
+            attn_res_block_size: 1,
+            first_k_dense_replace: 0,
+            intermediate_size: 64,
+            kda: kda(2, 32, 2),
+            num_attention_heads: 2,
+            q_lora_rank: 16,
+            kv_lora_rank: 64,
+            qk_nope_head_dim: 32,
+            qk_rope_head_dim: 16,
+            v_head_dim: 32,
+            num_experts: 4,
+            num_experts_per_token: 1,
+            num_shared_experts: 3,
+            moe_intermediate_size: 64,
+            routed_expert_hidden_size: 32,
+            ..released()
+        },
     }
 }
 
@@ -176,28 +209,29 @@ fn tiny_c() -> Shape {
 fn small() -> Shape {
     Shape {
         name: "small",
-        hidden_size: 1024,
-        num_hidden_layers: 8,
-        full_attn_layers: vec![4, 7, 8],
-        attn_res_block_size: 4,
-        first_k_dense_replace: 1,
-        intermediate_size: 4096,
-        kda_num_heads: 8,
-        kda_head_dim: 128,
         a_log_len: 16,
-        short_conv_kernel_size: 4,
-        num_attention_heads: 8,
-        q_lora_rank: 384,
-        kv_lora_rank: 128,
-        qk_nope_head_dim: 64,
-        qk_rope_head_dim: 32,
-        v_head_dim: 64,
-        num_experts: 64,
-        num_experts_per_token: 8,
-        num_shared_experts: 2,
-        moe_intermediate_size: 512,
-        routed_expert_hidden_size: 512,
         bpe_merges: 1024,
+        config: ModelConfig {
+            hidden_size: 1024,
+            num_hidden_layers: 8,
+            layer_kinds: layer_kinds(8, &[4, 7, 8]),
+            attn_res_block_size: 4,
+            first_k_dense_replace: 1,
+            intermediate_size: 4096,
+            kda: kda(8, 128, 4),
+            num_attention_heads: 8,
+            q_lora_rank: 384,
+            kv_lora_rank: 128,
+            qk_nope_head_dim: 64,
+            qk_rope_head_dim: 32,
+            v_head_dim: 64,
+            num_experts: 64,
+            num_experts_per_token: 8,
+            num_shared_experts: 2,
+            moe_intermediate_size: 512,
+            routed_expert_hidden_size: 512,
+            ..released()
+        },
     }
 }
 
@@ -208,28 +242,15 @@ fn small() -> Shape {
 fn bench() -> Shape {
     Shape {
         name: "bench",
-        hidden_size: 7168,
-        num_hidden_layers: 6,
-        full_attn_layers: vec![4, 6],
-        attn_res_block_size: 3,
-        first_k_dense_replace: 1,
-        intermediate_size: 33792,
-        kda_num_heads: 96,
-        kda_head_dim: 128,
         a_log_len: 128,
-        short_conv_kernel_size: 4,
-        num_attention_heads: 96,
-        q_lora_rank: 1536,
-        kv_lora_rank: 512,
-        qk_nope_head_dim: 128,
-        qk_rope_head_dim: 64,
-        v_head_dim: 128,
-        num_experts: 64,
-        num_experts_per_token: 16,
-        num_shared_experts: 2,
-        moe_intermediate_size: 3072,
-        routed_expert_hidden_size: 3584,
         bpe_merges: 1024,
+        config: ModelConfig {
+            num_hidden_layers: 6,
+            layer_kinds: layer_kinds(6, &[4, 6]),
+            attn_res_block_size: 3,
+            num_experts: 64,
+            ..released()
+        },
     }
 }
 
@@ -241,32 +262,31 @@ mod tests {
     fn every_named_shape_is_consistent() {
         for name in SHAPE_NAMES {
             let s = Shape::named(name).unwrap();
+            let c = &s.config;
             assert_eq!(s.name, name);
-            assert_eq!(s.routed_expert_hidden_size % 32, 0, "{name}: MXFP4 groups");
-            assert_eq!(s.moe_intermediate_size % 32, 0, "{name}: MXFP4 groups");
-            assert!(s.a_log_len >= s.kda_num_heads, "{name}");
-            assert!(s.num_experts_per_token <= s.num_experts, "{name}");
-            assert!(s.first_k_dense_replace <= s.num_hidden_layers, "{name}");
-            assert!(
-                s.full_attn_layers
-                    .iter()
-                    .all(|&l| (1..=s.num_hidden_layers).contains(&l)),
-                "{name}"
-            );
-            assert_eq!(
-                s.kda_layers().len() + s.full_attn_layers.len(),
-                s.num_hidden_layers
-            );
+            assert_eq!(c.routed_expert_hidden_size % 32, 0, "{name}: MXFP4 groups");
+            assert_eq!(c.moe_intermediate_size % 32, 0, "{name}: MXFP4 groups");
+            assert!(s.a_log_len >= c.kda.num_heads, "{name}");
+            assert!(c.num_experts_per_token <= c.num_experts, "{name}");
+            assert!(c.first_k_dense_replace <= c.num_hidden_layers, "{name}");
+            assert_eq!(c.layer_kinds.len(), c.num_hidden_layers, "{name}");
         }
         assert!(Shape::named("huge").is_none());
     }
 
     #[test]
     fn tiny_is_the_spec_validation_config() {
-        let s = Shape::named("tiny").unwrap();
-        let kinds = s.layer_kinds();
+        let kinds = Shape::named("tiny").unwrap().config.layer_kinds;
         let mla: Vec<usize> = (0..9).filter(|&l| kinds[l] == MixerKind::Mla).collect();
         assert_eq!(mla, vec![3, 7, 8]);
-        assert_eq!(s.kda_layers(), vec![1, 2, 3, 5, 6, 7]);
+        assert_eq!(layers_of(&kinds, MixerKind::Kda), vec![1, 2, 3, 5, 6, 7]);
+        assert_eq!(layers_of(&kinds, MixerKind::Mla), vec![4, 8, 9]);
+    }
+
+    /// The fixed settings every shape inherits are the released config's (spec §2.1).
+    #[test]
+    fn released_is_the_released_config() {
+        let text = include_str!("../checkpoint/testdata/released_config.json");
+        assert_eq!(ModelConfig::from_json(text).unwrap(), released());
     }
 }

@@ -25,7 +25,7 @@ impl Drop for Scratch {
 }
 
 fn synth(shape: &str, dir: &Path, seed: u64) -> Summary {
-    let plan = plan(&Shape::named(shape).unwrap());
+    let plan = plan(&Shape::named(shape).unwrap()).unwrap();
     write(&plan, dir, seed, false, &mut |_| {}).unwrap()
 }
 
@@ -62,7 +62,7 @@ fn same_seed_same_bytes_any_thread_count() {
     let s2 = pool.install(|| synth("tiny-c", &b.0, 5));
     assert_eq!(s1.fingerprint, s2.fingerprint);
     assert_eq!(s1.files, s2.files);
-    let p = plan(&Shape::named("tiny-c").unwrap());
+    let p = plan(&Shape::named("tiny-c").unwrap()).unwrap();
     assert_eq!(fingerprint_dir(&p, &a.0).unwrap(), s1.fingerprint);
     let c = Scratch::new("det-c");
     assert_ne!(synth("tiny-c", &c.0, 6).fingerprint, s1.fingerprint);
@@ -155,7 +155,7 @@ fn refuses_non_empty_dir_unless_forced_and_force_clears_stale_shards() {
     fs::create_dir_all(&d.0).unwrap();
     fs::write(d.0.join("model-00001-of-000099.safetensors"), b"stale").unwrap();
     fs::write(d.0.join("notes.txt"), b"keep").unwrap();
-    let p = plan(&Shape::named("tiny").unwrap());
+    let p = plan(&Shape::named("tiny").unwrap()).unwrap();
     let e = write(&p, &d.0, 0, false, &mut |_| {}).unwrap_err();
     assert!(matches!(e, SynthError::NotEmpty { .. }), "{e}");
     write(&p, &d.0, 0, true, &mut |_| {}).unwrap();
@@ -197,15 +197,39 @@ fn reference_fixtures_match_the_synthesizer() {
 /// padding, and the data order.
 #[test]
 fn released_counts_give_released_shard_sizes() {
-    let mut s = Shape::named("bench").unwrap();
-    s.num_hidden_layers = 11;
-    s.full_attn_layers = vec![4, 8];
-    s.num_experts = 896;
-    let specs = inventory::shards(&s, 163_840);
-    let size = |i: usize| writer::plan(String::new(), specs[i].clone()).file_size();
+    let s = Shape::named("bench").unwrap();
+    let config = ModelConfig {
+        num_hidden_layers: 11,
+        layer_kinds: shape::layer_kinds(11, &[4, 8]),
+        num_experts: 896,
+        vocab_size: 163_840,
+        ..s.config
+    };
+    let specs = inventory::shards(&config, s.a_log_len).unwrap();
+    let size = |i: usize| {
+        writer::plan(String::new(), specs[i].clone())
+            .unwrap()
+            .file_size()
+    };
     assert_eq!(size(0), 2_341_216_112);
     assert_eq!(size(1), 16_990_911_504);
     assert_eq!(size(3), 16_567_501_776);
     assert_eq!(size(10), 16_990_916_912);
     assert_eq!(size(11), 4_697_664_072);
+}
+
+/// The written `config.json` reads back as exactly the plan's config, in every shape: the
+/// inventory the shards were built from is the one the reader will bind against.
+#[test]
+fn config_json_reads_back_as_the_plan_config() {
+    for name in shape::SHAPE_NAMES {
+        let p = plan(&Shape::named(name).unwrap()).unwrap();
+        let (_, text) = p
+            .small_files
+            .iter()
+            .find(|(n, _)| n == "config.json")
+            .unwrap();
+        let read = ModelConfig::from_json(std::str::from_utf8(text).unwrap()).unwrap();
+        assert_eq!(read, p.config, "{name}");
+    }
 }

@@ -3,9 +3,9 @@
 //! tensor name, chunk index): output is independent of the order and the thread that
 //! generates the chunks.
 
-use super::inventory::{Init, TensorSpec};
-use super::rng::{Rng, derive_seed, fnv1a64};
+use super::inventory::{Init, Tensor};
 use crate::checkpoint::safetensors::Dtype;
+use crate::rng::{Rng, derive_seed, fnv1a64};
 
 /// Elements per independent stream (even, so Box–Muller pairs never straddle chunks).
 pub const CHUNK: u64 = 1 << 16;
@@ -17,7 +17,7 @@ pub fn tensor_seed(seed: u64, name: &str) -> u64 {
 
 /// Appends the stored bytes of elements `[first, first + n)` of `t` to `out`. `first` must be
 /// a multiple of [`CHUNK`] and `n ≤ CHUNK` (one chunk per call).
-pub fn chunk_bytes(t: &TensorSpec, tseed: u64, first: u64, n: usize, out: &mut Vec<u8>) {
+pub fn chunk_bytes(t: &Tensor, tseed: u64, first: u64, n: usize, out: &mut Vec<u8>) {
     let mut rng = Rng::new(derive_seed(&[tseed, first / CHUNK]));
     match t.init {
         Init::Bytes => {
@@ -30,16 +30,16 @@ pub fn chunk_bytes(t: &TensorSpec, tseed: u64, first: u64, n: usize, out: &mut V
             let mut i = 0;
             while i < n {
                 let (a, b) = rng.normal_pair();
-                push_float(t.dtype, a * std, out);
+                push_float(t.spec.dtype, a * std, out);
                 if i + 1 < n {
-                    push_float(t.dtype, b * std, out);
+                    push_float(t.spec.dtype, b * std, out);
                 }
                 i += 2;
             }
         }
         Init::Uniform { lo, hi } => {
             for _ in 0..n {
-                push_float(t.dtype, lo + (hi - lo) * rng.next_f64(), out);
+                push_float(t.spec.dtype, lo + (hi - lo) * rng.next_f64(), out);
             }
         }
         Init::LogUniformPadded { live } => {
@@ -50,7 +50,7 @@ pub fn chunk_bytes(t: &TensorSpec, tseed: u64, first: u64, n: usize, out: &mut V
                 } else {
                     0.0
                 };
-                push_float(t.dtype, v, out);
+                push_float(t.spec.dtype, v, out);
             }
         }
     }
@@ -72,11 +72,15 @@ fn push_float(dtype: Dtype, v: f64, out: &mut Vec<u8>) {
 mod tests {
     use super::*;
 
-    fn spec(dtype: Dtype, n: usize, init: Init) -> TensorSpec {
-        TensorSpec {
-            name: "t".into(),
-            dtype,
-            shape: vec![n],
+    use crate::checkpoint::safetensors::TensorSpec;
+
+    fn spec(dtype: Dtype, n: u64, init: Init) -> Tensor {
+        Tensor {
+            spec: TensorSpec {
+                name: "t".into(),
+                dtype,
+                shape: vec![n],
+            },
             init,
         }
     }

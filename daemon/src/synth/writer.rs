@@ -12,9 +12,9 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::SynthError;
-use super::inventory::{ShardSpec, TensorSpec};
+use super::inventory::{ShardSpec, Tensor};
 use super::values::{CHUNK, chunk_bytes, tensor_seed};
-use crate::checkpoint::safetensors::Dtype;
+use crate::checkpoint::safetensors::{TensorSpec, data_order, encode_header};
 
 /// Chunks generated in parallel per batch: ≤ 32 × 64 Ki elements × 4 B = 8 MiB in flight.
 const BATCH_CHUNKS: u64 = 32;
@@ -23,7 +23,7 @@ const BATCH_CHUNKS: u64 = 32;
 #[derive(Debug, Clone)]
 pub struct PlannedShard {
     pub file_name: String,
-    pub tensors: Vec<TensorSpec>,
+    pub tensors: Vec<Tensor>,
     /// The 8-byte length prefix followed by the padded JSON.
     pub header: Vec<u8>,
     pub data_len: u64,
@@ -35,60 +35,21 @@ impl PlannedShard {
     }
 }
 
-fn dtype_tag(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F32 => "F32",
-        Dtype::Bf16 => "BF16",
-        Dtype::U8 => "U8",
-    }
-}
-
-/// Position of a dtype in the released data order.
-fn dtype_group(d: Dtype) -> u8 {
-    match d {
-        Dtype::F32 => 0,
-        Dtype::Bf16 => 1,
-        Dtype::U8 => 2,
-    }
-}
-
-/// Orders the tensors and builds the header.
-pub fn plan(file_name: String, spec: ShardSpec) -> PlannedShard {
+/// Orders the tensors as the data will be written and builds the header (the release's
+/// encoding, [`encode_header`]).
+pub fn plan(file_name: String, spec: ShardSpec) -> Result<PlannedShard, SynthError> {
     let mut tensors = spec.tensors;
-    tensors.sort_by(|a, b| {
-        dtype_group(a.dtype)
-            .cmp(&dtype_group(b.dtype))
-            .then_with(|| a.name.as_bytes().cmp(b.name.as_bytes()))
-    });
-    let mut json = String::from("{");
-    let mut offset = 0u64;
-    for (i, t) in tensors.iter().enumerate() {
-        if i > 0 {
-            json.push(',');
-        }
-        let end = offset + t.nbytes();
-        let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
-        // Names are ASCII identifiers with dots; serde_json quotes and escapes them.
-        json.push_str(&format!(
-            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
-            serde_json::Value::from(t.name.as_str()),
-            dtype_tag(t.dtype),
-            shape.join(","),
-        ));
-        offset = end;
-    }
-    json.push('}');
-    while json.len() % 8 != 0 {
-        json.push(' ');
-    }
-    let mut header = (json.len() as u64).to_le_bytes().to_vec();
-    header.extend_from_slice(json.as_bytes());
-    PlannedShard {
+    tensors.sort_by(|a, b| data_order(&a.spec).cmp(&data_order(&b.spec)));
+    let specs: Vec<TensorSpec> = tensors.iter().map(|t| t.spec.clone()).collect();
+    let Some((header, data_len)) = encode_header(&specs) else {
+        return Err(SynthError::DataOverflow { file: file_name });
+    };
+    Ok(PlannedShard {
         file_name,
         tensors,
         header,
-        data_len: offset,
-    }
+        data_len,
+    })
 }
 
 /// A writer that hashes everything passing through it.
@@ -146,7 +107,7 @@ pub fn write(
     w.write_all(&shard.header).map_err(io)?;
     progress(shard.header.len() as u64);
     for t in &shard.tensors {
-        let tseed = tensor_seed(seed, &t.name);
+        let tseed = tensor_seed(seed, &t.spec.name);
         let numel = t.numel();
         let chunks = numel.div_ceil(CHUNK);
         let mut c0 = 0;
@@ -157,7 +118,7 @@ pub fn write(
                 .map(|c| {
                     let first = c * CHUNK;
                     let n = (numel - first).min(CHUNK) as usize;
-                    let mut out = Vec::with_capacity(n * t.dtype.size());
+                    let mut out = Vec::with_capacity(n * t.spec.dtype.size());
                     chunk_bytes(t, tseed, first, n, &mut out);
                     out
                 })
@@ -178,12 +139,15 @@ pub fn write(
 mod tests {
     use super::super::inventory::Init;
     use super::*;
+    use crate::checkpoint::safetensors::Dtype;
 
-    fn t(name: &str, dtype: Dtype, n: usize) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            shape: vec![n],
+    fn t(name: &str, dtype: Dtype, n: u64) -> Tensor {
+        Tensor {
+            spec: TensorSpec {
+                name: name.into(),
+                dtype,
+                shape: vec![n],
+            },
             init: Init::Bytes,
         }
     }
@@ -200,8 +164,8 @@ mod tests {
                 t("experts.2.x", Dtype::U8, 1),
             ],
         };
-        let p = plan("s".into(), spec);
-        let names: Vec<&str> = p.tensors.iter().map(|t| t.name.as_str()).collect();
+        let p = plan("s".into(), spec).unwrap();
+        let names: Vec<&str> = p.tensors.iter().map(|t| t.spec.name.as_str()).collect();
         assert_eq!(
             names,
             [

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::rng::splitmix64;
 use crate::store::aligned::{AlignedBuf, round_up};
 use crate::store::direct_io::{DirectPolicy, ReadError, ReadMode, Shard};
-use crate::synth::rng::splitmix64;
 
 /// One routed expert, the engine's typical random read (spec §1.2).
 pub const EXPERT_READ: usize = 17_547_264;

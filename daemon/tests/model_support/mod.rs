@@ -211,7 +211,7 @@ pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
     static N: AtomicUsize = AtomicUsize::new(0);
     let s =
         k3d::synth::shape::Shape::named(shape).unwrap_or_else(|| panic!("no synth shape {shape}"));
-    let plan = k3d::synth::plan(&s);
+    let plan = k3d::synth::plan(&s).unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
     let dir = std::env::temp_dir().join(format!(
         "k3d-model-test-{shape}-{seed}-{}-{}",
         std::process::id(),

@@ -2,6 +2,7 @@
 pub mod check;
 pub mod doctor;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod verify;

@@ -38,7 +38,7 @@ pub fn run(args: Args) -> CliResult {
             ),
         ));
     };
-    let plan = synth::plan(&shape);
+    let plan = synth::plan(&shape).map_err(|e| CliError::new(Exit::Failure, e))?;
     let total = plan.total_bytes();
     let verbose = total > PROGRESS_ABOVE;
     if verbose {
@@ -71,7 +71,11 @@ pub fn run(args: Args) -> CliResult {
             let exit = match e {
                 SynthError::NoSpace { .. } => Exit::Resources,
                 SynthError::NotEmpty { .. } => Exit::Usage,
-                SynthError::Io { .. } | SynthError::Statvfs { .. } => Exit::Failure,
+                SynthError::Io { .. }
+                | SynthError::Statvfs { .. }
+                | SynthError::Dims { .. }
+                | SynthError::VocabTooLarge { .. }
+                | SynthError::DataOverflow { .. } => Exit::Failure,
             };
             CliError::new(exit, e)
         })?;

@@ -1,0 +1,74 @@
+//! How `k3` fails: one message on stderr saying what to do, and an exit code scripts can test.
+//!
+//! Exit codes:
+//! * 0 — success;
+//! * 1 — anything not below;
+//! * 2 — bad command line or input;
+//! * 3 — the daemon is not running (nothing listens on the socket);
+//! * 4 — permission denied on the socket (not in the socket's group);
+//! * 5 — the daemon is busy (its queue is full) or shutting down: retry later;
+//! * 6 — the daemon refused the request as invalid (its message says why);
+//! * 7 — the model failed (or failed to load): the daemon's message says why;
+//! * 130 — the generation was cancelled (Ctrl-C, or by another client).
+
+use tonic::{Code as Grpc, Status};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Other = 1,
+    Usage = 2,
+    NotRunning = 3,
+    Permission = 4,
+    Busy = 5,
+    Invalid = 6,
+    Model = 7,
+    Cancelled = 130,
+}
+
+#[derive(Debug)]
+pub struct Failure {
+    pub code: Code,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: Code, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(Code::Usage, message)
+    }
+}
+
+impl From<Status> for Failure {
+    fn from(s: Status) -> Failure {
+        let msg = s.message();
+        match s.code() {
+            Grpc::ResourceExhausted if msg.contains("k3d is busy") => Failure::new(
+                Code::Busy,
+                format!("{msg}\nRetry in a little while (`k3 status` shows the queue)."),
+            ),
+            // Other size limits (a message over the gRPC limit) are the request's fault.
+            Grpc::ResourceExhausted | Grpc::OutOfRange | Grpc::InvalidArgument => {
+                Failure::new(Code::Invalid, format!("k3d refused the request: {msg}"))
+            }
+            Grpc::Unavailable if msg.contains("failed to load") => {
+                Failure::new(Code::Model, format!("k3d cannot generate: {msg}"))
+            }
+            Grpc::Unavailable => Failure::new(
+                Code::Busy,
+                format!("k3d is unavailable: {msg}\nRetry once it is up (`k3 status`)."),
+            ),
+            Grpc::Internal | Grpc::FailedPrecondition | Grpc::DataLoss => {
+                Failure::new(Code::Model, format!("the model failed: {msg}"))
+            }
+            Grpc::Cancelled => Failure::new(Code::Cancelled, format!("cancelled: {msg}")),
+            Grpc::NotFound => Failure::new(Code::Invalid, msg.to_string()),
+            _ => Failure::new(Code::Other, format!("k3d: {:?}: {msg}", s.code())),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `k3 run PROMPT`: continue a prompt and stream the continuation.
+
+use crate::connect::{self, SocketPath};
+use crate::failure::{Code, Failure};
+use crate::stream::{self, Format, Reasoning, Show};
+use k3proto::v1 as pb;
+use std::io::Read;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The prompt; `-` reads it from stdin.
+    prompt: String,
+    /// The prompt is token ids (spaces or commas between them) and the output is ids too.
+    #[arg(long)]
+    ids: bool,
+    /// One JSON object per event on stdout.
+    #[arg(long, conflicts_with = "ids")]
+    json: bool,
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// Generation options shared by `run` and `chat`.
+#[derive(clap::Args, Clone)]
+pub struct Options {
+    /// Most tokens to generate (default: the daemon's, 256).
+    #[arg(long, default_value_t = 0)]
+    max_tokens: u32,
+    /// Sampling temperature; 0 = greedy (the default).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling threshold in (0, 1]; 0 or 1 = off.
+    #[arg(long, default_value_t = 0.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 0)]
+    top_k: u32,
+    /// Random seed: the same seed gives the same output.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop after this id (repeatable).
+    #[arg(long = "stop-id")]
+    stop_ids: Vec<u32>,
+    /// Stop once the output contains this text (repeatable).
+    #[arg(long = "stop")]
+    stop_strings: Vec<String>,
+}
+
+impl Options {
+    pub fn to_wire(&self) -> pb::GenerationOptions {
+        pb::GenerationOptions {
+            max_tokens: self.max_tokens,
+            sampling: Some(pb::Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                seed: self.seed,
+            }),
+            stop_ids: self.stop_ids.clone(),
+            stop_strings: self.stop_strings.clone(),
+        }
+    }
+}
+
+pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
+    let text = if args.prompt == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Failure::usage(format!("reading the prompt from stdin: {e}")))?;
+        text
+    } else {
+        args.prompt
+    };
+    let prompt = if args.ids {
+        pb::generate_request::Prompt::Ids(pb::TokenIds {
+            ids: parse_ids(&text)?,
+        })
+    } else {
+        pb::generate_request::Prompt::Text(text)
+    };
+    let mut interrupts = stream::interrupts()?;
+    let mut client = connect::connect(socket).await?;
+    let events = client
+        .generate(pb::GenerateRequest {
+            prompt: Some(prompt),
+            options: Some(args.options.to_wire()),
+        })
+        .await?
+        .into_inner();
+    let format = match (args.ids, args.json) {
+        (true, _) => Format::Ids,
+        (false, true) => Format::Json,
+        (false, false) => Format::Text,
+    };
+    let show = Show {
+        format,
+        reasoning: Reasoning::Dim,
+        stats: true,
+    };
+    let outcome = stream::show(&mut client, events, &show, &mut interrupts).await?;
+    if outcome.cancelled {
+        return Err(Failure::new(Code::Cancelled, "cancelled"));
+    }
+    Ok(())
+}
+
+fn parse_ids(text: &str) -> Result<Vec<u32>, Failure> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>()
+                .map_err(|_| Failure::usage(format!("--ids: {s:?} is not a token id")))
+        })
+        .collect()
+}

@@ -1,0 +1,266 @@
+//! Showing a Generate/Chat event stream: text (or ids, or JSON lines) on stdout; queue
+//! position, progress and the closing rate on stderr — a bar on a terminal, plain lines
+//! otherwise. Ctrl-C cancels the request (Cancel, then dropping the stream), not the program.
+
+use crate::failure::{Code, Failure};
+use k3proto::v1 as pb;
+use k3proto::v1::engine_client::EngineClient;
+use pb::event::Event;
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Decoded text.
+    Text,
+    /// Generated ids, space-separated, one line.
+    Ids,
+    /// One JSON object per event.
+    Json,
+}
+
+/// How the reasoning channel is shown (Chat only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reasoning {
+    Dim,
+    Hide,
+}
+
+pub struct Show {
+    pub format: Format,
+    pub reasoning: Reasoning,
+    /// Print the closing statistics line on stderr.
+    pub stats: bool,
+}
+
+/// What a finished (or cancelled) stream produced.
+#[derive(Default)]
+pub struct Outcome {
+    pub response: String,
+    pub reasoning: String,
+    pub ids: Vec<u32>,
+    pub cancelled: bool,
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// The Ctrl-C listener. Made once, before the request is sent, so a Ctrl-C that comes while the
+/// request is being set up is not lost (a listener only sees signals after its creation).
+pub fn interrupts() -> Result<Signal, Failure> {
+    signal(SignalKind::interrupt())
+        .map_err(|e| Failure::new(Code::Other, format!("installing the Ctrl-C handler: {e}")))
+}
+
+pub async fn show(
+    client: &mut EngineClient<Channel>,
+    stream: tonic::Streaming<pb::Event>,
+    how: &Show,
+    interrupts: &mut Signal,
+) -> Result<Outcome, Failure> {
+    let mut stream = stream;
+    let tty_out = std::io::stdout().is_terminal();
+    let tty_err = std::io::stderr().is_terminal();
+    let mut out = std::io::stdout().lock();
+    let mut outcome = Outcome::default();
+    let mut request_id = None;
+    let mut dimmed = false;
+    let mut bar_shown = false;
+    let started = Instant::now();
+    let mut first_token = None;
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            _ = interrupts.recv() => {
+                if let Some(id) = request_id {
+                    // Best effort: dropping the stream cancels it too.
+                    let _ = client.cancel(pb::CancelRequest { request_id: id }).await;
+                }
+                if dimmed { let _ = write!(out, "{RESET}"); }
+                let _ = out.flush();
+                outcome.cancelled = true;
+                eprintln!("{}[cancelled]", if bar_shown || tty_out { "\n" } else { "" });
+                return Ok(outcome);
+            }
+        };
+        let event = match next {
+            None => break,
+            Some(Err(status)) => {
+                if dimmed {
+                    let _ = write!(out, "{RESET}");
+                }
+                let _ = out.flush();
+                if bar_shown {
+                    eprintln!();
+                }
+                return Err(status.into());
+            }
+            Some(Ok(pb::Event { event: None })) => continue,
+            Some(Ok(pb::Event { event: Some(e) })) => e,
+        };
+        if how.format == Format::Json {
+            writeln!(out, "{}", json(&event)).map_err(write_failure)?;
+        }
+        match event {
+            Event::Accepted(a) => request_id = Some(a.request_id),
+            Event::Queued(q) if how.format != Format::Json => {
+                eprintln!("k3: waiting for a compute slot (position {})", q.position);
+            }
+            Event::Progress(p) if how.format != Format::Json => {
+                let phase = if p.phase == pb::Phase::Load as i32 {
+                    "loading model"
+                } else {
+                    "prefill"
+                };
+                if tty_err {
+                    eprint!("\r{}", bar(phase, p.done, p.total));
+                    bar_shown = true;
+                } else {
+                    eprintln!("k3: {phase} {}/{}", p.done, p.total);
+                }
+            }
+            Event::Token(t) => {
+                if bar_shown {
+                    eprint!("\r\x1b[K");
+                    bar_shown = false;
+                }
+                first_token.get_or_insert_with(Instant::now);
+                outcome.ids.push(t.id);
+                let channel = pb::Channel::try_from(t.channel).unwrap_or(pb::Channel::Text);
+                match channel {
+                    pb::Channel::Reasoning => outcome.reasoning.push_str(&t.text),
+                    pb::Channel::Response | pb::Channel::Text => outcome.response.push_str(&t.text),
+                    pb::Channel::Control => {}
+                }
+                match how.format {
+                    Format::Json => {}
+                    Format::Ids => {
+                        let sep = if outcome.ids.len() > 1 { " " } else { "" };
+                        write!(out, "{sep}{}", t.id).map_err(write_failure)?;
+                    }
+                    Format::Text => {
+                        let shown = match channel {
+                            pb::Channel::Control => None,
+                            pb::Channel::Reasoning if how.reasoning == Reasoning::Hide => None,
+                            pb::Channel::Reasoning => Some(true),
+                            _ => Some(false),
+                        };
+                        if let Some(dim) = shown {
+                            if tty_out && dim != dimmed {
+                                write!(out, "{}", if dim { DIM } else { RESET })
+                                    .map_err(write_failure)?;
+                                dimmed = dim;
+                            }
+                            write!(out, "{}", t.text).map_err(write_failure)?;
+                        }
+                    }
+                }
+                out.flush().map_err(write_failure)?;
+            }
+            Event::Done(d) => {
+                if dimmed {
+                    write!(out, "{RESET}").map_err(write_failure)?;
+                }
+                match how.format {
+                    Format::Json => {}
+                    Format::Ids => writeln!(out).map_err(write_failure)?,
+                    Format::Text => {
+                        write!(out, "{}", d.trailing_text).map_err(write_failure)?;
+                        if tty_out {
+                            writeln!(out).map_err(write_failure)?;
+                        }
+                    }
+                }
+                out.flush().map_err(write_failure)?;
+                if how.stats && how.format != Format::Json {
+                    eprintln!("{}", summary(&d, started, first_token));
+                }
+            }
+            Event::Queued(_) | Event::Progress(_) => {}
+        }
+    }
+    Ok(outcome)
+}
+
+fn write_failure(e: std::io::Error) -> Failure {
+    Failure::new(Code::Other, format!("writing the output: {e}"))
+}
+
+fn bar(phase: &str, done: u64, total: u64) -> String {
+    const WIDTH: u64 = 30;
+    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(0) as usize;
+    format!(
+        "k3: {phase} [{}{}] {done}/{total}",
+        "#".repeat(filled),
+        "-".repeat(WIDTH as usize - filled)
+    )
+}
+
+fn summary(d: &pb::Done, started: Instant, first_token: Option<Instant>) -> String {
+    let t = d.timings.unwrap_or_default();
+    let rate = if t.decode_seconds > 0.0 {
+        d.generated_tokens as f64 / t.decode_seconds
+    } else {
+        0.0
+    };
+    let reason = stop_reason(d.stop_reason);
+    let ttft = first_token.map_or(String::new(), |f| {
+        format!(
+            ", first token after {:.2} s",
+            f.duration_since(started).as_secs_f64()
+        )
+    });
+    format!(
+        "k3: {} tokens at {rate:.2} tokens/s ({reason}); prompt {} tokens, prefill {:.2} s{ttft}",
+        d.generated_tokens, d.prompt_tokens, t.prefill_seconds
+    )
+}
+
+/// The JSON line for one event: `{"event": NAME, ...fields}`.
+pub fn json(event: &Event) -> serde_json::Value {
+    use serde_json::json;
+    match event {
+        Event::Accepted(a) => {
+            json!({"event": "accepted", "request_id": a.request_id, "prompt_tokens": a.prompt_tokens})
+        }
+        Event::Queued(q) => json!({"event": "queued", "position": q.position}),
+        Event::Progress(p) => json!({
+            "event": "progress",
+            "phase": if p.phase == pb::Phase::Load as i32 { "load" } else { "prefill" },
+            "done": p.done, "total": p.total,
+        }),
+        Event::Token(t) => json!({
+            "event": "token", "id": t.id, "text": t.text,
+            "channel": pb::Channel::try_from(t.channel)
+                .map(|c| c.as_str_name().trim_start_matches("CHANNEL_").to_lowercase())
+                .unwrap_or_else(|_| "unknown".into()),
+        }),
+        Event::Done(d) => {
+            let t = d.timings.unwrap_or_default();
+            json!({
+                "event": "done",
+                "stop_reason": stop_reason(d.stop_reason),
+                "stop_id": d.stop_id, "stop_string": d.stop_string,
+                "prompt_tokens": d.prompt_tokens, "generated_tokens": d.generated_tokens,
+                "queued_seconds": t.queued_seconds, "prefill_seconds": t.prefill_seconds,
+                "decode_seconds": t.decode_seconds,
+                "bytes_read": d.bytes_read, "bytes_avoided": d.bytes_avoided,
+                "trailing_text": d.trailing_text,
+            })
+        }
+    }
+}
+
+/// `max_tokens`, `stop_id`, `end_of_turn`, ... for a wire stop reason.
+fn stop_reason(value: i32) -> String {
+    pb::StopReason::try_from(value)
+        .map(|r| {
+            r.as_str_name()
+                .trim_start_matches("STOP_REASON_")
+                .to_lowercase()
+        })
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,118 @@
+//! `k3d serve`: load a model once and serve it over a Unix socket (see `server/`).
+//!
+//! Settings come from the command line and, with `--config FILE`, from a TOML file whose keys
+//! are the long flag names with `-` written as `_` (`packaging/k3d.toml` documents them). A flag
+//! given on the command line overrides the file; unknown keys in the file are refused.
+use crate::exit::{CliError, CliResult, Exit};
+use crate::server;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json, shards, tokenizer files). Required here or in --config.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where to create the socket. Ignored when systemd passes one (socket activation).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// TOML file with any of these settings (keys = flag names with `_`); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Requests that may wait for a compute slot; more are refused with RESOURCE_EXHAUSTED
+    /// [default: 16].
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// Requests computed at once, stepped round-robin (each holds its own state) [default: 4].
+    #[arg(long)]
+    max_active: Option<usize>,
+    /// Permissions of the socket file: 0660 (owner and group) or 0600 (owner only)
+    /// [default: 0660].
+    #[arg(long, value_parser = ["0660", "0600"])]
+    socket_mode: Option<String>,
+    /// Group owning the socket; its members may connect (with --socket-mode 0660).
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// On SIGTERM/SIGINT, seconds to let running requests finish before cancelling them
+    /// [default: 10].
+    #[arg(long)]
+    shutdown_grace: Option<f64>,
+}
+
+/// The `--config` file: every key optional, none unknown.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    model: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    threads: Option<usize>,
+    max_queue: Option<usize>,
+    max_active: Option<usize>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    shutdown_grace: Option<f64>,
+}
+
+fn usage(message: String) -> CliError {
+    CliError::new(Exit::Usage, anyhow::anyhow!(message))
+}
+
+fn read_config(path: &Path) -> Result<ConfigFile, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("--config {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| usage(format!("--config {}: {e}", path.display())))
+}
+
+pub fn run(args: Args) -> CliResult {
+    let file = match &args.config {
+        Some(path) => read_config(path)?,
+        None => ConfigFile::default(),
+    };
+    let model = args.model.or(file.model).ok_or_else(|| {
+        usage("no model directory: pass --model DIR or set `model` in --config".into())
+    })?;
+    let socket = args.socket.or(file.socket).ok_or_else(|| {
+        usage("no socket path: pass --socket PATH or set `socket` in --config".into())
+    })?;
+    let shutdown_grace = args.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
+    if !shutdown_grace.is_finite() || !(0.0..=3600.0).contains(&shutdown_grace) {
+        return Err(usage(
+            "shutdown_grace must be between 0 and 3600 seconds".into(),
+        ));
+    }
+    let threads = match args.threads.or(file.threads) {
+        Some(0) => return Err(usage("threads must be at least 1".into())),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let max_active = args.max_active.or(file.max_active).unwrap_or(4);
+    if max_active == 0 {
+        return Err(usage("max_active must be at least 1".into()));
+    }
+    let mode = match args.socket_mode.or(file.socket_mode).as_deref() {
+        None | Some("0660") => 0o660,
+        Some("0600") => 0o600,
+        Some(other) => {
+            return Err(usage(format!(
+                "socket_mode {other:?}: use \"0660\" or \"0600\""
+            )));
+        }
+    };
+    server::run(server::Config {
+        model,
+        socket: server::SocketSpec {
+            path: socket,
+            mode,
+            group: args.socket_group.or(file.socket_group),
+        },
+        threads,
+        limits: server::Limits {
+            max_active,
+            max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
+        },
+        grace: Duration::from_secs_f64(shutdown_grace),
+    })
+}

@@ -1,0 +1,226 @@
+//! The scheduler thread: the only owner of the engine. It loads the model once, then steps the
+//! active requests round-robin, one engine step each in turn, so no request starves another;
+//! each request has its own `Generation`, so its output is what it would be alone.
+//!
+//! Events leave through each request's bounded channel. A request whose client is not reading
+//! (buffer full) is skipped for that round instead of blocking the thread, so one slow client
+//! cannot stall the others; every step emits at most one event, and a step is taken only when
+//! the buffer has room for it, so `try_send` of a step's event never fails for lack of space.
+//!
+//! A request's bookkeeping (`Shared::finish`) is done before its last event is sent, so a client
+//! that has seen its stream end never finds the request still counted as running in Status.
+
+use super::admission::{Job, Kind, Outcome, Shared, shutdown_status};
+use super::channels::Channels;
+use super::convert;
+use k3d::engine::{Engine, EngineError, EngineOptions, Generation, LoadProgress, Step};
+use k3d::tokenizer::StreamDecoder;
+use k3proto::v1 as pb;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tonic::Status;
+
+/// How long to wait before retrying when every active client's buffer is full.
+const STALL_WAIT: Duration = Duration::from_millis(2);
+
+/// A request being computed.
+struct Active<'e> {
+    job: Job,
+    generation: Generation,
+    text: StreamDecoder<'e>,
+    channels: Option<Channels>,
+    started: Instant,
+}
+
+/// Start the scheduler thread. It exits once admission is closed and nothing is left to run.
+pub fn spawn(
+    shared: Arc<Shared>,
+    model: PathBuf,
+    options: EngineOptions,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("k3d-scheduler".into())
+        .spawn(move || {
+            // The engine reports phases, not bytes: progress counts phases (checking the
+            // checkpoint, then loading resident weights), so done/total = 0/2, then 1/2.
+            let mut report = |p: LoadProgress| match p {
+                LoadProgress::Checking => shared.set_loading(0, 2),
+                LoadProgress::Weights => shared.set_loading(1, 2),
+                // Published with the engine's info right after `open` returns.
+                LoadProgress::Ready => {}
+            };
+            let started = Instant::now();
+            log!("loading {}", model.display());
+            let engine = match Engine::open(&model, options, &mut report) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    log!("error: loading {} failed: {e}", model.display());
+                    shared.set_failed(e.to_string());
+                    return;
+                }
+            };
+            log!(
+                "loaded {} in {:.2}s",
+                engine.info().name,
+                started.elapsed().as_secs_f64()
+            );
+            shared.set_ready(engine.info().clone(), engine.stats());
+            run(&shared, &engine);
+        })
+}
+
+fn run(shared: &Shared, engine: &Engine) {
+    let mut active: VecDeque<Active<'_>> = VecDeque::new();
+    loop {
+        let free = shared.limits.max_active.saturating_sub(active.len());
+        let taken = shared.take(free, active.is_empty());
+        for job in taken.jobs {
+            if let Some(a) = begin(shared, engine, job) {
+                active.push_back(a);
+            }
+        }
+        if active.is_empty() {
+            if taken.closed {
+                return;
+            }
+            continue;
+        }
+        let mut progressed = false;
+        for _ in 0..active.len() {
+            let Some(mut a) = active.pop_front() else {
+                break;
+            };
+            if a.job.tx.capacity() == 0 && !a.job.tx.is_closed() && !shared.stopping_all() {
+                active.push_back(a);
+                continue;
+            }
+            progressed = true;
+            if step(shared, engine, &mut a) {
+                active.push_back(a);
+            }
+        }
+        if !progressed {
+            shared.idle(STALL_WAIT);
+        }
+        shared.publish_stats(engine.stats());
+    }
+}
+
+/// Start a request's generation; an invalid request fails here with INVALID_ARGUMENT.
+fn begin<'e>(shared: &Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>> {
+    let channels = match job.kind {
+        Kind::Text => None,
+        Kind::Chat { thinking } => Some(Channels::new(engine.tokenizer().controls(), thinking)),
+    };
+    match engine.start(job.request.clone()) {
+        Ok(generation) => {
+            log!(
+                "request {} started (uid {}, {} prompt tokens, waited {:.3}s)",
+                job.id,
+                uid_text(job.uid),
+                job.request.prompt.len(),
+                job.admitted.elapsed().as_secs_f64()
+            );
+            Some(Active {
+                generation,
+                text: StreamDecoder::new(engine.tokenizer()),
+                channels,
+                started: Instant::now(),
+                job,
+            })
+        }
+        Err(e) => {
+            log!("request {} refused: {e}", job.id);
+            shared.finish(job.id, Outcome::Failed);
+            let _ = job.tx.try_send(Err(convert::engine_error(&e)));
+            None
+        }
+    }
+}
+
+/// One engine step of one request. Returns whether the request is still running.
+fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
+    let cancel_flag = Arc::clone(&a.job.cancel);
+    let tx = a.job.tx.clone();
+    let cancelled =
+        move || cancel_flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all();
+    match engine.step(&mut a.generation, &cancelled) {
+        Ok(Step::Prefill { done, total }) => {
+            a.job.offer(pb::event::Event::Progress(pb::Progress {
+                phase: pb::Phase::Prefill.into(),
+                done: done as u64,
+                total: total as u64,
+            }));
+            true
+        }
+        Ok(Step::Token { id }) => {
+            let tokenizer = engine.tokenizer();
+            let channel = match a.channels.as_mut() {
+                Some(c) => c.classify(tokenizer, id),
+                None => pb::Channel::Text,
+            };
+            // The engine emits only ids of its own vocabulary; were one unknown, show U+FFFD
+            // rather than fail a request whose ids are all still correct.
+            let text = a
+                .text
+                .push(id)
+                .unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.to_string());
+            a.job.offer(pb::event::Event::Token(pb::Token {
+                id,
+                text,
+                channel: channel.into(),
+            }));
+            true
+        }
+        Ok(Step::Finished(summary)) => {
+            let queued = a.started.duration_since(a.job.admitted).as_secs_f64();
+            log!(
+                "request {} done: {} tokens, {:?}, {:.3}s",
+                a.job.id,
+                summary.generated_tokens,
+                summary.stop_reason,
+                a.started.elapsed().as_secs_f64()
+            );
+            let trailing = a.text.flush();
+            let end_of_turn = match a.job.kind {
+                Kind::Chat { .. } => engine.tokenizer().end_of_turn_ids().to_vec(),
+                Kind::Text => Vec::new(),
+            };
+            shared.finish(a.job.id, Outcome::Completed);
+            a.job.offer(pb::event::Event::Done(convert::done(
+                &summary,
+                &end_of_turn,
+                queued,
+                trailing,
+            )));
+            false
+        }
+        Err(EngineError::Cancelled) => {
+            let status = if a.job.cancel.load(Ordering::Relaxed) {
+                Status::cancelled(format!("request {} cancelled", a.job.id))
+            } else if shared.stopping_all() {
+                shutdown_status()
+            } else {
+                Status::cancelled("the client went away")
+            };
+            log!("request {} cancelled: {}", a.job.id, status.message());
+            shared.finish(a.job.id, Outcome::Cancelled);
+            let _ = a.job.tx.try_send(Err(status));
+            false
+        }
+        Err(e) => {
+            log!("request {} failed: {e}", a.job.id);
+            shared.finish(a.job.id, Outcome::Failed);
+            let _ = a.job.tx.try_send(Err(convert::engine_error(&e)));
+            false
+        }
+    }
+}
+
+pub fn uid_text(uid: Option<u32>) -> String {
+    uid.map_or_else(|| "unknown".to_string(), |u| u.to_string())
+}

@@ -1,0 +1,776 @@
+//! `k3d serve` end to end: a real daemon process on a real Unix socket, driven over gRPC.
+
+#[path = "e2e_support.rs"]
+mod support;
+
+use k3proto::v1 as pb;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_stream::StreamExt;
+
+#[tokio::test]
+async fn loads_once_and_the_second_request_is_warm() {
+    let (d, mut c) = ready_daemon("warm", &[]).await;
+    let status = wait_ready(&mut c).await;
+    assert!(status.model.is_some(), "status names the model");
+    let first = generate(&mut c, ids_request(prompt(0), 8)).await;
+    let t = Instant::now();
+    let second = generate(&mut c, ids_request(prompt(0), 8)).await;
+    let warm = t.elapsed();
+    assert!(
+        first.error.is_none() && second.error.is_none(),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(first.ids.len(), 8);
+    assert_eq!(first.ids, second.ids, "greedy output is reproducible");
+    let done = second.done.expect("Done event");
+    assert_eq!(done.generated_tokens, 8);
+    assert_eq!(
+        done.bytes_read, 0,
+        "a warm request re-reads no resident weight"
+    );
+    assert!(matches!(
+        second.events.first(),
+        Some(pb::event::Event::Accepted(_))
+    ));
+    assert_eq!(
+        d.log_text().matches("] loaded ").count(),
+        1,
+        "the model is loaded once:\n{}",
+        d.log_text()
+    );
+    eprintln!("warm request of 8 tokens: {warm:?}");
+}
+
+#[tokio::test]
+async fn cancel_stops_a_generation_in_the_middle() {
+    let (d, mut c) = ready_daemon("cancel", &[]).await;
+    // Warm up once so every thread the daemon keeps exists before counting.
+    assert!(
+        generate(&mut c, ids_request(prompt(9), 2))
+            .await
+            .error
+            .is_none()
+    );
+    let threads_before = threads(&d);
+    let mut latencies = Vec::new();
+    for round in 0..5 {
+        let mut stream = c
+            .generate(ids_request(prompt(round), 4000))
+            .await
+            .expect("accepted")
+            .into_inner();
+        let mut id = None;
+        let mut tokens = 0;
+        while tokens < 3 {
+            match stream.next().await.expect("event").expect("no error").event {
+                Some(pb::event::Event::Accepted(a)) => id = Some(a.request_id),
+                Some(pb::event::Event::Token(_)) => tokens += 1,
+                _ => {}
+            }
+        }
+        let t = Instant::now();
+        c.cancel(pb::CancelRequest {
+            request_id: id.expect("accepted first"),
+        })
+        .await
+        .expect("cancel");
+        let rest = collect(stream).await;
+        latencies.push(t.elapsed());
+        let err = rest.error.expect("the stream ends with an error status");
+        assert_eq!(err.code(), tonic::Code::Cancelled, "{err:?}");
+        assert!(rest.done.is_none());
+        assert!(rest.ids.len() < 3990, "the generation stopped early");
+    }
+    latencies.sort();
+    eprintln!(
+        "cancel latency (Cancel sent → stream closed), median of 5: {:?}, max {:?}",
+        latencies[2], latencies[4]
+    );
+    assert!(latencies[4] < Duration::from_secs(2), "{latencies:?}");
+    // Cancelling something finished is NOT_FOUND; nothing is left running.
+    let s = c
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(s.active_requests, 0);
+    assert_eq!(s.requests_cancelled, 5);
+    assert_eq!(
+        threads(&d),
+        threads_before,
+        "cancelled requests leave no threads behind"
+    );
+    let err = c
+        .cancel(pb::CancelRequest { request_id: 1 })
+        .await
+        .expect_err("finished");
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn a_dropped_stream_stops_its_compute() {
+    let (_d, mut c) = ready_daemon("drop", &[]).await;
+    let mut stream = c
+        .generate(ids_request(prompt(1), 4000))
+        .await
+        .expect("accepted")
+        .into_inner();
+    let mut tokens = 0;
+    while tokens < 2 {
+        if let Some(pb::event::Event::Token(_)) =
+            stream.next().await.expect("event").expect("ok").event
+        {
+            tokens += 1;
+        }
+    }
+    let t = Instant::now();
+    drop(stream);
+    loop {
+        let s = c
+            .status(pb::StatusRequest {})
+            .await
+            .expect("status")
+            .into_inner();
+        if s.active_requests == 0 {
+            assert_eq!(s.requests_cancelled, 1);
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "compute still running after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    eprintln!("dropped stream → compute stopped within {:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_clients_get_what_they_get_alone() {
+    let (d, mut c) = ready_daemon("concurrent", &["--max-queue", "16", "--max-active", "4"]).await;
+    let mut alone = Vec::new();
+    for i in 0..16 {
+        let r = generate(&mut c, ids_request(prompt(i), 12)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        alone.push(r.ids);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..16u32 {
+        let socket = d.socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            generate(&mut c, ids_request(prompt(i), 12)).await
+        }));
+    }
+    let mut queued_seen = false;
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(r.ids, alone[i], "client {i} got other tokens than alone");
+        queued_seen |= r
+            .events
+            .iter()
+            .any(|e| matches!(e, pb::event::Event::Queued(_)));
+    }
+    assert!(
+        queued_seen,
+        "with 4 compute slots some of 16 clients must have been queued"
+    );
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_with_resource_exhausted() {
+    let (_d, mut c) = ready_daemon("busy", &["--max-queue", "1", "--max-active", "1"]).await;
+    // Wait until it computes, so the next one queues rather than starts.
+    let running = computing(&mut c, prompt(0)).await;
+    let mut waiting = c
+        .generate(ids_request(prompt(1), 4))
+        .await
+        .expect("second is queued")
+        .into_inner();
+    let mut position = None;
+    while position.is_none() {
+        if let Some(pb::event::Event::Queued(q)) =
+            waiting.next().await.expect("event").expect("ok").event
+        {
+            position = Some(q.position);
+        }
+    }
+    assert_eq!(position, Some(1));
+    let err = c
+        .generate(ids_request(prompt(2), 4))
+        .await
+        .expect_err("third is refused");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.message().contains("busy"), "{}", err.message());
+    drop(running);
+    let second = collect(waiting).await;
+    assert!(
+        second.error.is_none(),
+        "the queued request runs once the slot frees: {:?}",
+        second.error
+    );
+    assert_eq!(second.ids.len(), 4);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
+    let (d, mut c) = ready_daemon("malformed", &[]).await;
+    let status = wait_ready(&mut c).await;
+    let baseline = generate(&mut c, ids_request(prompt(3), 5)).await.ids;
+
+    let empty = c
+        .generate(ids_request(vec![], 5))
+        .await
+        .expect_err("empty prompt");
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument);
+    assert!(empty.message().contains("empty"), "{}", empty.message());
+
+    let none = c
+        .generate(pb::GenerateRequest {
+            prompt: None,
+            options: None,
+        })
+        .await
+        .expect_err("no prompt");
+    assert_eq!(none.code(), tonic::Code::InvalidArgument);
+
+    // An id beyond the vocabulary: refused before any compute.
+    let out_of_range = generate(&mut c, ids_request(vec![1, u32::MAX - 1], 5)).await;
+    let err = out_of_range.error.expect("id out of range is an error");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(out_of_range.ids.is_empty());
+
+    let absurd = generate(&mut c, ids_request(prompt(0), u32::MAX)).await;
+    let err = absurd.error.expect("absurd max_tokens is an error");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+
+    let mut bad = ids_request(prompt(0), 5);
+    bad.options.as_mut().expect("options").sampling = Some(pb::Sampling {
+        temperature: f32::NAN,
+        ..Default::default()
+    });
+    let err = generate(&mut c, bad)
+        .await
+        .error
+        .expect("NaN temperature is an error");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("temperature"), "{}", err.message());
+
+    let chat = c
+        .chat(pb::ChatRequest::default())
+        .await
+        .expect_err("no messages");
+    assert_eq!(chat.code(), tonic::Code::InvalidArgument);
+
+    // Over the 16 MiB message limit.
+    let huge = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text("x".repeat(17 << 20))),
+        options: None,
+    };
+    let err = c.generate(huge).await.expect_err("oversized message");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.message().contains("too large") || err.message().contains("length"),
+        "{}",
+        err.message()
+    );
+
+    let err = c
+        .detokenize(pb::DetokenizeRequest {
+            ids: vec![u32::MAX],
+        })
+        .await
+        .expect_err("bad id");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    // Garbage on the socket: that connection dies, nothing else notices.
+    {
+        use std::io::{Read, Write};
+        let mut raw = std::os::unix::net::UnixStream::connect(&d.socket).expect("raw connect");
+        raw.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\xfe garbage garbage\r\n");
+        let mut sink = Vec::new();
+        let _ = raw.read_to_end(&mut sink);
+    }
+    let after = generate(&mut client(&d.socket).await, ids_request(prompt(3), 5)).await;
+    assert!(after.error.is_none(), "{:?}", after.error);
+    assert_eq!(
+        after.ids, baseline,
+        "requests after all the bad ones are unaffected"
+    );
+    let s = c
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(s.state, "ready");
+    assert_eq!(s.model, status.model);
+}
+
+#[test]
+fn a_model_directory_without_model_files_is_refused_at_start() {
+    let dir = scratch("nomodel");
+    let out = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--model"])
+        .arg(dir.join("missing"))
+        .arg("--socket")
+        .arg(dir.join("k3d.sock"))
+        .output()
+        .expect("run k3d");
+    assert_eq!(out.status.code(), Some(3), "checkpoint errors exit 3");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing"), "names the directory: {err}");
+    assert!(!dir.join("k3d.sock").exists());
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_generation_finish_within_the_grace_then_exits_0() {
+    let (mut d, mut c) = ready_daemon("sigterm-grace", &["--shutdown-grace", "30"]).await;
+    let mut stream = c
+        .generate(ids_request(prompt(2), 24))
+        .await
+        .expect("accepted")
+        .into_inner();
+    until_token(&mut stream).await;
+    d.signal(libc::SIGTERM);
+    let rest = collect(stream).await;
+    assert!(
+        rest.error.is_none(),
+        "finished within the grace: {:?}",
+        rest.error
+    );
+    assert!(rest.done.is_some());
+    let status = d.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    assert!(!d.socket.exists(), "the socket is removed");
+    assert!(d.log_text().contains("SIGTERM"));
+}
+
+#[tokio::test]
+async fn sigterm_cancels_what_outlives_the_grace() {
+    let (mut d, mut c) = ready_daemon(
+        "sigterm-cancel",
+        &["--shutdown-grace", "0.2", "--max-active", "1"],
+    )
+    .await;
+    let stream = computing(&mut c, prompt(2)).await;
+    // A second request waits for the only compute slot.
+    let mut queued = c
+        .generate(ids_request(prompt(3), 4))
+        .await
+        .expect("queued")
+        .into_inner();
+    while !matches!(
+        queued.next().await.expect("event").expect("ok").event,
+        Some(pb::event::Event::Queued(_))
+    ) {}
+    let t = Instant::now();
+    d.signal(libc::SIGTERM);
+    for (what, events) in [("running", stream), ("queued", queued)] {
+        let rest = collect(events).await;
+        let err = rest
+            .error
+            .unwrap_or_else(|| panic!("{what}: cancelled by the shutdown"));
+        assert_eq!(err.code(), tonic::Code::Cancelled, "{what}");
+        assert!(
+            err.message().contains("shutting down"),
+            "{what}: {}",
+            err.message()
+        );
+    }
+    let status = d.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    assert!(!d.socket.exists());
+    eprintln!(
+        "SIGTERM → exit with a running generation and 0.2 s grace: {:?}",
+        t.elapsed()
+    );
+    // New connections are refused once it is down.
+    assert!(std::os::unix::net::UnixStream::connect(&d.socket).is_err());
+}
+
+#[test]
+fn socket_is_0660_with_its_group_and_a_live_socket_is_not_stolen() {
+    let dir = scratch("mode");
+    let socket = dir.join("k3d.sock");
+    let group = ensure_group("k3e2e");
+    let d = Daemon::start(tiny_model(), &socket, &["--socket-group", "k3e2e"]);
+    let meta = std::fs::metadata(&socket).expect("socket exists");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), group);
+    let out = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--model"])
+        .arg(tiny_model())
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .expect("second k3d");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(&d.socket).is_ok(),
+        "the first daemon still serves"
+    );
+    drop(d);
+    let d = Daemon::start(
+        tiny_model(),
+        &dir.join("private.sock"),
+        &["--socket-mode", "0600"],
+    );
+    let meta = std::fs::metadata(&d.socket).expect("socket exists");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn users_outside_the_socket_group_are_refused_by_permissions() {
+    let dir = scratch("users");
+    ensure_group("k3e2e");
+    ensure_user("k3e2e-member", Some("k3e2e"));
+    ensure_user("k3e2e-outsider", None);
+    let d = Daemon::start(
+        tiny_model(),
+        &dir.join("k3d.sock"),
+        &["--socket-group", "k3e2e"],
+    );
+    let run_as = |user: &str| {
+        std::process::Command::new("runuser")
+            .args(["-u", user, "--"])
+            .arg(bin("k3"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("status")
+            .output()
+            .expect("runuser")
+    };
+    let member = run_as("k3e2e-member");
+    assert!(
+        member.status.success(),
+        "group member: {}",
+        String::from_utf8_lossy(&member.stderr)
+    );
+    let outsider = run_as("k3e2e-outsider");
+    assert_eq!(
+        outsider.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&outsider.stderr)
+    );
+    let msg = String::from_utf8_lossy(&outsider.stderr);
+    assert!(
+        msg.contains("permission denied") && msg.contains("k3e2e"),
+        "says which group to join: {msg}"
+    );
+    // A generation as the member: the daemon logs its peer uid (SO_PEERCRED).
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "k3e2e-member", "--"])
+        .arg(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--ids", "--max-tokens", "2", "5 6 7"])
+        .output()
+        .expect("runuser k3 run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uid = String::from_utf8_lossy(
+        &std::process::Command::new("id")
+            .args(["-u", "k3e2e-member"])
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .trim()
+    .to_string();
+    assert!(
+        d.log_text().contains(&format!("from uid {uid} ")),
+        "{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test]
+async fn systemd_socket_activation_serves_the_passed_socket() {
+    let dir = scratch("activation");
+    let path = dir.join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = listener.as_raw_fd();
+    let log = dir.join("k3d.log");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$@\"")
+        .arg("sh")
+        .arg(bin("k3d"))
+        .args(["serve", "--threads", "1", "--model"])
+        .arg(tiny_model())
+        .arg("--socket")
+        .arg(dir.join("unused.sock"))
+        .stderr(std::fs::File::create(&log).expect("log"));
+    // SAFETY: dup2 is async-signal-safe and touches only the child's descriptor table; `fd`
+    // stays open in the parent until the child has exec'd (we hold `listener` below).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn");
+    let mut c = client(&path).await;
+    wait_ready(&mut c).await;
+    let r = generate(&mut c, ids_request(prompt(0), 3)).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    assert!(
+        !dir.join("unused.sock").exists(),
+        "with activation nothing is bound at --socket"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        path.exists(),
+        "systemd's socket file is systemd's to remove"
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("systemd"), "{text}");
+    drop(listener);
+}
+
+/// Threads of the daemon process right now.
+fn threads(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", d.child.id()))
+        .expect("/proc/PID/task")
+        .count()
+}
+
+/// groupadd/useradd lock /etc files: tests running in parallel take turns.
+static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Create a group if it does not exist (needs root: fails loudly otherwise); its gid.
+pub fn ensure_group(name: &str) -> u32 {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(gid) = gid_of(name) {
+        return gid;
+    }
+    let out = std::process::Command::new("groupadd")
+        .arg(name)
+        .output()
+        .expect("groupadd (needs root)");
+    assert!(
+        out.status.success(),
+        "groupadd {name} failed (tests need root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    gid_of(name).expect("group created")
+}
+
+fn gid_of(name: &str) -> Option<u32> {
+    let out = std::process::Command::new("getent")
+        .args(["group", name])
+        .output()
+        .ok()?;
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    line.split(':').nth(2)?.trim().parse().ok()
+}
+
+/// Create a user (with an optional supplementary group) if missing; needs root.
+pub fn ensure_user(name: &str, group: Option<&str>) {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let exists = std::process::Command::new("id")
+        .arg(name)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !exists {
+        let mut cmd = std::process::Command::new("useradd");
+        cmd.args(["--no-create-home", "--shell", "/usr/sbin/nologin"]);
+        if let Some(g) = group {
+            cmd.args(["-G", g]);
+        }
+        let out = cmd.arg(name).output().expect("useradd (needs root)");
+        assert!(
+            out.status.success(),
+            "useradd {name} failed (tests need root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[tokio::test]
+async fn chat_labels_each_token_with_its_channel() {
+    let (_d, mut c) = ready_daemon("chat", &[]).await;
+    let conversation = |thinking: pb::Thinking| pb::ChatRequest {
+        messages: vec![
+            pb::ChatMessage {
+                role: pb::Role::System.into(),
+                content: "You are helpful.".into(),
+                ..Default::default()
+            },
+            pb::ChatMessage {
+                role: pb::Role::User.into(),
+                content: "Hello".into(),
+                ..Default::default()
+            },
+        ],
+        thinking: thinking.into(),
+        effort: pb::Effort::Default.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens: 16,
+            ..Default::default()
+        }),
+    };
+    for thinking in [pb::Thinking::On, pb::Thinking::Off] {
+        let r = collect(
+            c.chat(conversation(thinking))
+                .await
+                .expect("chat accepted")
+                .into_inner(),
+        )
+        .await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let channels: Vec<pb::Channel> = r
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                pb::event::Event::Token(t) => {
+                    Some(pb::Channel::try_from(t.channel).expect("known channel"))
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(!channels.is_empty());
+        assert!(
+            !channels.contains(&pb::Channel::Text),
+            "chat tokens carry chat channels"
+        );
+        if thinking == pb::Thinking::Off {
+            assert!(!channels.contains(&pb::Channel::Reasoning));
+        } else {
+            // Until the model writes structure, the reply is in the think channel.
+            assert_ne!(channels.first(), Some(&pb::Channel::Response));
+        }
+        let done = r.done.expect("done");
+        if done.stop_reason == pb::StopReason::EndOfTurn as i32 {
+            assert!(done.stop_id != 0);
+        }
+    }
+}
+
+/// `k3d serve --config FILE`: the TOML file alone is enough to start; flags override it;
+/// unknown keys, wrong types and missing required settings are refused with exit 2.
+#[tokio::test]
+async fn serve_reads_its_settings_from_a_toml_config() {
+    let dir = scratch("config");
+    let socket = dir.join("from-file.sock");
+    let config = dir.join("k3d.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n",
+            tiny_model().display().to_string(),
+            socket.display().to_string()
+        ),
+    )
+    .expect("write config");
+    let log = dir.join("config.log");
+    let child = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn k3d serve --config");
+    let mut daemon = Daemon {
+        child,
+        socket: socket.clone(),
+        log,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no socket from config:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket_mode from the file applies");
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    let out = generate(&mut c, ids_request(prompt(1), 4)).await;
+    assert_eq!(out.ids.len(), 4, "a daemon configured from the file serves");
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait(std::time::Duration::from_secs(20)).success());
+
+    let refuse = |text: &str, extra: &[&str], needle: &str| {
+        std::fs::write(&config, text).expect("write config");
+        let out = std::process::Command::new(bin("k3d"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(extra)
+            .output()
+            .expect("run k3d");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{text:?} must be a usage error: {err}"
+        );
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{text:?}: {err}"
+        );
+    };
+    refuse("modle = \"/x\"\n", &[], "modle");
+    refuse("max_queue = \"many\"\n", &[], "max_queue");
+    refuse("socket = \"/tmp/x.sock\"\n", &[], "--model");
+    refuse(
+        "model = \"/x\"\nsocket = \"/tmp/x.sock\"\nsocket_mode = \"0777\"\n",
+        &[],
+        "0777",
+    );
+    // A flag overrides the file: the file's bad mode is never consulted when the flag is given.
+    let missing = dir.join("missing-model");
+    std::fs::write(
+        &config,
+        "model = \"/nonexistent\"\nsocket = \"/tmp/unused.sock\"\n",
+    )
+    .expect("write");
+    let out = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--model")
+        .arg(&missing)
+        .arg("--socket")
+        .arg(dir.join("flag.sock"))
+        .output()
+        .expect("run k3d");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("missing-model"),
+        "--model overrides the file's model: {err}"
+    );
+}

@@ -1,0 +1,279 @@
+//! Shared by the `e2e_*` tests: a real `k3d serve` process on a real socket, a gRPC client for
+//! it, and the paths of the built binaries. Included with `#[path]` by each test file.
+#![allow(dead_code)] // each test file uses a different subset
+
+use hyper_util::rt::TokioIo;
+use k3proto::v1 as pb;
+use k3proto::v1::engine_client::EngineClient;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tokio::net::UnixStream;
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// `target/<profile>/NAME`: the tests run from `target/<profile>/deps/`.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (`cargo build -p k3d -p k3`, same profile as the tests)",
+        path.display()
+    );
+    path
+}
+
+/// A fresh scratch directory for one test, world-traversable so other uids can reach sockets.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("k3-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod scratch");
+    dir
+}
+
+/// The tiny test checkpoint, written once per test process by `k3d synth --shape tiny`.
+pub fn tiny_model() -> &'static Path {
+    static MODEL: OnceLock<PathBuf> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        let dir = scratch("tiny-model").join("model");
+        let out = Command::new(bin("k3d"))
+            .args(["synth", "--shape", "tiny"])
+            .arg(&dir)
+            .output()
+            .expect("run k3d synth");
+        assert!(
+            out.status.success(),
+            "k3d synth --shape tiny failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Start `k3d serve` on `socket` with extra arguments; waits until the socket accepts.
+    pub fn start(model: &Path, socket: &Path, extra: &[&str]) -> Daemon {
+        let log = socket.with_extension("log");
+        let child = Command::new(bin("k3d"))
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .arg("--socket")
+            .arg(socket)
+            .args(["--threads", "1"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("daemon log file"))
+            .spawn()
+            .expect("spawn k3d serve");
+        let mut d = Daemon {
+            child,
+            socket: socket.to_path_buf(),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("k3d serve exited early ({status}):\n{}", d.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "k3d serve did not listen within 30 s:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({sig}) failed");
+    }
+
+    /// Wait for the daemon to exit by itself; its exit status.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for k3d") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "k3d did not exit within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub async fn client(socket: &Path) -> EngineClient<Channel> {
+    let path = socket.to_path_buf();
+    let channel = Endpoint::from_static("http://k3d.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .expect("connect to k3d");
+    EngineClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+/// Wait until Status says ready (the model is loaded).
+pub async fn wait_ready(c: &mut EngineClient<Channel>) -> pb::StatusReply {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = c
+            .status(pb::StatusRequest {})
+            .await
+            .expect("status")
+            .into_inner();
+        if s.state == "ready" {
+            return s;
+        }
+        assert!(
+            !s.state.starts_with("failed"),
+            "model failed to load: {}",
+            s.state
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not ready after 60 s: {}",
+            s.state
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn ids_request(ids: Vec<u32>, max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Ids(pb::TokenIds { ids })),
+        options: Some(pb::GenerationOptions {
+            max_tokens,
+            ..Default::default()
+        }),
+    }
+}
+
+/// Everything one generation streamed.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub events: Vec<pb::event::Event>,
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub done: Option<pb::Done>,
+    pub error: Option<tonic::Status>,
+}
+
+pub async fn collect(mut stream: tonic::Streaming<pb::Event>) -> Collected {
+    let mut out = Collected::default();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(pb::Event { event: Some(e) }) => {
+                match &e {
+                    pb::event::Event::Token(t) => {
+                        out.ids.push(t.id);
+                        out.text.push_str(&t.text);
+                    }
+                    pb::event::Event::Done(d) => out.done = Some(d.clone()),
+                    _ => {}
+                }
+                out.events.push(e);
+            }
+            Ok(_) => {}
+            Err(status) => {
+                out.error = Some(status);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Generate and collect; the RPC itself must be accepted.
+pub async fn generate(c: &mut EngineClient<Channel>, req: pb::GenerateRequest) -> Collected {
+    collect(
+        c.generate(req)
+            .await
+            .expect("generate accepted")
+            .into_inner(),
+    )
+    .await
+}
+
+/// A distinct, valid prompt for client `i` (ids well inside any test vocabulary).
+pub fn prompt(i: u32) -> Vec<u32> {
+    vec![10 + i, 20 + 2 * i, 30 + 3 * i, 40]
+}
+
+/// Read a stream until its first Token (the request is computing); returns its request id.
+pub async fn until_token(stream: &mut tonic::Streaming<pb::Event>) -> u64 {
+    let mut id = 0;
+    loop {
+        match stream
+            .next()
+            .await
+            .expect("an event")
+            .expect("no error")
+            .event
+        {
+            Some(pb::event::Event::Accepted(a)) => id = a.request_id,
+            Some(pb::event::Event::Token(_)) => return id,
+            _ => {}
+        }
+    }
+}
+
+/// A daemon serving the tiny model in a fresh scratch directory, and a client once it is ready.
+pub async fn ready_daemon(name: &str, extra: &[&str]) -> (Daemon, EngineClient<Channel>) {
+    let d = Daemon::start(tiny_model(), &scratch(name).join("k3d.sock"), extra);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    (d, c)
+}
+
+/// Start a long generation (4000 tokens) and return its stream once it is computing.
+pub async fn computing(
+    c: &mut EngineClient<Channel>,
+    ids: Vec<u32>,
+) -> tonic::Streaming<pb::Event> {
+    let mut stream = c
+        .generate(ids_request(ids, 4000))
+        .await
+        .expect("generation accepted")
+        .into_inner();
+    until_token(&mut stream).await;
+    stream
+}

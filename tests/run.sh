@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The k3 test suite, from a fresh clone: installs what the tests need that a fresh machine of
+# this kind may lack, then runs every test of the workspace. README.md names this script as
+# the test command, and .ci/run calls it through the README.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)                       # REPL tests drive a real terminal
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)         # packaging tests lint the units
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "tests: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
+        exit 1
+    fi
+    echo "tests: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust 1.95 (rustup)" >&2; exit 1; }
+
+# The end-to-end tests spawn the real k3d and k3 binaries from target/debug.
+cargo build --workspace --bins
+cargo test --workspace "$@"
