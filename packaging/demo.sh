@@ -10,8 +10,6 @@
 # 4. streams a generation through `k3 run` (the tiny model's weights are random: expect
 #    fluent-looking nonsense, not an answer);
 # 5. stops the daemon (SIGTERM) and removes the socket directory, also on Ctrl-C or failure.
-# If this build has no `k3d serve`/`k3` client yet, step 3-4 fall back to the offline
-# `k3d run --prompt`, and the script says so.
 set -euo pipefail
 
 prompt=${1:-"The quick brown fox"}
@@ -33,14 +31,6 @@ else
     say "first use: writing the tiny model to $model"
     mkdir -p "$(dirname "$model")"
     "$k3d" synth --shape tiny "$model" >/dev/null
-fi
-
-if ! "$k3d" serve --help >/dev/null 2>&1 || ! [[ -x "$k3" ]] || ! "$k3" run --help >/dev/null 2>&1; then
-    say "NOTE: this build has no 'k3d serve' daemon and 'k3 run' client yet;"
-    say "NOTE: falling back to the OFFLINE path 'k3d run --prompt' (no daemon, no socket)"
-    "$k3d" run "$model" --prompt "$prompt" --gen 24
-    say "done in $(( $(date +%s) - started )) s (offline fallback)"
-    exit 0
 fi
 
 rundir=$(mktemp -d "${TMPDIR:-/tmp}/k3-demo.XXXXXX")
