@@ -1,6 +1,7 @@
 //! One module per `k3d` subcommand.
+pub mod budget;
 pub mod check;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
-pub mod serve;

@@ -33,6 +33,8 @@ pub struct Args {
     /// On SIGTERM/SIGINT, seconds to let running requests finish before cancelling them.
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace: f64,
+    #[command(flatten)]
+    budget: super::budget::BudgetArgs,
 }
 
 pub fn run(args: Args) -> CliResult {
@@ -74,6 +76,7 @@ pub fn run(args: Args) -> CliResult {
             group: args.socket_group,
         },
         threads,
+        model_options: args.budget.load_options()?,
         limits: server::Limits {
             max_active: usize::from(args.max_active),
             max_queue: args.max_queue,
