@@ -495,13 +495,16 @@ impl Model {
                     // does not change a bit.
                     let mut outputs = Vec::with_capacity(plan.needed.len());
                     for group in plan.needed.chunks(self.store.expert_group()) {
-                        let set = self.store.experts(l, group)?;
-                        let experts = set
-                            .experts
-                            .iter()
-                            .map(|v| binder.expert(l, v))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        outputs.extend(moe::run_experts(&self.moe, &plan, group, &experts));
+                        // Resident experts run together, then each read as it lands.
+                        self.store.experts_each(l, group, |views| {
+                            let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
+                            let experts = views
+                                .iter()
+                                .map(|v| binder.expert(l, v))
+                                .collect::<Result<Vec<_>, _>>()?;
+                            outputs.extend(moe::run_experts(&self.moe, &plan, &ids, &experts));
+                            Ok::<(), ModelError>(())
+                        })?;
                     }
                     moe::combine(&self.moe, &m, p, &x2, &plan, &outputs, &mut f);
                 }

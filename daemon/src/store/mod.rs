@@ -147,7 +147,7 @@ impl Drop for Bytes<'_> {
 /// Bytes of one layer's trunk run.
 pub type TrunkView<'s> = Bytes<'s>;
 
-/// One routed expert handed out by [`WeightStore::experts`]: its run bytes (held in its cache
+/// One routed expert handed out by [`WeightStore::experts_each`]: its run bytes (held in its cache
 /// slot while this view lives) and the layout of its six tensors within them.
 pub struct ExpertView<'s> {
     pub expert: usize,
@@ -159,11 +159,6 @@ impl ExpertView<'_> {
     pub fn bytes(&self) -> &[u8] {
         self.run.payload()
     }
-}
-
-/// The experts of one request, in the order they were asked for.
-pub struct ExpertSet<'s> {
-    pub experts: Vec<ExpertView<'s>>,
 }
 
 /// Where a bad scale byte was found, remembered so later requests fail identically.
@@ -419,7 +414,7 @@ impl WeightStore {
         for (l, v) in self.verdicts.iter().enumerate() {
             if !v.is_empty() {
                 let ids: Vec<usize> = (0..v.len()).collect();
-                self.fetch_experts(l, &ids)?;
+                self.fetch_each(l, &ids, |_| Ok::<(), StoreError>(()))?;
             }
         }
         Ok(())
@@ -430,7 +425,7 @@ impl WeightStore {
         &self.plan
     }
 
-    /// How many experts one [`WeightStore::experts`] request may name: all of them must be
+    /// How many experts one [`WeightStore::experts_each`] request may name: all of them must be
     /// held in cache slots at once.
     pub fn expert_group(&self) -> usize {
         self.plan.cache_slots.max(1)
@@ -539,34 +534,52 @@ impl WeightStore {
         }
     }
 
-    /// The routed experts `ids` of layer `layer`, in the order given; at most
-    /// [`WeightStore::expert_group`] of them. The misses are read as one batch. Each expert's
-    /// scale bytes are verified on its first request; a corrupt or unreadable expert fails the
-    /// whole request.
-    pub fn experts(&self, layer: usize, ids: &[usize]) -> Result<ExpertSet<'_>, StoreError> {
-        let runs = self.fetch_experts(layer, ids)?;
-        let FfnLayout::Moe(moe) = &self.layout.layers[layer].ffn else {
-            return Err(StoreError::NotMoe { layer });
-        };
-        let mut out = Vec::with_capacity(ids.len());
-        for (&e, run) in ids.iter().zip(runs) {
-            let (stored, layout) = &moe.experts[e];
-            self.verify(layer, e, *stored, layout, run.payload())?;
-            out.push(ExpertView {
-                expert: e,
-                run,
-                layout,
-            });
-        }
-        Ok(ExpertSet { experts: out })
-    }
-
-    /// The cache's runs of experts `ids` of `layer`, reading every miss in one batch.
-    fn fetch_experts(
+    /// The routed experts `ids` of layer `layer` (at most [`WeightStore::expert_group`]),
+    /// handed to `compute` as they become available: first every resident one in one call,
+    /// then each read as it lands (the misses are read as one batch, §4.4), so compute overlaps
+    /// the remaining reads. Each expert's scale bytes are verified on its first hand-out; a
+    /// corrupt or unreadable expert fails the request (no expert is skipped).
+    pub fn experts_each<E: From<StoreError>>(
         &self,
         layer: usize,
         ids: &[usize],
-    ) -> Result<Vec<Arc<LoadedRun>>, StoreError> {
+        mut compute: impl FnMut(Vec<ExpertView<'_>>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let FfnLayout::Moe(moe) = &self
+            .layout
+            .layers
+            .get(layer)
+            .ok_or(StoreError::NoSuchLayer {
+                layer,
+                count: self.layout.layers.len(),
+            })?
+            .ffn
+        else {
+            return Err(StoreError::NotMoe { layer }.into());
+        };
+        self.fetch_each(layer, ids, |got| {
+            let mut views = Vec::with_capacity(got.len());
+            for (e, run) in got {
+                let (stored, layout) = &moe.experts[e];
+                self.verify(layer, e, *stored, layout, run.payload())?;
+                views.push(ExpertView {
+                    expert: e,
+                    run,
+                    layout,
+                });
+            }
+            compute(views)
+        })
+    }
+
+    /// The cache's runs of experts `ids` of `layer` as `(expert, run)`: the resident ones in one
+    /// call of `f`, then each miss as its read lands.
+    fn fetch_each<E: From<StoreError>>(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        mut f: impl FnMut(Vec<(usize, Arc<LoadedRun>)>) -> Result<(), E>,
+    ) -> Result<(), E> {
         let count = self.layout.layers.len();
         let ll = self
             .layout
@@ -574,58 +587,52 @@ impl WeightStore {
             .get(layer)
             .ok_or(StoreError::NoSuchLayer { layer, count })?;
         let FfnLayout::Moe(moe) = &ll.ffn else {
-            return Err(StoreError::NotMoe { layer });
+            return Err(StoreError::NotMoe { layer }.into());
         };
-        let mut got: Vec<Option<Arc<LoadedRun>>> = (0..ids.len()).map(|_| None).collect();
+        let mut ready = Vec::new();
         let mut tickets = Vec::new();
         let mut reads = Vec::new();
-        for (i, &e) in ids.iter().enumerate() {
+        for &e in ids {
             let Some((run, _)) = moe.experts.get(e) else {
                 return Err(StoreError::NoSuchExpert {
                     layer,
                     expert: e,
                     count: moe.experts.len(),
-                });
+                }
+                .into());
             };
             let key = ExpertId {
                 layer: layer as u32,
                 expert: e as u32,
             };
-            match self.cache.acquire(key, *run)? {
+            match self.cache.acquire(key, *run).map_err(StoreError::from)? {
                 Acquired::Ready(a) => {
                     self.counters.avoided(a.payload().len());
-                    got[i] = Some(a);
+                    ready.push((e, a));
                 }
                 Acquired::Read { ticket, run, buf } => {
-                    tickets.push((i, ticket));
+                    tickets.push(Some((e, ticket, run.len)));
                     reads.push((run, buf));
                 }
             }
         }
-        if !reads.is_empty() {
-            let lens: Vec<u64> = reads.iter().map(|(r, _)| r.len).collect();
-            let mut batch = self.pool.submit(reads);
-            let mut tickets: Vec<_> = tickets.into_iter().map(Some).collect();
+        // Issue the misses before computing the resident experts.
+        let mut batch = (!reads.is_empty()).then(|| self.pool.submit(reads));
+        if !ready.is_empty() {
+            f(ready)?;
+        }
+        if let Some(batch) = &mut batch {
             while let Some((id, result)) = self.counters.waiting(|| batch.wait_any()) {
-                let Some((i, ticket)) = tickets.get_mut(id).and_then(Option::take) else {
+                let Some((e, ticket, len)) = tickets.get_mut(id).and_then(Option::take) else {
                     continue;
                 };
                 // Publishing a failure empties the slot; the error names file, offset, errno.
-                let run = ticket.publish(result)?;
-                self.counters.read(Class::Experts, lens[id]);
-                got[i] = Some(run);
+                let run = ticket.publish(result).map_err(StoreError::from)?;
+                self.counters.read(Class::Experts, len);
+                f(vec![(e, run)])?;
             }
         }
-        got.into_iter()
-            .zip(ids)
-            .map(|(g, &e)| {
-                g.ok_or(StoreError::NoSuchExpert {
-                    layer,
-                    expert: e,
-                    count: moe.experts.len(),
-                })
-            })
-            .collect()
+        Ok(())
     }
 
     fn verify(
