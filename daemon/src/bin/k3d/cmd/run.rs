@@ -61,7 +61,7 @@ pub fn run(args: Args) -> CliResult {
     let plan = k3d::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
         .map_err(|e| CliError::new(Exit::Resources, e))?;
     drop(checkpoint);
-    eprint!("{plan}");
+    eprintln!("{plan}");
     if let Some(t) = args.threads {
         options.threads = t;
     }
