@@ -33,6 +33,8 @@ pub struct EngineInfo {
     pub summary: String,
     pub num_layers: usize,
     pub vocab_size: usize,
+    /// The memory plan the weights were loaded with (multi-line text).
+    pub plan: String,
 }
 
 impl EngineInfo {
@@ -64,6 +66,7 @@ impl EngineInfo {
             summary,
             num_layers: c.num_hidden_layers,
             vocab_size: c.vocab_size,
+            plan: String::new(),
         })
     }
 }

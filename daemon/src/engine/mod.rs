@@ -113,8 +113,12 @@ impl Engine {
             .build()
             .map_err(|e| EngineError::ThreadPool(e.to_string()))?;
         progress(LoadProgress::Weights);
-        let model = pool.install(|| Model::load(&checkpoint, options.model.clone()))?;
+        let model = pool.install(|| Model::load(&checkpoint, options.model))?;
         progress(LoadProgress::Ready);
+        let info = EngineInfo {
+            plan: model.plan().to_string(),
+            ..info
+        };
         Ok(Engine {
             model,
             tokenizer,

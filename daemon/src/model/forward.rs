@@ -15,6 +15,8 @@
 //! bits. Weights are reached only through the [`WeightStore`].
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use rayon::prelude::*;
 
@@ -30,17 +32,72 @@ use super::{ModelError, grain};
 use crate::checkpoint::config::{MixerKind, ModelConfig};
 use crate::checkpoint::layout::{
     FfnLayout, KdaLayout, LayerLayout, MixerLayout, MlaLayout, MlpLayout, ModelLayout, ModelTensor,
-    MoeLayout,
+    MoeLayout, Slice,
 };
+use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::Bf16Matrix;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
-use crate::store::{ExpertView, ModelTensorId, WeightStore};
+use crate::store::plan::{Budget, Census, Plan, PlanError, StreamScheme};
+use crate::store::{ExpertView, ModelTensorId, StoreOptions, WeightStore};
 
-/// How the model is loaded. Phase 1 has a single mode (everything resident); the memory budget
-/// of the streaming store (issue 4) is configured here.
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {}
+/// How the model is loaded: the memory budget and how streamed weights pass through memory
+/// (issue 4). The default is the `max` budget: everything resident.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    pub budget: Budget,
+    pub scheme: StreamScheme,
+    /// Positions of conversation state the plan reserves memory for.
+    pub max_context: u64,
+    /// Prompt tokens per forward the plan reserves scratch memory for.
+    pub max_tokens_per_call: u64,
+    pub store: StoreOptions,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            budget: Budget::default(),
+            scheme: StreamScheme::default(),
+            max_context: 4096,
+            max_tokens_per_call: 32,
+            store: StoreOptions::default(),
+        }
+    }
+}
+
+/// The memory plan for loading `config`/`layout` with `options`, computed before anything is
+/// allocated.
+pub fn plan_for(
+    config: &ModelConfig,
+    layout: &ModelLayout,
+    options: &LoadOptions,
+) -> Result<Plan, PlanError> {
+    let census = Census::from_layout(
+        layout,
+        config,
+        options.max_context,
+        scratch_bytes(config, options.max_tokens_per_call),
+    )?;
+    Plan::new(&census, options.budget, options.scheme)
+}
+
+/// f32 activations of one call of `t` tokens: the widest live set is a handful of `[t, width]`
+/// buffers per op plus the logits; eight of the widest per token bounds it.
+fn scratch_bytes(c: &ModelConfig, t: u64) -> u64 {
+    let widest = [
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_shared_experts * c.moe_intermediate_size,
+        c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim),
+        c.kda.num_heads * c.kda.head_dim,
+        c.num_experts,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0) as u64;
+    t * 4 * (8 * widest + c.vocab_size as u64)
+}
 
 /// Which positions' logits a forward returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +146,8 @@ pub struct Model {
     final_norm: Vec<f32>,
     /// `output_attn_res_norm ⊙ output_attn_res_proj`.
     output_res: Vec<f32>,
+    /// Wall time inside [`Model::forward`], for compute vs I/O accounting.
+    forward_nanos: AtomicU64,
 }
 
 impl Model {
@@ -112,7 +171,7 @@ impl Model {
         config: ModelConfig,
         layout: ModelLayout,
         shards: Vec<PathBuf>,
-        _options: LoadOptions,
+        options: LoadOptions,
     ) -> Result<Model, ModelError> {
         let n = config.num_hidden_layers;
         if layout.layers.len() != n || config.layer_kinds.len() != n {
@@ -166,7 +225,8 @@ impl Model {
                 eps: config.rms_norm_eps,
             },
         };
-        let store = WeightStore::load_resident(layout, shards)?;
+        let plan = plan_for(&config, &layout, &options)?;
+        let store = WeightStore::open(layout, &shards, plan, options.store)?;
 
         let mut layers = Vec::with_capacity(n);
         for (l, ll) in store.layout().layers.iter().enumerate() {
@@ -225,18 +285,33 @@ impl Model {
             output_res: fold_query(&out_norm, &out_proj),
             store,
             config,
+            forward_nanos: AtomicU64::new(0),
         };
-        model.embedding()?;
-        model.lm_head()?;
+        let table = |t: &ModelTensor, name| {
+            table_shape(t, model.config.vocab_size, h, TensorName::model(name))
+        };
+        table(&model.store.layout().embed_tokens, "embed_tokens.weight")?;
+        table(&model.store.layout().lm_head, "lm_head.weight")?;
         Ok(model)
     }
 
-    /// The validated configuration.
     /// Weight traffic of the store since load.
     pub fn store_stats(&self) -> crate::store::StoreStats {
         self.store.stats()
     }
 
+    /// Seconds spent in [`Model::forward`] not waiting for reads.
+    pub fn compute_seconds(&self) -> f64 {
+        let total = self.forward_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
+        (total - self.store.stats().io_seconds).max(0.0)
+    }
+
+    /// The memory plan the model was loaded with.
+    pub fn plan(&self) -> &Plan {
+        self.store.plan()
+    }
+
+    /// The validated configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
@@ -265,6 +340,20 @@ impl Model {
         want: Logits,
         cancel: &dyn Fn() -> bool,
     ) -> Result<Vec<f32>, ModelError> {
+        let start = Instant::now();
+        let out = self.forward_timed(state, ids, want, cancel);
+        self.forward_nanos
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    fn forward_timed(
+        &self,
+        state: &mut State,
+        ids: &[u32],
+        want: Logits,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<f32>, ModelError> {
         if state.poisoned {
             return Err(ModelError::StatePoisoned);
         }
@@ -284,7 +373,7 @@ impl Model {
         let mut cur = Vec::with_capacity(ids.len() * h);
         for &id in ids {
             // No scaling, no position embedding, no BOS insertion (spec §4.2).
-            cur.extend(bf16_vector(self.store.embedding_row(id as usize, 2 * h)?));
+            cur.extend(bf16_vector(&self.store.embedding_row(id as usize)?));
         }
         if cancel() {
             return Err(ModelError::Cancelled);
@@ -399,13 +488,23 @@ impl Model {
                 (FfnParams::Moe(p), FfnLayout::Moe(ml)) => {
                     let m = binder.moe(l, ml, &trunk)?;
                     let plan = moe::plan(&self.moe, &m, p, &x2);
-                    let set = self.store.experts(l, &plan.needed)?;
-                    let experts = set
-                        .experts
-                        .iter()
-                        .map(|v| binder.expert(l, v))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    moe::finish(&self.moe, &m, p, &x2, &plan, &experts, &mut f);
+                    // As many experts at a time as the cache can hold at once; each expert's
+                    // output is independent and `combine` sums in top-k order, so the grouping
+                    // does not change a bit.
+                    let mut outputs = Vec::with_capacity(plan.needed.len());
+                    for group in plan.needed.chunks(self.store.expert_group()) {
+                        // Resident experts run together, then each read as it lands.
+                        self.store.experts_each(l, group, |views| {
+                            let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
+                            let experts = views
+                                .iter()
+                                .map(|v| binder.expert(l, v))
+                                .collect::<Result<Vec<_>, _>>()?;
+                            outputs.extend(moe::run_experts(&self.moe, &plan, &ids, &experts));
+                            Ok::<(), ModelError>(())
+                        })?;
+                    }
+                    moe::combine(&self.moe, &m, p, &x2, &plan, &outputs, &mut f);
                 }
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(
@@ -436,8 +535,29 @@ impl Model {
         let rows: Vec<Vec<f32>> = blocks.iter().map(|b| b[first * h..].to_vec()).collect();
         let hl = aggregate_rows(&rows, &cur[first * h..], &self.output_res, eps, h);
         let normed = norm_rows(&hl, &self.final_norm, eps, h);
-        let logits = apply(&self.lm_head()?, &normed);
         let vocab = self.config.vocab_size;
+        let rows = normed.len() / h;
+        let mut logits = vec![0.0f32; rows * vocab];
+        // Each logit is one row of lm_head against one hidden row, so computing them block by
+        // block (a streamed lm_head) gives the same bits as one pass.
+        self.store.lm_head_blocks(|first, bytes| {
+            let n = bytes.len() / (2 * h).max(1);
+            let s = Slice {
+                start: 0,
+                len: bytes.len(),
+                dtype: Dtype::Bf16,
+                shape: vec![n, h],
+            };
+            let block = bf16_matrix(bytes, &s, n, h, TensorName::model("lm_head.weight"))?;
+            let ys = apply(&block, &normed);
+            for (dst, src) in logits
+                .chunks_exact_mut(vocab)
+                .zip(ys.chunks_exact(n.max(1)))
+            {
+                dst[first..first + n].copy_from_slice(src);
+            }
+            Ok::<(), ModelError>(())
+        })?;
         if let Some(p) = logits.iter().position(|v| v.is_nan()) {
             return Err(ModelError::NanLogits {
                 row: first + p / vocab,
@@ -446,26 +566,30 @@ impl Model {
         }
         Ok(logits)
     }
+}
 
-    fn lm_head(&self) -> Result<Bf16Matrix<'_>, ModelError> {
-        bf16_matrix(
-            self.store.model_tensor(ModelTensorId::LmHead),
-            &self.store.layout().lm_head.slice,
-            self.config.vocab_size,
-            self.config.hidden_size,
-            TensorName::model("lm_head.weight"),
-        )
+/// Checks a `[vocab, hidden]` BF16 table's slice without reading it (it may stream).
+fn table_shape(
+    t: &ModelTensor,
+    vocab: usize,
+    h: usize,
+    name: TensorName,
+) -> Result<(), ModelError> {
+    let s = &t.slice;
+    let fits = s
+        .start
+        .checked_add(s.len)
+        .is_some_and(|e| e as u64 <= t.run.len);
+    if s.dtype != Dtype::Bf16 || s.shape != [vocab, h] || s.len != vocab * h * 2 || !fits {
+        return Err(ModelError::Tensor {
+            tensor: name,
+            problem: format!(
+                "{:?} {:?} at {}..+{} of a {}-byte run, expected BF16 [{vocab}, {h}]",
+                s.dtype, s.shape, s.start, s.len, t.run.len
+            ),
+        });
     }
-
-    fn embedding(&self) -> Result<Bf16Matrix<'_>, ModelError> {
-        bf16_matrix(
-            self.store.model_tensor(ModelTensorId::EmbedTokens),
-            &self.store.layout().embed_tokens.slice,
-            self.config.vocab_size,
-            self.config.hidden_size,
-            TensorName::model("embed_tokens.weight"),
-        )
-    }
+    Ok(())
 }
 
 /// `AR(blocks ++ [last])` for each of the token rows of `last` (rows of `blocks` aligned).
@@ -645,7 +769,7 @@ impl Binder<'_> {
         })
     }
 
-    fn expert<'a>(&self, l: usize, v: &ExpertView<'a>) -> Result<Expert<'a>, ModelError> {
+    fn expert<'a>(&self, l: usize, v: &'a ExpertView<'_>) -> Result<Expert<'a>, ModelError> {
         let latent = self.config.routed_expert_hidden_size;
         let width = self.config.moe_intermediate_size;
         let e = v.expert;
@@ -653,7 +777,7 @@ impl Binder<'_> {
         let t = |a, b| (TensorName::expert(l, e, a), TensorName::expert(l, e, b));
         Ok(Mlp {
             gate: mxfp4_matrix(
-                v.bytes,
+                v.bytes(),
                 &x.w1_packed,
                 &x.w1_scale,
                 width,
@@ -661,7 +785,7 @@ impl Binder<'_> {
                 t("w1.weight_packed", "w1.weight_scale"),
             )?,
             up: mxfp4_matrix(
-                v.bytes,
+                v.bytes(),
                 &x.w3_packed,
                 &x.w3_scale,
                 width,
@@ -669,7 +793,7 @@ impl Binder<'_> {
                 t("w3.weight_packed", "w3.weight_scale"),
             )?,
             down: mxfp4_matrix(
-                v.bytes,
+                v.bytes(),
                 &x.w2_packed,
                 &x.w2_scale,
                 latent,

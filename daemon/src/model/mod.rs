@@ -22,7 +22,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model};
+pub use forward::{LoadOptions, Logits, Model, plan_for};
 pub use state::State;
 
 use crate::store::StoreError;
@@ -42,6 +42,8 @@ fn grain(work_per_item: usize) -> usize {
 pub enum ModelError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("memory plan: {0}")]
+    Plan(#[from] crate::store::plan::PlanError),
     #[error("{tensor}: {problem}")]
     Tensor { tensor: TensorName, problem: String },
     #[error("layout and config disagree: {0}")]

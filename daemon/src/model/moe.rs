@@ -99,6 +99,21 @@ pub fn run_expert(dims: &MoeDims, plan: &MoePlan, e: usize, w: &Expert<'_>) -> E
     ExpertOutput { users, ys }
 }
 
+/// Runs experts `ids[i]` (weights `experts[i]`), in parallel over experts.
+pub fn run_experts(
+    dims: &MoeDims,
+    plan: &MoePlan,
+    ids: &[usize],
+    experts: &[Expert<'_>],
+) -> Vec<ExpertOutput> {
+    let expert_work = experts.first().map_or(0, |w| 3 * w.gate.rows * w.gate.cols);
+    ids.par_iter()
+        .zip(experts)
+        .with_min_len(grain(expert_work))
+        .map(|(&e, w)| run_expert(dims, plan, e, w))
+        .collect()
+}
+
 /// Phase 2: `experts[i]` are the weights of `plan.needed[i]`. Writes `[T, hidden]` into `out`.
 pub fn finish(
     dims: &MoeDims,
@@ -109,14 +124,7 @@ pub fn finish(
     experts: &[Expert<'_>],
     out: &mut [f32],
 ) {
-    let expert_work = experts.first().map_or(0, |w| 3 * w.gate.rows * w.gate.cols);
-    let outputs: Vec<ExpertOutput> = plan
-        .needed
-        .par_iter()
-        .zip(experts)
-        .with_min_len(grain(expert_work))
-        .map(|(&e, w)| run_expert(dims, plan, e, w))
-        .collect();
+    let outputs = run_experts(dims, plan, &plan.needed, experts);
     combine(dims, m, p, xs, plan, &outputs, out);
 }
 

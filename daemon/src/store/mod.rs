@@ -1,14 +1,21 @@
-//! Where weight bytes live.
+//! Where weight bytes live, under one RAM budget (issue 4; engine-lessons §1–§4, §8).
 //!
 //! The model never touches a file: it asks the [`WeightStore`] for the bytes of one layer's
 //! trunk run ([`WeightStore::trunk`]), for a *set* of routed experts right after routing
-//! ([`WeightStore::experts`]), and for the model-level tensors. Each call returns a view whose
-//! lifetime bounds the use of the bytes, so a later store can stream a trunk layer through a
-//! ring slot or issue an expert set as parallel reads without changing the model.
+//! ([`WeightStore::experts`]), for embedding rows and for the model-level tensors. The
+//! [`plan::Plan`] decides, before anything is allocated, what is resident:
 //!
-//! Phase 1 (this file) is fully resident: every run is read at load with positioned reads into
-//! owned buffers. MXFP4 scale bytes of an expert are verified the first time the expert is
-//! handed out (spec §3.5): a 255 fails the forward with layer, expert, tensor, row and group.
+//! * pinned trunk layers are read once at load into aligned buffers; the others stream through
+//!   a ring of ≥ 2 whole-layer slots, the next streamed layer read while the current computes;
+//! * routed experts pass through the [`expert_cache::ExpertCache`]: the misses of one request
+//!   are issued as one batch to the [`reader::ReaderPool`];
+//! * the embedding is resident or read one row at a time; lm_head is resident or read in row
+//!   blocks ([`WeightStore::lm_head_blocks`]).
+//!
+//! The bytes handed out are the stored bytes whatever the budget, so the forward pass is
+//! bit-identical at every budget. A failed or short read fails the request with file, offset
+//! and errno (§8.2): no expert is skipped, no buffer is served after a failed read. MXFP4 scale
+//! bytes of an expert are verified the first time it is handed out (spec §3.5).
 
 pub mod aligned;
 pub mod direct_io;
@@ -16,11 +23,16 @@ pub mod expert_cache;
 pub mod plan;
 pub mod reader;
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use aligned::AlignedBuf;
+use direct_io::{DirectPolicy, LoadedRun, ReadError, ShardSet, Window};
+use expert_cache::{Acquired, CacheError, ExpertCache, ExpertId, PolicyKind};
+use plan::{Plan, Residency};
+use reader::{Batch, ReaderConfig, ReaderPool};
 
 use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, ModelLayout, Slice};
 use crate::kernels::mxfp4;
@@ -28,26 +40,14 @@ use crate::kernels::mxfp4;
 /// Failures of the weight store. Every variant names the file and offset it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("layout refers to shard #{shard}, but only {count} shard files were given")]
-    NoSuchShard { shard: usize, count: usize },
-    #[error("cannot open shard {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("reading {len} bytes at offset {offset} of {path}: {source}")]
-    Read {
-        path: PathBuf,
-        offset: u64,
-        len: u64,
-        source: std::io::Error,
-    },
-    #[error("run of {len} bytes at offset {offset} of {path} does not fit in memory")]
-    TooLarge {
-        path: PathBuf,
-        offset: u64,
-        len: u64,
-    },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Expert(#[from] CacheError),
+    #[error("reader threads: {0}")]
+    Pool(#[from] reader::PoolError),
+    #[error("allocating a weight buffer: {0}")]
+    Alloc(#[from] aligned::AllocError),
     #[error("layer {layer} does not exist (the model has {count} layers)")]
     NoSuchLayer { layer: usize, count: usize },
     #[error("layer {layer} has no routed experts")]
@@ -86,41 +86,79 @@ pub enum StoreError {
     },
     #[error("token id {id} is outside the embedding table ({rows} rows)")]
     NoSuchRow { id: usize, rows: usize },
+    #[error("{tensor}: slice {start}..+{len} does not fit its run of {run_len} bytes")]
+    BadSlice {
+        tensor: &'static str,
+        start: usize,
+        len: usize,
+        run_len: u64,
+    },
+    #[error(
+        "no free streaming slot for {what}: all {slots} ring slots are in use (a caller held \
+         more streamed views than the plan allows)"
+    )]
+    RingExhausted { what: &'static str, slots: usize },
+    #[error("a streaming ring needs at least 2 slots, {slots} asked (engine-lessons §3.1)")]
+    SingleSlot { slots: usize },
 }
 
-/// The five model-level tensors (spec §3.3, shard 94).
+/// The three small model-level tensors (spec §3.3, shard 94), always resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelTensorId {
-    EmbedTokens,
-    LmHead,
     Norm,
     OutputAttnResNorm,
     OutputAttnResProj,
 }
 
-/// Bytes of one layer's trunk run, borrowed from the store.
-pub struct TrunkView<'s> {
-    bytes: &'s [u8],
+/// Bytes borrowed from a resident buffer or held in a ring slot until dropped.
+pub struct Bytes<'s> {
+    inner: BytesInner<'s>,
 }
 
-impl std::ops::Deref for TrunkView<'_> {
+enum BytesInner<'s> {
+    Resident(&'s [u8]),
+    Streamed {
+        run: Option<LoadedRun>,
+        ring: &'s Ring,
+    },
+}
+
+impl std::ops::Deref for Bytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        self.bytes
+        match &self.inner {
+            BytesInner::Resident(b) => b,
+            BytesInner::Streamed { run, .. } => run.as_ref().map_or(&[], |r| r.payload()),
+        }
     }
 }
 
-/// One routed expert handed out by [`WeightStore::experts`]: its run bytes and the layout of
-/// its six tensors within them.
+impl Drop for Bytes<'_> {
+    /// A streamed view gives its slot back to the ring.
+    fn drop(&mut self) {
+        if let BytesInner::Streamed { run, ring } = &mut self.inner
+            && let Some(r) = run.take()
+        {
+            ring.give_back(r.into_buffer());
+        }
+    }
+}
+
+/// Bytes of one layer's trunk run.
+pub type TrunkView<'s> = Bytes<'s>;
+
+/// One routed expert handed out by [`WeightStore::experts_each`]: its run bytes (held in its cache
+/// slot while this view lives) and the layout of its six tensors within them.
 pub struct ExpertView<'s> {
     pub expert: usize,
-    pub bytes: &'s [u8],
+    run: Arc<LoadedRun>,
     pub layout: &'s ExpertLayout,
 }
 
-/// The experts of one request, in the order they were asked for.
-pub struct ExpertSet<'s> {
-    pub experts: Vec<ExpertView<'s>>,
+impl ExpertView<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        self.run.payload()
+    }
 }
 
 /// Where a bad scale byte was found, remembered so later requests fail identically.
@@ -132,120 +170,284 @@ struct BadScale {
     offset: u64,
 }
 
-struct ResidentExpert {
-    run: ByteRun,
-    bytes: Vec<u8>,
-    /// `Some(verdict)` once the scale bytes were checked; `None` verdict = clean.
-    verified: OnceLock<Option<BadScale>>,
-}
-
-/// Owns the weight bytes of the text model (phase 1: everything resident).
-pub struct WeightStore {
-    layout: ModelLayout,
-    shards: Vec<PathBuf>,
-    trunks: Vec<Vec<u8>>,
-    /// `experts[L]` is empty for dense layers.
-    experts: Vec<Vec<ResidentExpert>>,
-    embed_tokens: Vec<u8>,
-    lm_head: Vec<u8>,
-    norm: Vec<u8>,
-    output_attn_res_norm: Vec<u8>,
-    output_attn_res_proj: Vec<u8>,
-    counters: Counters,
-}
-
-/// Weight traffic since the store was created (engine-lessons §4.2: bytes, not hit rates).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Weight traffic and time since the store was created (engine-lessons §4.2: bytes, not hit
+/// rates).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StoreStats {
-    /// Bytes read from the shard files.
+    /// Bytes read from the shard files, all classes.
     pub bytes_read: u64,
+    pub trunk_bytes_read: u64,
+    pub expert_bytes_read: u64,
+    pub embedding_bytes_read: u64,
+    pub head_bytes_read: u64,
     /// Bytes handed to the model from memory that a store without them resident would have
     /// had to read.
     pub bytes_avoided: u64,
+    /// Seconds the calling (compute) thread waited for reads.
+    pub io_seconds: f64,
+}
+
+/// Byte classes of [`StoreStats`].
+#[derive(Debug, Clone, Copy)]
+enum Class {
+    Trunk,
+    Experts,
+    Embedding,
+    Head,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
-    read: AtomicU64,
+    read: [AtomicU64; 4],
     avoided: AtomicU64,
+    io_nanos: AtomicU64,
 }
 
 impl Counters {
     fn avoided(&self, n: usize) {
         self.avoided.fetch_add(n as u64, Ordering::Relaxed);
     }
+    fn read(&self, class: Class, n: u64) {
+        self.read[class as usize].fetch_add(n, Ordering::Relaxed);
+    }
+    /// Runs `f` (a wait on reads) and charges its wall time to I/O.
+    fn waiting<T>(&self, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        self.io_nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+}
+
+/// The trunk ring: spare slot buffers and the read in flight for the next streamed layer.
+pub struct Ring {
+    state: Mutex<RingState>,
+    slots: usize,
+    slot_bytes: usize,
+}
+
+struct RingState {
+    spare: Vec<AlignedBuf>,
+    /// The prefetch in flight: which layer, and its one-run batch.
+    pending: Option<(usize, Batch)>,
+}
+
+impl Ring {
+    /// `slots` buffers of `slot_bytes`; none when nothing streams (`slot_bytes` 0). A single
+    /// slot is refused: the prefetch would overwrite the layer being computed (§3.1).
+    fn new(slots: usize, slot_bytes: usize) -> Result<Self, StoreError> {
+        if slot_bytes > 0 && slots < 2 {
+            return Err(StoreError::SingleSlot { slots });
+        }
+        let spare = if slot_bytes == 0 {
+            Vec::new()
+        } else {
+            (0..slots)
+                .map(|_| AlignedBuf::zeroed(slot_bytes))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Ring {
+            state: Mutex::new(RingState {
+                spare,
+                pending: None,
+            }),
+            slots,
+            slot_bytes,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RingState> {
+        // Critical sections only move buffers between fields: a panicking holder leaves them
+        // consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn give_back(&self, buf: AlignedBuf) {
+        self.lock().spare.push(buf);
+    }
+
+    fn take(&self, what: &'static str) -> Result<AlignedBuf, StoreError> {
+        self.lock().spare.pop().ok_or(StoreError::RingExhausted {
+            what,
+            slots: self.slots,
+        })
+    }
+}
+
+/// Options of the store that are not part of the memory plan.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    pub direct: DirectPolicy,
+    pub reader: ReaderConfig,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            direct: DirectPolicy::Prefer,
+            reader: ReaderConfig::default(),
+        }
+    }
+}
+
+/// Owns the weight bytes of the text model as its [`Plan`] says.
+pub struct WeightStore {
+    layout: ModelLayout,
+    plan: Plan,
+    pool: ReaderPool,
+    /// `pinned[L]` is the trunk of layer L when the plan pins it.
+    pinned: Vec<Option<LoadedRun>>,
+    /// Streamed layers, ascending (the prefetch order).
+    streamed: Vec<usize>,
+    ring: Ring,
+    cache: ExpertCache,
+    /// `verdicts[L][e]`: the scale check of expert e of layer L, once done.
+    verdicts: Vec<Vec<OnceLock<Option<BadScale>>>>,
+    embed_tokens: Option<LoadedRun>,
+    /// One row's buffer when the embedding streams.
+    row_buf: Mutex<Option<AlignedBuf>>,
+    lm_head: Option<LoadedRun>,
+    norm: LoadedRun,
+    output_attn_res_norm: LoadedRun,
+    output_attn_res_proj: LoadedRun,
+    counters: Counters,
 }
 
 impl WeightStore {
-    /// Reads every run of `layout` from `shards` (indexed by [`ByteRun::shard`]).
-    pub fn load_resident(layout: ModelLayout, shards: Vec<PathBuf>) -> Result<Self, StoreError> {
-        let mut files: Vec<Option<File>> = (0..shards.len()).map(|_| None).collect();
-        let mut read = |run: &ByteRun| read_run(&shards, &mut files, run);
-        let mut trunks = Vec::with_capacity(layout.layers.len());
-        let mut experts = Vec::with_capacity(layout.layers.len());
-        for layer in &layout.layers {
-            trunks.push(read(&layer.trunk)?);
-            let mut resident = Vec::new();
-            if let FfnLayout::Moe(moe) = &layer.ffn {
-                // Sweep each shard forward: read in (shard, offset) order, store by expert id.
-                let mut order: Vec<usize> = (0..moe.experts.len()).collect();
-                order.sort_by_key(|&e| (moe.experts[e].0.shard, moe.experts[e].0.offset));
-                let mut slots: Vec<Option<ResidentExpert>> =
-                    (0..moe.experts.len()).map(|_| None).collect();
-                for e in order {
-                    let run = moe.experts[e].0;
-                    slots[e] = Some(ResidentExpert {
-                        run,
-                        bytes: read(&run)?,
-                        verified: OnceLock::new(),
-                    });
-                }
-                resident = slots.into_iter().flatten().collect();
-            }
-            experts.push(resident);
-        }
-        let embed_tokens = read(&layout.embed_tokens.run)?;
-        let lm_head = read(&layout.lm_head.run)?;
-        let norm = read(&layout.norm.run)?;
-        let output_attn_res_norm = read(&layout.output_attn_res_norm.run)?;
-        let output_attn_res_proj = read(&layout.output_attn_res_proj.run)?;
+    /// Opens the shards and allocates and fills exactly what `plan` keeps resident.
+    pub fn open(
+        layout: ModelLayout,
+        shards: &[PathBuf],
+        plan: Plan,
+        options: StoreOptions,
+    ) -> Result<Self, StoreError> {
+        let set = Arc::new(ShardSet::open(shards, options.direct)?);
+        let pool = ReaderPool::new(set, options.reader)?;
         let counters = Counters::default();
-        let loaded = trunks.iter().map(Vec::len).sum::<usize>()
-            + experts
-                .iter()
-                .flatten()
-                .map(|e| e.bytes.len())
-                .sum::<usize>()
-            + [
-                &embed_tokens,
-                &lm_head,
-                &norm,
-                &output_attn_res_norm,
-                &output_attn_res_proj,
-            ]
+        let read_new = |run: ByteRun, class: Class| -> Result<LoadedRun, StoreError> {
+            let buf = AlignedBuf::zeroed(window_capacity(run)?)?;
+            let loaded = pool.read(run, buf).map_err(|f| f.error)?;
+            counters.read(class, run.len);
+            Ok(loaded)
+        };
+        let n = layout.layers.len();
+        let mut pinned: Vec<Option<LoadedRun>> = (0..n).map(|_| None).collect();
+        for &l in &plan.pinned_layers {
+            if let (Some(slot), Some(ll)) = (pinned.get_mut(l), layout.layers.get(l)) {
+                *slot = Some(read_new(ll.trunk, Class::Trunk)?);
+            }
+        }
+        let streamed: Vec<usize> = (0..n).filter(|&l| pinned[l].is_none()).collect();
+        let largest_trunk = streamed
             .iter()
-            .map(|b| b.len())
-            .sum::<usize>();
-        counters.read.store(loaded as u64, Ordering::Relaxed);
-        Ok(WeightStore {
+            .map(|&l| any_offset(layout.layers[l].trunk.len))
+            .try_fold(0usize, |a, b| b.map(|b| a.max(b)))?;
+        let head_piece = match plan.lm_head {
+            Residency::Resident => 0,
+            Residency::Streamed => {
+                let s = &layout.lm_head.slice;
+                any_offset((head_block_rows(s) * head_row_bytes(s)) as u64)?
+            }
+        };
+        let slots = match plan.scheme {
+            plan::StreamScheme::Ring { slots } => slots,
+            // The forward pass consumes whole runs: chunks stream through a two-slot ring.
+            plan::StreamScheme::Chunks { .. } => 2,
+        };
+        let ring = Ring::new(slots, largest_trunk.max(head_piece))?;
+        let slot_bytes = usize::try_from(plan.cache_slot_bytes).unwrap_or(usize::MAX);
+        let cache = ExpertCache::new(plan.cache_slots.max(1), slot_bytes, PolicyKind::Lru)?;
+        let verdicts = layout
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                FfnLayout::Moe(m) => m.experts.iter().map(|_| OnceLock::new()).collect(),
+                FfnLayout::Dense(_) => Vec::new(),
+            })
+            .collect();
+        let (embed_tokens, row_buf) = match plan.embedding {
+            Residency::Resident => (
+                Some(read_new(layout.embed_tokens.run, Class::Embedding)?),
+                None,
+            ),
+            Residency::Streamed => {
+                let row = head_row_bytes(&layout.embed_tokens.slice) as u64;
+                (None, Some(AlignedBuf::zeroed(any_offset(row)?)?))
+            }
+        };
+        let lm_head = match plan.lm_head {
+            Residency::Resident => Some(read_new(layout.lm_head.run, Class::Head)?),
+            Residency::Streamed => None,
+        };
+        let norm = read_new(layout.norm.run, Class::Trunk)?;
+        let output_attn_res_norm = read_new(layout.output_attn_res_norm.run, Class::Trunk)?;
+        let output_attn_res_proj = read_new(layout.output_attn_res_proj.run, Class::Trunk)?;
+        let store = WeightStore {
             layout,
-            shards,
-            trunks,
-            experts,
+            plan,
+            pool,
+            pinned,
+            streamed,
+            ring,
+            cache,
+            verdicts,
             embed_tokens,
+            row_buf: Mutex::new(row_buf),
             lm_head,
             norm,
             output_attn_res_norm,
             output_attn_res_proj,
             counters,
-        })
+        };
+        store.preload_experts()?;
+        Ok(store)
+    }
+
+    /// With a cache that holds every expert (the `max` plan) all are read at load, layer by
+    /// layer, so a run never waits on an expert read.
+    fn preload_experts(&self) -> Result<(), StoreError> {
+        let pool: usize = self.verdicts.iter().map(Vec::len).sum();
+        if pool == 0 || self.plan.cache_slots < pool {
+            return Ok(());
+        }
+        for (l, v) in self.verdicts.iter().enumerate() {
+            if !v.is_empty() {
+                let ids: Vec<usize> = (0..v.len()).collect();
+                self.fetch_each(l, &ids, |_| Ok::<(), StoreError>(()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan the store follows.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// How many experts one [`WeightStore::experts_each`] request may name: all of them must be
+    /// held in cache slots at once.
+    pub fn expert_group(&self) -> usize {
+        self.plan.cache_slots.max(1)
     }
 
     /// Weight traffic so far.
     pub fn stats(&self) -> StoreStats {
+        let r = |c: Class| self.counters.read[c as usize].load(Ordering::Relaxed);
+        let (trunk, experts, embedding, head) = (
+            r(Class::Trunk),
+            r(Class::Experts),
+            r(Class::Embedding),
+            r(Class::Head),
+        );
         StoreStats {
-            bytes_read: self.counters.read.load(Ordering::Relaxed),
+            bytes_read: trunk + experts + embedding + head,
+            trunk_bytes_read: trunk,
+            expert_bytes_read: experts,
+            embedding_bytes_read: embedding,
+            head_bytes_read: head,
             bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
+            io_seconds: self.counters.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
         }
     }
 
@@ -254,93 +456,325 @@ impl WeightStore {
         &self.layout
     }
 
-    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors).
+    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A streamed layer
+    /// occupies a ring slot until the view is dropped; the next streamed layer (wrapping to the
+    /// first, for the next token) is read into another slot meanwhile.
     pub fn trunk(&self, layer: usize) -> Result<TrunkView<'_>, StoreError> {
-        let bytes = self.trunks.get(layer).ok_or(StoreError::NoSuchLayer {
-            layer,
-            count: self.trunks.len(),
-        })?;
-        self.counters.avoided(bytes.len());
-        Ok(TrunkView { bytes })
+        let count = self.layout.layers.len();
+        let Some(pinned) = self.pinned.get(layer) else {
+            return Err(StoreError::NoSuchLayer { layer, count });
+        };
+        if let Some(run) = pinned {
+            self.counters.avoided(run.payload().len());
+            return Ok(Bytes {
+                inner: BytesInner::Resident(run.payload()),
+            });
+        }
+        let run = self.layout.layers[layer].trunk;
+        let pending = self.ring.lock().pending.take();
+        let loaded = match pending {
+            Some((l, mut batch)) if l == layer => {
+                self.counters
+                    .waiting(|| batch.wait(0))
+                    .ok_or(ReadError::BufferLost {
+                        shard: run.shard,
+                        offset: run.offset,
+                        len: run.len,
+                    })?
+            }
+            other => {
+                // A prefetch of another layer (the caller skipped around) is abandoned; its
+                // buffer is lost with the batch and replaced.
+                if other.is_some() {
+                    self.ring
+                        .give_back(AlignedBuf::zeroed(self.ring.slot_bytes)?);
+                }
+                drop(other);
+                let buf = self.ring.take("a trunk layer")?;
+                self.counters.waiting(|| self.pool.read(run, buf))
+            }
+        };
+        let loaded = match loaded {
+            Ok(r) => r,
+            Err(f) => {
+                if let Some(b) = f.buf {
+                    self.ring.give_back(b);
+                }
+                return Err(f.error.into());
+            }
+        };
+        self.counters.read(Class::Trunk, run.len);
+        self.prefetch_after(layer);
+        Ok(Bytes {
+            inner: BytesInner::Streamed {
+                run: Some(loaded),
+                ring: &self.ring,
+            },
+        })
     }
 
-    /// The routed experts `ids` of layer `layer`, in the order given. Each expert's scale bytes
-    /// are verified on its first request; a corrupt expert fails the whole request.
-    pub fn experts(&self, layer: usize, ids: &[usize]) -> Result<ExpertSet<'_>, StoreError> {
-        let resident = self.experts.get(layer).ok_or(StoreError::NoSuchLayer {
-            layer,
-            count: self.experts.len(),
-        })?;
-        let FfnLayout::Moe(moe) = &self.layout.layers[layer].ffn else {
-            return Err(StoreError::NotMoe { layer });
+    /// Starts reading the streamed layer after `layer` into a spare slot, if one is free.
+    fn prefetch_after(&self, layer: usize) {
+        let next = self
+            .streamed
+            .iter()
+            .copied()
+            .find(|&l| l > layer)
+            .or_else(|| self.streamed.first().copied());
+        let Some(next) = next else { return };
+        let mut ring = self.ring.lock();
+        if ring.pending.is_some() {
+            return;
+        }
+        if let Some(buf) = ring.spare.pop() {
+            let batch = self
+                .pool
+                .submit(vec![(self.layout.layers[next].trunk, buf)]);
+            ring.pending = Some((next, batch));
+        }
+    }
+
+    /// The routed experts `ids` of layer `layer` (at most [`WeightStore::expert_group`]),
+    /// handed to `compute` as they become available: first every resident one in one call,
+    /// then each read as it lands (the misses are read as one batch, §4.4), so compute overlaps
+    /// the remaining reads. Each expert's scale bytes are verified on its first hand-out; a
+    /// corrupt or unreadable expert fails the request (no expert is skipped).
+    pub fn experts_each<E: From<StoreError>>(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        mut compute: impl FnMut(Vec<ExpertView<'_>>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let FfnLayout::Moe(moe) = &self
+            .layout
+            .layers
+            .get(layer)
+            .ok_or(StoreError::NoSuchLayer {
+                layer,
+                count: self.layout.layers.len(),
+            })?
+            .ffn
+        else {
+            return Err(StoreError::NotMoe { layer }.into());
         };
-        let mut out = Vec::with_capacity(ids.len());
+        self.fetch_each(layer, ids, |got| {
+            let mut views = Vec::with_capacity(got.len());
+            for (e, run) in got {
+                let (stored, layout) = &moe.experts[e];
+                self.verify(layer, e, *stored, layout, run.payload())?;
+                views.push(ExpertView {
+                    expert: e,
+                    run,
+                    layout,
+                });
+            }
+            compute(views)
+        })
+    }
+
+    /// The cache's runs of experts `ids` of `layer` as `(expert, run)`: the resident ones in one
+    /// call of `f`, then each miss as its read lands.
+    fn fetch_each<E: From<StoreError>>(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        mut f: impl FnMut(Vec<(usize, Arc<LoadedRun>)>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let count = self.layout.layers.len();
+        let ll = self
+            .layout
+            .layers
+            .get(layer)
+            .ok_or(StoreError::NoSuchLayer { layer, count })?;
+        let FfnLayout::Moe(moe) = &ll.ffn else {
+            return Err(StoreError::NotMoe { layer }.into());
+        };
+        let mut ready = Vec::new();
+        let mut tickets = Vec::new();
+        let mut reads = Vec::new();
         for &e in ids {
-            let (Some(r), Some((_, layout))) = (resident.get(e), moe.experts.get(e)) else {
+            let Some((run, _)) = moe.experts.get(e) else {
                 return Err(StoreError::NoSuchExpert {
                     layer,
                     expert: e,
-                    count: resident.len(),
-                });
+                    count: moe.experts.len(),
+                }
+                .into());
             };
-            let verdict = match r.verified.get() {
-                Some(v) => *v,
-                None => {
-                    let v = self.check_scales(layer, e, r, layout)?;
-                    *r.verified.get_or_init(|| v)
+            let key = ExpertId {
+                layer: layer as u32,
+                expert: e as u32,
+            };
+            match self.cache.acquire(key, *run).map_err(StoreError::from)? {
+                Acquired::Ready(a) => {
+                    self.counters.avoided(a.payload().len());
+                    ready.push((e, a));
+                }
+                Acquired::Read { ticket, run, buf } => {
+                    tickets.push(Some((e, ticket, run.len)));
+                    reads.push((run, buf));
+                }
+            }
+        }
+        // Issue the misses before computing the resident experts.
+        let mut batch = (!reads.is_empty()).then(|| self.pool.submit(reads));
+        if !ready.is_empty() {
+            f(ready)?;
+        }
+        if let Some(batch) = &mut batch {
+            while let Some((id, result)) = self.counters.waiting(|| batch.wait_any()) {
+                let Some((e, ticket, len)) = tickets.get_mut(id).and_then(Option::take) else {
+                    continue;
+                };
+                // Publishing a failure empties the slot; the error names file, offset, errno.
+                let run = ticket.publish(result).map_err(StoreError::from)?;
+                self.counters.read(Class::Experts, len);
+                f(vec![(e, run)])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn verify(
+        &self,
+        layer: usize,
+        e: usize,
+        stored: ByteRun,
+        layout: &ExpertLayout,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let Some(cell) = self.verdicts.get(layer).and_then(|v| v.get(e)) else {
+            return Err(StoreError::NoSuchExpert {
+                layer,
+                expert: e,
+                count: 0,
+            });
+        };
+        let verdict = match cell.get() {
+            Some(v) => *v,
+            None => {
+                let v = self.check_scales(layer, e, stored, layout, bytes)?;
+                *cell.get_or_init(|| v)
+            }
+        };
+        match verdict {
+            None => Ok(()),
+            Some(bad) => Err(StoreError::NanScale {
+                layer,
+                expert: e,
+                tensor: bad.tensor,
+                row: bad.row,
+                group: bad.group,
+                path: self.shard_path(stored.shard),
+                offset: bad.offset,
+            }),
+        }
+    }
+
+    /// The stored bytes of embedding row `id`.
+    pub fn embedding_row(&self, id: usize) -> Result<Vec<u8>, StoreError> {
+        let t = &self.layout.embed_tokens;
+        let row_bytes = head_row_bytes(&t.slice);
+        let rows = t.slice.shape.first().copied().unwrap_or(0);
+        if id >= rows || row_bytes == 0 {
+            return Err(StoreError::NoSuchRow { id, rows });
+        }
+        let start = t.slice.start + id * row_bytes;
+        if let Some(table) = &self.embed_tokens {
+            let row = table
+                .payload()
+                .get(start..start + row_bytes)
+                .ok_or(StoreError::NoSuchRow { id, rows })?;
+            self.counters.avoided(row.len());
+            return Ok(row.to_vec());
+        }
+        let run = ByteRun {
+            shard: t.run.shard,
+            offset: t.run.offset + start as u64,
+            len: row_bytes as u64,
+        };
+        let mut slot = self.row_buf.lock().unwrap_or_else(|e| e.into_inner());
+        let buf = match slot.take() {
+            Some(b) => b,
+            None => AlignedBuf::zeroed(any_offset(run.len)?)?,
+        };
+        let loaded = match self.counters.waiting(|| self.pool.read(run, buf)) {
+            Ok(r) => r,
+            Err(f) => {
+                *slot = f.buf;
+                return Err(f.error.into());
+            }
+        };
+        self.counters.read(Class::Embedding, run.len);
+        let row = loaded.payload().to_vec();
+        *slot = Some(loaded.into_buffer());
+        Ok(row)
+    }
+
+    /// lm_head in blocks of whole rows, in row order: `f(first_row, bytes)` gets each block
+    /// (the bytes of rows `first_row..`, stored format). Resident: one block.
+    pub fn lm_head_blocks<E: From<StoreError>>(
+        &self,
+        mut f: impl FnMut(usize, &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let t = &self.layout.lm_head;
+        let row_bytes = head_row_bytes(&t.slice);
+        let rows = t.slice.shape.first().copied().unwrap_or(0);
+        let bad = || StoreError::BadSlice {
+            tensor: "lm_head.weight",
+            start: t.slice.start,
+            len: t.slice.len,
+            run_len: t.run.len,
+        };
+        if let Some(head) = &self.lm_head {
+            let bytes = slice_of(head.payload(), &t.slice).ok_or_else(bad)?;
+            self.counters.avoided(bytes.len());
+            return f(0, bytes);
+        }
+        let block = head_block_rows(&t.slice);
+        let mut first = 0;
+        while first < rows {
+            let n = block.min(rows - first);
+            let run = ByteRun {
+                shard: t.run.shard,
+                offset: t.run.offset + (t.slice.start + first * row_bytes) as u64,
+                len: (n * row_bytes) as u64,
+            };
+            let buf = self.ring.take("an lm_head block")?;
+            let loaded = match self.counters.waiting(|| self.pool.read(run, buf)) {
+                Ok(r) => r,
+                Err(fail) => {
+                    if let Some(b) = fail.buf {
+                        self.ring.give_back(b);
+                    }
+                    return Err(StoreError::from(fail.error).into());
                 }
             };
-            if let Some(bad) = verdict {
-                return Err(StoreError::NanScale {
-                    layer,
-                    expert: e,
-                    tensor: bad.tensor,
-                    row: bad.row,
-                    group: bad.group,
-                    path: self.shard_path(r.run.shard),
-                    offset: bad.offset,
-                });
-            }
-            self.counters.avoided(r.bytes.len());
-            out.push(ExpertView {
-                expert: e,
-                bytes: &r.bytes,
-                layout,
-            });
+            self.counters.read(Class::Head, run.len);
+            let result = f(first, loaded.payload());
+            self.ring.give_back(loaded.into_buffer());
+            result?;
+            first += n;
         }
-        Ok(ExpertSet { experts: out })
+        Ok(())
     }
 
-    /// The stored bytes of embedding row `id`, `row_bytes` long.
-    pub fn embedding_row(&self, id: usize, row_bytes: usize) -> Result<&[u8], StoreError> {
-        let rows = self.embed_tokens.len().checked_div(row_bytes).unwrap_or(0);
-        let range = id
-            .checked_mul(row_bytes)
-            .and_then(|s| Some(s..s.checked_add(row_bytes)?));
-        match range.and_then(|r| self.embed_tokens.get(r)) {
-            Some(row) if row_bytes > 0 => {
-                self.counters.avoided(row.len());
-                Ok(row)
-            }
-            _ => Err(StoreError::NoSuchRow { id, rows }),
-        }
-    }
-
-    /// A whole model-level tensor.
+    /// A small model-level tensor's run.
     pub fn model_tensor(&self, which: ModelTensorId) -> &[u8] {
-        let bytes = match which {
-            ModelTensorId::EmbedTokens => &self.embed_tokens,
-            ModelTensorId::LmHead => &self.lm_head,
+        let run = match which {
             ModelTensorId::Norm => &self.norm,
             ModelTensorId::OutputAttnResNorm => &self.output_attn_res_norm,
             ModelTensorId::OutputAttnResProj => &self.output_attn_res_proj,
         };
-        self.counters.avoided(bytes.len());
-        bytes
+        run.payload()
     }
 
     fn shard_path(&self, shard: usize) -> PathBuf {
-        self.shards.get(shard).cloned().unwrap_or_default()
+        self.pool
+            .shards()
+            .shard(shard)
+            .map(|s| s.path().to_path_buf())
+            .unwrap_or_default()
     }
 
     /// Scans the three scale tensors of one expert for the NaN byte (spec §3.5).
@@ -348,26 +782,27 @@ impl WeightStore {
         &self,
         layer: usize,
         expert: usize,
-        r: &ResidentExpert,
+        stored: ByteRun,
         layout: &ExpertLayout,
+        run: &[u8],
     ) -> Result<Option<BadScale>, StoreError> {
         for (tensor, slice) in [
             ("w1.weight_scale", &layout.w1_scale),
             ("w2.weight_scale", &layout.w2_scale),
             ("w3.weight_scale", &layout.w3_scale),
         ] {
-            let bytes = slice_of(&r.bytes, slice).ok_or_else(|| StoreError::SliceOutsideRun {
+            let bytes = slice_of(run, slice).ok_or_else(|| StoreError::SliceOutsideRun {
                 layer,
                 expert,
                 tensor,
                 start: slice.start,
                 len: slice.len,
-                path: self.shard_path(r.run.shard),
-                offset: r.run.offset,
+                path: self.shard_path(stored.shard),
+                offset: stored.offset,
             })?;
             let groups = slice.shape.get(1).copied().unwrap_or(0).max(1);
             if let Some((row, group)) = mxfp4::find_nan_scale(bytes, groups) {
-                let offset = r.run.offset + (slice.start + row * groups + group) as u64;
+                let offset = stored.offset + (slice.start + row * groups + group) as u64;
                 return Ok(Some(BadScale {
                     tensor,
                     row,
@@ -384,35 +819,31 @@ fn slice_of<'a>(run: &'a [u8], s: &Slice) -> Option<&'a [u8]> {
     run.get(s.start..s.start.checked_add(s.len)?)
 }
 
-/// One positioned read of a whole run into an owned buffer.
-fn read_run(
-    shards: &[PathBuf],
-    files: &mut [Option<File>],
-    run: &ByteRun,
-) -> Result<Vec<u8>, StoreError> {
-    let path: &Path = shards.get(run.shard).ok_or(StoreError::NoSuchShard {
-        shard: run.shard,
-        count: shards.len(),
-    })?;
-    let file = match &mut files[run.shard] {
-        Some(f) => f,
-        slot => slot.insert(File::open(path).map_err(|source| StoreError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?),
-    };
-    let len = usize::try_from(run.len).map_err(|_| StoreError::TooLarge {
-        path: path.to_path_buf(),
-        offset: run.offset,
-        len: run.len,
-    })?;
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, run.offset)
-        .map_err(|source| StoreError::Read {
-            path: path.to_path_buf(),
-            offset: run.offset,
-            len: run.len,
-            source,
-        })?;
-    Ok(buf)
+/// Bytes of one row of a `[rows, cols]` table.
+fn head_row_bytes(s: &Slice) -> usize {
+    let rows = s.shape.first().copied().unwrap_or(0);
+    s.len.checked_div(rows).unwrap_or(0)
+}
+
+/// Rows per streamed lm_head block: at most [`direct_io::MAX_CHUNK`] bytes (the plan's piece),
+/// at least one row.
+fn head_block_rows(s: &Slice) -> usize {
+    (direct_io::MAX_CHUNK / head_row_bytes(s).max(1)).max(1)
+}
+
+/// The aligned buffer a run needs at its own offset.
+fn window_capacity(run: ByteRun) -> Result<usize, StoreError> {
+    Ok(Window::of(run)?.len)
+}
+
+/// The aligned buffer that holds a run of `len` bytes at any offset (ring slots and the row
+/// buffer serve runs at many offsets).
+fn any_offset(len: u64) -> Result<usize, StoreError> {
+    Window::capacity_for(len)
+        .and_then(|c| usize::try_from(c).ok())
+        .ok_or(StoreError::Read(ReadError::RunOverflow {
+            shard: 0,
+            offset: 0,
+            len,
+        }))
 }

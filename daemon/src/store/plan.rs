@@ -433,12 +433,18 @@ impl Plan {
             let cache = census.pool() as u64 * slot;
             let all =
                 base + census.trunk_bytes() + census.lm_head_bytes + census.embedding_bytes + cache;
+            // Pinning is greedy and counts the ring of whatever still streams, so the last
+            // layer only fits with that slack; the plan then allocates exactly `all`.
+            let largest = census.trunk_layers.iter().copied().max().unwrap_or(0);
+            let slack = scheme.bytes(largest.max(census.lm_head_bytes.min(MAX_CHUNK as u64)));
             let budget = Budget {
-                ram: Some(all),
+                ram: Some(all + slack),
                 trunk: None,
                 cache: Some(cache),
             };
-            return Self::new(census, budget, scheme);
+            let mut plan = Self::new(census, budget, scheme)?;
+            plan.budget = plan.total();
+            return Ok(plan);
         };
         let cache_slots_wanted = match budget.cache {
             // Never below the minimum, even for a model whose pool is smaller than top-k + 1.

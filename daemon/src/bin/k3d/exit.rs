@@ -59,6 +59,7 @@ impl From<k3d::engine::EngineError> for CliError {
             E::Checkpoint(c) if c.is_config() => Exit::Usage,
             E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
             E::InvalidRequest(_) => Exit::Usage,
+            E::Model(k3d::model::ModelError::Plan(_)) => Exit::Resources,
             E::Model(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => Exit::RunInvalid,
         };
         CliError::new(exit, e)

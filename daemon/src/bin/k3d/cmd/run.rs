@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use k3d::engine::{Engine, EngineOptions, GenerateRequest, Step, peak_rss_bytes};
 
+use super::budget::BudgetArgs;
 use crate::exit::{CliError, CliResult, Exit};
 
 #[derive(clap::Args)]
@@ -42,13 +43,25 @@ pub struct Args {
     /// Prompt tokens per prefill step. Output does not depend on it.
     #[arg(long, default_value_t = 32)]
     prefill_chunk: usize,
+    #[command(flatten)]
+    budget: BudgetArgs,
 }
 
 pub fn run(args: Args) -> CliResult {
+    let mut model = args.budget.load_options()?;
+    model.max_tokens_per_call = args.prefill_chunk.max(1) as u64;
     let mut options = EngineOptions {
         prefill_chunk: args.prefill_chunk,
+        model,
         ..EngineOptions::default()
     };
+    // The plan, before anything is allocated: printed, or the budget refused (exit 5).
+    let checkpoint = k3d::checkpoint::Checkpoint::open(&args.model_dir)
+        .map_err(|e| CliError::from(k3d::engine::EngineError::from(e)))?;
+    let plan = k3d::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
+        .map_err(|e| CliError::new(Exit::Resources, e))?;
+    drop(checkpoint);
+    eprintln!("{plan}");
     if let Some(t) = args.threads {
         options.threads = t;
     }
@@ -95,6 +108,8 @@ pub fn run(args: Args) -> CliResult {
     } else {
         summary.prefill_seconds / summary.prompt_tokens.max(1) as f64
     };
+    let store = engine.model().store_stats();
+    let plan = engine.model().plan();
     if args.json {
         let report = serde_json::json!({
             "prompt_ids": prompt,
@@ -105,6 +120,30 @@ pub fn run(args: Args) -> CliResult {
             "peak_rss_bytes": peak_rss_bytes(),
             "bytes_read": summary.bytes_read,
             "bytes_avoided": summary.bytes_avoided,
+            "store": {
+                "bytes_read": store.bytes_read,
+                "trunk_bytes_read": store.trunk_bytes_read,
+                "expert_bytes_read": store.expert_bytes_read,
+                "embedding_bytes_read": store.embedding_bytes_read,
+                "head_bytes_read": store.head_bytes_read,
+                "bytes_avoided": store.bytes_avoided,
+                "io_seconds": store.io_seconds,
+                "compute_seconds": engine.model().compute_seconds(),
+            },
+            "plan": {
+                "budget_bytes": plan.budget,
+                "allocated_bytes": plan.total(),
+                "pinned_layers": plan.pinned_layers,
+                "layers": plan.layer_count,
+                "lm_head_resident": plan.lm_head == k3d::store::plan::Residency::Resident,
+                "embedding_resident": plan.embedding == k3d::store::plan::Residency::Resident,
+                "cache_slots": plan.cache_slots,
+                "predicted_bytes_per_token": plan.reads.total(),
+                "predicted_trunk_bytes_per_token": plan.reads.trunk,
+                "predicted_expert_bytes_per_token": plan.reads.experts,
+                "predicted_head_bytes_per_token": plan.reads.lm_head,
+                "predicted_embedding_bytes_per_token": plan.reads.embedding,
+            },
             "threads": engine.options().threads,
         });
         println!("{report}");

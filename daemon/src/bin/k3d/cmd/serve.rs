@@ -40,6 +40,8 @@ pub struct Args {
     /// [default: 10].
     #[arg(long)]
     shutdown_grace: Option<f64>,
+    #[command(flatten)]
+    budget: super::budget::BudgetArgs,
 }
 
 /// The `--config` file: every key optional, none unknown.
@@ -54,6 +56,18 @@ struct ConfigFile {
     socket_mode: Option<String>,
     socket_group: Option<String>,
     shutdown_grace: Option<f64>,
+    /// GiB (a number) or a preset name, as `--ram-gb`.
+    ram_gb: Option<RamGb>,
+    trunk_gb: Option<f64>,
+    cache_gb: Option<f64>,
+}
+
+/// `ram_gb = 120` or `ram_gb = "laptop"`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RamGb {
+    Gib(f64),
+    Preset(String),
 }
 
 fn usage(message: String) -> CliError {
@@ -109,6 +123,17 @@ pub fn run(args: Args) -> CliResult {
             group: args.socket_group.or(file.socket_group),
         },
         threads,
+        model_options: args
+            .budget
+            .or_from_file(
+                file.ram_gb.map(|r| match r {
+                    RamGb::Gib(v) => v.to_string(),
+                    RamGb::Preset(p) => p,
+                }),
+                file.trunk_gb,
+                file.cache_gb,
+            )
+            .load_options()?,
         limits: server::Limits {
             max_active,
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),

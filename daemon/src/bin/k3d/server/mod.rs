@@ -43,6 +43,8 @@ pub struct Config {
     pub model: PathBuf,
     pub socket: SocketSpec,
     pub threads: usize,
+    /// Memory plan options (`--ram-gb` etc.).
+    pub model_options: k3d::model::LoadOptions,
     pub limits: Limits,
     pub grace: Duration,
 }
@@ -70,6 +72,7 @@ pub fn run(cfg: Config) -> CliResult {
         cfg.model.clone(),
         EngineOptions {
             threads: cfg.threads,
+            model: cfg.model_options,
             ..EngineOptions::default()
         },
     )

@@ -28,7 +28,7 @@ pub fn reply(shared: &Shared, threads: usize) -> pb::StatusReply {
             name: i.name.clone(),
             dir: i.dir.display().to_string(),
             fingerprint: i.fingerprint.clone(),
-            config: i.summary.clone(),
+            config: format!("{}\n{}", i.summary, i.plan),
         }),
         // The engine does not report a memory plan, pinned layers or cache figures yet.
         plan: String::new(),

@@ -1,0 +1,67 @@
+//! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`,
+//! `--trunk-gb`, `--cache-gb`. Figures are GiB and may be fractional (tiny test models need
+//! budgets of a few MiB).
+
+use k3d::model::LoadOptions;
+use k3d::store::plan::{Budget, Preset};
+
+use crate::exit::{CliError, Exit};
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// RAM budget in GiB (fractional allowed) or a preset: laptop, desktop, workstation,
+    /// server, max (default: max, everything resident).
+    #[arg(long, value_name = "GIB|PRESET")]
+    ram_gb: Option<String>,
+    /// Cap on pinned trunk, GiB.
+    #[arg(long, value_name = "GIB")]
+    trunk_gb: Option<f64>,
+    /// Expert cache size, GiB.
+    #[arg(long, value_name = "GIB")]
+    cache_gb: Option<f64>,
+}
+
+impl BudgetArgs {
+    pub fn budget(&self) -> Result<Budget, CliError> {
+        let usage = |e| CliError::new(Exit::Usage, e);
+        let mut budget = match self.ram_gb.as_deref() {
+            None => Budget::default(),
+            Some(s) => match s.parse::<f64>() {
+                Ok(v) => Budget {
+                    ram: Some(Budget::gib("--ram-gb", v).map_err(usage)?),
+                    ..Budget::default()
+                },
+                Err(_) => Budget::preset(s.parse::<Preset>().map_err(usage)?),
+            },
+        };
+        if let Some(t) = self.trunk_gb {
+            budget.trunk = Some(Budget::gib("--trunk-gb", t).map_err(usage)?);
+        }
+        if let Some(c) = self.cache_gb {
+            budget.cache = Some(Budget::gib("--cache-gb", c).map_err(usage)?);
+        }
+        Ok(budget)
+    }
+
+    /// These flags, with any flag not given taken from a config file's values.
+    pub fn or_from_file(
+        &self,
+        ram_gb: Option<String>,
+        trunk_gb: Option<f64>,
+        cache_gb: Option<f64>,
+    ) -> Self {
+        BudgetArgs {
+            ram_gb: self.ram_gb.clone().or(ram_gb),
+            trunk_gb: self.trunk_gb.or(trunk_gb),
+            cache_gb: self.cache_gb.or(cache_gb),
+        }
+    }
+
+    /// Load options with this budget.
+    pub fn load_options(&self) -> Result<LoadOptions, CliError> {
+        Ok(LoadOptions {
+            budget: self.budget()?,
+            ..LoadOptions::default()
+        })
+    }
+}
