@@ -5,28 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const K3D: &str = env!("CARGO_BIN_EXE_k3d");
+mod cli_support;
+use cli_support::{K3D, synth};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/reference")
-}
-
-fn synth(shape: &str, dir: &Path) -> String {
-    let out = Command::new(K3D)
-        .args(["synth", "--shape", shape, "--seed", "0", "--force"])
-        .arg(dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(
-        out.status.success(),
-        "k3d synth failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8(out.stdout).expect("utf-8");
-    line.split_whitespace()
-        .last()
-        .expect("fingerprint")
-        .to_string()
 }
 
 struct Run {

@@ -6,25 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const K3D: &str = env!("CARGO_BIN_EXE_k3d");
+mod cli_support;
+use cli_support::{K3D, synth};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("k3d-stream-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
-}
-
-fn synth(shape: &str, dir: &Path) {
-    let out = Command::new(K3D)
-        .args(["synth", "--shape", shape, "--seed", "0", "--force"])
-        .arg(dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(
-        out.status.success(),
-        "k3d synth: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn k3d_run(dir: &Path, dump: &Path, args: &[&str]) -> Output {
