@@ -693,7 +693,8 @@ fn moe_engine(c: &MoeCase) -> Vec<f32> {
         })
         .collect();
     let mut out = vec![0.0f32; c.xs.len()];
-    moe::finish(&c.dims, &m, &p, &c.xs, &plan, &experts, &mut out);
+    let outputs = moe::run_experts(&c.dims, &plan, &plan.needed, &experts);
+    moe::combine(&c.dims, &m, &p, &c.xs, &plan, &outputs, &mut out);
     out
 }
 

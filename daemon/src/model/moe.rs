@@ -5,7 +5,7 @@
 //! Two phases around the weight store: [`plan`] computes `z` and the routing and names the
 //! experts the T tokens need (the union); [`run_expert`] runs one expert on all its tokens (its
 //! weights read once), in any order; [`combine`] sums per token in top-k order (spec §6.1 rule 9).
-//! [`finish`] is the two together for a resident expert set.
+//! [`run_experts`] runs a set of experts in parallel (independent outputs).
 
 use rayon::prelude::*;
 
@@ -112,20 +112,6 @@ pub fn run_experts(
         .with_min_len(grain(expert_work))
         .map(|(&e, w)| run_expert(dims, plan, e, w))
         .collect()
-}
-
-/// Phase 2: `experts[i]` are the weights of `plan.needed[i]`. Writes `[T, hidden]` into `out`.
-pub fn finish(
-    dims: &MoeDims,
-    m: &MoeMatrices<'_>,
-    p: &MoeParams,
-    xs: &[f32],
-    plan: &MoePlan,
-    experts: &[Expert<'_>],
-    out: &mut [f32],
-) {
-    let outputs = run_experts(dims, plan, &plan.needed, experts);
-    combine(dims, m, p, xs, plan, &outputs, out);
 }
 
 /// Sums each token's expert outputs in f64 in top-k order (whatever order `outputs` come in),
