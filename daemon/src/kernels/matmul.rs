@@ -234,7 +234,7 @@ pub fn matmul_bf16_with(isa: Isa, w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32])
     }
 }
 
-/// `ys = xs · Wᵀ` for an f32 weight given as a slice `[rows, cols]` (rows by [`dot_f32`]).
+/// `ys = xs · Wᵀ` for an f32 weight given as a slice `[rows, cols]` (rows by [`super::reduce::dot_f32`]).
 pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
     matmul_f32_with(Isa::detect(), w, rows, cols, xs, ys);
 }

@@ -2,7 +2,7 @@
 //!
 //! The model never touches a file: it asks the [`WeightStore`] for the bytes of one layer's
 //! trunk run ([`WeightStore::trunk`]), for a *set* of routed experts right after routing
-//! ([`WeightStore::experts`]), for embedding rows and for the model-level tensors. The
+//! ([`WeightStore::experts_each`]), for embedding rows and for the model-level tensors. The
 //! [`plan::Plan`] decides, before anything is allocated, what is resident:
 //!
 //! * pinned trunk layers are read once at load into aligned buffers; the others stream through

@@ -4,7 +4,7 @@
 //! * [`shape`] — the named shapes (`tiny`, `tiny-b`, `tiny-c`, `small`, `bench`).
 //! * [`inventory`] — every tensor of every shard, with its value distribution (spec §3.3, §9.1).
 //! * [`values`] — element values as stored bytes, from per-chunk deterministic streams.
-//! * [`rng`] — the fully specified PRNG: same shape + seed ⇒ same bytes on every machine.
+//! * [`crate::rng`] — the fully specified PRNG: same shape + seed ⇒ same bytes on every machine.
 //! * [`writer`] — safetensors shards in the released byte layout (spec §3.2), streamed.
 //! * [`tokenizer_files`] — a small real BPE vocabulary and the K3 added tokens (spec §7).
 //! * [`config_files`] — `config.json`, `generation_config.json`, the index.
