@@ -47,6 +47,23 @@ fn assert_names(e: &SafetensorsError, parts: &[&str]) {
 
 const FILE: &str = "model-00001-of-000001.safetensors";
 
+/// The fingerprint's per-shard part is the digest of the header exactly as stored (length
+/// prefix and JSON), taken while indexing.
+#[test]
+fn header_digest_covers_the_stored_header_bytes() {
+    use sha2::{Digest, Sha256};
+    let (dir, index) = index_one(&good_header(), 16);
+    let index = index.expect("well-formed");
+    let shard = &index.shards()[0];
+    let bytes = std::fs::read(dir.join(FILE)).expect("read shard");
+    let stored: [u8; 32] = Sha256::digest(&bytes[..shard.data_start as usize]).into();
+    assert_eq!(shard.header_sha256, stored);
+    // One changed header byte (same length) changes the digest.
+    let (_other_dir, changed) = index_one(&good_header().replace("a.weight", "c.weight"), 16);
+    let changed = changed.expect("well-formed");
+    assert_ne!(changed.shards()[0].header_sha256, shard.header_sha256);
+}
+
 #[test]
 fn well_formed_shard_is_indexed_by_name() {
     let (_dir, index) = index_one(&good_header(), 16);

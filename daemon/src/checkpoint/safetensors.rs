@@ -19,6 +19,7 @@ use rayon::prelude::*;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde_json::error::Category;
+use sha2::{Digest, Sha256};
 
 /// Element types the engine knows. K3 uses exactly these three (spec §3.2 rule 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,6 +76,9 @@ pub struct ShardFile {
     pub size: u64,
     /// `8 + N`: absolute file offset of the first data byte.
     pub data_start: u64,
+    /// sha256 of the header as stored (the 8 length bytes and the JSON): part of the model's
+    /// identity, taken while indexing so nothing re-reads headers to fingerprint a checkpoint.
+    pub header_sha256: [u8; 32],
 }
 
 impl ShardFile {
@@ -618,6 +622,11 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
             path,
             size,
             data_start,
+            header_sha256: Sha256::new()
+                .chain_update((header.len() as u64).to_le_bytes())
+                .chain_update(header)
+                .finalize()
+                .into(),
         },
         names,
         dims,

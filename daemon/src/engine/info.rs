@@ -1,6 +1,5 @@
 //! What an engine is (identity, fingerprint, configuration) and what it has done (counters).
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
@@ -71,7 +70,8 @@ impl EngineInfo {
     }
 }
 
-/// sha256 of `config.json` bytes, then per shard (sorted as indexed): file name, size, header.
+/// sha256 of `config.json` bytes, then per shard (sorted as indexed): file name, size and the
+/// digest of its header taken while indexing (no header is read twice).
 fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
     let mut h = Sha256::new();
     let config_path = checkpoint.dir.join("config.json");
@@ -81,13 +81,6 @@ fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
     })?;
     h.update(&config);
     for shard in &checkpoint.shards {
-        let mut header = vec![0u8; shard.data_start as usize];
-        std::fs::File::open(&shard.path)
-            .and_then(|mut f| f.read_exact(&mut header))
-            .map_err(|source| EngineError::Io {
-                path: shard.path.clone(),
-                source,
-            })?;
         h.update(
             shard
                 .path
@@ -96,7 +89,7 @@ fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
                 .unwrap_or_default(),
         );
         h.update(shard.size.to_le_bytes());
-        h.update(&header);
+        h.update(shard.header_sha256);
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
