@@ -41,12 +41,7 @@ impl Sampler {
         if logits.iter().any(|v| v.is_nan()) {
             return None;
         }
-        // Candidates by descending logit, ties to the lower id (stable sort of ids).
-        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        if self.params.top_k > 0 {
-            order.truncate(self.params.top_k);
-        }
+        let order = candidates(logits, self.params.top_k);
         let t = self.params.temperature as f64;
         let top = logits[order[0] as usize] as f64;
         let weights: Vec<f64> = order
@@ -76,6 +71,25 @@ impl Sampler {
         }
         Some(order[keep - 1])
     }
+}
+
+/// Candidate ids by descending logit, ties to the lower id; only the best `top_k` when it is
+/// set (0 = all). With top-k the vocabulary is partitioned first (O(V)) and only the k kept
+/// ids are sorted, instead of sorting the whole vocabulary for every token; the comparator is
+/// a total order, so the result is the same as a full sort truncated to k.
+fn candidates(logits: &[f32], top_k: usize) -> Vec<u32> {
+    let better = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    if top_k > 0 && top_k < order.len() {
+        order.select_nth_unstable_by(top_k - 1, better);
+        order.truncate(top_k);
+    }
+    order.sort_unstable_by(better);
+    order
 }
 
 /// SplitMix64 (the synthesizer's fully specified step): tiny, fast, identical on every
@@ -121,6 +135,22 @@ mod tests {
         };
         assert_eq!(run(p.clone()), run(p.clone()));
         assert_ne!(run(p.clone()), run(Sampling { seed: 8, ..p }));
+    }
+
+    #[test]
+    fn top_k_candidates_equal_the_full_order_truncated() {
+        // Many ties (a coarse grid of values) so the id tie-break is exercised.
+        let logits: Vec<f32> = (0..500u32)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.5)
+            .collect();
+        let full = candidates(&logits, 0);
+        assert!(full.windows(2).all(|w| {
+            let (a, b) = (logits[w[0] as usize], logits[w[1] as usize]);
+            a > b || (a == b && w[0] < w[1])
+        }));
+        for k in [1, 2, 17, 23, 499, 500, 800] {
+            assert_eq!(candidates(&logits, k), full[..k.min(500)], "top_k {k}");
+        }
     }
 
     #[test]
