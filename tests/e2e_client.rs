@@ -62,6 +62,7 @@ async fn run_prints_exactly_what_the_daemon_generates() {
                 max_tokens: 10,
                 ..Default::default()
             }),
+            session: String::new(),
         },
     )
     .await;

@@ -231,6 +231,7 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
         .generate(pb::GenerateRequest {
             prompt: None,
             options: None,
+            session: String::new(),
         })
         .await
         .expect_err("no prompt");
@@ -268,6 +269,7 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
     let huge = pb::GenerateRequest {
         prompt: Some(pb::generate_request::Prompt::Text("x".repeat(17 << 20))),
         options: None,
+        session: String::new(),
     };
     let err = c.generate(huge).await.expect_err("oversized message");
     assert!(

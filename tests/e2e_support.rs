@@ -184,6 +184,7 @@ pub fn ids_request(ids: Vec<u32>, max_tokens: u32) -> pb::GenerateRequest {
             max_tokens,
             ..Default::default()
         }),
+        session: String::new(),
     }
 }
 

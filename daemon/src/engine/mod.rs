@@ -162,15 +162,34 @@ impl Engine {
         Ok(Generation::new(request, self.model.new_state()))
     }
 
-    /// Like [`Engine::start`], but continuing `state` (e.g. a saved conversation): the
-    /// request's prompt is fed after the positions already in it.
+    /// Like [`Self::start`], but continuing `state`, which has consumed exactly the first
+    /// `state.positions()` ids of the prompt (the caller's contract: a session snapshot whose
+    /// history is a prefix of the prompt). Those ids are not fed again; at least one prompt id
+    /// must remain, since the state does not carry the logits of its last position.
     pub fn start_from(
         &self,
         request: GenerateRequest,
         state: State,
     ) -> Result<Generation, EngineError> {
         request.validate(self.model.config().vocab_size)?;
-        self.model.check_input(&state, &request.prompt)?;
+        let held = state.positions();
+        if held >= request.prompt.len() {
+            return Err(EngineError::InvalidRequest(format!(
+                "the starting state holds {held} positions; the prompt ({} tokens) must extend it",
+                request.prompt.len()
+            )));
+        }
+        if state.is_poisoned() {
+            return Err(EngineError::InvalidRequest(
+                "the starting state is from a failed forward".into(),
+            ));
+        }
+        if request.record_logits && held > 0 {
+            return Err(EngineError::InvalidRequest(
+                "record_logits needs every prompt position computed; start from a fresh state"
+                    .into(),
+            ));
+        }
         Ok(Generation::new(request, state))
     }
 

@@ -36,6 +36,8 @@ pub struct Job {
     pub cancel: Arc<AtomicBool>,
     /// Peer uid from SO_PEERCRED, for the logs.
     pub uid: Option<u32>,
+    /// The session the request continues and updates, already reserved for it.
+    pub session: Option<String>,
     pub admitted: Instant,
     /// Last queue position announced to the client (0 = none yet).
     announced: u32,
@@ -56,6 +58,7 @@ impl Job {
             tx,
             cancel: Arc::new(AtomicBool::new(false)),
             uid,
+            session: None,
             admitted: Instant::now(),
             announced: 0,
         }

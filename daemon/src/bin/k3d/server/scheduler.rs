@@ -13,7 +13,9 @@
 use super::admission::{Job, Kind, Outcome, Shared, shutdown_status};
 use super::channels::Channels;
 use super::convert;
+use super::sessions::Sessions;
 use k3d::engine::{Engine, EngineError, EngineOptions, Generation, LoadProgress, Step};
+use k3d::session::Snapshot;
 use k3d::tokenizer::StreamDecoder;
 use k3proto::v1 as pb;
 use std::collections::VecDeque;
@@ -34,11 +36,29 @@ struct Active<'e> {
     text: StreamDecoder<'e>,
     channels: Option<Channels>,
     started: Instant,
+    session: Option<SessionRun>,
+}
+
+/// A request on a session: the session's name and the state at the end of its prompt, kept
+/// as a snapshot with the end-of-generation one (a chat's next prompt may re-render this
+/// turn's reply differently, so only the prompt part would match).
+struct SessionRun {
+    name: String,
+    prefill: Option<Snapshot>,
+}
+
+/// The state a generation holds now, with the ids it consumed.
+fn snapshot(generation: &Generation) -> Snapshot {
+    Snapshot {
+        history: generation.consumed(),
+        state: generation.state().clone(),
+    }
 }
 
 /// Start the scheduler thread. It exits once admission is closed and nothing is left to run.
 pub fn spawn(
     shared: Arc<Shared>,
+    sessions: Arc<Sessions>,
     model: PathBuf,
     options: EngineOptions,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -68,18 +88,20 @@ pub fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             );
+            sessions.open(&engine.info().fingerprint, engine.model().plan().headroom());
             shared.set_ready(engine.info().clone(), engine.stats());
-            run(&shared, &engine);
+            run(&shared, &sessions, &engine);
+            sessions.save_all();
         })
 }
 
-fn run(shared: &Shared, engine: &Engine) {
+fn run(shared: &Shared, sessions: &Sessions, engine: &Engine) {
     let mut active: VecDeque<Active<'_>> = VecDeque::new();
     loop {
         let free = shared.limits.max_active.saturating_sub(active.len());
         let taken = shared.take(free, active.is_empty());
         for job in taken.jobs {
-            if let Some(a) = begin(shared, engine, job) {
+            if let Some(a) = begin(shared, sessions, engine, job) {
                 active.push_back(a);
             }
         }
@@ -99,7 +121,7 @@ fn run(shared: &Shared, engine: &Engine) {
                 continue;
             }
             progressed = true;
-            if step(shared, engine, &mut a) {
+            if step(shared, sessions, engine, &mut a) {
                 active.push_back(a);
             }
         }
@@ -110,19 +132,37 @@ fn run(shared: &Shared, engine: &Engine) {
     }
 }
 
-/// Start a request's generation; an invalid request fails here with INVALID_ARGUMENT.
-fn begin<'e>(shared: &Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>> {
+/// Start a request's generation, on its session's best snapshot if it has one; an invalid
+/// request fails here with INVALID_ARGUMENT, an unloadable session file with its status.
+fn begin<'e>(
+    shared: &Shared,
+    sessions: &Sessions,
+    engine: &'e Engine,
+    job: Job,
+) -> Option<Active<'e>> {
     let channels = match job.kind {
         Kind::Text => None,
         Kind::Chat { thinking } => Some(Channels::new(engine.tokenizer().controls(), thinking)),
     };
-    match engine.start(job.request.clone()) {
+    let request = job.request.clone();
+    let started = match &job.session {
+        None => engine.start(request).map_err(|e| convert::engine_error(&e)),
+        Some(name) => match sessions.start(name, &request.prompt) {
+            Ok((Some(state), _)) => engine
+                .start_from(request, state)
+                .map_err(|e| convert::engine_error(&e)),
+            Ok((None, _)) => engine.start(request).map_err(|e| convert::engine_error(&e)),
+            Err(status) => Err(status),
+        },
+    };
+    match started {
         Ok(generation) => {
             log!(
-                "request {} started (uid {}, {} prompt tokens, waited {:.3}s)",
+                "request {} started (uid {}, {} prompt tokens, {} from its session, waited {:.3}s)",
                 job.id,
                 uid_text(job.uid),
                 job.request.prompt.len(),
+                generation.state().positions(),
                 job.admitted.elapsed().as_secs_f64()
             );
             Some(Active {
@@ -130,26 +170,36 @@ fn begin<'e>(shared: &Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>
                 text: StreamDecoder::new(engine.tokenizer()),
                 channels,
                 started: Instant::now(),
+                session: job.session.clone().map(|name| SessionRun {
+                    name,
+                    prefill: None,
+                }),
                 job,
             })
         }
-        Err(e) => {
-            log!("request {} refused: {e}", job.id);
+        Err(status) => {
+            log!("request {} refused: {}", job.id, status.message());
+            if let Some(name) = &job.session {
+                sessions.release(name);
+            }
             shared.finish(job.id, Outcome::Failed);
-            let _ = job.tx.try_send(Err(convert::engine_error(&e)));
+            let _ = job.tx.try_send(Err(status));
             None
         }
     }
 }
 
 /// One engine step of one request. Returns whether the request is still running.
-fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
+fn step(shared: &Shared, sessions: &Sessions, engine: &Engine, a: &mut Active<'_>) -> bool {
     let cancel_flag = Arc::clone(&a.job.cancel);
     let tx = a.job.tx.clone();
     let cancelled =
         move || cancel_flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all();
     match engine.step(&mut a.generation, &cancelled) {
         Ok(Step::Prefill { done, total }) => {
+            if let Some(run) = a.session.as_mut().filter(|_| done == total) {
+                run.prefill = Some(snapshot(&a.generation));
+            }
             a.job.offer(pb::event::Event::Progress(pb::Progress {
                 phase: pb::Phase::Prefill.into(),
                 done: done as u64,
@@ -190,6 +240,11 @@ fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
                 Kind::Chat { .. } => engine.tokenizer().end_of_turn_ids().to_vec(),
                 Kind::Text => Vec::new(),
             };
+            if let Some(run) = a.session.take() {
+                // Before Done: the client's next turn must find the session free.
+                let end = snapshot(&a.generation);
+                sessions.finish(&run.name, run.prefill.into_iter().chain([end]).collect());
+            }
             shared.finish(a.job.id, Outcome::Completed);
             a.job.offer(pb::event::Event::Done(convert::done(
                 &summary,
@@ -208,12 +263,18 @@ fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
                 Status::cancelled("the client went away")
             };
             log!("request {} cancelled: {}", a.job.id, status.message());
+            if let Some(run) = a.session.take() {
+                sessions.release(&run.name);
+            }
             shared.finish(a.job.id, Outcome::Cancelled);
             let _ = a.job.tx.try_send(Err(status));
             false
         }
         Err(e) => {
             log!("request {} failed: {e}", a.job.id);
+            if let Some(run) = a.session.take() {
+                sessions.release(&run.name);
+            }
             shared.finish(a.job.id, Outcome::Failed);
             let _ = a.job.tx.try_send(Err(convert::engine_error(&e)));
             false
