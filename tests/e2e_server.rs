@@ -179,6 +179,55 @@ async fn sixteen_concurrent_clients_get_what_they_get_alone() {
     );
 }
 
+/// Batched decoding (issue 7 item 4): four concurrent requests with different prompt lengths
+/// (one longer than a prefill chunk) are stepped through shared forward passes — Status shows
+/// passes serving all four — and each gets exactly the ids it gets alone.
+#[tokio::test]
+async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
+    let (d, mut c) = ready_daemon("batched", &["--max-active", "4", "--max-batch", "4"]).await;
+    let prompts: Vec<Vec<u32>> = vec![
+        prompt(1),
+        (0..45).map(|i| 3 + (i * 7) % 90).collect(),
+        vec![77],
+        prompt(2).repeat(3),
+    ];
+    let lengths = [160, 120, 200, 140];
+    let mut alone = Vec::new();
+    for (p, &n) in prompts.iter().zip(&lengths) {
+        let r = generate(&mut c, ids_request(p.clone(), n)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.ids.len(), n as usize);
+        alone.push(r.ids);
+    }
+    let before = wait_ready(&mut c).await;
+    assert_eq!(before.max_batch, 4);
+    assert_eq!(before.widest_batch, 1, "solo runs are passes of one");
+    let mut tasks = Vec::new();
+    for (p, &n) in prompts.iter().zip(&lengths) {
+        let (socket, p) = (d.socket.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            generate(&mut c, ids_request(p, n)).await
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(
+            r.ids, alone[i],
+            "client {i} got other tokens batched than alone"
+        );
+    }
+    let after = wait_ready(&mut c).await;
+    assert_eq!(after.widest_batch, 4, "a pass served all four requests");
+    assert!(
+        after.batched_passes > before.batched_passes + 50,
+        "most steps were shared: {} batched passes of {}",
+        after.batched_passes - before.batched_passes,
+        after.forward_passes - before.forward_passes
+    );
+}
+
 #[tokio::test]
 async fn a_full_queue_refuses_with_resource_exhausted() {
     let (_d, mut c) = ready_daemon("busy", &["--max-queue", "1", "--max-active", "1"]).await;

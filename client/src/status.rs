@@ -123,6 +123,13 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         ),
     );
     line("threads", s.threads.to_string());
+    line(
+        "batching",
+        format!(
+            "up to {} per pass; {} passes, {} shared by several requests, widest {}",
+            s.max_batch, s.forward_passes, s.batched_passes, s.widest_batch
+        ),
+    );
     if let Some(x) = &s.sessions {
         line(
             "sessions",
@@ -175,6 +182,10 @@ fn json(s: &pb::StatusReply) -> serde_json::Value {
         "requests_failed": s.requests_failed,
         "requests_rejected": s.requests_rejected,
         "threads": s.threads,
+        "max_batch": s.max_batch,
+        "forward_passes": s.forward_passes,
+        "batched_passes": s.batched_passes,
+        "widest_batch": s.widest_batch,
         "sessions": s.sessions.as_ref().map(|x| serde_json::json!({
             "count": x.count, "memory_bytes": x.memory_bytes,
             "allowance_bytes": x.allowance_bytes, "dir": x.dir, "error": x.error,

@@ -15,6 +15,7 @@ pub mod sampler;
 
 use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
+use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
 pub use request::{GenerateRequest, Sampling, StopReason, Summary};
 
@@ -25,6 +26,9 @@ use std::time::Instant;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{LoadOptions, Model, ModelError, Sequence, State};
 use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// The default prompt tokens per prefill step.
+pub const PREFILL_CHUNK: usize = 32;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -42,7 +46,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            prefill_chunk: 32,
+            prefill_chunk: PREFILL_CHUNK,
             model: LoadOptions::default(),
         }
     }
@@ -94,6 +98,7 @@ pub struct Engine {
     pool: rayon::ThreadPool,
     options: EngineOptions,
     info: EngineInfo,
+    batches: BatchCounters,
 }
 
 impl Engine {
@@ -132,6 +137,7 @@ impl Engine {
             pool,
             options,
             info,
+            batches: BatchCounters::default(),
         })
     }
 
@@ -153,7 +159,7 @@ impl Engine {
 
     /// Counters since the engine was opened.
     pub fn stats(&self) -> EngineStats {
-        EngineStats::from_store(self.model.store_stats())
+        EngineStats::new(self.model.store_stats(), &self.batches)
     }
 
     /// Validates a request and prepares its generation (no compute yet).
@@ -284,6 +290,7 @@ impl Engine {
                     });
                 }
             }
+            self.batches.record(seqs.len());
             let all_cancelled = || runs.iter().all(|&i| cancelled(i));
             let outcome = self.model.forward_batch(&mut seqs, &all_cancelled);
             drop(seqs);

@@ -26,9 +26,14 @@ pub struct Args {
     /// [default: 16].
     #[arg(long)]
     max_queue: Option<usize>,
-    /// Requests computed at once, stepped round-robin (each holds its own state) [default: 4].
+    /// Requests computed at once (each holds its own state) [default: 4].
     #[arg(long)]
     max_active: Option<usize>,
+    /// Requests stepped together through one forward pass: they share each layer's weights
+    /// and the union of their experts, each output exactly what it would be alone
+    /// [default: max_active].
+    #[arg(long)]
+    max_batch: Option<usize>,
     /// Permissions of the socket file: 0660 (owner and group) or 0600 (owner only)
     /// [default: 0660].
     #[arg(long, value_parser = ["0660", "0600"])]
@@ -62,6 +67,7 @@ struct ConfigFile {
     threads: Option<usize>,
     max_queue: Option<usize>,
     max_active: Option<usize>,
+    max_batch: Option<usize>,
     socket_mode: Option<String>,
     socket_group: Option<String>,
     shutdown_grace: Option<f64>,
@@ -133,6 +139,10 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
+    if max_batch == 0 {
+        return Err(usage("max_batch must be at least 1".into()));
+    }
     let mode = match args.socket_mode.or(file.socket_mode).as_deref() {
         None | Some("0660") => 0o660,
         Some("0600") => 0o600,
@@ -163,6 +173,8 @@ pub fn run(args: Args) -> CliResult {
             file.cache_gb,
         )
         .load_options()?;
+    // A batched pass carries up to one prefill chunk per member: plan its activations.
+    model_options.max_tokens_per_call = (k3d::engine::PREFILL_CHUNK * max_batch) as u64;
     // Sessions count against the budget: the model is planned in what they leave.
     if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
         model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
@@ -184,6 +196,7 @@ pub fn run(args: Args) -> CliResult {
         model_options,
         limits: server::Limits {
             max_active,
+            max_batch,
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
         },
         grace: Duration::from_secs_f64(shutdown_grace),

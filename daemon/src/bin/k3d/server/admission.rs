@@ -111,6 +111,8 @@ pub enum Outcome {
 pub struct Limits {
     /// Requests computed at once (each holds its own state).
     pub max_active: usize,
+    /// Requests stepped together through one forward pass, at most (`--max-batch`).
+    pub max_batch: usize,
     /// Requests allowed to wait for a compute slot; beyond this, RESOURCE_EXHAUSTED.
     pub max_queue: usize,
 }

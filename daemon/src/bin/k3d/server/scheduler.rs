@@ -1,6 +1,10 @@
-//! The scheduler thread: the only owner of the engine. It loads the model once, then steps the
-//! active requests round-robin, one engine step each in turn, so no request starves another;
-//! each request has its own `Generation`, so its output is what it would be alone.
+//! The scheduler thread: the only owner of the engine. It loads the model once, then, round
+//! after round, steps the active requests together: every request whose client can take an
+//! event (up to `--max-batch`) gets one engine step — a prefill chunk or a token — through one
+//! batched forward pass (`Engine::step_batch`), so they share each layer's weights and the union
+//! of their experts. Requests left out of a round (buffer full, or over the cap) go first in
+//! the next, so none starves another; each request has its own `Generation`, so its output is
+//! exactly what it would be alone.
 //!
 //! Events leave through each request's bounded channel. A request whose client is not reading
 //! (buffer full) is skipped for that round instead of blocking the thread, so one slow client
@@ -111,25 +115,61 @@ fn run(shared: &Shared, sessions: &Sessions, engine: &Engine) {
             }
             continue;
         }
-        let mut progressed = false;
-        for _ in 0..active.len() {
-            let Some(mut a) = active.pop_front() else {
-                break;
-            };
-            if a.job.tx.capacity() == 0 && !a.job.tx.is_closed() && !shared.stopping_all() {
-                active.push_back(a);
-                continue;
-            }
-            progressed = true;
-            if step(shared, sessions, engine, &mut a) {
-                active.push_back(a);
+        // This round's batch: the first `max_batch` requests, in turn order, whose client can
+        // take an event. The rest keep their place ahead of the stepped ones, which go to the
+        // back: every request is stepped within a few rounds whatever the batch cap.
+        let mut batch = Vec::new();
+        let mut rest = VecDeque::new();
+        for a in active.drain(..) {
+            if batch.len() < shared.limits.max_batch && has_room(shared, &a) {
+                batch.push(a);
+            } else {
+                rest.push_back(a);
             }
         }
-        if !progressed {
+        active = rest;
+        if batch.is_empty() {
             shared.idle(STALL_WAIT);
+        } else {
+            let results = step_batch(shared, engine, &mut batch);
+            for (mut a, result) in batch.into_iter().zip(results) {
+                if deliver(shared, sessions, engine, &mut a, result) {
+                    active.push_back(a);
+                }
+            }
         }
         shared.publish_stats(engine.stats());
     }
+}
+
+/// Whether a request may be stepped now: its client has buffer room for the step's event (or
+/// is gone, or everything is being cancelled, so the step only ends it).
+fn has_room(shared: &Shared, a: &Active<'_>) -> bool {
+    a.job.tx.capacity() > 0 || a.job.tx.is_closed() || shared.stopping_all()
+}
+
+/// One engine step of every request of `batch`, through one forward pass. Each request has its
+/// own cancel check (its Cancel flag, its client gone, the shutdown): the pass stops between
+/// layers only when all are cancelled; one cancelled alone is dropped when the pass ends.
+fn step_batch(
+    shared: &Shared,
+    engine: &Engine,
+    batch: &mut [Active<'_>],
+) -> Vec<Result<Step, EngineError>> {
+    let checks: Vec<_> = batch
+        .iter()
+        .map(|a| {
+            let flag = Arc::clone(&a.job.cancel);
+            let tx = a.job.tx.clone();
+            move || flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all()
+        })
+        .collect();
+    let cancels: Vec<&(dyn Fn() -> bool + Sync)> = checks
+        .iter()
+        .map(|c| c as &(dyn Fn() -> bool + Sync))
+        .collect();
+    let mut gens: Vec<&mut Generation> = batch.iter_mut().map(|a| &mut a.generation).collect();
+    engine.step_batch(&mut gens, &cancels)
 }
 
 /// Start a request's generation, on its session's best snapshot if it has one; an invalid
@@ -189,13 +229,15 @@ fn begin<'e>(
     }
 }
 
-/// One engine step of one request. Returns whether the request is still running.
-fn step(shared: &Shared, sessions: &Sessions, engine: &Engine, a: &mut Active<'_>) -> bool {
-    let cancel_flag = Arc::clone(&a.job.cancel);
-    let tx = a.job.tx.clone();
-    let cancelled =
-        move || cancel_flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all();
-    match engine.step(&mut a.generation, &cancelled) {
+/// Sends the outcome of one step of `a` to its client. Returns whether it is still running.
+fn deliver(
+    shared: &Shared,
+    sessions: &Sessions,
+    engine: &Engine,
+    a: &mut Active<'_>,
+    result: Result<Step, EngineError>,
+) -> bool {
+    match result {
         Ok(Step::Prefill { done, total }) => {
             if let Some(run) = a.session.as_mut().filter(|_| done == total) {
                 run.prefill = Some(snapshot(&a.generation));

@@ -48,6 +48,10 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
         requests_rejected: snap.counters.rejected,
         threads: super::convert::count(threads),
         max_active: super::convert::count(shared.limits.max_active),
+        max_batch: super::convert::count(shared.limits.max_batch),
+        forward_passes: snap.stats.forward_passes,
+        batched_passes: snap.stats.batched_passes,
+        widest_batch: u32::try_from(snap.stats.widest_batch).unwrap_or(u32::MAX),
         sessions: Some(sessions),
     }
 }
