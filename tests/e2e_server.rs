@@ -587,6 +587,7 @@ async fn chat_labels_each_token_with_its_channel() {
             max_tokens: 16,
             ..Default::default()
         }),
+        session: String::new(),
     };
     for thinking in [pb::Thinking::On, pb::Thinking::Off] {
         let r = collect(
