@@ -22,10 +22,6 @@ fn k3(socket: &Path, args: &[&str]) -> Output {
         .expect("run k3")
 }
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 #[tokio::test]
 async fn run_prints_exactly_what_the_daemon_generates() {
     let (d, mut c) = ready_daemon("client-run", &[]).await;

@@ -489,15 +489,7 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let uid = String::from_utf8_lossy(
-        &std::process::Command::new("id")
-            .args(["-u", "k3e2e-member"])
-            .output()
-            .expect("id")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let uid = uid_of("k3e2e-member");
     assert!(
         d.log_text().contains(&format!("from uid {uid} ")),
         "{}",

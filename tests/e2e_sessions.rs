@@ -62,10 +62,6 @@ fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
         .expect("run k3")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 #[tokio::test]
 async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     let dir = scratch("sess-restart");
@@ -368,15 +364,7 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
         "3 prompt + 3 fed of 4 generated: {}",
         text(&second.stderr)
     );
-    let uid = text(
-        &Command::new("id")
-            .args(["-u", "k3e2e-member"])
-            .output()
-            .expect("id")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let uid = uid_of("k3e2e-member");
     let intruder = Some("k3e2e-other");
     for args in [
         vec!["run", "--ids", "--session", "mine", "5 6 7 8"],

@@ -285,6 +285,24 @@ pub async fn computing(
     stream
 }
 
+/// Lossy UTF-8 of a process's output.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The uid of account `name` (`id -u`).
+pub fn uid_of(name: &str) -> String {
+    text(
+        &std::process::Command::new("id")
+            .args(["-u", name])
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .trim()
+    .to_string()
+}
+
 /// groupadd/useradd lock /etc files: tests running in parallel take turns.
 static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
