@@ -9,7 +9,7 @@ use k3d::store::plan::Plan;
 use k3proto::v1 as pb;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::time::UNIX_EPOCH;
+use std::time::{Instant, UNIX_EPOCH};
 use tonic::Status;
 
 enum Phase {
@@ -131,7 +131,16 @@ impl Sessions {
 
     /// The state a reserved session's request starts from and the prompt tokens it holds.
     pub fn start(&self, name: &str, prompt: &[u32]) -> Result<(Option<State>, usize), Status> {
-        self.with(|s| s.start(name, prompt))
+        let started = Instant::now();
+        let start = self.with(|s| s.start(name, prompt))?;
+        // Copying a snapshot (or loading a spilled session) is the whole cost of reuse: logged
+        // so it can be measured against the prefill it saves.
+        log!(
+            "session {name:?}: {} prompt tokens from its state, ready in {:.3}s",
+            start.1,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(start)
     }
 
     pub fn finish(&self, name: &str, snapshots: Vec<Snapshot>) {
