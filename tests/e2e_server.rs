@@ -538,15 +538,7 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let uid = String::from_utf8_lossy(
-        &std::process::Command::new("id")
-            .args(["-u", "k3e2e-member"])
-            .output()
-            .expect("id")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let uid = uid_of("k3e2e-member");
     assert!(
         d.log_text().contains(&format!("from uid {uid} ")),
         "{}",
@@ -572,6 +564,8 @@ async fn systemd_socket_activation_serves_the_passed_socket() {
         .arg(tiny_model())
         .arg("--socket")
         .arg(dir.join("unused.sock"))
+        .arg("--session-dir")
+        .arg(dir.join("sessions"))
         .stderr(std::fs::File::create(&log).expect("log"));
     // SAFETY: dup2 is async-signal-safe and touches only the child's descriptor table; `fd`
     // stays open in the parent until the child has exec'd (we hold `listener` below).
@@ -612,59 +606,6 @@ fn threads(d: &Daemon) -> usize {
         .count()
 }
 
-/// groupadd/useradd lock /etc files: tests running in parallel take turns.
-static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Create a group if it does not exist (needs root: fails loudly otherwise); its gid.
-pub fn ensure_group(name: &str) -> u32 {
-    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(gid) = gid_of(name) {
-        return gid;
-    }
-    let out = std::process::Command::new("groupadd")
-        .arg(name)
-        .output()
-        .expect("groupadd (needs root)");
-    assert!(
-        out.status.success(),
-        "groupadd {name} failed (tests need root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    gid_of(name).expect("group created")
-}
-
-fn gid_of(name: &str) -> Option<u32> {
-    let out = std::process::Command::new("getent")
-        .args(["group", name])
-        .output()
-        .ok()?;
-    let line = String::from_utf8_lossy(&out.stdout).to_string();
-    line.split(':').nth(2)?.trim().parse().ok()
-}
-
-/// Create a user (with an optional supplementary group) if missing; needs root.
-pub fn ensure_user(name: &str, group: Option<&str>) {
-    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
-    let exists = std::process::Command::new("id")
-        .arg(name)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !exists {
-        let mut cmd = std::process::Command::new("useradd");
-        cmd.args(["--no-create-home", "--shell", "/usr/sbin/nologin"]);
-        if let Some(g) = group {
-            cmd.args(["-G", g]);
-        }
-        let out = cmd.arg(name).output().expect("useradd (needs root)");
-        assert!(
-            out.status.success(),
-            "useradd {name} failed (tests need root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
 #[tokio::test]
 async fn chat_labels_each_token_with_its_channel() {
     let (_d, mut c) = ready_daemon("chat", &[]).await;
@@ -687,6 +628,7 @@ async fn chat_labels_each_token_with_its_channel() {
             max_tokens: 16,
             ..Default::default()
         }),
+        session: String::new(),
     };
     for thinking in [pb::Thinking::On, pb::Thinking::Off] {
         let r = collect(

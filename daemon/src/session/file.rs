@@ -515,16 +515,8 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
 
 #[cfg(test)]
 mod tests {
-    use super::super::snapshot::tests::snap;
+    use super::super::snapshot::tests::{scratch, snap};
     use super::*;
-
-    fn scratch(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("k3-session-file-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
 
     fn header(name: &str) -> FileHeader {
         FileHeader {
@@ -537,7 +529,8 @@ mod tests {
     }
 
     fn written(tag: &str) -> (PathBuf, PathBuf, Vec<Snapshot>) {
-        let dir = scratch(tag);
+        let dir = scratch(&format!("file-{tag}"));
+        std::fs::create_dir_all(&dir).unwrap();
         let snaps = vec![snap(&[1, 2, 3]), snap(&[1, 2, 3, 4, 5])];
         let size = save(&dir, &header("s1"), &snaps).unwrap();
         let path = path_of(&dir, "s1");

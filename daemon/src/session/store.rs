@@ -450,15 +450,8 @@ impl SessionStore {
 
 #[cfg(test)]
 mod tests {
-    use super::super::snapshot::tests::snap;
+    use super::super::snapshot::tests::{scratch, snap};
     use super::*;
-
-    fn scratch(tag: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("k3-session-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    }
 
     fn turn(
         store: &mut SessionStore,
@@ -479,7 +472,7 @@ mod tests {
 
     #[test]
     fn reuse_across_turns_and_ownership() {
-        let dir = scratch("own");
+        let dir = scratch("store-own");
         let (mut s, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         assert!(skipped.is_empty());
         assert_eq!(turn(&mut s, "a", Some(10), &[1, 2, 3], &[1, 2, 3, 4]), 0);
@@ -532,7 +525,7 @@ mod tests {
 
     #[test]
     fn spill_reload_and_restart() {
-        let dir = scratch("spill");
+        let dir = scratch("store-spill");
         let one = bytes_of(&[snap(&[1, 2]), snap(&[1, 2, 3])]);
         // Room for one session's snapshots only.
         let (mut s, _) = SessionStore::open(&dir, "fp", one).unwrap();
@@ -566,7 +559,7 @@ mod tests {
 
     #[test]
     fn corrupt_file_is_refused_at_use() {
-        let dir = scratch("corrupt");
+        let dir = scratch("store-corrupt");
         let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         turn(&mut s, "c", Some(5), &[1, 2], &[1, 2, 3]);
         s.save("c", Some(5)).unwrap();

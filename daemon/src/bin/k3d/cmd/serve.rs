@@ -51,7 +51,7 @@ pub struct Args {
     session_dir: Option<PathBuf>,
     /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
     /// Idle sessions beyond it are written to the session directory [default: the plan's
-    /// headroom].
+    /// headroom, at least one maximum-context state].
     #[arg(long)]
     session_gb: Option<f64>,
     #[command(flatten)]

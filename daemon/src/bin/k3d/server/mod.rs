@@ -50,7 +50,7 @@ pub struct Config {
     pub grace: Duration,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
-    /// In-memory session allowance in bytes (`--session-gb`); `None` = the plan's headroom.
+    /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
 }
 

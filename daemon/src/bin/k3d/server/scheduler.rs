@@ -92,7 +92,7 @@ pub fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             );
-            sessions.open(&engine.info().fingerprint, engine.model().plan().headroom());
+            sessions.open(&engine.info().fingerprint, engine.model().plan());
             shared.set_ready(engine.info().clone(), engine.stats());
             run(&shared, &sessions, &engine);
             sessions.save_all();

@@ -5,10 +5,11 @@
 use super::scheduler::uid_text;
 use k3d::model::State;
 use k3d::session::{FileError, SessionInfo, SessionStore, Snapshot, StoreError};
+use k3d::store::plan::Plan;
 use k3proto::v1 as pb;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::time::UNIX_EPOCH;
+use std::time::{Instant, UNIX_EPOCH};
 use tonic::Status;
 
 enum Phase {
@@ -21,7 +22,7 @@ enum Phase {
 
 pub struct Sessions {
     dir: PathBuf,
-    /// `None`: the plan's headroom, decided when the model is loaded.
+    /// `None`: decided from the plan when the model is loaded (see `open`).
     allowance: Option<u64>,
     phase: Mutex<Phase>,
 }
@@ -77,10 +78,14 @@ impl Sessions {
         self.phase.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens the directory for the loaded model; `headroom` is the plan's unallocated budget,
-    /// the allowance unless `--session-gb` set one.
-    pub fn open(&self, fingerprint: &str, headroom: u64) {
-        let allowance = self.allowance.unwrap_or(headroom);
+    /// Opens the directory for the loaded model. Without `--session-gb` the allowance is the
+    /// plan's unallocated budget, but at least one maximum-context state (the plan's `state`
+    /// figure): a plan with no headroom would otherwise write every session out after every
+    /// turn.
+    pub fn open(&self, fingerprint: &str, plan: &Plan) {
+        let allowance = self
+            .allowance
+            .unwrap_or_else(|| plan.headroom().max(plan.state_bytes));
         let phase = match SessionStore::open(&self.dir, fingerprint, allowance) {
             Ok((store, skipped)) => {
                 log_failures("not indexed", &skipped);
@@ -92,7 +97,7 @@ impl Sessions {
                     if self.allowance.is_some() {
                         " (--session-gb)"
                     } else {
-                        " (the plan's headroom)"
+                        " (default: the plan's headroom, at least one full-context state)"
                     }
                 );
                 Phase::Open(store)
@@ -126,7 +131,16 @@ impl Sessions {
 
     /// The state a reserved session's request starts from and the prompt tokens it holds.
     pub fn start(&self, name: &str, prompt: &[u32]) -> Result<(Option<State>, usize), Status> {
-        self.with(|s| s.start(name, prompt))
+        let started = Instant::now();
+        let start = self.with(|s| s.start(name, prompt))?;
+        // Copying a snapshot (or loading a spilled session) is the whole cost of reuse: logged
+        // so it can be measured against the prefill it saves.
+        log!(
+            "session {name:?}: {} prompt tokens from its state, ready in {:.3}s",
+            start.1,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(start)
     }
 
     pub fn finish(&self, name: &str, snapshots: Vec<Snapshot>) {
