@@ -22,7 +22,7 @@
 //! the payload. Every refusal is a [`FileError`] naming the file and the field.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -263,33 +263,35 @@ fn payload_len(snapshots: &[Snapshot]) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-/// Reads fields from a byte slice, reporting a short read as truncation of the named field.
-struct Cursor<'a> {
-    path: &'a Path,
-    bytes: &'a [u8],
-    at: usize,
+/// Reads fields from `r`, of which `remaining` bytes belong to the part being read; a field
+/// that would run past them is reported as truncation of that field (and nothing is allocated
+/// for it, so a damaged length cannot make us allocate more than the file holds).
+struct Cursor<'p, R: Read> {
+    path: &'p Path,
+    r: R,
+    remaining: u64,
 }
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, field: &'static str, n: u64) -> Result<&'a [u8], FileError> {
-        let available = (self.bytes.len() - self.at) as u64;
-        if n > available {
+impl<'p, R: Read> Cursor<'p, R> {
+    fn take(&mut self, field: &'static str, n: u64) -> Result<Vec<u8>, FileError> {
+        if n > self.remaining {
             return Err(FileError::Truncated {
                 path: self.path.to_path_buf(),
                 field,
                 needed: n,
-                available,
+                available: self.remaining,
             });
         }
-        let start = self.at;
-        self.at += n as usize;
-        Ok(&self.bytes[start..self.at])
+        let mut buf = vec![0u8; n as usize];
+        self.r.read_exact(&mut buf).map_err(io_err(self.path))?;
+        self.remaining -= n;
+        Ok(buf)
     }
 
     fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], FileError> {
         let b = self.take(field, N as u64)?;
         let mut out = [0u8; N];
-        out.copy_from_slice(b);
+        out.copy_from_slice(&b);
         Ok(out)
     }
 
@@ -309,27 +311,28 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, field: &'static str) -> Result<String, FileError> {
         let n = self.u16(field)?;
         let b = self.take(field, u64::from(n))?;
-        String::from_utf8(b.to_vec()).map_err(|_| FileError::Field {
+        String::from_utf8(b).map_err(|_| FileError::Field {
             path: self.path.to_path_buf(),
             field,
             detail: "not UTF-8".into(),
         })
     }
 
-    fn floats(&mut self, field: &'static str) -> Result<Vec<f32>, FileError> {
+    /// A `u64` count, then that many 4-byte little-endian words.
+    fn words<T>(
+        &mut self,
+        field: &'static str,
+        word: fn([u8; 4]) -> T,
+    ) -> Result<Vec<T>, FileError> {
         let n = self.u64(field)?;
         let b = self.take(field, n.saturating_mul(4))?;
         Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .map(|c| word([c[0], c[1], c[2], c[3]]))
             .collect())
     }
 
-    fn u32s(&mut self, field: &'static str) -> Result<Vec<u32>, FileError> {
-        let n = self.u64(field)?;
-        let b = self.take(field, n.saturating_mul(4))?;
-        Ok(b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+    fn floats(&mut self, field: &'static str) -> Result<Vec<f32>, FileError> {
+        self.words(field, f32::from_le_bytes)
     }
 }
 
@@ -340,13 +343,17 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
     }
 }
 
-/// Magic, version and header from the first bytes of a file (`prefix` may be the whole file).
-/// Returns the header and the offset just after it.
-fn parse_preamble(path: &Path, prefix: &[u8]) -> Result<(FileHeader, usize), FileError> {
+/// Magic, version, header and payload length from the start of `file`, whose size is
+/// `file_len`. Returns the header, the payload length and the payload's offset.
+fn read_preamble(
+    path: &Path,
+    file: &mut File,
+    file_len: u64,
+) -> Result<(FileHeader, u64, u64), FileError> {
     let mut c = Cursor {
         path,
-        bytes: prefix,
-        at: 0,
+        r: BufReader::new(file),
+        remaining: file_len,
     };
     if c.take("magic", 8)? != MAGIC {
         return Err(FileError::Magic {
@@ -384,16 +391,15 @@ fn parse_preamble(path: &Path, prefix: &[u8]) -> Result<(FileHeader, usize), Fil
     };
     let tokens = c.u64("tokens")?;
     let state_bytes = c.u64("state_bytes")?;
-    if c.at as u64 != PREAMBLE_LEN + u64::from(header_len) {
+    let used = file_len - c.remaining - PREAMBLE_LEN;
+    if used != u64::from(header_len) {
         return Err(FileError::Field {
             path: path.to_path_buf(),
             field: "header_len",
-            detail: format!(
-                "says {header_len} bytes, the fields take {}",
-                c.at as u64 - PREAMBLE_LEN
-            ),
+            detail: format!("says {header_len} bytes, the fields take {used}"),
         });
     }
+    let payload_len = c.u64("payload_len")?;
     let header = FileHeader {
         fingerprint,
         name,
@@ -401,37 +407,30 @@ fn parse_preamble(path: &Path, prefix: &[u8]) -> Result<(FileHeader, usize), Fil
         tokens,
         state_bytes,
     };
-    Ok((header, c.at))
+    Ok((header, payload_len, file_len - c.remaining))
+}
+
+fn open(path: &Path) -> Result<(File, u64), FileError> {
+    let file = File::open(path).map_err(io_err(path))?;
+    let len = file.metadata().map_err(io_err(path))?.len();
+    Ok((file, len))
 }
 
 /// Reads only the header (for listing): magic, version and header fields are checked, the
 /// rest is not (loading checks it).
 pub fn read_header(path: &Path) -> Result<FileHeader, FileError> {
-    let mut prefix = Vec::new();
-    File::open(path)
-        .map_err(io_err(path))?
-        .take(PREAMBLE_LEN + u64::from(MAX_HEADER_LEN))
-        .read_to_end(&mut prefix)
-        .map_err(io_err(path))?;
-    Ok(parse_preamble(path, &prefix)?.0)
+    let (mut file, len) = open(path)?;
+    Ok(read_preamble(path, &mut file, len)?.0)
 }
 
 /// Loads and verifies a session file for the model with `fingerprint`. Nothing from a file
-/// that fails any check is returned.
+/// that fails any check is returned. Two streaming passes (checksum, then decoding), so the
+/// memory needed is the snapshots' own, not the file's on top.
 pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>), FileError> {
-    let mut bytes = Vec::new();
-    BufReader::new(File::open(path).map_err(io_err(path))?)
-        .read_to_end(&mut bytes)
-        .map_err(io_err(path))?;
-    let (header, at) = parse_preamble(path, &bytes)?;
-    let mut c = Cursor {
-        path,
-        bytes: &bytes,
-        at,
-    };
-    let payload_len = c.u64("payload_len")?;
+    let (mut file, len) = open(path)?;
+    let (header, payload_len, payload_at) = read_preamble(path, &mut file, len)?;
     let needed = payload_len.saturating_add(CHECKSUM_LEN);
-    let available = (bytes.len() - c.at) as u64;
+    let available = len - payload_at;
     if available < needed {
         return Err(FileError::Truncated {
             path: path.to_path_buf(),
@@ -447,8 +446,14 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
             detail: format!("{} bytes follow the checksum", available - needed),
         });
     }
-    let body = bytes.len() - CHECKSUM_LEN as usize;
-    if Sha256::digest(&bytes[..body]).as_slice() != &bytes[body..] {
+    let body = len - CHECKSUM_LEN;
+    file.seek(SeekFrom::Start(0)).map_err(io_err(path))?;
+    let mut hash = Sha256::new();
+    let mut reader = BufReader::with_capacity(1 << 20, &mut file);
+    std::io::copy(&mut (&mut reader).take(body), &mut hash).map_err(io_err(path))?;
+    let mut stored = [0u8; CHECKSUM_LEN as usize];
+    reader.read_exact(&mut stored).map_err(io_err(path))?;
+    if hash.finalize().as_slice() != stored {
         return Err(FileError::Checksum {
             path: path.to_path_buf(),
         });
@@ -460,15 +465,17 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
             model: fingerprint.to_string(),
         });
     }
+    file.seek(SeekFrom::Start(payload_at))
+        .map_err(io_err(path))?;
     let mut p = Cursor {
         path,
-        bytes: &bytes[..body],
-        at: c.at,
+        r: BufReader::with_capacity(1 << 20, &mut file),
+        remaining: payload_len,
     };
     let count = p.u32("snapshots")?;
     let mut snapshots = Vec::new();
     for _ in 0..count {
-        let history = p.u32s("history")?;
+        let history = p.words("history", u32::from_le_bytes)?;
         let layer_count = p.u32("layers")?;
         let mut layers = Vec::new();
         for _ in 0..layer_count {
@@ -503,11 +510,11 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
             },
         });
     }
-    if p.at != body {
+    if p.remaining != 0 {
         return Err(FileError::Field {
             path: path.to_path_buf(),
             field: "payload_len",
-            detail: format!("{} payload bytes left after the last snapshot", body - p.at),
+            detail: format!("{} payload bytes left after the last snapshot", p.remaining),
         });
     }
     Ok((header, snapshots))
@@ -575,8 +582,11 @@ mod tests {
         let good = std::fs::read(&path).unwrap();
         // Every byte after the header: a flip is always caught (checksum, or the length check
         // when it hits payload_len).
-        let (_, at) = parse_preamble(&path, &good).unwrap();
-        for i in at..good.len() {
+        let at = {
+            let (mut f, len) = open(&path).unwrap();
+            read_preamble(&path, &mut f, len).unwrap().2 - 8
+        };
+        for i in at as usize..good.len() {
             let mut bad = good.clone();
             bad[i] ^= 0x10;
             std::fs::write(&path, &bad).unwrap();
@@ -593,7 +603,7 @@ mod tests {
             assert!(e.to_string().contains(&path.display().to_string()));
         }
         let mut bad = good.clone();
-        bad[at + 20] ^= 1;
+        bad[at as usize + 20] ^= 1;
         std::fs::write(&path, &bad).unwrap();
         assert!(matches!(
             load(&path, "abc123"),
