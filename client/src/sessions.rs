@@ -39,8 +39,8 @@ pub async fn run(socket: &SocketPath, command: Command) -> Result<(), Failure> {
                 println!("no sessions");
             } else {
                 println!(
-                    "{:<24} {:>7} {:>9} {:>11}  {:<14} {}",
-                    "NAME", "OWNER", "TOKENS", "STATE", "WHERE", "LAST USED"
+                    "{:<24} {:>7} {:>9} {:>11}  {:<14} LAST USED",
+                    "NAME", "OWNER", "TOKENS", "STATE", "WHERE"
                 );
                 for s in &reply.sessions {
                     println!(
