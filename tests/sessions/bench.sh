@@ -1,10 +1,10 @@
 #!/bin/bash
 # Second-turn time to first token through a session vs re-prefilling the whole transcript, on
+# the bench model at a tight budget (5.5 GiB = 5.0 model plan + 0.5 sessions), cgroup-limited
+# to the budget, page cache dropped before every measured request. Also save/restore.
 # Run as root (cgroup v1 memory group, drop_caches) under the machine-wide bench lock:
 #   RELEASE=target/release WORK=/tmp/k3-sessions-bench flock /work/scratch/bench.lock tests/sessions/bench.sh
 # Results (client summaries, save/restore, file size, cgroup peak) go to $WORK/bench.out.
-# the bench model at a tight budget (5.5 GiB = 5.0 model plan + 0.5 sessions), cgroup-limited
-# to the budget, page cache dropped before every measured request. Also save/restore.
 set -eu
 W=${WORK:-/work/scratch/s2-sessions}
 R=${RELEASE:-$W/target/release}
@@ -45,8 +45,7 @@ kill -TERM $DPID; wait $DPID || true
 t0=$(date +%s.%N); start_daemon; echo "daemon restarted, ready in $(echo "$(date +%s.%N) - $t0" | bc) s" >> $OUT
 for i in 1 2 3; do
   drop; run "restored-session-turn2-$i" --max-tokens 1 --session "conv" "$P2" >/dev/null
-  # Spill the session again so the next iteration restores from disk: a request on another
-  # session larger than the remaining allowance is not needed — restart instead.
+  # Restart so the next measurement restores the session from its file again.
   if [ $i -lt 3 ]; then kill -TERM $DPID; wait $DPID || true; start_daemon; fi
 done
 kill -TERM $DPID; wait $DPID || true
