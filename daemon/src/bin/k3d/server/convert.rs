@@ -103,6 +103,7 @@ pub fn done(
         bytes_read: s.bytes_read,
         bytes_avoided: s.bytes_avoided,
         trailing_text,
+        reused_prompt_tokens: count(s.reused_tokens),
     }
 }
 

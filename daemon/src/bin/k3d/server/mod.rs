@@ -15,6 +15,7 @@ mod convert;
 mod listener;
 mod scheduler;
 mod service;
+mod sessions;
 mod status;
 
 pub use admission::Limits;
@@ -47,6 +48,10 @@ pub struct Config {
     pub model_options: k3d::model::LoadOptions,
     pub limits: Limits,
     pub grace: Duration,
+    /// Where sessions are saved and spilled.
+    pub session_dir: PathBuf,
+    /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
+    pub session_bytes: Option<u64>,
 }
 
 pub fn run(cfg: Config) -> CliResult {
@@ -67,8 +72,10 @@ pub fn run(cfg: Config) -> CliResult {
         std::process::id()
     );
     let shared = Arc::new(Shared::new(cfg.limits));
+    let sessions = Arc::new(sessions::Sessions::new(cfg.session_dir, cfg.session_bytes));
     let scheduler = scheduler::spawn(
         Arc::clone(&shared),
+        Arc::clone(&sessions),
         cfg.model.clone(),
         EngineOptions {
             threads: cfg.threads,
@@ -88,6 +95,7 @@ pub fn run(cfg: Config) -> CliResult {
         shared: Arc::clone(&shared),
         tokenizer,
         threads: cfg.threads,
+        sessions,
     };
     let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));
     listener.remove();
