@@ -51,7 +51,7 @@ pub struct Args {
     session_dir: Option<PathBuf>,
     /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
     /// Idle sessions beyond it are written to the session directory [default: the plan's
-    /// headroom, at least one maximum-context state].
+    /// headroom, which may be zero: sessions then wait on disk between turns].
     #[arg(long)]
     session_gb: Option<f64>,
     #[command(flatten)]
