@@ -59,6 +59,8 @@ pub enum ModelError {
          part-way, leaving its layers at different positions"
     )]
     StatePoisoned,
+    #[error("speculation: {0}")]
+    Speculation(String),
     #[error("the state was made for a different model ({0})")]
     StateMismatch(String),
     #[error("NaN in the logits at output row {row}, vocabulary index {index} (spec §6.1 rule 12)")]
