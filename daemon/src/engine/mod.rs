@@ -12,6 +12,7 @@ mod generation;
 mod info;
 pub mod request;
 pub mod sampler;
+pub mod speculate;
 
 pub use generation::{Generation, Step};
 pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
