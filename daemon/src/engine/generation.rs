@@ -5,10 +5,10 @@ use std::time::Instant;
 use super::EngineError;
 use super::request::{GenerateRequest, StopReason, Summary};
 use super::sampler::Sampler;
-use crate::model::{Logits, Model, State};
+use crate::model::{Logits, State};
 use crate::tokenizer::Tokenizer;
 
-/// What one call of [`super::Engine::step`] did.
+/// What one step of a generation ([`super::Engine::step`], [`super::Engine::step_batch`]) did.
 #[derive(Debug, Clone)]
 pub enum Step {
     /// A prefill chunk was fed: `done` of `total` prompt tokens are now in the state.
@@ -40,11 +40,34 @@ pub struct Generation {
     io: IoTally,
 }
 
-/// Weight bytes read / avoided while this generation's own steps ran.
-#[derive(Debug, Default, Clone, Copy)]
-struct IoTally {
-    read: u64,
-    avoided: u64,
+/// Weight bytes read / avoided charged to a generation (its share of the steps it was in).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IoTally {
+    pub read: u64,
+    pub avoided: u64,
+}
+
+/// What a generation's next step feeds the model ([`Generation::next_feed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Feed {
+    /// The next prefill chunk of the prompt.
+    Prompt { ids: Vec<u32>, want: Logits },
+    /// The last generated token, to get the logits of the one after it.
+    Token { id: u32 },
+    /// No compute: the step samples logits already held (the end of the prompt's) or reports
+    /// the end of the generation.
+    Nothing,
+}
+
+impl Feed {
+    /// The ids to run and which of their logits the step needs; `None` for [`Feed::Nothing`].
+    pub fn forward(&self) -> Option<(&[u32], Logits)> {
+        match self {
+            Feed::Prompt { ids, want } => Some((ids, *want)),
+            Feed::Token { id } => Some((std::slice::from_ref(id), Logits::Last)),
+            Feed::Nothing => None,
+        }
+    }
 }
 
 impl Generation {
@@ -80,65 +103,102 @@ impl Generation {
         self.done
     }
 
-    pub(super) fn advance(
-        &mut self,
-        model: &Model,
-        tokenizer: &Tokenizer,
-        prefill_chunk: usize,
-        cancel: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Step, EngineError> {
+    /// The state the generation continues (for checks and snapshots).
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// What the next step feeds the model. Deciding this is separate from consuming the
+    /// logits ([`Generation::consume`]) so one forward can serve several generations
+    /// ([`super::Engine::step_batch`]).
+    pub fn next_feed(&self, prefill_chunk: usize) -> Result<Feed, EngineError> {
         if self.done {
             return Err(EngineError::Finished);
         }
         let total = self.request.prompt.len();
         if self.fed < total {
-            let started = Instant::now();
             let end = (self.fed + prefill_chunk.max(1)).min(total);
             let want = if self.request.record_logits {
                 Logits::All
             } else {
                 Logits::Last
             };
-            let prompt = &self.request.prompt[self.fed..end];
-            let state = &mut self.state;
-            let logits = counted(model, &mut self.io, || {
-                model.forward(state, prompt, want, cancel)
-            })?;
-            self.fed = end;
-            let vocab = model.config().vocab_size;
-            if self.request.record_logits {
-                self.logits_log.extend_from_slice(&logits);
-            }
-            if self.fed == total {
-                self.next_logits = Some(logits[logits.len() - vocab..].to_vec());
-                if self.request.max_tokens == 0 {
-                    self.finish = Some(StopReason::MaxTokens);
-                }
-            }
-            self.prefill_seconds += started.elapsed().as_secs_f64();
-            return Ok(Step::Prefill {
-                done: self.fed,
-                total,
+            return Ok(Feed::Prompt {
+                ids: self.request.prompt[self.fed..end].to_vec(),
+                want,
             });
         }
-        if let Some(reason) = self.finish.take() {
-            return Ok(self.finished(reason));
+        if self.finish.is_some() || self.next_logits.is_some() {
+            return Ok(Feed::Nothing);
         }
-        let started = Instant::now();
-        let logits = match self.next_logits.take() {
-            Some(l) => l,
-            None => {
-                let last = *self.generated.last().ok_or(EngineError::Finished)?;
-                let state = &mut self.state;
-                let l = counted(model, &mut self.io, || {
-                    model.forward(state, &[last], Logits::Last, cancel)
-                })?;
+        let last = *self.generated.last().ok_or(EngineError::Finished)?;
+        Ok(Feed::Token { id: last })
+    }
+
+    /// The state a forward of `feed` must advance.
+    pub(super) fn state_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+
+    /// Completes the step `feed` (from [`Generation::next_feed`]) given the forward's outcome:
+    /// `logits` are what the model returned for `feed`'s ids (`None` for [`Feed::Nothing`]),
+    /// `io` the weight traffic charged to this generation and `seconds` the step's wall time.
+    pub(super) fn consume(
+        &mut self,
+        feed: &Feed,
+        logits: Option<Vec<f32>>,
+        io: IoTally,
+        seconds: f64,
+        vocab: usize,
+        tokenizer: &Tokenizer,
+    ) -> Result<Step, EngineError> {
+        self.io.read += io.read;
+        self.io.avoided += io.avoided;
+        match (feed, logits) {
+            (Feed::Prompt { ids, .. }, Some(logits)) => {
+                let total = self.request.prompt.len();
+                self.fed += ids.len();
                 if self.request.record_logits {
-                    self.logits_log.extend_from_slice(&l);
+                    self.logits_log.extend_from_slice(&logits);
                 }
-                l
+                if self.fed == total {
+                    let last = logits.len().checked_sub(vocab).ok_or_else(|| {
+                        EngineError::InvalidRequest("the model returned no logits".into())
+                    })?;
+                    self.next_logits = Some(logits[last..].to_vec());
+                    if self.request.max_tokens == 0 {
+                        self.finish = Some(StopReason::MaxTokens);
+                    }
+                }
+                self.prefill_seconds += seconds;
+                Ok(Step::Prefill {
+                    done: self.fed,
+                    total,
+                })
             }
-        };
+            (Feed::Token { .. }, Some(logits)) => {
+                if self.request.record_logits {
+                    self.logits_log.extend_from_slice(&logits);
+                }
+                self.decode_seconds += seconds;
+                self.sample(logits, tokenizer)
+            }
+            (Feed::Nothing, None) => {
+                if let Some(reason) = self.finish.take() {
+                    return Ok(self.finished(reason));
+                }
+                let logits = self.next_logits.take().ok_or(EngineError::Finished)?;
+                self.sample(logits, tokenizer)
+            }
+            _ => Err(EngineError::InvalidRequest(
+                "logits do not match what the step fed".into(),
+            )),
+        }
+    }
+
+    /// Draws the next token from `logits` and applies the stop rules.
+    fn sample(&mut self, logits: Vec<f32>, tokenizer: &Tokenizer) -> Result<Step, EngineError> {
+        let started = Instant::now();
         let id = self
             .sampler
             .sample(&logits)
@@ -180,21 +240,6 @@ impl Generation {
             logits: std::mem::take(&mut self.logits_log),
         })
     }
-}
-
-/// Runs one forward, charging `io` with the store traffic it caused. Steps of different
-/// generations never overlap (one engine thread steps them), so the difference is this one's.
-fn counted<T>(
-    model: &Model,
-    io: &mut IoTally,
-    forward: impl FnOnce() -> Result<T, crate::model::ModelError>,
-) -> Result<T, EngineError> {
-    let before = model.store_stats();
-    let result = forward();
-    let after = model.store_stats();
-    io.read += after.bytes_read - before.bytes_read;
-    io.avoided += after.bytes_avoided - before.bytes_avoided;
-    Ok(result?)
 }
 
 /// The first stop string that occurs in `text` and ends after byte `new_from` (i.e. was

@@ -14,14 +14,17 @@ pub mod request;
 pub mod sampler;
 pub mod speculate;
 
-pub use generation::{Generation, Step};
+use generation::IoTally;
+pub use generation::{Feed, Generation, Step};
 pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
 pub use request::{GenerateRequest, Sampling, StopReason, Summary};
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::model::{LoadOptions, Model, ModelError};
+use crate::model::{LoadOptions, Model, ModelError, Sequence, State};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// How an engine is set up.
@@ -70,6 +73,10 @@ pub enum EngineError {
     Finished,
     #[error("could not build the compute thread pool: {0}")]
     ThreadPool(String),
+    /// The batched forward pass this generation was part of failed (every member's state is
+    /// poisoned); the same error is reported to every member.
+    #[error("a batched step failed: {0}")]
+    Batch(Arc<EngineError>),
 }
 
 impl From<ModelError> for EngineError {
@@ -156,20 +163,199 @@ impl Engine {
         Ok(Generation::new(request, self.model.new_state()))
     }
 
+    /// Like [`Engine::start`], but continuing `state` (e.g. a saved conversation): the
+    /// request's prompt is fed after the positions already in it.
+    pub fn start_from(
+        &self,
+        request: GenerateRequest,
+        state: State,
+    ) -> Result<Generation, EngineError> {
+        request.validate(self.model.config().vocab_size)?;
+        self.model.check_input(&state, &request.prompt)?;
+        Ok(Generation::new(request, state))
+    }
+
     /// Advances `generation` by one prefill chunk or one token. `cancel` is polled between
     /// layers; when it returns true the step stops with [`EngineError::Cancelled`].
+    /// A batch of one ([`Engine::step_batch`]).
     pub fn step(
         &self,
         generation: &mut Generation,
         cancel: &(dyn Fn() -> bool + Sync),
     ) -> Result<Step, EngineError> {
-        self.pool.install(|| {
-            generation.advance(
-                &self.model,
-                &self.tokenizer,
-                self.options.prefill_chunk,
-                cancel,
-            )
+        let mut out = self.step_batch(&mut [generation], &[cancel]);
+        out.pop().unwrap_or(Err(EngineError::Finished))
+    }
+
+    /// Advances every generation of `gens` by one step (a prefill chunk or one token each)
+    /// through **one** forward pass ([`Model::forward_batch`]): they share each layer's trunk
+    /// and the union of their experts, and each one's tokens and logits are bit-identical to
+    /// stepping it alone. Returns one result per generation, in order.
+    ///
+    /// `cancel_each[i]` is generation i's cancel check (a missing one counts as "never").
+    /// Members already cancelled are left out of the pass. The pass itself polls "every
+    /// member cancelled" between layers, so a member cancelled while the others go on is only
+    /// noticed at the end of the pass — its latency to cancel is up to one whole batched step
+    /// (one token for every member) rather than one layer; its result is then
+    /// [`EngineError::Cancelled`] and its advanced state must be discarded.
+    ///
+    /// A member whose input is refused before compute (e.g. a poisoned state) fails alone. A
+    /// failure of the pass itself fails every member (each state is poisoned): alone it is the
+    /// error itself, in a batch each member gets [`EngineError::Batch`].
+    ///
+    /// Weight traffic of the pass is charged to the members in proportion to the rows (ids)
+    /// each fed, exactly: the shares add up to the pass's bytes (see [`split_by_rows`]). Each
+    /// member is charged the pass's full wall time: it is the latency each one saw.
+    pub fn step_batch(
+        &self,
+        gens: &mut [&mut Generation],
+        cancel_each: &[&(dyn Fn() -> bool + Sync)],
+    ) -> Vec<Result<Step, EngineError>> {
+        self.pool
+            .install(|| self.step_batch_here(gens, cancel_each))
+    }
+
+    fn step_batch_here(
+        &self,
+        gens: &mut [&mut Generation],
+        cancel_each: &[&(dyn Fn() -> bool + Sync)],
+    ) -> Vec<Result<Step, EngineError>> {
+        let started = Instant::now();
+        let vocab = self.model.config().vocab_size;
+        let cancelled = |i: usize| cancel_each.get(i).is_some_and(|c| c());
+        let mut results: Vec<Option<Result<Step, EngineError>>> = Vec::with_capacity(gens.len());
+        let mut feeds = Vec::with_capacity(gens.len());
+        for (i, g) in gens.iter().enumerate() {
+            let feed = g.next_feed(self.options.prefill_chunk).and_then(|f| {
+                if cancelled(i) {
+                    return Err(EngineError::Cancelled);
+                }
+                if let Some((ids, _)) = f.forward() {
+                    self.model.check_input(g.state(), ids)?;
+                }
+                Ok(f)
+            });
+            match feed {
+                Ok(f) => {
+                    feeds.push(f);
+                    results.push(None);
+                }
+                Err(e) => {
+                    feeds.push(Feed::Nothing);
+                    results.push(Some(Err(e)));
+                }
+            }
+        }
+        // The members that run: those with ids to feed and no early answer.
+        let runs: Vec<usize> = (0..gens.len())
+            .filter(|&i| results[i].is_none() && feeds[i].forward().is_some())
+            .collect();
+        let mut logits: Vec<Option<Vec<f32>>> = vec![None; gens.len()];
+        let mut shares = vec![IoTally::default(); gens.len()];
+        if !runs.is_empty() {
+            let before = self.model.store_stats();
+            let mut seqs: Vec<Sequence<'_>> = Vec::with_capacity(runs.len());
+            let mut rows = Vec::with_capacity(runs.len());
+            for (i, g) in gens.iter_mut().enumerate() {
+                if let (true, Some((ids, want))) = (runs.contains(&i), feeds[i].forward()) {
+                    rows.push(ids.len() as u64);
+                    seqs.push(Sequence {
+                        state: g.state_mut(),
+                        ids,
+                        want,
+                    });
+                }
+            }
+            let all_cancelled = || runs.iter().all(|&i| cancelled(i));
+            let outcome = self.model.forward_batch(&mut seqs, &all_cancelled);
+            drop(seqs);
+            let after = self.model.store_stats();
+            let read = split_by_rows(after.bytes_read - before.bytes_read, &rows);
+            let avoided = split_by_rows(after.bytes_avoided - before.bytes_avoided, &rows);
+            for (k, &i) in runs.iter().enumerate() {
+                shares[i] = IoTally {
+                    read: read.get(k).copied().unwrap_or(0),
+                    avoided: avoided.get(k).copied().unwrap_or(0),
+                };
+            }
+            match outcome {
+                Ok(out) => {
+                    for (&i, l) in runs.iter().zip(out) {
+                        logits[i] = Some(l);
+                    }
+                }
+                Err(e) => match (runs.as_slice(), EngineError::from(e)) {
+                    (&[only], e) => results[only] = Some(Err(e)),
+                    (_, EngineError::Cancelled) => {
+                        for &i in &runs {
+                            results[i] = Some(Err(EngineError::Cancelled));
+                        }
+                    }
+                    (_, e) => {
+                        let shared = Arc::new(e);
+                        for &i in &runs {
+                            results[i] = Some(Err(EngineError::Batch(Arc::clone(&shared))));
+                        }
+                    }
+                },
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        gens.iter_mut()
+            .enumerate()
+            .zip(results)
+            .map(|((i, g), r)| match r {
+                Some(r) => r,
+                // Cancelled while the pass ran: dropped at the step boundary.
+                None if cancelled(i) => Err(EngineError::Cancelled),
+                None => g.consume(
+                    &feeds[i],
+                    logits[i].take(),
+                    shares[i],
+                    seconds,
+                    vocab,
+                    &self.tokenizer,
+                ),
+            })
+            .collect()
+    }
+}
+
+/// Splits `total` bytes among members that fed `rows[k]` rows each, in proportion, exactly:
+/// member k gets `⌊total·c_k/R⌋ − ⌊total·c_{k−1}/R⌋` with `c_k` the rows up to and including k,
+/// so the shares add up to `total` and differ from the exact proportion by less than a byte.
+fn split_by_rows(total: u64, rows: &[u64]) -> Vec<u64> {
+    let all: u128 = rows.iter().map(|&r| r as u128).sum();
+    if all == 0 {
+        return vec![0; rows.len()];
+    }
+    let mut upto = 0u128;
+    let mut given = 0u64;
+    rows.iter()
+        .map(|&r| {
+            upto += r as u128;
+            let cum = (total as u128 * upto / all) as u64;
+            let share = cum - given;
+            given = cum;
+            share
         })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_by_rows;
+
+    #[test]
+    fn traffic_split_by_rows_is_exact_and_proportional() {
+        assert_eq!(split_by_rows(10, &[1, 1, 1]), vec![3, 3, 4]);
+        assert_eq!(split_by_rows(100, &[32, 1, 1, 2]), vec![88, 3, 3, 6]);
+        assert_eq!(split_by_rows(7, &[5]), vec![7]);
+        assert_eq!(split_by_rows(0, &[2, 3]), vec![0, 0]);
+        let shares = split_by_rows(u64::MAX, &[3, 1, 4]);
+        assert_eq!(
+            shares.iter().map(|&s| s as u128).sum::<u128>(),
+            u64::MAX as u128
+        );
     }
 }

@@ -108,6 +108,15 @@ pub enum Logits {
     All,
 }
 
+/// One member of a [`Model::forward_batch`]: the state it continues, the ids it feeds next
+/// (at least one; members may feed different numbers, e.g. a prefill chunk next to decode
+/// tokens) and which of their logits it wants.
+pub struct Sequence<'a> {
+    pub state: &'a mut State,
+    pub ids: &'a [u32],
+    pub want: Logits,
+}
+
 /// A layer's AttnRes and norm vectors, decoded once.
 struct LayerVectors {
     input_norm: Vec<f32>,
@@ -146,7 +155,7 @@ pub struct Model {
     final_norm: Vec<f32>,
     /// `output_attn_res_norm ⊙ output_attn_res_proj`.
     output_res: Vec<f32>,
-    /// Wall time inside [`Model::forward`], for compute vs I/O accounting.
+    /// Wall time inside [`Model::forward_batch`], for compute vs I/O accounting.
     forward_nanos: AtomicU64,
 }
 
@@ -300,7 +309,7 @@ impl Model {
         self.store.stats()
     }
 
-    /// Seconds spent in [`Model::forward`] not waiting for reads.
+    /// Seconds spent in [`Model::forward_batch`] not waiting for reads.
     pub fn compute_seconds(&self) -> f64 {
         let total = self.forward_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
         (total - self.store.stats().io_seconds).max(0.0)
@@ -333,6 +342,7 @@ impl Model {
     /// Runs `ids` after the positions already in `state`, advancing it, and returns the logits
     /// of the last position (`[vocab]`) or of all (`[T, vocab]`). `cancel` is polled between
     /// layers. If the call fails or is cancelled after the first layer ran, `state` is poisoned.
+    /// A batch of one ([`Model::forward_batch`]).
     pub fn forward(
         &self,
         state: &mut State,
@@ -340,20 +350,45 @@ impl Model {
         want: Logits,
         cancel: &dyn Fn() -> bool,
     ) -> Result<Vec<f32>, ModelError> {
+        let mut batch = [Sequence { state, ids, want }];
+        match self.forward_batch(&mut batch, cancel) {
+            Ok(mut logits) => logits.pop().ok_or(ModelError::EmptyInput),
+            Err(ModelError::Member { source, .. }) => Err(*source),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs several sequences' next tokens through one pass (issue 7 item 4): their rows are
+    /// concatenated and every row-wise op (embedding, AttnRes, norms, the dense FFN, MoE
+    /// routing, the routed experts, lm_head) runs once over all rows, so each layer's trunk is
+    /// reached once and each distinct expert of the union is read once per layer. Only the
+    /// sequence mixers (KDA, MLA) run per sequence, on that sequence's rows and state. Every op
+    /// computes each row exactly as it would alone (spec §6.1 rule 5, §5), so each sequence's
+    /// logits are bit-identical to a solo [`Model::forward`]. Returns one logits vector per
+    /// sequence, in order, shaped by its [`Logits`] wish.
+    ///
+    /// Every sequence is checked (state fits this model and is not poisoned, ids non-empty and
+    /// in the vocabulary) before any compute; the first that fails is reported as
+    /// [`ModelError::Member`] and no state is touched. A failure or cancellation after the
+    /// first layer ran poisons **every** state of the batch: they all advanced together, so
+    /// none is at a consistent position. `cancel` is polled between layers.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let start = Instant::now();
-        let out = self.forward_timed(state, ids, want, cancel);
+        let out = self.forward_timed(seqs, cancel);
         self.forward_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
     }
 
-    fn forward_timed(
-        &self,
-        state: &mut State,
-        ids: &[u32],
-        want: Logits,
-        cancel: &dyn Fn() -> bool,
-    ) -> Result<Vec<f32>, ModelError> {
+    /// Whether `ids` can be run after `state`: the state fits this model and is not poisoned,
+    /// and the ids are non-empty and in the vocabulary. [`Model::forward_batch`] checks this for
+    /// every member; callers batching independent requests can check first to keep one bad
+    /// member from failing the others.
+    pub fn check_input(&self, state: &State, ids: &[u32]) -> Result<(), ModelError> {
         if state.poisoned {
             return Err(ModelError::StatePoisoned);
         }
@@ -369,20 +404,43 @@ impl Model {
         {
             return Err(ModelError::TokenOutOfVocab { id, index, vocab });
         }
+        Ok(())
+    }
+
+    fn forward_timed(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        for (index, s) in seqs.iter().enumerate() {
+            self.check_input(s.state, s.ids)
+                .map_err(|e| ModelError::Member {
+                    index,
+                    source: Box::new(e),
+                })?;
+        }
         let h = self.config.hidden_size;
-        let mut cur = Vec::with_capacity(ids.len() * h);
-        for &id in ids {
+        let rows: usize = seqs.iter().map(|s| s.ids.len()).sum();
+        let mut cur = Vec::with_capacity(rows * h);
+        for &id in seqs.iter().flat_map(|s| s.ids) {
             // No scaling, no position embedding, no BOS insertion (spec §4.2).
             cur.extend(bf16_vector(&self.store.embedding_row(id as usize)?));
         }
         if cancel() {
             return Err(ModelError::Cancelled);
         }
-        state.poisoned = true;
-        let (blocks, cur) = self.layers(state, cur, cancel)?;
-        let logits = self.head(&blocks, &cur, ids.len(), want)?;
-        state.positions += ids.len();
-        state.poisoned = false;
+        for s in seqs.iter_mut() {
+            s.state.poisoned = true;
+        }
+        let (blocks, cur) = self.layers(seqs, cur, cancel)?;
+        let logits = self.head(&blocks, &cur, seqs)?;
+        for s in seqs.iter_mut() {
+            s.state.positions += s.ids.len();
+            s.state.poisoned = false;
+        }
         Ok(logits)
     }
 
@@ -420,10 +478,11 @@ impl Model {
         }
     }
 
-    /// The layer loop of spec §4.4 over all T tokens; returns the snapshots and the final `cur`.
+    /// The layer loop of spec §4.4 over the rows of all sequences (concatenated in order);
+    /// returns the snapshots and the final `cur`.
     fn layers(
         &self,
-        state: &mut State,
+        seqs: &mut [Sequence<'_>],
         mut cur: Vec<f32>,
         cancel: &dyn Fn() -> bool,
     ) -> Result<(Vec<Vec<f32>>, Vec<f32>), ModelError> {
@@ -438,7 +497,7 @@ impl Model {
             },
         };
         let mut blocks: Vec<Vec<f32>> = Vec::new();
-        for (l, (lp, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+        for (l, lp) in self.layers.iter().enumerate() {
             if l > 0 && cancel() {
                 return Err(ModelError::Cancelled);
             }
@@ -458,17 +517,25 @@ impl Model {
             };
             let x = norm_rows(&h_in, &lp.vectors.input_norm, eps, h);
             let mut a = vec![0.0f32; x.len()];
-            match (&lp.mixer, ls, binder.mixer(ll, &trunk)?) {
-                (MixerParams::Kda(p), LayerState::Kda(s), MixerMatrices::Kda(m)) => {
-                    kda::forward(&self.kda, &m, p, &x, s, &mut a)
-                }
-                (MixerParams::Mla(p), LayerState::Mla(c), MixerMatrices::Mla(m)) => {
-                    mla::forward(&self.mla, &m, p, &x, c, &mut a)
-                }
-                _ => {
-                    return Err(ModelError::LayoutMismatch(format!(
-                        "layer {l}: mixer kind differs between config, layout and state"
-                    )));
+            let matrices = binder.mixer(ll, &trunk)?;
+            // The mixers carry each sequence's own history: they run per sequence, on its rows.
+            let mut first = 0;
+            for seq in seqs.iter_mut() {
+                let span = first * h..(first + seq.ids.len()) * h;
+                first += seq.ids.len();
+                let (xs, out) = (&x[span.clone()], &mut a[span]);
+                match (&lp.mixer, seq.state.layers.get_mut(l), &matrices) {
+                    (MixerParams::Kda(p), Some(LayerState::Kda(s)), MixerMatrices::Kda(m)) => {
+                        kda::forward(&self.kda, m, p, xs, s, out)
+                    }
+                    (MixerParams::Mla(p), Some(LayerState::Mla(c)), MixerMatrices::Mla(m)) => {
+                        mla::forward(&self.mla, m, p, xs, c, out)
+                    }
+                    _ => {
+                        return Err(ModelError::LayoutMismatch(format!(
+                            "layer {l}: mixer kind differs between config, layout and state"
+                        )));
+                    }
                 }
             }
             let partial = match base {
@@ -518,26 +585,39 @@ impl Model {
         Ok((blocks, cur))
     }
 
-    /// Model-level AR, final norm and lm_head (spec §4.10) for the wanted rows.
+    /// Model-level AR, final norm and lm_head (spec §4.10) for the rows each sequence wants;
+    /// one logits vector per sequence.
     fn head(
         &self,
         blocks: &[Vec<f32>],
         cur: &[f32],
-        t: usize,
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
+        seqs: &[Sequence<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let h = self.config.hidden_size;
         let eps = self.config.rms_norm_eps;
-        let first = match want {
-            Logits::Last => t - 1,
-            Logits::All => 0,
+        // The wanted rows of the concatenation, and where each sequence's start.
+        let mut wanted = Vec::new();
+        let mut first = 0;
+        for s in seqs {
+            let t = s.ids.len();
+            match s.want {
+                Logits::Last => wanted.push(first + t - 1),
+                Logits::All => wanted.extend(first..first + t),
+            }
+            first += t;
+        }
+        let gather = |src: &[f32]| -> Vec<f32> {
+            wanted
+                .iter()
+                .flat_map(|&r| &src[r * h..(r + 1) * h])
+                .copied()
+                .collect()
         };
-        let rows: Vec<Vec<f32>> = blocks.iter().map(|b| b[first * h..].to_vec()).collect();
-        let hl = aggregate_rows(&rows, &cur[first * h..], &self.output_res, eps, h);
+        let rows: Vec<Vec<f32>> = blocks.iter().map(|b| gather(b)).collect();
+        let hl = aggregate_rows(&rows, &gather(cur), &self.output_res, eps, h);
         let normed = norm_rows(&hl, &self.final_norm, eps, h);
         let vocab = self.config.vocab_size;
-        let rows = normed.len() / h;
-        let mut logits = vec![0.0f32; rows * vocab];
+        let mut logits = vec![0.0f32; wanted.len() * vocab];
         // Each logit is one row of lm_head against one hidden row, so computing them block by
         // block (a streamed lm_head) gives the same bits as one pass.
         self.store.lm_head_blocks(|first, bytes| {
@@ -558,13 +638,24 @@ impl Model {
             }
             Ok::<(), ModelError>(())
         })?;
-        if let Some(p) = logits.iter().position(|v| v.is_nan()) {
-            return Err(ModelError::NanLogits {
-                row: first + p / vocab,
-                index: p % vocab,
-            });
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rest = logits.as_slice();
+        for s in seqs {
+            let n = match s.want {
+                Logits::Last => 1,
+                Logits::All => s.ids.len(),
+            };
+            let (mine, tail) = rest.split_at(n * vocab);
+            rest = tail;
+            if let Some(p) = mine.iter().position(|v| v.is_nan()) {
+                return Err(ModelError::NanLogits {
+                    row: s.ids.len() - n + p / vocab,
+                    index: p % vocab,
+                });
+            }
+            out.push(mine.to_vec());
         }
-        Ok(logits)
+        Ok(out)
     }
 }
 

@@ -22,7 +22,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model, plan_for};
+pub use forward::{LoadOptions, Logits, Model, Sequence, plan_for};
 pub use state::State;
 
 use crate::store::StoreError;
@@ -63,6 +63,12 @@ pub enum ModelError {
     Speculation(String),
     #[error("the state was made for a different model ({0})")]
     StateMismatch(String),
+    /// Member `index` of a [`Model::forward_batch`] was refused before any compute.
+    #[error("batch member {index}: {source}")]
+    Member {
+        index: usize,
+        source: Box<ModelError>,
+    },
     #[error("NaN in the logits at output row {row}, vocabulary index {index} (spec §6.1 rule 12)")]
     NanLogits { row: usize, index: usize },
 }

@@ -60,7 +60,9 @@ impl From<k3d::engine::EngineError> for CliError {
             E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
             E::InvalidRequest(_) => Exit::Usage,
             E::Model(k3d::model::ModelError::Plan(_)) => Exit::Resources,
-            E::Model(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => Exit::RunInvalid,
+            E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
+                Exit::RunInvalid
+            }
         };
         CliError::new(exit, e)
     }
