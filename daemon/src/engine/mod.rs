@@ -260,7 +260,7 @@ impl Engine {
                 if let (true, Some((ids, want))) = (runs.contains(&i), feeds[i].forward()) {
                     rows.push(ids.len() as u64);
                     seqs.push(Sequence {
-                        state: g.state_mut(),
+                        state: g.state_for(&feeds[i]),
                         ids,
                         want,
                     });

@@ -49,6 +49,7 @@ pub fn request(
         },
         sampling: sampling(options.sampling.unwrap_or_default()),
         record_logits: false,
+        speculate: 0,
         stop_ids: options.stop_ids,
         stop_strings: options.stop_strings,
     })
