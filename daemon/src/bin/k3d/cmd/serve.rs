@@ -40,6 +40,10 @@ pub struct Args {
     /// [default: 10].
     #[arg(long)]
     shutdown_grace: Option<f64>,
+    /// Exact speculative decoding for greedy requests that do not set it: at most N ids drafted
+    /// from the context verified per decode step (0 = off, at most 16) [default: 0].
+    #[arg(long)]
+    speculate: Option<usize>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -60,6 +64,7 @@ struct ConfigFile {
     ram_gb: Option<RamGb>,
     trunk_gb: Option<f64>,
     cache_gb: Option<f64>,
+    speculate: Option<usize>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -106,6 +111,13 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let speculate = args.speculate.or(file.speculate).unwrap_or(0);
+    if speculate > k3d::engine::request::MAX_SPECULATE {
+        return Err(usage(format!(
+            "speculate {speculate} exceeds the limit {}",
+            k3d::engine::request::MAX_SPECULATE
+        )));
+    }
     let mode = match args.socket_mode.or(file.socket_mode).as_deref() {
         None | Some("0660") => 0o660,
         Some("0600") => 0o600,
@@ -139,5 +151,6 @@ pub fn run(args: Args) -> CliResult {
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
         },
         grace: Duration::from_secs_f64(shutdown_grace),
+        speculate,
     })
 }

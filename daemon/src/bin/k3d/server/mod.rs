@@ -47,6 +47,8 @@ pub struct Config {
     pub model_options: k3d::model::LoadOptions,
     pub limits: Limits,
     pub grace: Duration,
+    /// Default draft ids per speculative step (0 = off), see `k3d serve --speculate`.
+    pub speculate: usize,
 }
 
 pub fn run(cfg: Config) -> CliResult {
@@ -88,6 +90,7 @@ pub fn run(cfg: Config) -> CliResult {
         shared: Arc::clone(&shared),
         tokenizer,
         threads: cfg.threads,
+        speculate: cfg.speculate,
     };
     let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));
     listener.remove();

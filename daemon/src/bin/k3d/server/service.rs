@@ -28,6 +28,8 @@ pub struct Service {
     /// while the engine is still loading.
     pub tokenizer: Tokenizer,
     pub threads: usize,
+    /// Draft ids per speculative step for requests that leave it 0 (`--speculate`).
+    pub speculate: usize,
 }
 
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
@@ -56,7 +58,7 @@ impl Service {
                 prompt.len()
             )));
         }
-        let request = convert::request(prompt, options)?;
+        let request = convert::request(prompt, options, self.speculate)?;
         let id = self.shared.next_id();
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let accepted = pb::Event {
