@@ -165,7 +165,8 @@ fn main() {
         });
         let mut members: Vec<&mut Generation> =
             gens.iter_mut().filter(|g| !g.is_finished()).collect();
-        let results = engine.step_batch(&mut members, &cancels[..members.len()]);
+        let n = members.len();
+        let results = engine.step_batch(&mut members, &cancels[..n]);
         if decode.is_some() && computes {
             passes += 1;
         }
