@@ -5,10 +5,12 @@
 mod support;
 
 use k3proto::v1 as pb;
+use k3proto::v1::engine_client::EngineClient;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
+use tonic::transport::Channel;
 
 fn k3(socket: &Path, args: &[&str]) -> Output {
     Command::new(bin("k3"))
@@ -18,10 +20,6 @@ fn k3(socket: &Path, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run k3")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[tokio::test]
@@ -62,6 +60,7 @@ async fn run_prints_exactly_what_the_daemon_generates() {
                 max_tokens: 10,
                 ..Default::default()
             }),
+            session: String::new(),
         },
     )
     .await;
@@ -268,68 +267,103 @@ async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
     );
 }
 
-/// The REPL in a real terminal: type, watch tokens stream, Ctrl-C one reply, go on, /exit.
-#[tokio::test]
-async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
-    let dir = scratch("client-repl");
-    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
-    wait_ready(&mut client(&d.socket).await).await;
-    let server = format!("k3e2e-{}", std::process::id());
-    let _cleanup = TmuxServer(server.clone());
-    let tmux = |args: &[&str]| {
+/// `k3 ARGS` in a detached tmux session (a real terminal) against daemon `d`, ended with the
+/// test however it ends.
+struct Repl<'d> {
+    server: String,
+    d: &'d Daemon,
+}
+
+impl<'d> Repl<'d> {
+    fn start(d: &'d Daemon, tag: &str, args: &str) -> Repl<'d> {
+        let repl = Repl {
+            server: format!("k3e2e-{}-{tag}", std::process::id()),
+            d,
+        };
+        let command = format!(
+            "{} --socket {} {args}; echo K3-EXITED-$?; sleep 30",
+            bin("k3").display(),
+            d.socket.display()
+        );
+        repl.tmux(&[
+            "new-session",
+            "-d",
+            "-x",
+            "150",
+            "-y",
+            "50",
+            "-s",
+            "repl",
+            &command,
+        ]);
+        repl
+    }
+
+    fn tmux(&self, args: &[&str]) -> Output {
         let out = Command::new("tmux")
             .arg("-L")
-            .arg(&server)
+            .arg(&self.server)
             .args(args)
             .output()
             .expect("tmux (install it: apt-get install tmux)");
-        assert!(
-            out.status.success() || args[0] == "has-session",
-            "tmux {args:?}: {}",
-            text(&out.stderr)
-        );
+        assert!(out.status.success(), "tmux {args:?}: {}", text(&out.stderr));
         out
-    };
-    let command = format!(
-        "{} --socket {} chat --no-think --max-tokens 4000; echo K3-EXITED-$?; sleep 30",
-        bin("k3").display(),
-        d.socket.display()
-    );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "150",
-        "-y",
-        "50",
-        "-s",
-        "repl",
-        &command,
-    ]);
-    let pane = || text(&tmux(&["capture-pane", "-p", "-t", "repl", "-S", "-200"]).stdout);
-    let wait_for = |what: &str, pred: &dyn Fn(&str) -> bool| {
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "repl"];
+        args.extend_from_slice(keys);
+        self.tmux(&args);
+    }
+
+    fn screen(&self) -> String {
+        text(
+            &self
+                .tmux(&["capture-pane", "-p", "-t", "repl", "-S", "-200"])
+                .stdout,
+        )
+    }
+
+    fn wait_for(&self, what: &str, pred: &dyn Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let p = pane();
+            let p = self.screen();
             if pred(&p) {
                 return p;
             }
             assert!(
                 Instant::now() < deadline,
                 "waiting for {what}; screen:\n{p}\nlog:\n{}",
-                d.log_text()
+                self.d.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-    };
+    }
+}
+
+impl Drop for Repl<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.server, "kill-server"])
+            .output();
+    }
+}
+
+/// The REPL in a real terminal: type, watch tokens stream, Ctrl-C one reply, go on, /exit.
+#[tokio::test]
+async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
+    let dir = scratch("client-repl");
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
+    wait_ready(&mut client(&d.socket).await).await;
+    let repl = Repl::start(&d, "cancel", "chat --no-think --max-tokens 4000");
     // capture-pane drops trailing blanks, so the prompt shows as "you>".
-    wait_for("the prompt", &|p| p.contains("you>"));
-    tmux(&["send-keys", "-t", "repl", "Hello there", "Enter"]);
-    wait_for("request 1 to stream", &|_| {
+    repl.wait_for("the prompt", &|p| p.contains("you>"));
+    repl.keys(&["Hello there", "Enter"]);
+    repl.wait_for("request 1 to stream", &|_| {
         d.log_text().contains("request 1 started")
     });
     std::thread::sleep(Duration::from_millis(300));
-    let streaming = pane();
+    let streaming = repl.screen();
     let after_prompt = streaming
         .split("you> Hello there")
         .nth(1)
@@ -339,56 +373,105 @@ async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
         !after_prompt.trim().is_empty(),
         "tokens appear on screen:\n{streaming}"
     );
-    tmux(&["send-keys", "-t", "repl", "C-c"]);
+    repl.keys(&["C-c"]);
     // What matters is that the daemon stopped and the program goes on. The "[cancelled]" note
     // is not required on screen: in some runs under this harness it is missing from the pane
     // although the client sent Cancel (unexplained; see the server branch report).
-    wait_for("the daemon to stop request 1", &|_| {
+    repl.wait_for("the daemon to stop request 1", &|_| {
         d.log_text().contains("request 1 cancelled")
     });
-    wait_for("a new prompt", &|p| p.matches("you>").count() >= 2);
+    repl.wait_for("a new prompt", &|p| p.matches("you>").count() >= 2);
     // The program goes on: a second message, typed over two lines, streams too.
-    tmux(&["send-keys", "-t", "repl", "line one\\", "Enter"]);
-    wait_for("the continuation prompt", &|p| p.contains("...>"));
-    tmux(&["send-keys", "-t", "repl", "line two", "Enter"]);
-    wait_for("request 2 to stream", &|_| {
+    repl.keys(&["line one\\", "Enter"]);
+    repl.wait_for("the continuation prompt", &|p| p.contains("...>"));
+    repl.keys(&["line two", "Enter"]);
+    repl.wait_for("request 2 to stream", &|_| {
         d.log_text().contains("request 2 started")
     });
-    tmux(&["send-keys", "-t", "repl", "C-c"]);
-    wait_for("the daemon to stop request 2", &|_| {
+    repl.keys(&["C-c"]);
+    repl.wait_for("the daemon to stop request 2", &|_| {
         d.log_text().contains("request 2 cancelled")
     });
-    wait_for("a third prompt", &|p| p.matches("you>").count() >= 3);
+    repl.wait_for("a third prompt", &|p| p.matches("you>").count() >= 3);
     // History: Up recalls the last message (both of its lines).
-    tmux(&["send-keys", "-t", "repl", "Up"]);
-    wait_for("history recall", &|p| p.matches("line two").count() >= 2);
+    repl.keys(&["Up"]);
+    repl.wait_for("history recall", &|p| p.matches("line two").count() >= 2);
     // /save writes the conversation: both turns, the cancelled replies as far as they got.
     let saved = dir.join("conversation.json");
     let save = format!("/save {}", saved.display());
     // Ctrl-C at the prompt abandons the recalled text, like a shell (the recall reuses the third
     // prompt; the fresh one is the fourth).
-    tmux(&["send-keys", "-t", "repl", "C-c"]);
-    wait_for("a fresh prompt", &|p| p.matches("you>").count() >= 4);
-    tmux(&["send-keys", "-t", "repl", &save, "Enter"]);
-    wait_for("the save", &|p| p.contains("saved 4 messages"));
+    repl.keys(&["C-c"]);
+    repl.wait_for("a fresh prompt", &|p| p.matches("you>").count() >= 4);
+    repl.keys(&[&save, "Enter"]);
+    repl.wait_for("the save", &|p| p.contains("saved 4 messages"));
     let conversation: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&saved).expect("saved file")).expect("JSON");
     assert_eq!(conversation[0]["content"], "Hello there");
     assert_eq!(conversation[2]["content"], "line one\nline two");
     assert_eq!(conversation[3]["role"], "assistant");
-    tmux(&["send-keys", "-t", "repl", "/exit", "Enter"]);
-    wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    repl.keys(&["/exit", "Enter"]);
+    repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
 }
 
-/// Ends the test's tmux server (and the k3 in it) however the test ends.
-struct TmuxServer(String);
-
-impl Drop for TmuxServer {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.0, "kill-server"])
-            .output();
-    }
+/// The REPL keeps its conversation in a daemon session: the second turn prefills only what
+/// is new; `/save` keeps the session, which outlives the chat; an unnamed chat's session is
+/// removed when it ends.
+#[tokio::test]
+async fn chat_repl_turns_reuse_their_session() {
+    let dir = scratch("client-repl-session");
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let repl = Repl::start(&d, "named", "chat --no-think --max-tokens 5 --session talk");
+    repl.wait_for("the prompt", &|p| p.contains("you>"));
+    repl.keys(&["Hello there", "Enter"]);
+    repl.wait_for("turn 1", &|p| p.matches("you>").count() >= 2);
+    repl.keys(&["And then?", "Enter"]);
+    repl.wait_for("turn 2", &|p| p.matches("you>").count() >= 3);
+    let log = d.log_text();
+    let reused: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split(" prompt tokens, ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        reused.len() == 2 && reused[0] == 0 && reused[1] > 0,
+        "turn 2 starts from the session: {reused:?}\n{log}"
+    );
+    repl.keys(&["/save", "Enter"]);
+    repl.wait_for("the save", &|p| p.contains("session talk saved to"));
+    repl.keys(&["/exit", "Enter"]);
+    repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    let names = |c: &mut EngineClient<Channel>| {
+        let c = c.clone();
+        async move {
+            let mut c = c;
+            let l = c
+                .list_sessions(pb::ListSessionsRequest {})
+                .await
+                .expect("list");
+            l.into_inner()
+                .sessions
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names(&mut c).await, vec!["talk".to_string()]);
+    // Unnamed: a fresh session for the chat, gone when it ends.
+    let repl = Repl::start(&d, "unnamed", "chat --no-think --max-tokens 3");
+    repl.wait_for("the prompt", &|p| p.contains("you>"));
+    repl.keys(&["Hi", "Enter"]);
+    repl.wait_for("turn 1", &|p| p.matches("you>").count() >= 2);
+    assert_eq!(
+        names(&mut c).await.len(),
+        2,
+        "the chat's own session exists while it runs"
+    );
+    repl.keys(&["/exit", "Enter"]);
+    repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    assert_eq!(names(&mut c).await, vec!["talk".to_string()]);
 }
 
 /// From process start to the first byte written on the socket (target: under 20 ms).

@@ -179,6 +179,88 @@ async fn sixteen_concurrent_clients_get_what_they_get_alone() {
     );
 }
 
+/// Batched decoding (issue 7 item 4): four concurrent requests with different prompt lengths
+/// (one longer than a prefill chunk) are stepped through shared forward passes — Status shows
+/// passes serving all four — and each gets exactly the ids it gets alone.
+#[tokio::test]
+async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
+    let (d, mut c) = ready_daemon("batched", &["--max-active", "4", "--max-batch", "4"]).await;
+    let prompts: Vec<Vec<u32>> = vec![
+        prompt(1),
+        (0..45).map(|i| 3 + (i * 7) % 90).collect(),
+        vec![77],
+        prompt(2).repeat(3),
+    ];
+    let lengths = [160, 120, 200, 140];
+    let mut alone = Vec::new();
+    for (p, &n) in prompts.iter().zip(&lengths) {
+        let r = generate(&mut c, ids_request(p.clone(), n)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        assert_eq!(r.ids.len(), n as usize);
+        alone.push(r.ids);
+    }
+    let before = wait_ready(&mut c).await;
+    assert_eq!(before.max_batch, 4);
+    assert_eq!(before.widest_batch, 1, "solo runs are passes of one");
+    let mut tasks = Vec::new();
+    for (p, &n) in prompts.iter().zip(&lengths) {
+        let (socket, p) = (d.socket.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            generate(&mut c, ids_request(p, n)).await
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(
+            r.ids, alone[i],
+            "client {i} got other tokens batched than alone"
+        );
+    }
+    let after = wait_ready(&mut c).await;
+    assert_eq!(after.widest_batch, 4, "a pass served all four requests");
+    assert!(
+        after.batched_passes > before.batched_passes + 50,
+        "most steps were shared: {} batched passes of {}",
+        after.batched_passes - before.batched_passes,
+        after.forward_passes - before.forward_passes
+    );
+}
+
+/// `--max-batch` caps how many requests share a pass; the others wait their turn (first in the
+/// next round) and every output is still exactly as alone.
+#[tokio::test]
+async fn max_batch_caps_the_requests_per_pass() {
+    let (d, mut c) = ready_daemon("batch-cap", &["--max-active", "4", "--max-batch", "2"]).await;
+    let mut alone = Vec::new();
+    for i in 0..4 {
+        let r = generate(&mut c, ids_request(prompt(i), 100)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        alone.push(r.ids);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..4u32 {
+        let socket = d.socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            generate(&mut c, ids_request(prompt(i), 100)).await
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(r.ids, alone[i], "client {i}");
+    }
+    let status = wait_ready(&mut c).await;
+    assert_eq!(status.max_batch, 2);
+    assert_eq!(
+        status.widest_batch, 2,
+        "never more than --max-batch per pass"
+    );
+    assert!(status.batched_passes > 0);
+}
+
 #[tokio::test]
 async fn a_full_queue_refuses_with_resource_exhausted() {
     let (_d, mut c) = ready_daemon("busy", &["--max-queue", "1", "--max-active", "1"]).await;
@@ -231,6 +313,7 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
         .generate(pb::GenerateRequest {
             prompt: None,
             options: None,
+            session: String::new(),
         })
         .await
         .expect_err("no prompt");
@@ -268,6 +351,7 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
     let huge = pb::GenerateRequest {
         prompt: Some(pb::generate_request::Prompt::Text("x".repeat(17 << 20))),
         options: None,
+        session: String::new(),
     };
     let err = c.generate(huge).await.expect_err("oversized message");
     assert!(
@@ -487,15 +571,7 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let uid = String::from_utf8_lossy(
-        &std::process::Command::new("id")
-            .args(["-u", "k3e2e-member"])
-            .output()
-            .expect("id")
-            .stdout,
-    )
-    .trim()
-    .to_string();
+    let uid = uid_of("k3e2e-member");
     assert!(
         d.log_text().contains(&format!("from uid {uid} ")),
         "{}",
@@ -521,6 +597,8 @@ async fn systemd_socket_activation_serves_the_passed_socket() {
         .arg(tiny_model())
         .arg("--socket")
         .arg(dir.join("unused.sock"))
+        .arg("--session-dir")
+        .arg(dir.join("sessions"))
         .stderr(std::fs::File::create(&log).expect("log"));
     // SAFETY: dup2 is async-signal-safe and touches only the child's descriptor table; `fd`
     // stays open in the parent until the child has exec'd (we hold `listener` below).
@@ -561,59 +639,6 @@ fn threads(d: &Daemon) -> usize {
         .count()
 }
 
-/// groupadd/useradd lock /etc files: tests running in parallel take turns.
-static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Create a group if it does not exist (needs root: fails loudly otherwise); its gid.
-pub fn ensure_group(name: &str) -> u32 {
-    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(gid) = gid_of(name) {
-        return gid;
-    }
-    let out = std::process::Command::new("groupadd")
-        .arg(name)
-        .output()
-        .expect("groupadd (needs root)");
-    assert!(
-        out.status.success(),
-        "groupadd {name} failed (tests need root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    gid_of(name).expect("group created")
-}
-
-fn gid_of(name: &str) -> Option<u32> {
-    let out = std::process::Command::new("getent")
-        .args(["group", name])
-        .output()
-        .ok()?;
-    let line = String::from_utf8_lossy(&out.stdout).to_string();
-    line.split(':').nth(2)?.trim().parse().ok()
-}
-
-/// Create a user (with an optional supplementary group) if missing; needs root.
-pub fn ensure_user(name: &str, group: Option<&str>) {
-    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
-    let exists = std::process::Command::new("id")
-        .arg(name)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !exists {
-        let mut cmd = std::process::Command::new("useradd");
-        cmd.args(["--no-create-home", "--shell", "/usr/sbin/nologin"]);
-        if let Some(g) = group {
-            cmd.args(["-G", g]);
-        }
-        let out = cmd.arg(name).output().expect("useradd (needs root)");
-        assert!(
-            out.status.success(),
-            "useradd {name} failed (tests need root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
 #[tokio::test]
 async fn chat_labels_each_token_with_its_channel() {
     let (_d, mut c) = ready_daemon("chat", &[]).await;
@@ -636,6 +661,7 @@ async fn chat_labels_each_token_with_its_channel() {
             max_tokens: 16,
             ..Default::default()
         }),
+        session: String::new(),
     };
     for thinking in [pb::Thinking::On, pb::Thinking::Off] {
         let r = collect(
@@ -684,7 +710,8 @@ async fn serve_reads_its_settings_from_a_toml_config() {
     std::fs::write(
         &config,
         format!(
-            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n",
+            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n\
+             max_batch = 3\n",
             tiny_model().display().to_string(),
             socket.display().to_string()
         ),
@@ -719,7 +746,8 @@ async fn serve_reads_its_settings_from_a_toml_config() {
         & 0o777;
     assert_eq!(mode, 0o600, "socket_mode from the file applies");
     let mut c = client(&socket).await;
-    wait_ready(&mut c).await;
+    let status = wait_ready(&mut c).await;
+    assert_eq!(status.max_batch, 3, "max_batch from the file applies");
     let out = generate(&mut c, ids_request(prompt(1), 4)).await;
     assert_eq!(out.ids.len(), 4, "a daemon configured from the file serves");
     daemon.signal(libc::SIGTERM);

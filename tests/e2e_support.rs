@@ -75,6 +75,12 @@ impl Daemon {
             .arg("--socket")
             .arg(socket)
             .args(["--threads", "1"])
+            // Sessions stay in the test's scratch directory unless the test picks a place.
+            .args(if extra.contains(&"--session-dir") {
+                Vec::new()
+            } else {
+                vec!["--session-dir".into(), socket.with_extension("sessions")]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -184,6 +190,7 @@ pub fn ids_request(ids: Vec<u32>, max_tokens: u32) -> pb::GenerateRequest {
             max_tokens,
             ..Default::default()
         }),
+        session: String::new(),
     }
 }
 
@@ -276,4 +283,75 @@ pub async fn computing(
         .into_inner();
     until_token(&mut stream).await;
     stream
+}
+
+/// Lossy UTF-8 of a process's output.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The uid of account `name` (`id -u`).
+pub fn uid_of(name: &str) -> String {
+    text(
+        &std::process::Command::new("id")
+            .args(["-u", name])
+            .output()
+            .expect("id")
+            .stdout,
+    )
+    .trim()
+    .to_string()
+}
+
+/// groupadd/useradd lock /etc files: tests running in parallel take turns.
+static ACCOUNTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Create a group if it does not exist (needs root: fails loudly otherwise); its gid.
+pub fn ensure_group(name: &str) -> u32 {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(gid) = gid_of(name) {
+        return gid;
+    }
+    let out = std::process::Command::new("groupadd")
+        .arg(name)
+        .output()
+        .expect("groupadd (needs root)");
+    assert!(
+        out.status.success(),
+        "groupadd {name} failed (tests need root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    gid_of(name).expect("group created")
+}
+
+fn gid_of(name: &str) -> Option<u32> {
+    let out = std::process::Command::new("getent")
+        .args(["group", name])
+        .output()
+        .ok()?;
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    line.split(':').nth(2)?.trim().parse().ok()
+}
+
+/// Create a user (with an optional supplementary group) if missing; needs root.
+pub fn ensure_user(name: &str, group: Option<&str>) {
+    let _turn = ACCOUNTS.lock().unwrap_or_else(|p| p.into_inner());
+    let exists = std::process::Command::new("id")
+        .arg(name)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !exists {
+        let mut cmd = std::process::Command::new("useradd");
+        cmd.args(["--no-create-home", "--shell", "/usr/sbin/nologin"]);
+        if let Some(g) = group {
+            cmd.args(["-G", g]);
+        }
+        let out = cmd.arg(name).output().expect("useradd (needs root)");
+        assert!(
+            out.status.success(),
+            "useradd {name} failed (tests need root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

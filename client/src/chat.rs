@@ -2,14 +2,22 @@
 //! arrow keys; a line ending in `\` continues on the next line. Each turn sends the whole
 //! conversation (the daemon re-renders it with the chat template, spec §8). Ctrl-C while the
 //! reply streams cancels that reply; at the prompt it clears the line; Ctrl-D or /exit quits.
+//!
+//! The conversation lives in a daemon session, so a turn prefills only what is new since the
+//! last one. Without `--session NAME` the session gets a fresh unique name and is removed when
+//! the chat ends or `/reset` starts a new one — unless `/save` kept it; a named session is
+//! always kept (`k3 sessions rm NAME` removes it).
 
 use crate::connect::{self, SocketPath};
 use crate::failure::{Code, Failure};
 use crate::run::Options;
 use crate::stream::{self, Format, Reasoning, Show};
 use k3proto::v1 as pb;
+use k3proto::v1::engine_client::EngineClient;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
+use tokio::signal::unix::Signal;
+use tonic::transport::Channel;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,12 +33,54 @@ pub struct Args {
     /// A system message to start the conversation with.
     #[arg(long)]
     system: Option<String>,
+    /// Keep the conversation's state in this daemon session (kept after the chat ends).
+    #[arg(long)]
+    session: Option<String>,
     #[command(flatten)]
     options: Options,
 }
 
 const HELP: &str = "Type a message and press Enter (end a line with \\ to continue it). \
-Commands: /reset (new conversation), /save FILE (write it as JSON), /exit.";
+Commands: /reset (new conversation), /save (keep the daemon session), /save FILE (write the \
+conversation as JSON), /exit.";
+
+/// The daemon session holding the conversation's state.
+struct ChatSession {
+    name: String,
+    /// Made up by this chat, not given with --session: removed at the end unless saved.
+    temporary: bool,
+    saved: bool,
+}
+
+impl ChatSession {
+    fn new(given: Option<&str>, serial: u32) -> ChatSession {
+        match given {
+            Some(name) => ChatSession {
+                name: name.to_string(),
+                temporary: false,
+                saved: true,
+            },
+            None => {
+                let secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                ChatSession {
+                    name: format!("chat-{secs}-{}-{serial}", std::process::id()),
+                    temporary: true,
+                    saved: false,
+                }
+            }
+        }
+    }
+
+    /// Removes a temporary session nobody saved (best effort: the chat is ending anyway).
+    fn discard(&self, rt: &tokio::runtime::Runtime, client: &mut EngineClient<Channel>) {
+        if self.temporary && !self.saved {
+            let name = self.name.clone();
+            let _ = rt.block_on(client.delete_session(pb::DeleteSessionRequest { name }));
+        }
+    }
+}
 
 pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     let rt = crate::runtime()?;
@@ -38,7 +88,29 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     let mut interrupts = rt.block_on(async { stream::interrupts() })?;
     let mut editor = DefaultEditor::new()
         .map_err(|e| Failure::new(Code::Other, format!("starting the line editor: {e}")))?;
-    let mut conversation = initial(&args);
+    let mut session = ChatSession::new(args.session.as_deref(), 0);
+    let result = converse(
+        &rt,
+        &mut client,
+        &mut editor,
+        &mut interrupts,
+        &args,
+        &mut session,
+    );
+    session.discard(&rt, &mut client);
+    result
+}
+
+fn converse(
+    rt: &tokio::runtime::Runtime,
+    client: &mut EngineClient<Channel>,
+    editor: &mut DefaultEditor,
+    interrupts: &mut Signal,
+    args: &Args,
+    session: &mut ChatSession,
+) -> Result<(), Failure> {
+    let mut serial = 0;
+    let mut conversation = initial(args);
     let show = Show {
         format: Format::Text,
         reasoning: if args.hide_reasoning {
@@ -50,7 +122,7 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     };
     eprintln!("{HELP}");
     loop {
-        let Some(input) = read_message(&mut editor)? else {
+        let Some(input) = read_message(editor)? else {
             return Ok(());
         };
         let trimmed = input.trim();
@@ -64,12 +136,34 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         {
             ("/exit" | "/quit", _) => return Ok(()),
             ("/reset", _) => {
-                conversation = initial(&args);
-                eprintln!("(new conversation)");
+                conversation = initial(args);
+                session.discard(rt, client);
+                serial += 1;
+                *session = ChatSession::new(args.session.as_deref(), serial);
+                if !session.temporary {
+                    eprintln!(
+                        "(new conversation; session {} keeps only states a new prompt extends)",
+                        session.name
+                    );
+                } else {
+                    eprintln!("(new conversation)");
+                }
                 continue;
             }
             ("/save", "") => {
-                eprintln!("usage: /save FILE");
+                let name = session.name.clone();
+                match rt.block_on(client.save_session(pb::SaveSessionRequest { name })) {
+                    Ok(reply) => {
+                        session.saved = true;
+                        eprintln!(
+                            "(session {} saved to {}; continue it with `k3 chat --session {}`)",
+                            session.name,
+                            reply.into_inner().path,
+                            session.name
+                        );
+                    }
+                    Err(status) => eprintln!("k3: {}", Failure::from(status).message),
+                }
                 continue;
             }
             ("/save", path) => {
@@ -104,10 +198,11 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
             .into(),
             effort: effort(&args.effort).into(),
             options: Some(args.options.to_wire()),
+            session: session.name.clone(),
         };
         let reply = rt.block_on(async {
             let events = client.chat(request).await?.into_inner();
-            stream::show(&mut client, events, &show, &mut interrupts).await
+            stream::show(client, events, &show, interrupts).await
         });
         match reply {
             Ok(outcome) => {

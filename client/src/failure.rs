@@ -9,6 +9,8 @@
 //! * 5 — the daemon is busy (its queue is full) or shutting down: retry later;
 //! * 6 — the daemon refused the request as invalid (its message says why);
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
+//! * 8 — a session was refused: not found, owned by another user, in use by another request,
+//!   or its file is damaged or made for another model (the message names the file and field);
 //! * 130 — the generation was cancelled (Ctrl-C, or by another client).
 
 use tonic::{Code as Grpc, Status};
@@ -22,6 +24,7 @@ pub enum Code {
     Busy = 5,
     Invalid = 6,
     Model = 7,
+    Session = 8,
     Cancelled = 130,
 }
 
@@ -48,6 +51,18 @@ impl From<Status> for Failure {
     fn from(s: Status) -> Failure {
         let msg = s.message();
         match s.code() {
+            Grpc::PermissionDenied if msg.starts_with("session") => Failure::new(
+                Code::Session,
+                format!("{msg}: it is another user's; pick another session name"),
+            ),
+            Grpc::Aborted if msg.starts_with("session") => Failure::new(Code::Session, msg),
+            Grpc::NotFound if msg.starts_with("no session") => Failure::new(
+                Code::Session,
+                format!("{msg} (`k3 sessions list` shows yours)"),
+            ),
+            Grpc::FailedPrecondition if msg.starts_with("session") => {
+                Failure::new(Code::Session, msg)
+            }
             Grpc::ResourceExhausted if msg.contains("k3d is busy") => Failure::new(
                 Code::Busy,
                 format!("{msg}\nRetry in a little while (`k3 status` shows the queue)."),

@@ -5,6 +5,7 @@ mod chat;
 mod connect;
 mod failure;
 mod run;
+mod sessions;
 mod status;
 mod stream;
 
@@ -20,7 +21,8 @@ use std::path::PathBuf;
     after_help = "Socket: --socket, else $K3_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock, else /run/k3d/k3d.sock.\n\
 Exit codes: 0 ok, 1 other failure, 2 bad usage or input, 3 daemon not running, 4 permission \
 denied on the socket, 5 daemon busy or unavailable (retry later), 6 request refused as invalid, \
-7 model error, 130 cancelled."
+7 model error, 8 session refused (not found, another user's, in use, or its file is damaged), \
+130 cancelled."
 )]
 struct Cli {
     /// The daemon's socket.
@@ -40,6 +42,9 @@ enum Command {
     Status(status::Args),
     /// Print the token ids of a text.
     Tokenize(status::TokenizeArgs),
+    /// List, remove or save your daemon sessions.
+    #[command(subcommand)]
+    Sessions(sessions::Command),
 }
 
 fn main() {
@@ -53,6 +58,7 @@ fn main() {
                     Command::Run(args) => run::run(&socket, args).await,
                     Command::Status(args) => status::status(&socket, args).await,
                     Command::Tokenize(args) => status::tokenize(&socket, args).await,
+                    Command::Sessions(command) => sessions::run(&socket, command).await,
                     Command::Chat(_) => Ok(()),
                 }
             })

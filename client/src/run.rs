@@ -16,6 +16,10 @@ pub struct Args {
     /// One JSON object per event on stdout.
     #[arg(long, conflicts_with = "ids")]
     json: bool,
+    /// Keep the state in this daemon session: a later prompt that extends this one (plus its
+    /// output) is not prefilled again. Created on first use; only you can use it.
+    #[arg(long)]
+    session: Option<String>,
     #[command(flatten)]
     pub options: Options,
 }
@@ -90,6 +94,7 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         .generate(pb::GenerateRequest {
             prompt: Some(prompt),
             options: Some(args.options.to_wire()),
+            session: args.session.unwrap_or_default(),
         })
         .await?
         .into_inner();

@@ -47,7 +47,7 @@ pub async fn tokenize(socket: &SocketPath, args: TokenizeArgs) -> Result<(), Fai
 
 /// Bytes in the largest binary unit that keeps the number at least 1 (tiny test models read
 /// kilobytes, real ones terabytes).
-fn size(bytes: u64) -> String {
+pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;
@@ -123,6 +123,29 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         ),
     );
     line("threads", s.threads.to_string());
+    line(
+        "batching",
+        format!(
+            "up to {} per pass; {} passes, {} shared by several requests, widest {}",
+            s.max_batch, s.forward_passes, s.batched_passes, s.widest_batch
+        ),
+    );
+    if let Some(x) = &s.sessions {
+        line(
+            "sessions",
+            if x.error.is_empty() {
+                format!(
+                    "{} ({} in memory of {} allowed) in {}",
+                    x.count,
+                    size(x.memory_bytes),
+                    size(x.allowance_bytes),
+                    x.dir
+                )
+            } else {
+                format!("unavailable: {}", x.error)
+            },
+        );
+    }
     line("uptime", format!("{:.0} s", s.uptime_seconds));
     if !s.plan.is_empty() {
         out.push_str("plan:\n");
@@ -159,5 +182,13 @@ fn json(s: &pb::StatusReply) -> serde_json::Value {
         "requests_failed": s.requests_failed,
         "requests_rejected": s.requests_rejected,
         "threads": s.threads,
+        "max_batch": s.max_batch,
+        "forward_passes": s.forward_passes,
+        "batched_passes": s.batched_passes,
+        "widest_batch": s.widest_batch,
+        "sessions": s.sessions.as_ref().map(|x| serde_json::json!({
+            "count": x.count, "memory_bytes": x.memory_bytes,
+            "allowance_bytes": x.allowance_bytes, "dir": x.dir, "error": x.error,
+        })),
     })
 }

@@ -213,8 +213,13 @@ fn summary(d: &pb::Done, started: Instant, first_token: Option<Instant>) -> Stri
             f.duration_since(started).as_secs_f64()
         )
     });
+    let reused = if d.reused_prompt_tokens > 0 {
+        format!(" ({} from the session)", d.reused_prompt_tokens)
+    } else {
+        String::new()
+    };
     format!(
-        "k3: {} tokens at {rate:.2} tokens/s ({reason}); prompt {} tokens, prefill {:.2} s{ttft}",
+        "k3: {} tokens at {rate:.2} tokens/s ({reason}); prompt {} tokens{reused}, prefill {:.2} s{ttft}",
         d.generated_tokens, d.prompt_tokens, t.prefill_seconds
     )
 }
@@ -245,6 +250,7 @@ pub fn json(event: &Event) -> serde_json::Value {
                 "stop_reason": stop_reason(d.stop_reason),
                 "stop_id": d.stop_id, "stop_string": d.stop_string,
                 "prompt_tokens": d.prompt_tokens, "generated_tokens": d.generated_tokens,
+                "reused_prompt_tokens": d.reused_prompt_tokens,
                 "queued_seconds": t.queued_seconds, "prefill_seconds": t.prefill_seconds,
                 "decode_seconds": t.decode_seconds,
                 "bytes_read": d.bytes_read, "bytes_avoided": d.bytes_avoided,

@@ -22,6 +22,7 @@
 //! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
 //! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
 //!   synthesis: identical on every platform.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
@@ -34,6 +35,7 @@ pub mod engine;
 pub mod kernels;
 pub mod model;
 pub mod rng;
+pub mod session;
 pub mod store;
 pub mod synth;
 pub mod system;

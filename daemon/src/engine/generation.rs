@@ -38,8 +38,10 @@ pub struct Generation {
     request: GenerateRequest,
     state: State,
     sampler: Sampler,
-    /// Prompt tokens fed so far.
+    /// Prompt tokens in the state so far (reused ones included).
     fed: usize,
+    /// Prompt tokens the starting state already held (a session's snapshot); never re-fed.
+    reused: usize,
     /// Logits of the last fed position, not yet sampled from.
     next_logits: Option<Vec<f32>>,
     generated: Vec<u32>,
@@ -96,13 +98,17 @@ impl Feed {
 }
 
 impl Generation {
+    /// A generation whose `state` already consumed the first `state.positions()` prompt tokens
+    /// (0 for a fresh state); feeding resumes after them.
     pub(super) fn new(request: GenerateRequest, state: State) -> Self {
         let sampler = Sampler::new(request.sampling.clone());
+        let reused = state.positions();
         Generation {
             request,
             state,
             sampler,
-            fed: 0,
+            fed: reused,
+            reused,
             next_logits: None,
             generated: Vec::new(),
             output_text: Vec::new(),
@@ -132,9 +138,19 @@ impl Generation {
         self.done
     }
 
-    /// The state the generation continues (for checks and snapshots).
+    /// The model state as of now: after the last prefill step it holds exactly the prompt,
+    /// after the end the prompt and every generated id that was fed (see [`Self::consumed`]).
     pub fn state(&self) -> &State {
         &self.state
+    }
+
+    /// The ids the state has consumed: the prompt, then the generated ids fed back. The last
+    /// generated id is fed only if another token was asked for, and a stop id never is.
+    pub fn consumed(&self) -> Vec<u32> {
+        let n = self.state.positions();
+        let mut ids: Vec<u32> = self.request.prompt.iter().take(n).copied().collect();
+        ids.extend(self.generated.iter().take(n.saturating_sub(ids.len())));
+        ids
     }
 
     /// What the next step feeds the model. Deciding this is separate from consuming the
@@ -364,6 +380,7 @@ impl Generation {
         Step::Finished(Summary {
             stop_reason,
             prompt_tokens: self.request.prompt.len(),
+            reused_tokens: self.reused,
             generated_tokens: self.generated.len(),
             prefill_seconds: self.prefill_seconds,
             decode_seconds: self.decode_seconds,

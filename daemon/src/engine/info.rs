@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -107,14 +108,43 @@ pub struct EngineStats {
     pub bytes_read: u64,
     pub bytes_avoided: u64,
     pub peak_rss_bytes: u64,
+    /// Forward passes run by steps ([`super::Engine::step_batch`]).
+    pub forward_passes: u64,
+    /// Of those, passes that served two or more generations at once.
+    pub batched_passes: u64,
+    /// The most generations one pass has served.
+    pub widest_batch: u64,
+}
+
+/// How many generations the engine's forward passes served, counted as they run.
+#[derive(Debug, Default)]
+pub(super) struct BatchCounters {
+    passes: AtomicU64,
+    batched: AtomicU64,
+    widest: AtomicU64,
+}
+
+impl BatchCounters {
+    /// Counts one pass serving `members` generations.
+    pub(super) fn record(&self, members: usize) {
+        let members = members as u64;
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        if members > 1 {
+            self.batched.fetch_add(1, Ordering::Relaxed);
+        }
+        self.widest.fetch_max(members, Ordering::Relaxed);
+    }
 }
 
 impl EngineStats {
-    pub(super) fn from_store(s: StoreStats) -> Self {
+    pub(super) fn new(s: StoreStats, batches: &BatchCounters) -> Self {
         EngineStats {
             bytes_read: s.bytes_read,
             bytes_avoided: s.bytes_avoided,
             peak_rss_bytes: peak_rss_bytes(),
+            forward_passes: batches.passes.load(Ordering::Relaxed),
+            batched_passes: batches.batched.load(Ordering::Relaxed),
+            widest_batch: batches.widest.load(Ordering::Relaxed),
         }
     }
 }

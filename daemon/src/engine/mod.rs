@@ -4,6 +4,9 @@
 //! done in [`Generation`]s advanced by [`Engine::step`]: each step is one prefill chunk or one
 //! decoded token, so a scheduler can interleave many requests fairly, check for cancellation
 //! between steps (and, inside the model, between layers), and report progress.
+//! [`Engine::step_batch`] steps several generations through one forward pass (they share its
+//! weight reads): each step is split into what a generation feeds ([`Generation::next_feed`])
+//! and what it does with the logits, so one pass can serve them all.
 //!
 //! Exactness: a generation's tokens depend only on its request (prompt, sampling, seed) — never
 //! on the thread count, the prefill chunk size or what else the engine is doing (spec §6).
@@ -16,6 +19,7 @@ pub mod speculate;
 
 use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
+use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
 pub use request::{GenerateRequest, Sampling, StopReason, Summary};
 
@@ -26,6 +30,9 @@ use std::time::Instant;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{LoadOptions, Model, ModelError, Sequence, State};
 use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// The default prompt tokens per prefill step.
+pub const PREFILL_CHUNK: usize = 32;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -43,7 +50,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            prefill_chunk: 32,
+            prefill_chunk: PREFILL_CHUNK,
             model: LoadOptions::default(),
         }
     }
@@ -95,6 +102,7 @@ pub struct Engine {
     pool: rayon::ThreadPool,
     options: EngineOptions,
     info: EngineInfo,
+    batches: BatchCounters,
 }
 
 impl Engine {
@@ -133,6 +141,7 @@ impl Engine {
             pool,
             options,
             info,
+            batches: BatchCounters::default(),
         })
     }
 
@@ -154,7 +163,7 @@ impl Engine {
 
     /// Counters since the engine was opened.
     pub fn stats(&self) -> EngineStats {
-        EngineStats::from_store(self.model.store_stats())
+        EngineStats::new(self.model.store_stats(), &self.batches)
     }
 
     /// Validates a request and prepares its generation (no compute yet).
@@ -163,15 +172,34 @@ impl Engine {
         Ok(Generation::new(request, self.model.new_state()))
     }
 
-    /// Like [`Engine::start`], but continuing `state` (e.g. a saved conversation): the
-    /// request's prompt is fed after the positions already in it.
+    /// Like [`Self::start`], but continuing `state`, which has consumed exactly the first
+    /// `state.positions()` ids of the prompt (the caller's contract: a session snapshot whose
+    /// history is a prefix of the prompt). Those ids are not fed again; at least one prompt id
+    /// must remain, since the state does not carry the logits of its last position.
     pub fn start_from(
         &self,
         request: GenerateRequest,
         state: State,
     ) -> Result<Generation, EngineError> {
         request.validate(self.model.config().vocab_size)?;
-        self.model.check_input(&state, &request.prompt)?;
+        let held = state.positions();
+        if held >= request.prompt.len() {
+            return Err(EngineError::InvalidRequest(format!(
+                "the starting state holds {held} positions; the prompt ({} tokens) must extend it",
+                request.prompt.len()
+            )));
+        }
+        if state.is_poisoned() {
+            return Err(EngineError::InvalidRequest(
+                "the starting state is from a failed forward".into(),
+            ));
+        }
+        if request.record_logits && held > 0 {
+            return Err(EngineError::InvalidRequest(
+                "record_logits needs every prompt position computed; start from a fresh state"
+                    .into(),
+            ));
+        }
         Ok(Generation::new(request, state))
     }
 
@@ -266,6 +294,7 @@ impl Engine {
                     });
                 }
             }
+            self.batches.record(seqs.len());
             let all_cancelled = || runs.iter().all(|&i| cancelled(i));
             let outcome = self.model.forward_batch(&mut seqs, &all_cancelled);
             drop(seqs);

@@ -118,6 +118,8 @@ pub enum StopReason {
 pub struct Summary {
     pub stop_reason: StopReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens the starting state already held (a session's snapshot), not prefilled.
+    pub reused_tokens: usize,
     pub generated_tokens: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,

@@ -26,9 +26,14 @@ pub struct Args {
     /// [default: 16].
     #[arg(long)]
     max_queue: Option<usize>,
-    /// Requests computed at once, stepped round-robin (each holds its own state) [default: 4].
+    /// Requests computed at once (each holds its own state) [default: 4].
     #[arg(long)]
     max_active: Option<usize>,
+    /// Requests stepped together through one forward pass: they share each layer's weights
+    /// and the union of their experts, each output exactly what it would be alone
+    /// [default: max_active].
+    #[arg(long)]
+    max_batch: Option<usize>,
     /// Permissions of the socket file: 0660 (owner and group) or 0600 (owner only)
     /// [default: 0660].
     #[arg(long, value_parser = ["0660", "0600"])]
@@ -44,6 +49,15 @@ pub struct Args {
     /// from the context verified per decode step (0 = off, at most 16) [default: 0].
     #[arg(long)]
     speculate: Option<usize>,
+    /// Directory where sessions are saved, spilled and found again after a restart
+    /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
+    #[arg(long)]
+    session_dir: Option<PathBuf>,
+    /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
+    /// Idle sessions beyond it are written to the session directory [default: the plan's
+    /// headroom, at least one maximum-context state].
+    #[arg(long)]
+    session_gb: Option<f64>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -57,6 +71,7 @@ struct ConfigFile {
     threads: Option<usize>,
     max_queue: Option<usize>,
     max_active: Option<usize>,
+    max_batch: Option<usize>,
     socket_mode: Option<String>,
     socket_group: Option<String>,
     shutdown_grace: Option<f64>,
@@ -65,6 +80,8 @@ struct ConfigFile {
     trunk_gb: Option<f64>,
     cache_gb: Option<f64>,
     speculate: Option<usize>,
+    session_dir: Option<PathBuf>,
+    session_gb: Option<f64>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -77,6 +94,22 @@ enum RamGb {
 
 fn usage(message: String) -> CliError {
     CliError::new(Exit::Usage, anyhow::anyhow!(message))
+}
+
+/// `$XDG_STATE_HOME/k3d/sessions`, else `$HOME/.local/state/k3d/sessions` (XDG base dirs).
+fn default_session_dir() -> Result<PathBuf, CliError> {
+    let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
+    if let Some(state) = nonempty("XDG_STATE_HOME") {
+        return Ok(PathBuf::from(state).join("k3d/sessions"));
+    }
+    match nonempty("HOME") {
+        Some(home) => Ok(PathBuf::from(home).join(".local/state/k3d/sessions")),
+        None => Err(usage(
+            "no session directory: pass --session-dir DIR or set `session_dir` in --config \
+             (neither XDG_STATE_HOME nor HOME is set)"
+                .into(),
+        )),
+    }
 }
 
 fn read_config(path: &Path) -> Result<ConfigFile, CliError> {
@@ -118,6 +151,10 @@ pub fn run(args: Args) -> CliResult {
             k3d::engine::request::MAX_SPECULATE
         )));
     }
+    let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
+    if max_batch == 0 {
+        return Err(usage("max_batch must be at least 1".into()));
+    }
     let mode = match args.socket_mode.or(file.socket_mode).as_deref() {
         None | Some("0660") => 0o660,
         Some("0600") => 0o600,
@@ -127,6 +164,39 @@ pub fn run(args: Args) -> CliResult {
             )));
         }
     };
+    let session_dir = match args.session_dir.or(file.session_dir) {
+        Some(dir) => dir,
+        None => default_session_dir()?,
+    };
+    let session_bytes = args
+        .session_gb
+        .or(file.session_gb)
+        .map(|g| k3d::store::plan::Budget::gib("--session-gb", g))
+        .transpose()
+        .map_err(|e| usage(e.to_string()))?;
+    let mut model_options = args
+        .budget
+        .or_from_file(
+            file.ram_gb.map(|r| match r {
+                RamGb::Gib(v) => v.to_string(),
+                RamGb::Preset(p) => p,
+            }),
+            file.trunk_gb,
+            file.cache_gb,
+        )
+        .load_options()?;
+    // A batched pass carries up to one prefill chunk per member: plan its activations.
+    model_options.max_tokens_per_call = (k3d::engine::PREFILL_CHUNK * max_batch) as u64;
+    // Sessions count against the budget: the model is planned in what they leave.
+    if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
+        model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
+            || {
+                usage(format!(
+                    "--session-gb ({sessions} B) leaves nothing of the RAM budget ({ram} B)"
+                ))
+            },
+        )?);
+    }
     server::run(server::Config {
         model,
         socket: server::SocketSpec {
@@ -135,22 +205,15 @@ pub fn run(args: Args) -> CliResult {
             group: args.socket_group.or(file.socket_group),
         },
         threads,
-        model_options: args
-            .budget
-            .or_from_file(
-                file.ram_gb.map(|r| match r {
-                    RamGb::Gib(v) => v.to_string(),
-                    RamGb::Preset(p) => p,
-                }),
-                file.trunk_gb,
-                file.cache_gb,
-            )
-            .load_options()?,
+        model_options,
         limits: server::Limits {
             max_active,
+            max_batch,
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
         },
         grace: Duration::from_secs_f64(shutdown_grace),
         speculate,
+        session_dir,
+        session_bytes,
     })
 }

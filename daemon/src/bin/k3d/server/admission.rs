@@ -36,6 +36,8 @@ pub struct Job {
     pub cancel: Arc<AtomicBool>,
     /// Peer uid from SO_PEERCRED, for the logs.
     pub uid: Option<u32>,
+    /// The session the request continues and updates, already reserved for it.
+    pub session: Option<String>,
     pub admitted: Instant,
     /// Last queue position announced to the client (0 = none yet).
     announced: u32,
@@ -56,6 +58,7 @@ impl Job {
             tx,
             cancel: Arc::new(AtomicBool::new(false)),
             uid,
+            session: None,
             admitted: Instant::now(),
             announced: 0,
         }
@@ -108,6 +111,8 @@ pub enum Outcome {
 pub struct Limits {
     /// Requests computed at once (each holds its own state).
     pub max_active: usize,
+    /// Requests stepped together through one forward pass, at most (`--max-batch`).
+    pub max_batch: usize,
     /// Requests allowed to wait for a compute slot; beyond this, RESOURCE_EXHAUSTED.
     pub max_queue: usize,
 }

@@ -111,6 +111,7 @@ pub fn done(
         trailing_text,
         draft_tokens_proposed: count(s.drafts_proposed),
         draft_tokens_accepted: count(s.drafts_accepted),
+        reused_prompt_tokens: count(s.reused_tokens),
     }
 }
 

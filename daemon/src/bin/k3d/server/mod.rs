@@ -15,6 +15,7 @@ mod convert;
 mod listener;
 mod scheduler;
 mod service;
+mod sessions;
 mod status;
 
 pub use admission::Limits;
@@ -49,6 +50,10 @@ pub struct Config {
     pub grace: Duration,
     /// Default draft ids per speculative step (0 = off), see `k3d serve --speculate`.
     pub speculate: usize,
+    /// Where sessions are saved and spilled.
+    pub session_dir: PathBuf,
+    /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
+    pub session_bytes: Option<u64>,
 }
 
 pub fn run(cfg: Config) -> CliResult {
@@ -69,8 +74,10 @@ pub fn run(cfg: Config) -> CliResult {
         std::process::id()
     );
     let shared = Arc::new(Shared::new(cfg.limits));
+    let sessions = Arc::new(sessions::Sessions::new(cfg.session_dir, cfg.session_bytes));
     let scheduler = scheduler::spawn(
         Arc::clone(&shared),
+        Arc::clone(&sessions),
         cfg.model.clone(),
         EngineOptions {
             threads: cfg.threads,
@@ -91,6 +98,7 @@ pub fn run(cfg: Config) -> CliResult {
         tokenizer,
         threads: cfg.threads,
         speculate: cfg.speculate,
+        sessions,
     };
     let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));
     listener.remove();

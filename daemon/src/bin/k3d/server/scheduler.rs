@@ -1,6 +1,10 @@
-//! The scheduler thread: the only owner of the engine. It loads the model once, then steps the
-//! active requests round-robin, one engine step each in turn, so no request starves another;
-//! each request has its own `Generation`, so its output is what it would be alone.
+//! The scheduler thread: the only owner of the engine. It loads the model once, then, round
+//! after round, steps the active requests together: every request whose client can take an
+//! event (up to `--max-batch`) gets one engine step — a prefill chunk or a token — through one
+//! batched forward pass (`Engine::step_batch`), so they share each layer's weights and the union
+//! of their experts. Requests left out of a round (buffer full, or over the cap) go first in
+//! the next, so none starves another; each request has its own `Generation`, so its output is
+//! exactly what it would be alone.
 //!
 //! Events leave through each request's bounded channel. A request whose client is not reading
 //! (buffer full) is skipped for that round instead of blocking the thread, so one slow client
@@ -13,7 +17,9 @@
 use super::admission::{Job, Kind, Outcome, Shared, shutdown_status};
 use super::channels::Channels;
 use super::convert;
+use super::sessions::Sessions;
 use k3d::engine::{Engine, EngineError, EngineOptions, Generation, LoadProgress, Step};
+use k3d::session::Snapshot;
 use k3d::tokenizer::StreamDecoder;
 use k3proto::v1 as pb;
 use std::collections::VecDeque;
@@ -34,11 +40,29 @@ struct Active<'e> {
     text: StreamDecoder<'e>,
     channels: Option<Channels>,
     started: Instant,
+    session: Option<SessionRun>,
+}
+
+/// A request on a session: the session's name and the state at the end of its prompt, kept
+/// as a snapshot with the end-of-generation one (a chat's next prompt may re-render this
+/// turn's reply differently, so only the prompt part would match).
+struct SessionRun {
+    name: String,
+    prefill: Option<Snapshot>,
+}
+
+/// The state a generation holds now, with the ids it consumed.
+fn snapshot(generation: &Generation) -> Snapshot {
+    Snapshot {
+        history: generation.consumed(),
+        state: generation.state().clone(),
+    }
 }
 
 /// Start the scheduler thread. It exits once admission is closed and nothing is left to run.
 pub fn spawn(
     shared: Arc<Shared>,
+    sessions: Arc<Sessions>,
     model: PathBuf,
     options: EngineOptions,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -68,18 +92,20 @@ pub fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             );
+            sessions.open(&engine.info().fingerprint, engine.model().plan());
             shared.set_ready(engine.info().clone(), engine.stats());
-            run(&shared, &engine);
+            run(&shared, &sessions, &engine);
+            sessions.save_all();
         })
 }
 
-fn run(shared: &Shared, engine: &Engine) {
+fn run(shared: &Shared, sessions: &Sessions, engine: &Engine) {
     let mut active: VecDeque<Active<'_>> = VecDeque::new();
     loop {
         let free = shared.limits.max_active.saturating_sub(active.len());
         let taken = shared.take(free, active.is_empty());
         for job in taken.jobs {
-            if let Some(a) = begin(shared, engine, job) {
+            if let Some(a) = begin(shared, sessions, engine, job) {
                 active.push_back(a);
             }
         }
@@ -89,40 +115,94 @@ fn run(shared: &Shared, engine: &Engine) {
             }
             continue;
         }
-        let mut progressed = false;
-        for _ in 0..active.len() {
-            let Some(mut a) = active.pop_front() else {
-                break;
-            };
-            if a.job.tx.capacity() == 0 && !a.job.tx.is_closed() && !shared.stopping_all() {
-                active.push_back(a);
-                continue;
-            }
-            progressed = true;
-            if step(shared, engine, &mut a) {
-                active.push_back(a);
+        // This round's batch: the first `max_batch` requests, in turn order, whose client can
+        // take an event. The rest keep their place ahead of the stepped ones, which go to the
+        // back: every request is stepped within a few rounds whatever the batch cap.
+        let mut batch = Vec::new();
+        let mut rest = VecDeque::new();
+        for a in active.drain(..) {
+            if batch.len() < shared.limits.max_batch && has_room(shared, &a) {
+                batch.push(a);
+            } else {
+                rest.push_back(a);
             }
         }
-        if !progressed {
+        active = rest;
+        if batch.is_empty() {
             shared.idle(STALL_WAIT);
+        } else {
+            let results = step_batch(shared, engine, &mut batch);
+            for (mut a, result) in batch.into_iter().zip(results) {
+                if deliver(shared, sessions, engine, &mut a, result) {
+                    active.push_back(a);
+                }
+            }
         }
         shared.publish_stats(engine.stats());
     }
 }
 
-/// Start a request's generation; an invalid request fails here with INVALID_ARGUMENT.
-fn begin<'e>(shared: &Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>> {
+/// Whether a request may be stepped now: its client has buffer room for the step's event (or
+/// is gone, or everything is being cancelled, so the step only ends it).
+fn has_room(shared: &Shared, a: &Active<'_>) -> bool {
+    a.job.tx.capacity() > 0 || a.job.tx.is_closed() || shared.stopping_all()
+}
+
+/// One engine step of every request of `batch`, through one forward pass. Each request has its
+/// own cancel check (its Cancel flag, its client gone, the shutdown): the pass stops between
+/// layers only when all are cancelled; one cancelled alone is dropped when the pass ends.
+fn step_batch(
+    shared: &Shared,
+    engine: &Engine,
+    batch: &mut [Active<'_>],
+) -> Vec<Result<Step, EngineError>> {
+    let checks: Vec<_> = batch
+        .iter()
+        .map(|a| {
+            let flag = Arc::clone(&a.job.cancel);
+            let tx = a.job.tx.clone();
+            move || flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all()
+        })
+        .collect();
+    let cancels: Vec<&(dyn Fn() -> bool + Sync)> = checks
+        .iter()
+        .map(|c| c as &(dyn Fn() -> bool + Sync))
+        .collect();
+    let mut gens: Vec<&mut Generation> = batch.iter_mut().map(|a| &mut a.generation).collect();
+    engine.step_batch(&mut gens, &cancels)
+}
+
+/// Start a request's generation, on its session's best snapshot if it has one; an invalid
+/// request fails here with INVALID_ARGUMENT, an unloadable session file with its status.
+fn begin<'e>(
+    shared: &Shared,
+    sessions: &Sessions,
+    engine: &'e Engine,
+    job: Job,
+) -> Option<Active<'e>> {
     let channels = match job.kind {
         Kind::Text => None,
         Kind::Chat { thinking } => Some(Channels::new(engine.tokenizer().controls(), thinking)),
     };
-    match engine.start(job.request.clone()) {
+    let request = job.request.clone();
+    let started = match &job.session {
+        None => engine.start(request).map_err(|e| convert::engine_error(&e)),
+        Some(name) => match sessions.start(name, &request.prompt) {
+            Ok((Some(state), _)) => engine
+                .start_from(request, state)
+                .map_err(|e| convert::engine_error(&e)),
+            Ok((None, _)) => engine.start(request).map_err(|e| convert::engine_error(&e)),
+            Err(status) => Err(status),
+        },
+    };
+    match started {
         Ok(generation) => {
             log!(
-                "request {} started (uid {}, {} prompt tokens, waited {:.3}s)",
+                "request {} started (uid {}, {} prompt tokens, {} from its session, waited {:.3}s)",
                 job.id,
                 uid_text(job.uid),
                 job.request.prompt.len(),
+                generation.state().positions(),
                 job.admitted.elapsed().as_secs_f64()
             );
             Some(Active {
@@ -130,26 +210,38 @@ fn begin<'e>(shared: &Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>
                 text: StreamDecoder::new(engine.tokenizer()),
                 channels,
                 started: Instant::now(),
+                session: job.session.clone().map(|name| SessionRun {
+                    name,
+                    prefill: None,
+                }),
                 job,
             })
         }
-        Err(e) => {
-            log!("request {} refused: {e}", job.id);
+        Err(status) => {
+            log!("request {} refused: {}", job.id, status.message());
+            if let Some(name) = &job.session {
+                sessions.release(name);
+            }
             shared.finish(job.id, Outcome::Failed);
-            let _ = job.tx.try_send(Err(convert::engine_error(&e)));
+            let _ = job.tx.try_send(Err(status));
             None
         }
     }
 }
 
-/// One engine step of one request. Returns whether the request is still running.
-fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
-    let cancel_flag = Arc::clone(&a.job.cancel);
-    let tx = a.job.tx.clone();
-    let cancelled =
-        move || cancel_flag.load(Ordering::Relaxed) || tx.is_closed() || shared.stopping_all();
-    match engine.step(&mut a.generation, &cancelled) {
+/// Sends the outcome of one step of `a` to its client. Returns whether it is still running.
+fn deliver(
+    shared: &Shared,
+    sessions: &Sessions,
+    engine: &Engine,
+    a: &mut Active<'_>,
+    result: Result<Step, EngineError>,
+) -> bool {
+    match result {
         Ok(Step::Prefill { done, total }) => {
+            if let Some(run) = a.session.as_mut().filter(|_| done == total) {
+                run.prefill = Some(snapshot(&a.generation));
+            }
             a.job.offer(pb::event::Event::Progress(pb::Progress {
                 phase: pb::Phase::Prefill.into(),
                 done: done as u64,
@@ -190,6 +282,11 @@ fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
                 Kind::Chat { .. } => engine.tokenizer().end_of_turn_ids().to_vec(),
                 Kind::Text => Vec::new(),
             };
+            if let Some(run) = a.session.take() {
+                // Before Done: the client's next turn must find the session free.
+                let end = snapshot(&a.generation);
+                sessions.finish(&run.name, run.prefill.into_iter().chain([end]).collect());
+            }
             shared.finish(a.job.id, Outcome::Completed);
             a.job.offer(pb::event::Event::Done(convert::done(
                 &summary,
@@ -208,12 +305,18 @@ fn step(shared: &Shared, engine: &Engine, a: &mut Active<'_>) -> bool {
                 Status::cancelled("the client went away")
             };
             log!("request {} cancelled: {}", a.job.id, status.message());
+            if let Some(run) = a.session.take() {
+                sessions.release(&run.name);
+            }
             shared.finish(a.job.id, Outcome::Cancelled);
             let _ = a.job.tx.try_send(Err(status));
             false
         }
         Err(e) => {
             log!("request {} failed: {e}", a.job.id);
+            if let Some(run) = a.session.take() {
+                sessions.release(&run.name);
+            }
             shared.finish(a.job.id, Outcome::Failed);
             let _ = a.job.tx.try_send(Err(convert::engine_error(&e)));
             false

@@ -3,6 +3,7 @@
 
 use super::admission::{Job, Kind, Shared};
 use super::scheduler::uid_text;
+use super::sessions::Sessions;
 use super::{chat, convert, status};
 use k3d::tokenizer::Specials;
 use k3d::tokenizer::Tokenizer;
@@ -30,6 +31,7 @@ pub struct Service {
     pub threads: usize,
     /// Draft ids per speculative step for requests that leave it 0 (`--speculate`).
     pub speculate: usize,
+    pub sessions: Arc<Sessions>,
 }
 
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
@@ -48,6 +50,7 @@ impl Service {
         prompt: Vec<u32>,
         options: Option<pb::GenerationOptions>,
         kind: Kind,
+        session: String,
     ) -> Result<Response<EventStream>, Status> {
         if prompt.is_empty() {
             return Err(Status::invalid_argument("the prompt is empty"));
@@ -60,6 +63,11 @@ impl Service {
         }
         let request = convert::request(prompt, options, self.speculate)?;
         let id = self.shared.next_id();
+        let session = (!session.is_empty()).then_some(session);
+        if let Some(name) = &session {
+            // Before Accepted: a session another uid owns, or one in use, is refused outright.
+            self.sessions.reserve(name, uid, id)?;
+        }
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let accepted = pb::Event {
             event: Some(pb::event::Event::Accepted(pb::Accepted {
@@ -70,13 +78,21 @@ impl Service {
         // A fresh channel has room: this cannot fail.
         let _ = tx.try_send(Ok(accepted));
         log!(
-            "request {id}: {rpc} from uid {} ({} prompt tokens, max {} new)",
+            "request {id}: {rpc} from uid {} ({} prompt tokens, max {} new{})",
             uid_text(uid),
             request.prompt.len(),
-            request.max_tokens
+            request.max_tokens,
+            session
+                .as_ref()
+                .map_or_else(String::new, |n| format!(", session {n:?}"))
         );
-        if let Err(status) = self.shared.submit(Job::new(id, request, kind, tx, uid)) {
+        let mut job = Job::new(id, request, kind, tx, uid);
+        job.session = session.clone();
+        if let Err(status) = self.shared.submit(job) {
             log!("request {id} refused: {}", status.message());
+            if let Some(name) = &session {
+                self.sessions.release(name);
+            }
             return Err(status);
         }
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -103,7 +119,14 @@ impl pb::engine_server::Engine for Service {
             }
             None => return Err(Status::invalid_argument("no prompt: give text or ids")),
         };
-        self.admit("Generate", uid, prompt, req.options, Kind::Text)
+        self.admit(
+            "Generate",
+            uid,
+            prompt,
+            req.options,
+            Kind::Text,
+            req.session,
+        )
     }
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<EventStream>, Status> {
@@ -116,7 +139,7 @@ impl pb::engine_server::Engine for Service {
         // The reply ends where the model ends its turn (spec §8.4).
         let mut options = req.options.unwrap_or_default();
         options.stop_ids.extend(self.tokenizer.end_of_turn_ids());
-        self.admit("Chat", uid, rendered.ids, Some(options), kind)
+        self.admit("Chat", uid, rendered.ids, Some(options), kind, req.session)
     }
 
     async fn tokenize(
@@ -154,7 +177,11 @@ impl pb::engine_server::Engine for Service {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusReply>, Status> {
-        Ok(Response::new(status::reply(&self.shared, self.threads)))
+        Ok(Response::new(status::reply(
+            &self.shared,
+            self.threads,
+            self.sessions.figures(),
+        )))
     }
 
     async fn cancel(
@@ -171,5 +198,49 @@ impl pb::engine_server::Engine for Service {
                 "no queued or running request {id} (it may have finished)"
             )))
         }
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsReply>, Status> {
+        let uid = peer_uid(&req);
+        let sessions = Arc::clone(&self.sessions);
+        blocking(move || sessions.list(uid)).await
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionReply>, Status> {
+        let uid = peer_uid(&req);
+        let name = req.into_inner().name;
+        let sessions = Arc::clone(&self.sessions);
+        blocking(move || {
+            sessions
+                .delete(&name, uid)
+                .map(|()| pb::DeleteSessionReply {})
+        })
+        .await
+    }
+
+    async fn save_session(
+        &self,
+        req: Request<pb::SaveSessionRequest>,
+    ) -> Result<Response<pb::SaveSessionReply>, Status> {
+        let uid = peer_uid(&req);
+        let name = req.into_inner().name;
+        let sessions = Arc::clone(&self.sessions);
+        blocking(move || sessions.save(&name, uid)).await
+    }
+}
+
+/// Runs session bookkeeping that may touch the disk off the RPC workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<Response<T>, Status> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map(Response::new),
+        Err(e) => Err(Status::internal(format!("session task failed: {e}"))),
     }
 }

@@ -4,7 +4,7 @@
 use super::admission::{Phase, Shared};
 use k3proto::v1 as pb;
 
-pub fn reply(shared: &Shared, threads: usize) -> pb::StatusReply {
+pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> pb::StatusReply {
     let snap = shared.snapshot();
     let (state, load_progress) = match (&snap.phase, snap.accepting) {
         (_, false) => ("shutting down".to_string(), None),
@@ -48,6 +48,11 @@ pub fn reply(shared: &Shared, threads: usize) -> pb::StatusReply {
         requests_rejected: snap.counters.rejected,
         threads: super::convert::count(threads),
         max_active: super::convert::count(shared.limits.max_active),
+        max_batch: super::convert::count(shared.limits.max_batch),
+        forward_passes: snap.stats.forward_passes,
+        batched_passes: snap.stats.batched_passes,
+        widest_batch: u32::try_from(snap.stats.widest_batch).unwrap_or(u32::MAX),
+        sessions: Some(sessions),
     }
 }
 

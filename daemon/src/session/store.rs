@@ -1,0 +1,582 @@
+//! The [`SessionStore`]: every named session of one daemon, who owns it, whether a request is
+//! using it, and where its snapshots are (in memory, in the session directory, or both).
+//!
+//! Rules (issue 7 item 3; documented for clients in `k3.proto`):
+//! * A session belongs to the uid that created it (its first request). Another uid may not
+//!   use, save or delete it, and does not see it in the list. Root (uid 0) administers the
+//!   daemon's files anyway, so it sees and may act on every session.
+//! * One request at a time per session: a second one is refused ([`StoreError::Busy`]) rather
+//!   than queued, because its prompt was written against a conversation the first is about to
+//!   change; the client retries after the first finishes.
+//! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
+//!   leaves the store above it, idle sessions are written to the session directory and dropped
+//!   from memory, least recently used first; the next request to one of them loads it back.
+//! * Files: [`super::file`] format. At start the directory is scanned; files whose header does
+//!   not parse or whose fingerprint is another model's are not indexed (reported by `open`),
+//!   and a request naming one gets the file's error: they are never loaded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::file::{self, FileError, FileHeader};
+use super::snapshot::{self, Snapshot};
+use crate::model::State;
+
+/// Why a session operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid session name {0:?}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.')")]
+    InvalidName(String),
+    #[error("no session named {0:?}")]
+    NotFound(String),
+    #[error("session {name:?} belongs to uid {}", owner.map_or_else(|| "unknown".to_string(), |u| u.to_string()))]
+    PermissionDenied { name: String, owner: Option<u32> },
+    #[error("session {name:?} is in use by request {request}; retry when it finishes")]
+    Busy { name: String, request: u64 },
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("session directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Who asks: `Some(uid)` from the socket's peer credentials.
+pub type Access = Option<u32>;
+
+/// One session as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    pub name: String,
+    pub owner: Option<u32>,
+    /// Length of the longest snapshot history.
+    pub tokens: u64,
+    /// Bytes of its snapshots' state (in memory, or as it would be once loaded).
+    pub state_bytes: u64,
+    pub in_memory: bool,
+    /// A file in the session directory holds the current snapshots.
+    pub on_disk: bool,
+    /// The request using it, if any.
+    pub in_use: Option<u64>,
+    pub last_used: SystemTime,
+}
+
+struct Entry {
+    owner: Option<u32>,
+    /// `None` while only the file holds them.
+    snapshots: Option<Vec<Snapshot>>,
+    on_disk: bool,
+    in_use: Option<u64>,
+    /// Logical clock of the last use (LRU order).
+    tick: u64,
+    last_used: SystemTime,
+    tokens: u64,
+    state_bytes: u64,
+}
+
+impl Entry {
+    fn info(&self, name: &str) -> SessionInfo {
+        SessionInfo {
+            name: name.to_string(),
+            owner: self.owner,
+            tokens: self.tokens,
+            state_bytes: self.state_bytes,
+            in_memory: self.snapshots.is_some(),
+            on_disk: self.on_disk,
+            in_use: self.in_use,
+            last_used: self.last_used,
+        }
+    }
+
+    fn memory(&self) -> u64 {
+        if self.snapshots.is_some() {
+            self.state_bytes
+        } else {
+            0
+        }
+    }
+}
+
+/// Bytes a set of snapshots holds: the states plus the id histories.
+fn bytes_of(snapshots: &[Snapshot]) -> u64 {
+    snapshots
+        .iter()
+        .map(|s| (s.state.size_bytes() + 4 * s.history.len()) as u64)
+        .sum()
+}
+
+fn tokens_of(snapshots: &[Snapshot]) -> u64 {
+    snapshots
+        .iter()
+        .map(|s| s.history.len() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `who` may act on a session owned by `owner` (root may act on all).
+fn permitted(owner: Option<u32>, who: Access) -> bool {
+    who == Some(0) || owner == who
+}
+
+/// Every session of one daemon. Not thread-safe by itself: the server wraps it in a mutex.
+pub struct SessionStore {
+    dir: PathBuf,
+    fingerprint: String,
+    allowance: u64,
+    sessions: BTreeMap<String, Entry>,
+    clock: u64,
+}
+
+impl SessionStore {
+    /// Opens (creating, mode 0700) the session directory and indexes the sessions saved there
+    /// for the model with `fingerprint`. Files that cannot be indexed are returned with why.
+    pub fn open(
+        dir: &Path,
+        fingerprint: &str,
+        allowance: u64,
+    ) -> Result<(SessionStore, Vec<FileError>), StoreError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir_err = |source| StoreError::Dir {
+            path: dir.to_path_buf(),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(dir_err)?;
+        let mut store = SessionStore {
+            dir: dir.to_path_buf(),
+            fingerprint: fingerprint.to_string(),
+            allowance,
+            sessions: BTreeMap::new(),
+            clock: 0,
+        };
+        let mut skipped = Vec::new();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(dir_err)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == file::EXTENSION))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if !super::valid_name(name) {
+                continue;
+            }
+            match store.index(&path, name) {
+                Ok(()) => {}
+                Err(e) => skipped.push(e),
+            }
+        }
+        Ok((store, skipped))
+    }
+
+    fn index(&mut self, path: &Path, name: &str) -> Result<(), FileError> {
+        let h = file::read_header(path)?;
+        if h.fingerprint != self.fingerprint {
+            return Err(FileError::Fingerprint {
+                path: path.to_path_buf(),
+                file: h.fingerprint,
+                model: self.fingerprint.clone(),
+            });
+        }
+        if h.name != name {
+            return Err(FileError::Field {
+                path: path.to_path_buf(),
+                field: "name",
+                detail: format!("{:?} inside a file named for {name:?}", h.name),
+            });
+        }
+        let last_used = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        self.sessions.insert(
+            name.to_string(),
+            Entry {
+                owner: h.owner,
+                snapshots: None,
+                on_disk: true,
+                in_use: None,
+                tick: 0,
+                last_used,
+                tokens: h.tokens,
+                state_bytes: h.state_bytes,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn allowance(&self) -> u64 {
+        self.allowance
+    }
+
+    /// Bytes of snapshots held in memory.
+    pub fn memory_bytes(&self) -> u64 {
+        self.sessions.values().map(Entry::memory).sum()
+    }
+
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    fn checked(name: &str) -> Result<(), StoreError> {
+        if super::valid_name(name) {
+            Ok(())
+        } else {
+            Err(StoreError::InvalidName(name.to_string()))
+        }
+    }
+
+    /// The entry `who` may act on.
+    fn entry_for(&mut self, name: &str, who: Access) -> Result<&mut Entry, StoreError> {
+        Self::checked(name)?;
+        let path = file::path_of(&self.dir, name);
+        if !self.sessions.contains_key(name) && path.exists() {
+            // A file the start-up scan could not index: its own error says why.
+            self.index(&path, name)?;
+        }
+        let entry = self
+            .sessions
+            .get_mut(name)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+        if permitted(entry.owner, who) {
+            Ok(entry)
+        } else {
+            Err(StoreError::PermissionDenied {
+                name: name.to_string(),
+                owner: entry.owner,
+            })
+        }
+    }
+
+    /// Marks session `name` in use by `request`, creating it (owned by `who`) if it does not
+    /// exist. Refused if another uid owns it or another request is using it.
+    pub fn reserve(&mut self, name: &str, who: Access, request: u64) -> Result<(), StoreError> {
+        match self.entry_for(name, who) {
+            Err(StoreError::NotFound(_)) => {
+                self.clock += 1;
+                self.sessions.insert(
+                    name.to_string(),
+                    Entry {
+                        owner: who,
+                        snapshots: Some(Vec::new()),
+                        on_disk: false,
+                        in_use: Some(request),
+                        tick: self.clock,
+                        last_used: SystemTime::now(),
+                        tokens: 0,
+                        state_bytes: 0,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(entry) => match entry.in_use {
+                Some(other) => Err(StoreError::Busy {
+                    name: name.to_string(),
+                    request: other,
+                }),
+                None => {
+                    entry.in_use = Some(request);
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// Where a request on reserved session `name` starts: a copy of the best snapshot's state
+    /// for `prompt` (the reuse rule of [`snapshot::best`]) and how many prompt tokens it holds,
+    /// or `None`/0 for a fresh state. Loads the session from its file if it was spilled.
+    pub fn start(
+        &mut self,
+        name: &str,
+        prompt: &[u32],
+    ) -> Result<(Option<State>, usize), StoreError> {
+        let (dir, fingerprint) = (self.dir.clone(), self.fingerprint.clone());
+        self.clock += 1;
+        let tick = self.clock;
+        let entry = self
+            .sessions
+            .get_mut(name)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+        if entry.snapshots.is_none() {
+            let (header, snaps) = file::load(&file::path_of(&dir, name), &fingerprint)?;
+            entry.owner = header.owner;
+            entry.tokens = tokens_of(&snaps);
+            entry.state_bytes = bytes_of(&snaps);
+            entry.snapshots = Some(snaps);
+        }
+        entry.tick = tick;
+        entry.last_used = SystemTime::now();
+        let snaps = entry.snapshots.as_deref().unwrap_or_default();
+        Ok(match snapshot::best(snaps, prompt) {
+            Some(i) => (Some(snaps[i].state.clone()), snaps[i].history.len()),
+            None => (None, 0),
+        })
+    }
+
+    /// Ends the use of session `name`, adding `snapshots` (oldest first) taken by the request;
+    /// then spills idle sessions while memory is above the allowance. Returns the spill
+    /// failures (those sessions stay in memory).
+    pub fn finish(&mut self, name: &str, snapshots: Vec<Snapshot>) -> Vec<FileError> {
+        if let Some(entry) = self.sessions.get_mut(name) {
+            entry.in_use = None;
+            if !snapshots.is_empty() {
+                let snaps = entry.snapshots.get_or_insert_with(Vec::new);
+                for s in snapshots {
+                    snapshot::push(snaps, s);
+                }
+                entry.tokens = tokens_of(snaps);
+                entry.state_bytes = bytes_of(snaps);
+                entry.on_disk = false;
+            }
+        }
+        self.spill()
+    }
+
+    /// Writes idle sessions to disk and drops them from memory, least recently used first,
+    /// until memory is within the allowance or no idle session is left in memory.
+    fn spill(&mut self) -> Vec<FileError> {
+        let mut failures = Vec::new();
+        while self.memory_bytes() > self.allowance {
+            let victim = self
+                .sessions
+                .iter()
+                .filter(|(_, e)| e.in_use.is_none() && e.memory() > 0)
+                .filter(|(n, _)| !failures.iter().any(|f: &(String, FileError)| &f.0 == *n))
+                .min_by_key(|(_, e)| e.tick)
+                .map(|(n, _)| n.clone());
+            let Some(name) = victim else { break };
+            match self.write(&name) {
+                Ok(_) => {
+                    if let Some(e) = self.sessions.get_mut(&name) {
+                        e.snapshots = None;
+                    }
+                }
+                Err(e) => failures.push((name, e)),
+            }
+        }
+        failures.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// Writes session `name`'s in-memory snapshots to its file (if they are not already
+    /// there). Returns the file size, or 0 when there was nothing new to write.
+    fn write(&mut self, name: &str) -> Result<u64, FileError> {
+        let Some(entry) = self.sessions.get_mut(name) else {
+            return Ok(0);
+        };
+        let Some(snaps) = entry.snapshots.as_deref() else {
+            return Ok(0);
+        };
+        if entry.on_disk {
+            return Ok(0);
+        }
+        let header = FileHeader {
+            fingerprint: self.fingerprint.clone(),
+            name: name.to_string(),
+            owner: entry.owner,
+            tokens: entry.tokens,
+            state_bytes: entry.state_bytes,
+        };
+        let size = file::save(&self.dir, &header, snaps)?;
+        entry.on_disk = true;
+        Ok(size)
+    }
+
+    /// Ends the use of `name` without new snapshots (the request failed or was cancelled).
+    pub fn release(&mut self, name: &str) {
+        self.finish(name, Vec::new());
+    }
+
+    /// The sessions `who` may see, by name.
+    pub fn list(&self, who: Access) -> Vec<SessionInfo> {
+        self.sessions
+            .iter()
+            .filter(|(_, e)| permitted(e.owner, who))
+            .map(|(n, e)| e.info(n))
+            .collect()
+    }
+
+    /// Writes session `name` to the session directory now (it stays in memory).
+    pub fn save(&mut self, name: &str, who: Access) -> Result<SessionInfo, StoreError> {
+        self.entry_for(name, who)?;
+        self.write(name)?;
+        let entry = self
+            .sessions
+            .get(name)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+        Ok(entry.info(name))
+    }
+
+    /// Forgets session `name` and removes its file. Refused while a request uses it.
+    pub fn delete(&mut self, name: &str, who: Access) -> Result<(), StoreError> {
+        let entry = self.entry_for(name, who)?;
+        if let Some(request) = entry.in_use {
+            return Err(StoreError::Busy {
+                name: name.to_string(),
+                request,
+            });
+        }
+        let path = file::path_of(&self.dir, name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(FileError::Io { path, source }.into()),
+        }
+        self.sessions.remove(name);
+        Ok(())
+    }
+
+    /// Writes every in-memory session whose file is not current (daemon shutdown). Returns
+    /// the failures.
+    pub fn save_all(&mut self) -> Vec<FileError> {
+        let names: Vec<String> = self.sessions.keys().cloned().collect();
+        names.iter().filter_map(|n| self.write(n).err()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::snapshot::tests::{scratch, snap};
+    use super::*;
+
+    fn turn(
+        store: &mut SessionStore,
+        name: &str,
+        who: Access,
+        prompt: &[u32],
+        full: &[u32],
+    ) -> usize {
+        store.reserve(name, who, 1).unwrap();
+        let (_, reused) = store.start(name, prompt).unwrap();
+        assert!(
+            store
+                .finish(name, vec![snap(prompt), snap(full)])
+                .is_empty()
+        );
+        reused
+    }
+
+    #[test]
+    fn reuse_across_turns_and_ownership() {
+        let dir = scratch("store-own");
+        let (mut s, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        assert!(skipped.is_empty());
+        assert_eq!(turn(&mut s, "a", Some(10), &[1, 2, 3], &[1, 2, 3, 4]), 0);
+        assert_eq!(
+            turn(&mut s, "a", Some(10), &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5, 6]),
+            4
+        );
+        // Another uid: refused everywhere, and does not see it.
+        for e in [
+            s.reserve("a", Some(11), 2).unwrap_err(),
+            s.save("a", Some(11)).unwrap_err(),
+            s.delete("a", Some(11)).unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    e,
+                    StoreError::PermissionDenied {
+                        owner: Some(10),
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+        assert!(s.list(Some(11)).is_empty());
+        assert_eq!(s.list(Some(10)).len(), 1);
+        assert_eq!(s.list(Some(0)).len(), 1);
+        // One request at a time.
+        s.reserve("a", Some(10), 7).unwrap();
+        assert!(matches!(
+            s.reserve("a", Some(10), 8),
+            Err(StoreError::Busy { request: 7, .. })
+        ));
+        assert!(matches!(
+            s.delete("a", Some(10)),
+            Err(StoreError::Busy { .. })
+        ));
+        s.release("a");
+        assert!(matches!(
+            s.reserve("../x", Some(10), 9),
+            Err(StoreError::InvalidName(_))
+        ));
+        s.delete("a", Some(10)).unwrap();
+        assert!(matches!(
+            s.save("a", Some(10)),
+            Err(StoreError::NotFound(_))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn spill_reload_and_restart() {
+        let dir = scratch("store-spill");
+        let one = bytes_of(&[snap(&[1, 2]), snap(&[1, 2, 3])]);
+        // Room for one session's snapshots only.
+        let (mut s, _) = SessionStore::open(&dir, "fp", one).unwrap();
+        assert_eq!(turn(&mut s, "x", Some(5), &[1, 2], &[1, 2, 3]), 0);
+        assert_eq!(turn(&mut s, "y", Some(5), &[1, 2], &[1, 2, 3]), 0);
+        let listed = s.list(Some(5));
+        assert!(!listed[0].in_memory && listed[0].on_disk, "{listed:?}");
+        assert!(listed[1].in_memory);
+        assert!(s.memory_bytes() <= one);
+        // x comes back from disk with its snapshots; y is spilled in turn.
+        s.reserve("x", Some(5), 3).unwrap();
+        let (state, reused) = s.start("x", &[1, 2, 3, 9]).unwrap();
+        assert_eq!((state, reused), (Some(snap(&[1, 2, 3]).state), 3));
+        s.release("x");
+        assert!(!s.list(Some(5))[1].in_memory);
+        assert!(s.save_all().is_empty());
+        // A restart indexes both; the other model's store indexes neither.
+        let (mut again, skipped) = SessionStore::open(&dir, "fp", one).unwrap();
+        assert!(skipped.is_empty());
+        assert_eq!(again.len(), 2);
+        again.reserve("y", Some(5), 1).unwrap();
+        assert_eq!(again.start("y", &[1, 2, 3, 4]).unwrap().1, 3);
+        let (mut other, skipped) = SessionStore::open(&dir, "other", one).unwrap();
+        assert_eq!((other.len(), skipped.len()), (0, 2));
+        assert!(matches!(
+            other.reserve("y", Some(5), 1),
+            Err(StoreError::File(FileError::Fingerprint { .. }))
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_file_is_refused_at_use() {
+        let dir = scratch("store-corrupt");
+        let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        turn(&mut s, "c", Some(5), &[1, 2], &[1, 2, 3]);
+        s.save("c", Some(5)).unwrap();
+        let path = file::path_of(&dir, "c");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 40;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut again, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        // The header is intact, so it is listed; using it reports the checksum.
+        assert!(skipped.is_empty());
+        again.reserve("c", Some(5), 1).unwrap();
+        assert!(matches!(
+            again.start("c", &[1, 2, 3, 4]),
+            Err(StoreError::File(FileError::Checksum { .. }))
+        ));
+        again.release("c");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,502 @@
+//! Sessions end to end (issue 7 items 1–3, issue 8): real `k3d serve` processes and the real
+//! `k3` binary. A conversation continued through a session equals one long request token for
+//! token and prefills only what is new; it survives a daemon restart and spilling to disk;
+//! damaged or foreign files are refused by name and field while the daemon keeps serving;
+//! another uid can neither use, see, save nor delete a session.
+
+#[path = "e2e_support.rs"]
+mod support;
+
+use k3proto::v1 as pb;
+use k3proto::v1::engine_client::EngineClient;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+use support::*;
+use tonic::transport::Channel;
+
+fn on_session(ids: Vec<u32>, max_tokens: u32, session: &str) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        session: session.to_string(),
+        ..ids_request(ids, max_tokens)
+    }
+}
+
+/// One turn on `session`, checked against the same prompt without a session; returns the
+/// generated ids and the prompt tokens the session supplied.
+async fn turn(c: &mut EngineClient<Channel>, prompt: &[u32], session: &str) -> (Vec<u32>, u32) {
+    let with = generate(c, on_session(prompt.to_vec(), 6, session)).await;
+    assert!(with.error.is_none(), "session {session}: {:?}", with.error);
+    let without = generate(c, ids_request(prompt.to_vec(), 6)).await;
+    assert!(without.error.is_none(), "{:?}", without.error);
+    assert_eq!(
+        with.ids, without.ids,
+        "session {session}: same tokens as one long request"
+    );
+    let done = with.done.expect("Done");
+    assert_eq!(done.prompt_tokens as usize, prompt.len());
+    (with.ids, done.reused_prompt_tokens)
+}
+
+async fn list(c: &mut EngineClient<Channel>) -> Vec<pb::SessionInfo> {
+    c.list_sessions(pb::ListSessionsRequest {})
+        .await
+        .expect("list")
+        .into_inner()
+        .sessions
+}
+
+fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = match user {
+        Some(u) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", u, "--"]).arg(bin("k3"));
+            c
+        }
+        None => Command::new(bin("k3")),
+    };
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run k3")
+}
+
+#[tokio::test]
+async fn generate_turns_reuse_the_session_and_survive_a_restart() {
+    let dir = scratch("sess-restart");
+    let sessions = dir.join("sessions");
+    let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let p1 = vec![11, 22, 33, 44, 55, 66];
+    let (g1, reused) = turn(&mut c, &p1, "conv").await;
+    assert_eq!(reused, 0, "a new session starts fresh");
+    // The client sends the whole transcript: prompt, reply, new text. max_tokens ended the
+    // reply, so its last id was never fed: the state holds all but that one.
+    let p2 = [p1.clone(), g1.clone(), vec![7, 8, 9]].concat();
+    let (g2, reused) = turn(&mut c, &p2, "conv").await;
+    assert_eq!(
+        reused as usize,
+        p1.len() + g1.len() - 1,
+        "only the new part is prefilled"
+    );
+    // A prompt that diverges inside the history reuses only an exact snapshot prefix: here
+    // the end of turn 1's prompt.
+    let mut fork = p2.clone();
+    fork[p1.len() + 1] ^= 1;
+    let (_, reused) = turn(&mut c, &fork, "conv").await;
+    assert_eq!(reused as usize, p1.len());
+    let p3 = [p2.clone(), g2.clone(), vec![5]].concat();
+    let listed = list(&mut c).await;
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0].in_memory && listed[0].state_bytes > 0,
+        "{listed:?}"
+    );
+
+    // Restart: shutdown saves the session; the new daemon continues it identically.
+    d.signal(libc::SIGTERM);
+    let mut d = d;
+    assert_eq!(d.wait(Duration::from_secs(30)).code(), Some(0));
+    let file = sessions.join("conv.k3s");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file)
+        .expect("session file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let listed = list(&mut c).await;
+    assert!(
+        listed.len() == 1 && !listed[0].in_memory && listed[0].on_disk,
+        "{listed:?}"
+    );
+    // Turn 3 extends turn 2's end, still among the session's bounded snapshots.
+    let (_, reused) = turn(&mut c, &p3, "conv").await;
+    assert_eq!(reused as usize, p2.len() + g2.len() - 1);
+    let status = c
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    let figures = status.sessions.expect("session figures");
+    assert_eq!(figures.count, 1);
+    assert!(figures.memory_bytes > 0);
+}
+
+/// The reply's text by channel, as a client rebuilds the assistant message.
+fn reply(r: &Collected) -> pb::ChatMessage {
+    let mut m = pb::ChatMessage {
+        role: pb::Role::Assistant.into(),
+        ..Default::default()
+    };
+    for e in &r.events {
+        if let pb::event::Event::Token(t) = e {
+            if t.channel == pb::Channel::Response as i32 {
+                m.content.push_str(&t.text);
+            } else if t.channel == pb::Channel::Reasoning as i32 {
+                m.reasoning.push_str(&t.text);
+            }
+        }
+    }
+    m
+}
+
+#[tokio::test]
+async fn a_two_turn_chat_through_a_session_equals_the_long_request() {
+    let (_d, mut c) = ready_daemon("sess-chat", &[]).await;
+    for thinking in [pb::Thinking::Off, pb::Thinking::On] {
+        let name = format!("chat-{}", thinking as i32);
+        let user = |text: &str| pb::ChatMessage {
+            role: pb::Role::User.into(),
+            content: text.into(),
+            ..Default::default()
+        };
+        let request = |messages: Vec<pb::ChatMessage>, session: &str| pb::ChatRequest {
+            messages,
+            thinking: thinking.into(),
+            effort: pb::Effort::Default.into(),
+            options: Some(pb::GenerationOptions {
+                max_tokens: 12,
+                ..Default::default()
+            }),
+            session: session.to_string(),
+        };
+        let mut messages = vec![user("Hello there")];
+        let first = collect(
+            c.chat(request(messages.clone(), &name))
+                .await
+                .expect("chat")
+                .into_inner(),
+        )
+        .await;
+        assert!(first.error.is_none(), "{:?}", first.error);
+        let first_prompt = first.done.as_ref().expect("Done").prompt_tokens;
+        messages.push(reply(&first));
+        messages.push(user("And then?"));
+        let second = collect(
+            c.chat(request(messages.clone(), &name))
+                .await
+                .expect("chat")
+                .into_inner(),
+        )
+        .await;
+        let alone = collect(
+            c.chat(request(messages.clone(), ""))
+                .await
+                .expect("chat")
+                .into_inner(),
+        )
+        .await;
+        assert!(second.error.is_none() && alone.error.is_none());
+        assert_eq!(second.ids, alone.ids, "{thinking:?}: token for token");
+        let done = second.done.expect("Done");
+        assert!(
+            done.reused_prompt_tokens >= first_prompt,
+            "{thinking:?}: turn 2 reused {} of {} prompt tokens; turn 1's prompt had {first_prompt}",
+            done.reused_prompt_tokens,
+            done.prompt_tokens
+        );
+        assert_eq!(alone.done.expect("Done").reused_prompt_tokens, 0);
+    }
+}
+
+#[tokio::test]
+async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serving() {
+    let dir = scratch("sess-corrupt");
+    let sessions = dir.join("sessions");
+    let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
+    // A session file of another model (tiny-b), saved by a daemon serving it.
+    let other = dir.join("tiny-b");
+    let out = Command::new(bin("k3d"))
+        .args(["synth", "--shape", "tiny-b"])
+        .arg(&other)
+        .output()
+        .expect("synth");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    {
+        let foreign_dir = dir.join("foreign");
+        let fargs = ["--session-dir", foreign_dir.to_str().expect("utf-8")];
+        let f = Daemon::start(&other, &dir.join("other.sock"), &fargs);
+        let mut c = client(&f.socket).await;
+        wait_ready(&mut c).await;
+        let r = generate(&mut c, on_session(vec![3, 4, 5], 3, "foreign")).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        c.save_session(pb::SaveSessionRequest {
+            name: "foreign".into(),
+        })
+        .await
+        .expect("save");
+        std::fs::create_dir_all(&sessions).expect("mkdir");
+        std::fs::copy(
+            foreign_dir.join("foreign.k3s"),
+            sessions.join("foreign.k3s"),
+        )
+        .expect("copy");
+    }
+    let mut d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    for name in ["flip", "cut"] {
+        let r = generate(&mut c, on_session(vec![3, 4, 5], 3, name)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let saved = c
+            .save_session(pb::SaveSessionRequest { name: name.into() })
+            .await
+            .expect("save")
+            .into_inner();
+        assert!(
+            saved.path.ends_with(&format!("{name}.k3s")),
+            "{}",
+            saved.path
+        );
+    }
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait(Duration::from_secs(30)).code(), Some(0));
+    let flip = sessions.join("flip.k3s");
+    let mut bytes = std::fs::read(&flip).expect("read");
+    let at = bytes.len() - 50;
+    bytes[at] ^= 0x01;
+    std::fs::write(&flip, &bytes).expect("write");
+    let cut = sessions.join("cut.k3s");
+    let bytes = std::fs::read(&cut).expect("read");
+    std::fs::write(&cut, &bytes[..bytes.len() - 100]).expect("write");
+
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    for (name, says) in [
+        ("flip", "field `sha256`: checksum mismatch"),
+        ("cut", "truncated in field `payload`"),
+        ("foreign", "field `fingerprint`: made for model"),
+    ] {
+        // Refused at admission (files the start-up scan could not index) or before the first
+        // token (files whose header is intact): either way with the file's error.
+        let err = match c.generate(on_session(vec![3, 4, 5, 6], 3, name)).await {
+            Err(status) => status,
+            Ok(stream) => {
+                let r = collect(stream.into_inner()).await;
+                assert!(
+                    r.ids.is_empty(),
+                    "{name}: nothing generated from a refused file"
+                );
+                r.error
+                    .unwrap_or_else(|| panic!("{name}: a damaged file must be refused"))
+            }
+        };
+        let path = sessions.join(format!("{name}.k3s"));
+        assert_eq!(
+            err.code(),
+            tonic::Code::FailedPrecondition,
+            "{name}: {err:?}"
+        );
+        assert!(
+            err.message().contains(says) && err.message().contains(&path.display().to_string()),
+            "{name}: {}",
+            err.message()
+        );
+
+        // The client says the same, with the session exit code.
+        let out = k3(
+            &d.socket,
+            None,
+            &["run", "--ids", "--session", name, "3 4 5 6"],
+        );
+        assert_eq!(out.status.code(), Some(8), "{name}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{}", text(&out.stderr));
+    }
+    // Still serving, sessions included.
+    let (_, reused) = turn(&mut c, &[9, 8, 7], "fresh").await;
+    assert_eq!(reused, 0);
+    assert!(d.log_text().contains("not indexed"), "{}", d.log_text());
+}
+
+#[tokio::test]
+async fn another_uid_cannot_use_see_save_or_delete_a_session() {
+    let dir = scratch("sess-owner");
+    ensure_group("k3e2e");
+    ensure_user("k3e2e-member", Some("k3e2e"));
+    ensure_user("k3e2e-other", Some("k3e2e"));
+    let d = Daemon::start(
+        tiny_model(),
+        &dir.join("k3d.sock"),
+        &["--socket-group", "k3e2e"],
+    );
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let owner = Some("k3e2e-member");
+    let first = k3(
+        &d.socket,
+        owner,
+        &[
+            "run",
+            "--ids",
+            "--max-tokens",
+            "4",
+            "--session",
+            "mine",
+            "5 6 7",
+        ],
+    );
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let ids = text(&first.stdout);
+    let again = format!("5 6 7 {} 1", ids.trim());
+    let second = k3(
+        &d.socket,
+        owner,
+        &[
+            "run",
+            "--ids",
+            "--max-tokens",
+            "2",
+            "--session",
+            "mine",
+            &again,
+        ],
+    );
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    assert!(
+        text(&second.stderr).contains("prompt 8 tokens (6 from the session)"),
+        "3 prompt + 3 fed of 4 generated: {}",
+        text(&second.stderr)
+    );
+    let uid = uid_of("k3e2e-member");
+    let intruder = Some("k3e2e-other");
+    for args in [
+        vec!["run", "--ids", "--session", "mine", "5 6 7 8"],
+        vec!["sessions", "rm", "mine"],
+        vec!["sessions", "save", "mine"],
+    ] {
+        let out = k3(&d.socket, intruder, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(8),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let msg = text(&out.stderr);
+        assert!(
+            msg.contains(&format!("belongs to uid {uid}")),
+            "{args:?}: {msg}"
+        );
+    }
+    let theirs = k3(&d.socket, intruder, &["sessions", "list", "--json"]);
+    assert!(theirs.status.success(), "{}", text(&theirs.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&theirs.stdout).expect("JSON");
+    assert_eq!(v["sessions"].as_array().map(Vec::len), Some(0), "{v}");
+    let own = k3(&d.socket, owner, &["sessions", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&own.stdout).expect("JSON");
+    assert_eq!(v["sessions"][0]["name"], "mine", "{v}");
+    assert_eq!(v["sessions"][0]["owner_uid"].to_string(), uid);
+    assert_eq!(
+        v["sessions"][0]["tokens"], 9,
+        "8 prompt + 1 fed of 2 generated"
+    );
+    // Readable list, save and remove by the owner.
+    let table = k3(&d.socket, owner, &["sessions", "list"]);
+    let table = text(&table.stdout);
+    assert!(
+        table.contains("NAME") && table.contains("mine") && table.contains("memory"),
+        "{table}"
+    );
+    let saved = k3(&d.socket, owner, &["sessions", "save", "mine"]);
+    assert!(saved.status.success(), "{}", text(&saved.stderr));
+    assert!(
+        text(&saved.stdout).contains("mine.k3s"),
+        "{}",
+        text(&saved.stdout)
+    );
+    // Root administers every session.
+    assert_eq!(list(&mut c).await.len(), 1);
+    let rm = k3(&d.socket, owner, &["sessions", "rm", "mine"]);
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let gone = k3(&d.socket, owner, &["sessions", "save", "mine"]);
+    assert_eq!(gone.status.code(), Some(8));
+    assert!(
+        text(&gone.stderr).contains("no session named \"mine\""),
+        "{}",
+        text(&gone.stderr)
+    );
+}
+
+/// Three rounds over `names`, each turn checked against the sessionless request; after each
+/// turn, `after(listing)`. Returns how many turns found their session only on disk.
+async fn rounds(
+    c: &mut EngineClient<Channel>,
+    names: &[&str],
+    after: &dyn Fn(&[pb::SessionInfo]),
+) -> usize {
+    let mut prompts: Vec<Vec<u32>> = (0..names.len()).map(|i| prompt(i as u32)).collect();
+    let mut reloaded = 0;
+    for round in 0..3 {
+        for (i, name) in names.iter().enumerate() {
+            let before = list(c).await;
+            if before.iter().any(|s| s.name == *name && !s.in_memory) {
+                reloaded += 1;
+            }
+            let (ids, reused) = turn(c, &prompts[i], name).await;
+            if round > 0 {
+                assert_eq!(
+                    reused as usize,
+                    prompts[i].len() - 2,
+                    "round {round}, session {name}: all but the last reply id and the new one"
+                );
+            }
+            prompts[i] = [prompts[i].clone(), ids, vec![9]].concat();
+            after(&list(c).await);
+        }
+    }
+    reloaded
+}
+
+#[tokio::test]
+async fn sessions_beyond_the_allowance_spill_and_come_back_exactly() {
+    // One session's final size, measured on a daemon with room for all.
+    let (d, mut c) = ready_daemon("sess-measure", &[]).await;
+    rounds(&mut c, &["probe"], &|_| {}).await;
+    let one = list(&mut c).await[0].state_bytes;
+    drop(d);
+    let allowance = one * 3 / 2;
+    let gib = format!("{}", allowance as f64 / (1u64 << 30) as f64);
+    let (d, mut c) = ready_daemon("sess-spill", &["--session-gb", &gib]).await;
+    let reloaded = rounds(&mut c, &["a", "b", "c"], &|listed| {
+        let memory: u64 = listed
+            .iter()
+            .filter(|s| s.in_memory)
+            .map(|s| s.state_bytes)
+            .sum();
+        // The `--session-gb` figure is rounded through GiB: allow a byte of slack per GiB.
+        assert!(
+            memory <= allowance + 1,
+            "{memory} > {allowance}: {listed:?}"
+        );
+        assert!(
+            listed.iter().filter(|s| !s.in_memory).all(|s| s.on_disk),
+            "{listed:?}"
+        );
+    })
+    .await;
+    assert!(
+        reloaded >= 3,
+        "sessions came back from disk {reloaded} times"
+    );
+    let listed = list(&mut c).await;
+    assert_eq!(
+        listed.iter().filter(|s| s.in_memory).count(),
+        1,
+        "{listed:?}"
+    );
+    let figures = c
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+        .sessions
+        .expect("figures");
+    assert_eq!(figures.count, 3);
+    assert!(d.log_text().contains("(--session-gb)"), "{}", d.log_text());
+}
