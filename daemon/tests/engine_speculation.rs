@@ -239,3 +239,59 @@ fn speculate_above_the_limit_is_refused() {
         Err(k3d::engine::EngineError::InvalidRequest(_))
     ));
 }
+
+/// A speculative generation batched with a plain one ([`Engine::step_batch`]: a verify of
+/// 1 + k ids and a one-token step share a pass) gives each its solo output.
+#[test]
+fn speculative_step_in_a_batch_equals_running_alone() {
+    let ck = synth("tiny-c", 0);
+    let engine = engine(&ck.dir, 2);
+    let vocab = engine.model().config().vocab_size;
+    let spec = GenerateRequest {
+        speculate: 4,
+        ..request(repeated_list(vocab, 1, 12, 100), 30)
+    };
+    let plain = request(unrepeated(vocab, 9, 3), 30);
+    let (spec_alone, s_alone) = generate(&engine, spec.clone());
+    let (plain_alone, p_alone) = generate(&engine, plain.clone());
+    assert!(s_alone.drafts_accepted > 0);
+
+    let mut a = engine.start(spec).expect("start");
+    let mut b = engine.start(plain).expect("start");
+    let (mut ids_a, mut ids_b) = (Vec::new(), Vec::new());
+    let (mut sum_a, mut sum_b) = (None, None);
+    while sum_a.is_none() || sum_b.is_none() {
+        let mut gens: Vec<&mut k3d::engine::Generation> = Vec::new();
+        let mut which = Vec::new();
+        if sum_a.is_none() {
+            gens.push(&mut a);
+            which.push(0);
+        }
+        if sum_b.is_none() {
+            gens.push(&mut b);
+            which.push(1);
+        }
+        let results = engine.step_batch(&mut gens, &[]);
+        for (w, r) in which.into_iter().zip(results) {
+            let (ids, sum) = if w == 0 {
+                (&mut ids_a, &mut sum_a)
+            } else {
+                (&mut ids_b, &mut sum_b)
+            };
+            match r.unwrap_or_else(|e| panic!("batched step: {e}")) {
+                Step::Token { id } => ids.push(id),
+                Step::Finished(s) => *sum = Some(s),
+                Step::Prefill { .. } => {}
+            }
+        }
+    }
+    let (sum_a, sum_b) = (sum_a.expect("a"), sum_b.expect("b"));
+    assert_eq!(ids_a, spec_alone);
+    assert_eq!(ids_b, plain_alone);
+    assert_eq!(bits(&sum_a.logits), bits(&s_alone.logits));
+    assert_eq!(bits(&sum_b.logits), bits(&p_alone.logits));
+    assert_eq!(
+        (sum_a.drafts_proposed, sum_a.drafts_accepted),
+        (s_alone.drafts_proposed, s_alone.drafts_accepted)
+    );
+}
