@@ -228,6 +228,39 @@ async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
     );
 }
 
+/// `--max-batch` caps how many requests share a pass; the others wait their turn (first in the
+/// next round) and every output is still exactly as alone.
+#[tokio::test]
+async fn max_batch_caps_the_requests_per_pass() {
+    let (d, mut c) = ready_daemon("batch-cap", &["--max-active", "4", "--max-batch", "2"]).await;
+    let mut alone = Vec::new();
+    for i in 0..4 {
+        let r = generate(&mut c, ids_request(prompt(i), 100)).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        alone.push(r.ids);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..4u32 {
+        let socket = d.socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(&socket).await;
+            generate(&mut c, ids_request(prompt(i), 100)).await
+        }));
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(r.ids, alone[i], "client {i}");
+    }
+    let status = wait_ready(&mut c).await;
+    assert_eq!(status.max_batch, 2);
+    assert_eq!(
+        status.widest_batch, 2,
+        "never more than --max-batch per pass"
+    );
+    assert!(status.batched_passes > 0);
+}
+
 #[tokio::test]
 async fn a_full_queue_refuses_with_resource_exhausted() {
     let (_d, mut c) = ready_daemon("busy", &["--max-queue", "1", "--max-active", "1"]).await;
@@ -677,7 +710,8 @@ async fn serve_reads_its_settings_from_a_toml_config() {
     std::fs::write(
         &config,
         format!(
-            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n",
+            "model = {:?}\nsocket = {:?}\nsocket_mode = \"0600\"\nmax_queue = 2\nthreads = 1\n\
+             max_batch = 3\n",
             tiny_model().display().to_string(),
             socket.display().to_string()
         ),
@@ -712,7 +746,8 @@ async fn serve_reads_its_settings_from_a_toml_config() {
         & 0o777;
     assert_eq!(mode, 0o600, "socket_mode from the file applies");
     let mut c = client(&socket).await;
-    wait_ready(&mut c).await;
+    let status = wait_ready(&mut c).await;
+    assert_eq!(status.max_batch, 3, "max_batch from the file applies");
     let out = generate(&mut c, ids_request(prompt(1), 4)).await;
     assert_eq!(out.ids.len(), 4, "a daemon configured from the file serves");
     daemon.signal(libc::SIGTERM);

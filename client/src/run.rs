@@ -48,6 +48,10 @@ pub struct Options {
     /// Stop once the output contains this text (repeatable).
     #[arg(long = "stop")]
     stop_strings: Vec<String>,
+    /// Exact speculative decoding (greedy only): verify up to N ids drafted from the context
+    /// per step; same output, faster on repetitive text. 0 = the daemon's default.
+    #[arg(long, default_value_t = 0)]
+    speculate: u32,
 }
 
 impl Options {
@@ -62,6 +66,7 @@ impl Options {
             }),
             stop_ids: self.stop_ids.clone(),
             stop_strings: self.stop_strings.clone(),
+            speculate: self.speculate,
         }
     }
 }

@@ -255,6 +255,8 @@ pub fn json(event: &Event) -> serde_json::Value {
                 "decode_seconds": t.decode_seconds,
                 "bytes_read": d.bytes_read, "bytes_avoided": d.bytes_avoided,
                 "trailing_text": d.trailing_text,
+                "draft_tokens_proposed": d.draft_tokens_proposed,
+                "draft_tokens_accepted": d.draft_tokens_accepted,
             })
         }
     }

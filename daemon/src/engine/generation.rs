@@ -1,11 +1,25 @@
 //! One request's progress through prefill and decode, one [`Step`] at a time.
+//!
+//! Speculative decoding (engine-lessons §6.2), for greedy requests with `speculate > 0`: when a
+//! decode step needs a forward, [`super::speculate::propose`] drafts up to `speculate` ids from
+//! the context and the step feeds `[last, d1..dk]` with every position's logits
+//! ([`Feed::Verify`]). It accepts the drafts while each equals the argmax of the position
+//! before it, plus the model's own next token, and rolls the state back
+//! ([`State::rollback_to`]) to exactly the positions plain greedy would have fed. Every decided
+//! token passes the same stop-id / stop-string / max-tokens bookkeeping as a plain token, in
+//! order, so the run ends where plain greedy would; the tokens are emitted one [`Step::Token`]
+//! per step from a queue (queued tokens need no compute). Output and recorded logits are those
+//! of plain greedy by construction. Sampled requests ignore the setting: exact-in-distribution
+//! verification for sampling is a different algorithm (§6.2) and is not built.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::EngineError;
 use super::request::{GenerateRequest, StopReason, Summary};
 use super::sampler::Sampler;
-use crate::model::{Logits, State};
+use super::speculate;
+use crate::model::{Logits, ModelError, State};
 use crate::tokenizer::Tokenizer;
 
 /// What one step of a generation ([`super::Engine::step`], [`super::Engine::step_batch`]) did.
@@ -33,6 +47,13 @@ pub struct Generation {
     generated: Vec<u32>,
     /// Decoded output so far, kept only when stop strings must be matched.
     output_text: Vec<u8>,
+    /// Tokens decided by a speculative step (already in `generated`), not yet emitted.
+    queued: VecDeque<u32>,
+    /// Drafted ids sent for verification / confirmed by it.
+    drafts_proposed: usize,
+    drafts_accepted: usize,
+    /// Why the speculation for the step in flight could not be opened (reported by `consume`).
+    speculation_refused: Option<ModelError>,
     /// Set once the end is known; reported by the following step.
     finish: Option<StopReason>,
     done: bool,
@@ -56,6 +77,9 @@ pub enum Feed {
     Prompt { ids: Vec<u32>, want: Logits },
     /// The last generated token, to get the logits of the one after it.
     Token { id: u32 },
+    /// Speculative decoding: the last generated token then the drafted ids, every position's
+    /// logits wanted (`ids[0]` is the last token).
+    Verify { ids: Vec<u32> },
     /// No compute: the step samples logits already held (the end of the prompt's) or reports
     /// the end of the generation.
     Nothing,
@@ -67,6 +91,7 @@ impl Feed {
         match self {
             Feed::Prompt { ids, want } => Some((ids, *want)),
             Feed::Token { id } => Some((std::slice::from_ref(id), Logits::Last)),
+            Feed::Verify { ids } => Some((ids, Logits::All)),
             Feed::Nothing => None,
         }
     }
@@ -87,6 +112,10 @@ impl Generation {
             next_logits: None,
             generated: Vec::new(),
             output_text: Vec::new(),
+            queued: VecDeque::new(),
+            drafts_proposed: 0,
+            drafts_accepted: 0,
+            speculation_refused: None,
             finish: None,
             done: false,
             prefill_seconds: 0.0,
@@ -100,7 +129,7 @@ impl Generation {
         &self.request
     }
 
-    /// Tokens generated so far.
+    /// Tokens decided so far (with speculation, possibly a few not yet returned by a step).
     pub fn generated(&self) -> &[u32] {
         &self.generated
     }
@@ -144,15 +173,47 @@ impl Generation {
                 want,
             });
         }
-        if self.finish.is_some() || self.next_logits.is_some() {
+        if self.finish.is_some() || self.next_logits.is_some() || !self.queued.is_empty() {
             return Ok(Feed::Nothing);
         }
         let last = *self.generated.last().ok_or(EngineError::Finished)?;
-        Ok(Feed::Token { id: last })
+        let drafts = self.drafts();
+        if drafts.is_empty() {
+            return Ok(Feed::Token { id: last });
+        }
+        let mut ids = Vec::with_capacity(1 + drafts.len());
+        ids.push(last);
+        ids.extend(drafts);
+        Ok(Feed::Verify { ids })
     }
 
-    /// The state a forward of `feed` must advance.
-    pub(super) fn state_mut(&mut self) -> &mut State {
+    /// Ids to verify after the last generated one: none unless the request is greedy with
+    /// speculation on; never more than could still be emitted after the model's own token.
+    fn drafts(&self) -> Vec<u32> {
+        if self.request.speculate == 0 || !self.request.sampling.is_greedy() {
+            return Vec::new();
+        }
+        let room = self
+            .request
+            .max_tokens
+            .saturating_sub(self.generated.len() + 1);
+        let context: Vec<u32> = self
+            .request
+            .prompt
+            .iter()
+            .chain(&self.generated)
+            .copied()
+            .collect();
+        speculate::propose(&context, self.request.speculate.min(room))
+    }
+
+    /// The state a forward of `feed` must advance. For [`Feed::Verify`] this opens the
+    /// speculation that `consume` closes; a refusal (only possible for a poisoned state, which
+    /// the forward refuses too) is reported by `consume`.
+    pub(super) fn state_for(&mut self, feed: &Feed) -> &mut State {
+        if matches!(feed, Feed::Verify { .. }) {
+            self.speculation_refused = self.state.begin_speculation().err();
+        }
         &mut self.state
     }
 
@@ -199,9 +260,20 @@ impl Generation {
                 self.decode_seconds += seconds;
                 self.sample(logits, tokenizer)
             }
+            (Feed::Verify { ids }, Some(logits)) => {
+                if let Some(e) = self.speculation_refused.take() {
+                    return Err(e.into());
+                }
+                self.verify(&ids[1..], &logits, vocab, tokenizer)?;
+                self.decode_seconds += seconds;
+                // The verification decided at least one token or the end.
+                self.decided().ok_or_else(|| {
+                    EngineError::InvalidRequest("the model returned no logits".into())
+                })
+            }
             (Feed::Nothing, None) => {
-                if let Some(reason) = self.finish.take() {
-                    return Ok(self.finished(reason));
+                if let Some(step) = self.decided() {
+                    return Ok(step);
                 }
                 let logits = self.next_logits.take().ok_or(EngineError::Finished)?;
                 self.sample(logits, tokenizer)
@@ -212,6 +284,57 @@ impl Generation {
         }
     }
 
+    /// A token decided earlier but not yet emitted, else the end once known.
+    fn decided(&mut self) -> Option<Step> {
+        if let Some(id) = self.queued.pop_front() {
+            return Some(Step::Token { id });
+        }
+        let reason = self.finish.take()?;
+        Some(self.finished(reason))
+    }
+
+    /// Completes a [`Feed::Verify`] step: walks the positions' argmaxes while they confirm the
+    /// drafts, taking each decided token through the plain bookkeeping ([`Generation::take`]:
+    /// queued, or `finish` set), records the logits of the positions plain greedy would have
+    /// fed, and rolls the state back to those positions.
+    fn verify(
+        &mut self,
+        drafts: &[u32],
+        logits: &[f32],
+        vocab: usize,
+        tokenizer: &Tokenizer,
+    ) -> Result<(), EngineError> {
+        let base = self
+            .state
+            .speculation_base()
+            .ok_or_else(|| ModelError::Speculation("no speculation open after a verify".into()))?;
+        self.drafts_proposed += drafts.len();
+        // Fed positions whose logits plain greedy would also have computed.
+        let mut consumed = 0;
+        for (i, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
+            let id = self.sampler.sample(row).ok_or_else(|| {
+                EngineError::InvalidRequest("the model produced NaN logits".into())
+            })?;
+            consumed += 1;
+            let confirmed = drafts.get(i) == Some(&id);
+            if confirmed {
+                self.drafts_accepted += 1;
+            }
+            match self.take(id, tokenizer) {
+                Some(id) => self.queued.push_back(id),
+                None => self.finish = Some(StopReason::StopId(id)),
+            }
+            if self.finish.is_some() || !confirmed {
+                break;
+            }
+        }
+        if self.request.record_logits {
+            self.logits_log
+                .extend_from_slice(&logits[..consumed * vocab]);
+        }
+        Ok(self.state.rollback_to(base + consumed)?)
+    }
+
     /// Draws the next token from `logits` and applies the stop rules.
     fn sample(&mut self, logits: Vec<f32>, tokenizer: &Tokenizer) -> Result<Step, EngineError> {
         let started = Instant::now();
@@ -220,8 +343,18 @@ impl Generation {
             .sample(&logits)
             .ok_or_else(|| EngineError::InvalidRequest("the model produced NaN logits".into()))?;
         self.decode_seconds += started.elapsed().as_secs_f64();
+        match self.take(id, tokenizer) {
+            Some(id) => Ok(Step::Token { id }),
+            None => Ok(self.finished(StopReason::StopId(id))),
+        }
+    }
+
+    /// The bookkeeping of one decided token, shared by plain and speculative steps: a stop id
+    /// ends the run unemitted (returns `None`); otherwise the id joins the output, may complete
+    /// a stop string or reach `max_tokens` (setting `finish`), and is returned to be emitted.
+    fn take(&mut self, id: u32, tokenizer: &Tokenizer) -> Option<u32> {
         if self.request.stop_ids.contains(&id) {
-            return Ok(self.finished(StopReason::StopId(id)));
+            return None;
         }
         self.generated.push(id);
         if !self.request.stop_strings.is_empty() {
@@ -239,7 +372,7 @@ impl Generation {
         if self.finish.is_none() && self.generated.len() >= self.request.max_tokens {
             self.finish = Some(StopReason::MaxTokens);
         }
-        Ok(Step::Token { id })
+        Some(id)
     }
 
     fn finished(&mut self, stop_reason: StopReason) -> Step {
@@ -253,6 +386,8 @@ impl Generation {
             decode_seconds: self.decode_seconds,
             bytes_read: self.io.read,
             bytes_avoided: self.io.avoided,
+            drafts_proposed: self.drafts_proposed,
+            drafts_accepted: self.drafts_accepted,
             generated: self.generated.clone(),
             logits: std::mem::take(&mut self.logits_log),
         })

@@ -4,6 +4,9 @@
 //! done in [`Generation`]s advanced by [`Engine::step`]: each step is one prefill chunk or one
 //! decoded token, so a scheduler can interleave many requests fairly, check for cancellation
 //! between steps (and, inside the model, between layers), and report progress.
+//! [`Engine::step_batch`] steps several generations through one forward pass (they share its
+//! weight reads): each step is split into what a generation feeds ([`Generation::next_feed`])
+//! and what it does with the logits, so one pass can serve them all.
 //!
 //! Exactness: a generation's tokens depend only on its request (prompt, sampling, seed) — never
 //! on the thread count, the prefill chunk size or what else the engine is doing (spec §6).
@@ -12,6 +15,7 @@ mod generation;
 mod info;
 pub mod request;
 pub mod sampler;
+pub mod speculate;
 
 use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
@@ -284,7 +288,7 @@ impl Engine {
                 if let (true, Some((ids, want))) = (runs.contains(&i), feeds[i].forward()) {
                     rows.push(ids.len() as u64);
                     seqs.push(Sequence {
-                        state: g.state_mut(),
+                        state: g.state_for(&feeds[i]),
                         ids,
                         want,
                     });

@@ -5,6 +5,10 @@ use super::EngineError;
 /// Longest generation one request may ask for; larger values are refused, not clamped.
 pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
 
+/// Most drafted ids one speculative step may verify. A step feeds 1 + this many tokens, which
+/// must stay within the tokens per call the memory plan reserves scratch for (32 by default).
+pub const MAX_SPECULATE: usize = 16;
+
 /// Sampling parameters. `temperature == 0` (the default) is greedy: the first index of the
 /// maximum logit (spec §6.1 rule 12), independent of `seed`.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +51,10 @@ pub struct GenerateRequest {
     pub stop_strings: Vec<String>,
     /// Keep every fed position's logits (offline checks: `k3d run --dump-logits`).
     pub record_logits: bool,
+    /// Exact speculative decoding: at most this many n-gram drafted ids verified per decode
+    /// step; 0 = off. Greedy requests only (ignored when sampling); the output is identical
+    /// either way, only the speed differs (see the generation module).
+    pub speculate: usize,
 }
 
 impl GenerateRequest {
@@ -70,6 +78,12 @@ impl GenerateRequest {
             return invalid(format!(
                 "max_tokens {} exceeds the limit {MAX_TOKENS_LIMIT}",
                 self.max_tokens
+            ));
+        }
+        if self.speculate > MAX_SPECULATE {
+            return invalid(format!(
+                "speculate {} exceeds the limit {MAX_SPECULATE}",
+                self.speculate
             ));
         }
         let s = &self.sampling;
@@ -113,6 +127,10 @@ pub struct Summary {
     pub bytes_read: u64,
     /// Weight bytes the caches served without a read while this generation ran.
     pub bytes_avoided: u64,
+    /// Speculation: drafted ids sent for verification, and how many of them the model
+    /// confirmed (acceptance rate = accepted / proposed).
+    pub drafts_proposed: usize,
+    pub drafts_accepted: usize,
     /// Generated ids in order (stop ids excluded).
     pub generated: Vec<u32>,
     /// With `record_logits`: one row of `vocab` logits per fed position.

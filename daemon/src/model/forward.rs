@@ -12,7 +12,9 @@
 //!
 //! All T tokens of a call travel together: each op is batched over T rows, KDA advances in time
 //! inside its layer and MLA attends causally, so any split of a sequence into calls gives the same
-//! bits. Weights are reached only through the [`WeightStore`].
+//! bits. Weights are reached only through the [`WeightStore`]. Several sequences can share one
+//! pass ([`Model::forward_batch`]): their rows are concatenated for every row-wise op, and only
+//! the mixers run per sequence, on that sequence's rows and state.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -93,6 +93,10 @@ pub struct KdaState {
     pub s: Vec<f32>,
     /// q, k, v streams: the last `K−1` PRE-conv inputs, `[K−1][P]`, oldest first.
     pub history: [Vec<f32>; 3],
+    /// Present while a speculation is open (spec §5.2 rollback): what [`KdaState::rollback`]
+    /// needs to return to any position since it began. `None` otherwise, so a state that has
+    /// been committed or rolled back compares equal to one that never speculated.
+    pub(crate) journal: Option<Box<Journal>>,
 }
 
 impl KdaState {
@@ -102,8 +106,115 @@ impl KdaState {
         KdaState {
             s: vec![0.0f32; dims.heads * dims.head_dim * dims.head_dim],
             history: [hist.clone(), hist.clone(), hist],
+            journal: None,
         }
     }
+
+    /// Snapshots `S` and the conv histories and starts recording every later forward's
+    /// per-token inputs. An open journal is replaced (the caller refuses nested speculation).
+    pub(crate) fn begin_journal(&mut self) {
+        self.journal = Some(Box::new(Journal {
+            s: self.s.clone(),
+            history: self.history.clone(),
+            tokens: 0,
+            heads: 0,
+            pre: Default::default(),
+            k: Vec::new(),
+            v: Vec::new(),
+            alpha: Vec::new(),
+            beta: Vec::new(),
+        }));
+    }
+
+    /// Tokens recorded since [`KdaState::begin_journal`], if a journal is open.
+    pub(crate) fn journaled(&self) -> Option<usize> {
+        self.journal.as_ref().map(|j| j.tokens)
+    }
+
+    /// Values held by the open journal (0 without one).
+    pub(crate) fn journal_len(&self) -> usize {
+        self.journal.as_ref().map_or(0, |j| {
+            j.s.len()
+                + j.history.iter().chain(&j.pre).map(Vec::len).sum::<usize>()
+                + j.k.len()
+                + j.v.len()
+                + j.alpha.len()
+                + j.beta.len()
+        })
+    }
+
+    /// Closes the journal keeping everything fed since it opened.
+    pub(crate) fn commit(&mut self) {
+        self.journal = None;
+    }
+
+    /// Closes the journal keeping only the first `keep` tokens fed since it opened: restores the
+    /// snapshot, pushes those tokens' PRE-conv inputs into the histories and replays the state
+    /// update of the recurrence for them with the very function the forward used
+    /// ([`write_step`]) on the very inputs it recorded, so the result is bit-identical to a
+    /// state that was only ever fed those tokens. The caller checks `keep ≤ journaled()`.
+    pub(crate) fn rollback(&mut self, keep: usize) {
+        let Some(j) = self.journal.take() else {
+            return;
+        };
+        if keep >= j.tokens {
+            return;
+        }
+        let j = *j;
+        let Journal { s, mut history, .. } = j;
+        let pw = j.k.len() / j.tokens.max(1);
+        for (hist, pre) in history.iter_mut().zip(&j.pre) {
+            for row in pre.chunks_exact(pw).take(keep) {
+                push_history(hist, row);
+            }
+        }
+        self.s = s;
+        self.history = history;
+        if keep == 0 || j.heads == 0 {
+            return;
+        }
+        let d = pw / j.heads;
+        let heads = j.heads;
+        self.s
+            .par_chunks_mut(d * d)
+            .with_min_len(grain(4 * keep * d * d))
+            .enumerate()
+            .for_each(|(h, s)| {
+                let mut k = vec![0.0f32; d];
+                let mut u = vec![0.0f32; d];
+                for tok in 0..keep {
+                    let ch = tok * pw + h * d..tok * pw + (h + 1) * d;
+                    let beta = j.beta[tok * heads + h] as f64;
+                    write_step(
+                        s,
+                        &j.k[ch.clone()],
+                        &j.v[ch.clone()],
+                        &j.alpha[ch],
+                        beta,
+                        &mut k,
+                        &mut u,
+                    );
+                }
+            });
+    }
+}
+
+/// A KDA layer's speculation journal: the state when it opened and, per token fed since, the
+/// PRE-conv q/k/v rows (for the histories) and exactly what the state update consumes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Journal {
+    s: Vec<f32>,
+    history: [Vec<f32>; 3],
+    tokens: usize,
+    /// Heads of the recorded rows (0 until a forward recorded some).
+    heads: usize,
+    /// PRE-conv q, k, v: `[tokens, P]` each.
+    pre: [Vec<f32>; 3],
+    /// Post-conv k and v, and α: `[tokens, P]`; β: `[tokens, heads]`.
+    k: Vec<f32>,
+    v: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
 }
 
 /// Runs the layer on the T normed rows `xs` `[T, hidden]`, advancing `state`; `out` is `[T, hidden]`.
@@ -124,6 +235,11 @@ pub fn forward(
     let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs));
     let beta_logits = apply(&m.b_proj, xs);
     let gate_logits = apply(&m.g_proj, xs);
+    if let Some(j) = &mut state.journal {
+        for (dst, src) in j.pre.iter_mut().zip([&q, &k, &v]) {
+            dst.extend_from_slice(src);
+        }
+    }
 
     let [hq, hk, hv] = &mut state.history;
     short_conv(&p.conv[0], dims.conv, hq, &mut q);
@@ -145,6 +261,14 @@ pub fn forward(
         .iter()
         .map(|&b| sigmoid(b as f64) as f32)
         .collect();
+    if let Some(j) = &mut state.journal {
+        j.k.extend_from_slice(&k);
+        j.v.extend_from_slice(&v);
+        j.alpha.extend_from_slice(&alpha);
+        j.beta.extend_from_slice(&beta);
+        j.tokens += t;
+        j.heads = dims.heads;
+    }
 
     let d = dims.head_dim;
     let inputs = HeadInputs {
@@ -203,29 +327,20 @@ fn head_recurrence(
     let mut o = vec![0.0f32; d];
     for tok in 0..x.tokens {
         let ch = tok * pw + h * d..tok * pw + (h + 1) * d;
+        let beta = x.beta[tok * dims.heads + h] as f64;
+        write_step(
+            s,
+            &x.k[ch.clone()],
+            &x.v[ch.clone()],
+            &x.alpha[ch.clone()],
+            beta,
+            &mut k,
+            &mut u,
+        );
         // q: L2 norm first, then the D^-1/2 scale (spec §4.5; §5.3 item 4).
         l2_norm(&x.q[ch.clone()], &mut q);
         for qi in q.iter_mut() {
             *qi = (*qi as f64 * q_scale) as f32;
-        }
-        l2_norm(&x.k[ch.clone()], &mut k);
-        let v = &x.v[ch.clone()];
-        let alpha = &x.alpha[ch.clone()];
-        let beta = x.beta[tok * dims.heads + h] as f64;
-        // 1. decay each key row.
-        for (row, &a) in s.chunks_exact_mut(d).zip(alpha) {
-            for sij in row.iter_mut() {
-                *sij = (*sij as f64 * a as f64) as f32;
-            }
-        }
-        // 2. read with the key: u = Sᵀk.
-        read_columns(s, &k, &mut u);
-        // 3. delta-rule write: S[i][j] += k_i·β·(v_j − u_j), right side in f64.
-        for (row, &ki) in s.chunks_exact_mut(d).zip(k.iter()) {
-            let kb = ki as f64 * beta;
-            for ((sij, &vj), &uj) in row.iter_mut().zip(v).zip(u.iter()) {
-                *sij = (*sij as f64 + kb * (vj as f64 - uj as f64)) as f32;
-            }
         }
         // 4. read the updated state with the scaled query: o = Sᵀq.
         read_columns(s, &q, &mut o);
@@ -234,6 +349,38 @@ fn head_recurrence(
         rms_norm(&o, &p.o_norm, dims.eps, dst);
         for (y, &g) in dst.iter_mut().zip(&x.gate[ch.clone()]) {
             *y = (*y as f64 * sigmoid(g as f64)) as f32;
+        }
+    }
+}
+
+/// Steps 1–3 of the recurrence for one token of one head: L2-normalise the post-conv key
+/// `k_in` into `k`, decay each key row of `s` by α, read `u = Sᵀk`, delta-rule write. The forward
+/// and [`KdaState::rollback`]'s replay both go through here, which is what makes a replayed
+/// state bit-identical to a fed one. `k` and `u` are `D`-wide scratch.
+fn write_step(
+    s: &mut [f32],
+    k_in: &[f32],
+    v: &[f32],
+    alpha: &[f32],
+    beta: f64,
+    k: &mut [f32],
+    u: &mut [f32],
+) {
+    let d = k.len();
+    l2_norm(k_in, k);
+    // 1. decay each key row.
+    for (row, &a) in s.chunks_exact_mut(d).zip(alpha) {
+        for sij in row.iter_mut() {
+            *sij = (*sij as f64 * a as f64) as f32;
+        }
+    }
+    // 2. read with the key: u = Sᵀk.
+    read_columns(s, k, u);
+    // 3. delta-rule write: S[i][j] += k_i·β·(v_j − u_j), right side in f64.
+    for (row, &ki) in s.chunks_exact_mut(d).zip(k.iter()) {
+        let kb = ki as f64 * beta;
+        for ((sij, &vj), &uj) in row.iter_mut().zip(v).zip(u.iter()) {
+            *sij = (*sij as f64 + kb * (vj as f64 - uj as f64)) as f32;
         }
     }
 }
@@ -266,10 +413,16 @@ fn short_conv(taps: &[f32], kernel: usize, hist: &mut [f32], xs: &mut [f32]) {
             });
             *y = silu(sum as f32);
         }
-        if kernel > 1 {
-            hist.copy_within(pw.., 0);
-            let last = hist.len() - pw;
-            hist[last..].copy_from_slice(&pre);
-        }
+        push_history(hist, &pre);
+    }
+}
+
+/// Appends one PRE-conv row to a `[K−1][P]` history, dropping the oldest (nothing when K = 1).
+fn push_history(hist: &mut [f32], row: &[f32]) {
+    let pw = row.len();
+    if hist.len() >= pw && pw > 0 {
+        hist.copy_within(pw.., 0);
+        let last = hist.len() - pw;
+        hist[last..].copy_from_slice(row);
     }
 }

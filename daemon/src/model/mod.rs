@@ -59,6 +59,8 @@ pub enum ModelError {
          part-way, leaving its layers at different positions"
     )]
     StatePoisoned,
+    #[error("speculation: {0}")]
+    Speculation(String),
     #[error("the state was made for a different model ({0})")]
     StateMismatch(String),
     /// Member `index` of a [`Model::forward_batch`] was refused before any compute.

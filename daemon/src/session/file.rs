@@ -487,6 +487,7 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
                         p.floats("kda conv history")?,
                         p.floats("kda conv history")?,
                     ],
+                    journal: None,
                 }),
                 1 => LayerState::Mla(MlaCache {
                     rows: p.floats("mla cache")?,
@@ -507,6 +508,7 @@ pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>
                 layers,
                 positions,
                 poisoned: false,
+                speculation: None,
             },
         });
     }

@@ -58,6 +58,7 @@ pub(crate) mod tests {
         let kda = KdaState {
             s: vec![seed; 4],
             history: [vec![seed + 1.0; 2], vec![seed + 2.0; 2], vec![-seed; 2]],
+            journal: None,
         };
         let mla = MlaCache {
             rows: (0..history.len() * 2).map(|i| i as f32 * seed).collect(),
@@ -66,6 +67,7 @@ pub(crate) mod tests {
             layers: vec![LayerState::Kda(kda), LayerState::Mla(mla)],
             positions: history.len(),
             poisoned: false,
+            speculation: None,
         }
     }
 

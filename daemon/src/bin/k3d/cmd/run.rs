@@ -43,13 +43,19 @@ pub struct Args {
     /// Prompt tokens per prefill step. Output does not depend on it.
     #[arg(long, default_value_t = 32)]
     prefill_chunk: usize,
+    /// Exact speculative decoding: verify at most N ids drafted from the context per decode
+    /// step (0 = off, at most 16). Output does not depend on it; `--json` reports the
+    /// acceptance.
+    #[arg(long, default_value_t = 0)]
+    speculate: usize,
     #[command(flatten)]
     budget: BudgetArgs,
 }
 
 pub fn run(args: Args) -> CliResult {
     let mut model = args.budget.load_options()?;
-    model.max_tokens_per_call = args.prefill_chunk.max(1) as u64;
+    // A speculative step feeds the last token and its drafts in one call.
+    model.max_tokens_per_call = args.prefill_chunk.max(1 + args.speculate) as u64;
     let mut options = EngineOptions {
         prefill_chunk: args.prefill_chunk,
         model,
@@ -77,6 +83,7 @@ pub fn run(args: Args) -> CliResult {
         prompt: prompt.clone(),
         max_tokens: args.generate,
         record_logits: args.dump_logits.is_some(),
+        speculate: args.speculate,
         ..GenerateRequest::default()
     };
     let mut generation = engine.start(request)?;
@@ -120,6 +127,9 @@ pub fn run(args: Args) -> CliResult {
             "peak_rss_bytes": peak_rss_bytes(),
             "bytes_read": summary.bytes_read,
             "bytes_avoided": summary.bytes_avoided,
+            "speculate": args.speculate,
+            "drafts_proposed": summary.drafts_proposed,
+            "drafts_accepted": summary.drafts_accepted,
             "store": {
                 "bytes_read": store.bytes_read,
                 "trunk_bytes_read": store.trunk_bytes_read,

@@ -45,6 +45,10 @@ pub struct Args {
     /// [default: 10].
     #[arg(long)]
     shutdown_grace: Option<f64>,
+    /// Exact speculative decoding for greedy requests that do not set it: at most N ids drafted
+    /// from the context verified per decode step (0 = off, at most 16) [default: 0].
+    #[arg(long)]
+    speculate: Option<usize>,
     /// Directory where sessions are saved, spilled and found again after a restart
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
@@ -75,6 +79,7 @@ struct ConfigFile {
     ram_gb: Option<RamGb>,
     trunk_gb: Option<f64>,
     cache_gb: Option<f64>,
+    speculate: Option<usize>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
 }
@@ -139,6 +144,13 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let speculate = args.speculate.or(file.speculate).unwrap_or(0);
+    if speculate > k3d::engine::request::MAX_SPECULATE {
+        return Err(usage(format!(
+            "speculate {speculate} exceeds the limit {}",
+            k3d::engine::request::MAX_SPECULATE
+        )));
+    }
     let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
     if max_batch == 0 {
         return Err(usage("max_batch must be at least 1".into()));
@@ -200,6 +212,7 @@ pub fn run(args: Args) -> CliResult {
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
         },
         grace: Duration::from_secs_f64(shutdown_grace),
+        speculate,
         session_dir,
         session_bytes,
     })

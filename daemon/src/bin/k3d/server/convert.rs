@@ -14,9 +14,11 @@ const MAX_STOP_STRINGS: usize = 16;
 const MAX_STOP_STRING_BYTES: usize = 256;
 const MAX_STOP_IDS: usize = 256;
 
+/// `default_speculate` is the daemon's `--speculate`, used when the request leaves it 0.
 pub fn request(
     prompt: Vec<u32>,
     options: Option<pb::GenerationOptions>,
+    default_speculate: usize,
 ) -> Result<GenerateRequest, Status> {
     let options = options.unwrap_or_default();
     if options.stop_ids.len() > MAX_STOP_IDS {
@@ -49,6 +51,10 @@ pub fn request(
         },
         sampling: sampling(options.sampling.unwrap_or_default()),
         record_logits: false,
+        speculate: match options.speculate {
+            0 => default_speculate,
+            n => n as usize,
+        },
         stop_ids: options.stop_ids,
         stop_strings: options.stop_strings,
     })
@@ -103,6 +109,8 @@ pub fn done(
         bytes_read: s.bytes_read,
         bytes_avoided: s.bytes_avoided,
         trailing_text,
+        draft_tokens_proposed: count(s.drafts_proposed),
+        draft_tokens_accepted: count(s.drafts_accepted),
         reused_prompt_tokens: count(s.reused_tokens),
     }
 }

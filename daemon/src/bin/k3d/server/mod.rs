@@ -48,6 +48,8 @@ pub struct Config {
     pub model_options: k3d::model::LoadOptions,
     pub limits: Limits,
     pub grace: Duration,
+    /// Default draft ids per speculative step (0 = off), see `k3d serve --speculate`.
+    pub speculate: usize,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
@@ -95,6 +97,7 @@ pub fn run(cfg: Config) -> CliResult {
         shared: Arc::clone(&shared),
         tokenizer,
         threads: cfg.threads,
+        speculate: cfg.speculate,
         sessions,
     };
     let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));

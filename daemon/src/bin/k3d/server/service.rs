@@ -29,6 +29,8 @@ pub struct Service {
     /// while the engine is still loading.
     pub tokenizer: Tokenizer,
     pub threads: usize,
+    /// Draft ids per speculative step for requests that leave it 0 (`--speculate`).
+    pub speculate: usize,
     pub sessions: Arc<Sessions>,
 }
 
@@ -59,7 +61,7 @@ impl Service {
                 prompt.len()
             )));
         }
-        let request = convert::request(prompt, options)?;
+        let request = convert::request(prompt, options, self.speculate)?;
         let id = self.shared.next_id();
         let session = (!session.is_empty()).then_some(session);
         if let Some(name) = &session {

@@ -1,0 +1,131 @@
+//! Speculative decoding through the daemon: per-request `speculate`, the daemon default
+//! (`--speculate`, TOML `speculate`), the acceptance counters in `Done`, and the client flag —
+//! always the same ids as plain greedy.
+
+#[path = "e2e_support.rs"]
+mod e2e_support;
+
+use e2e_support::*;
+use k3proto::v1 as pb;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `tiny-c` with seed 0 falls into a loop after this prompt (a run of one id), so n-gram drafts
+/// are proposed and accepted; the plain tiny model never repeats itself in a short run.
+fn looping_model() -> PathBuf {
+    let dir = scratch("spec-model").join("model");
+    let out = Command::new(bin("k3d"))
+        .args(["synth", "--shape", "tiny-c", "--seed", "0"])
+        .arg(&dir)
+        .output()
+        .expect("run k3d synth");
+    assert!(
+        out.status.success(),
+        "k3d synth --shape tiny-c failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+const PROMPT: [u32; 12] = [100; 12];
+const MAX_TOKENS: u32 = 40;
+
+fn request(speculate: u32) -> pb::GenerateRequest {
+    let mut r = ids_request(PROMPT.to_vec(), MAX_TOKENS);
+    if let Some(o) = r.options.as_mut() {
+        o.speculate = speculate;
+    }
+    r
+}
+
+fn counters(c: &Collected) -> (u32, u32) {
+    let d = c.done.as_ref().expect("a Done event");
+    (d.draft_tokens_proposed, d.draft_tokens_accepted)
+}
+
+#[tokio::test]
+async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
+    let model = looping_model();
+    let d = Daemon::start(&model, &scratch("spec-off").join("k3d.sock"), &[]);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let plain = generate(&mut c, request(0)).await;
+    assert!(plain.error.is_none(), "{:?}", plain.error);
+    assert_eq!(plain.ids.len(), MAX_TOKENS as usize);
+    assert_eq!(counters(&plain), (0, 0), "speculation is off by default");
+
+    let spec = generate(&mut c, request(6)).await;
+    assert_eq!(
+        spec.ids, plain.ids,
+        "speculative ids differ from plain greedy"
+    );
+    let (proposed, accepted) = counters(&spec);
+    assert!(
+        proposed > 0 && accepted > 0 && accepted <= proposed,
+        "drafts {accepted}/{proposed}"
+    );
+
+    // Too many drafts per step is an invalid request, not a crash.
+    let refused = c.generate(request(17)).await;
+    match refused {
+        Err(s) => assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}"),
+        Ok(stream) => {
+            let out = collect(stream.into_inner()).await;
+            let s = out.error.expect("speculate 17 must be refused");
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+        }
+    }
+
+    // The client flag reaches the daemon and the output is the same.
+    let out = Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--ids", "--speculate", "6", "--max-tokens"])
+        .arg(MAX_TOKENS.to_string())
+        .arg(PROMPT.map(|i| i.to_string()).join(","))
+        .output()
+        .expect("run k3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().expect("an id"))
+        .collect();
+    assert_eq!(ids, plain.ids, "k3 run --speculate");
+    drop(d);
+
+    // The daemon default: `--speculate` and the TOML key apply to requests that leave it 0.
+    let on = Daemon::start(
+        &model,
+        &scratch("spec-on").join("k3d.sock"),
+        &["--speculate", "6"],
+    );
+    let mut c = client(&on.socket).await;
+    wait_ready(&mut c).await;
+    let by_default = generate(&mut c, request(0)).await;
+    assert_eq!(by_default.ids, plain.ids);
+    assert_eq!(counters(&by_default), (proposed, accepted));
+    drop(on);
+
+    let dir = scratch("spec-toml");
+    let config = dir.join("k3d.toml");
+    std::fs::write(&config, "speculate = 6\nthreads = 1\n").expect("write config");
+    let from_file = Daemon::start(
+        &model,
+        &dir.join("k3d.sock"),
+        &["--config", path_str(&config)],
+    );
+    let mut c = client(&from_file.socket).await;
+    wait_ready(&mut c).await;
+    let by_file = generate(&mut c, request(0)).await;
+    assert_eq!(by_file.ids, plain.ids);
+    assert_eq!(counters(&by_file), (proposed, accepted));
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 scratch path")
+}
