@@ -10,6 +10,7 @@
 
 mod generation;
 mod info;
+pub mod measure;
 pub mod request;
 pub mod sampler;
 

@@ -185,6 +185,12 @@ pub struct StoreStats {
     pub bytes_avoided: u64,
     /// Seconds the calling (compute) thread waited for reads.
     pub io_seconds: f64,
+    /// Seconds during which at least one read was executing, waited for or not (the reader
+    /// pool's busy time): with `io_seconds` it tells how much of the reading compute hid.
+    pub read_busy_seconds: f64,
+    /// Bytes the reader threads moved, whole aligned windows (≥ `bytes_read`, which counts
+    /// payload): the numerator of the achieved read bandwidth.
+    pub window_bytes_read: u64,
 }
 
 /// Byte classes of [`StoreStats`].
@@ -434,6 +440,7 @@ impl WeightStore {
     /// Weight traffic so far.
     pub fn stats(&self) -> StoreStats {
         let r = |c: Class| self.counters.read[c as usize].load(Ordering::Relaxed);
+        let pool = self.pool.stats();
         let (trunk, experts, embedding, head) = (
             r(Class::Trunk),
             r(Class::Experts),
@@ -448,6 +455,8 @@ impl WeightStore {
             head_bytes_read: head,
             bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
             io_seconds: self.counters.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            read_busy_seconds: pool.busy_nanos as f64 * 1e-9,
+            window_bytes_read: pool.bytes,
         }
     }
 

@@ -224,7 +224,7 @@ impl Census {
 }
 
 /// How unpinned trunk (and a streamed lm_head) passes through memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum StreamScheme {
     /// Fixed requests consumed in order as they land: `in_flight` reads plus the one being
     /// consumed. Needs the forward pass to consume weights by row ranges.
@@ -341,14 +341,14 @@ impl Budget {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Residency {
     Resident,
     Streamed,
 }
 
 /// Predicted disk bytes per decoded token, by class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ReadsPerToken {
     pub trunk: u64,
     pub lm_head: u64,
@@ -365,7 +365,7 @@ impl ReadsPerToken {
 }
 
 /// Where every byte goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Plan {
     /// The budget planned for (for `max`, the total the plan needs).
     pub budget: u64,
