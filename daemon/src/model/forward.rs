@@ -300,6 +300,11 @@ impl Model {
         self.store.stats()
     }
 
+    /// The routed-expert requests so far, when loaded with `store.record_trace`.
+    pub fn expert_trace(&self) -> Option<Vec<crate::store::expert_cache::ExpertId>> {
+        self.store.expert_trace()
+    }
+
     /// Seconds spent in [`Model::forward`] not waiting for reads.
     pub fn compute_seconds(&self) -> f64 {
         let total = self.forward_nanos.load(Ordering::Relaxed) as f64 * 1e-9;

@@ -286,6 +286,9 @@ impl Ring {
 pub struct StoreOptions {
     pub direct: DirectPolicy,
     pub reader: ReaderConfig,
+    /// Keep every routed-expert request in order ([`WeightStore::expert_trace`]), for
+    /// replaying eviction policies against real routing (`k3d bench --policy-slots`).
+    pub record_trace: bool,
 }
 
 impl Default for StoreOptions {
@@ -293,6 +296,7 @@ impl Default for StoreOptions {
         StoreOptions {
             direct: DirectPolicy::Prefer,
             reader: ReaderConfig::default(),
+            record_trace: false,
         }
     }
 }
@@ -318,6 +322,8 @@ pub struct WeightStore {
     output_attn_res_norm: LoadedRun,
     output_attn_res_proj: LoadedRun,
     counters: Counters,
+    /// With [`StoreOptions::record_trace`]: the (layer, expert) requests so far.
+    trace: Option<Mutex<Vec<ExpertId>>>,
 }
 
 impl WeightStore {
@@ -405,6 +411,7 @@ impl WeightStore {
             output_attn_res_norm,
             output_attn_res_proj,
             counters,
+            trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };
         store.preload_experts()?;
         Ok(store)
@@ -424,6 +431,12 @@ impl WeightStore {
             }
         }
         Ok(())
+    }
+
+    /// The routed-expert requests so far, in order, if the store records them.
+    pub fn expert_trace(&self) -> Option<Vec<ExpertId>> {
+        let trace = self.trace.as_ref()?;
+        Some(trace.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// The plan the store follows.
@@ -566,6 +579,15 @@ impl WeightStore {
         else {
             return Err(StoreError::NotMoe { layer }.into());
         };
+        if let Some(trace) = &self.trace {
+            trace
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(ids.iter().map(|&e| ExpertId {
+                    layer: layer as u32,
+                    expert: e as u32,
+                }));
+        }
         self.fetch_each(layer, ids, |got| {
             let mut views = Vec::with_capacity(got.len());
             for (e, run) in got {

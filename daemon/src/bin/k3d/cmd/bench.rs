@@ -24,7 +24,8 @@ use k3d::checkpoint::Checkpoint;
 use k3d::engine::measure::{Measured, PhaseCost, measure};
 use k3d::engine::{Engine, EngineOptions, peak_rss_bytes};
 use k3d::store::direct_io::DirectPolicy;
-use k3d::store::plan::{GIB, Plan};
+use k3d::store::expert_cache::{PolicyKind, replay};
+use k3d::store::plan::{Census, GIB, Plan};
 use k3d::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3d::system::read_probe::{self, ProbeOptions, ProbeResult};
 use serde::{Deserialize, Serialize};
@@ -82,6 +83,10 @@ pub struct Args {
     /// MiB added to each child's cgroup limit beyond its budget.
     #[arg(long, default_value_t = DEFAULT_CGROUP_OVERHEAD_MIB)]
     cgroup_overhead_mib: u64,
+    /// Replay each run's routed-expert trace through LRU and LFU-aging caches of these slot
+    /// counts (comma-separated) and report the bytes each avoids.
+    #[arg(long, value_delimiter = ',', value_name = "SLOTS,...")]
+    policy_slots: Vec<usize>,
     /// Seconds of the drive probe before each budget.
     #[arg(long, default_value_t = 3.0)]
     probe_seconds: f64,
@@ -102,6 +107,18 @@ struct ChildReport {
     decode: Phase,
     peak_rss_bytes: u64,
     threads: usize,
+    /// With `--policy-slots`: the trace replayed at each size and policy.
+    policies: Vec<PolicyReplay>,
+}
+
+/// Expert bytes one cache size and policy reads and avoids over a run's trace.
+#[derive(Serialize, Deserialize, Clone)]
+struct PolicyReplay {
+    slots: usize,
+    policy: String,
+    requests: u64,
+    bytes_read: u64,
+    bytes_avoided: u64,
 }
 
 /// [`PhaseCost`] on the wire between child and parent.
@@ -149,6 +166,7 @@ impl Args {
         if let Some(t) = self.threads {
             options.threads = t;
         }
+        options.model.store.record_trace = !self.policy_slots.is_empty();
         Ok(options)
     }
 }
@@ -292,6 +310,7 @@ fn child(args: &Args) -> CliResult {
     let options = args.engine_options(ram)?;
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
     let measured: Measured = measure(&engine, &PROMPT, args.tokens)?;
+    let policies = replay_policies(&args.model_dir, &engine, &args.policy_slots)?;
     let report = ChildReport {
         plan: serde_json::to_value(engine.model().plan()).map_err(anyhow::Error::from)?,
         generated: measured.generated,
@@ -299,12 +318,48 @@ fn child(args: &Args) -> CliResult {
         decode: measured.decode.into(),
         peak_rss_bytes: peak_rss_bytes(),
         threads: engine.options().threads,
+        policies,
     };
     println!(
         "{}",
         serde_json::to_string(&report).map_err(anyhow::Error::from)?
     );
     Ok(())
+}
+
+/// The run's expert trace through each cache size × {LRU, LFU-aging} (store::expert_cache's
+/// replay: the same bookkeeping as the live cache, no buffers).
+fn replay_policies(
+    dir: &Path,
+    engine: &Engine,
+    slots: &[usize],
+) -> Result<Vec<PolicyReplay>, CliError> {
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let trace = engine
+        .model()
+        .expert_trace()
+        .ok_or_else(|| anyhow!("the store did not record the expert trace"))?;
+    let checkpoint =
+        Checkpoint::open(dir).map_err(|e| CliError::from(k3d::engine::EngineError::from(e)))?;
+    let expert_bytes = Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
+        .map_err(|e| CliError::new(Exit::Checkpoint, e))?
+        .expert_bytes;
+    let mut out = Vec::new();
+    for &n in slots {
+        for policy in [PolicyKind::Lru, PolicyKind::LfuAging { period: 0 }] {
+            let c = replay(&trace, expert_bytes, n.max(1), policy);
+            out.push(PolicyReplay {
+                slots: n,
+                policy: policy.build(1).name().to_string(),
+                requests: c.requests,
+                bytes_read: c.bytes_read,
+                bytes_avoided: c.bytes_avoided,
+            });
+        }
+    }
+    Ok(out)
 }
 
 struct RunResult {
@@ -346,6 +401,10 @@ fn one_child(
     }
     if let Some(c) = args.cache_gb {
         cmd.args(["--cache-gb", &c.to_string()]);
+    }
+    if !args.policy_slots.is_empty() {
+        let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();
+        cmd.args(["--policy-slots", &list.join(",")]);
     }
     if let Some(g) = &group {
         cmd.arg("--join-cgroup").arg(g.dir());
@@ -527,6 +586,7 @@ impl BudgetResult {
                 "threads": r.report.threads,
                 "cgroup_peak_bytes": r.cgroup_peak_bytes,
                 "cgroup_failcnt": r.cgroup_failcnt,
+                "policies": r.report.policies,
             })).collect::<Vec<_>>(),
         })
     }
@@ -575,6 +635,24 @@ fn print_table(budgets: &[BudgetResult]) {
                 "NO"
             }
         );
+    }
+    for b in budgets {
+        // Routing is identical in every run (greedy, same ids): the first run's replay stands.
+        let Some(first) = b.runs.first() else {
+            continue;
+        };
+        let tokens = (first.report.generated.len() + PROMPT.len()) as f64;
+        for p in &first.report.policies {
+            println!(
+                "{:>10} cache {:>5} slots {:>9}: {:>8.3} GB read, {:>8.3} GB avoided per token (over {} prompt + generated tokens)",
+                format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+                p.slots,
+                p.policy,
+                p.bytes_read as f64 / tokens / 1e9,
+                p.bytes_avoided as f64 / tokens / 1e9,
+                tokens
+            );
+        }
     }
     println!(
         "(medians; s/token = decode wall per token; GB/s = read window bytes ÷ reader busy time; \
