@@ -25,7 +25,7 @@ use k3d::engine::measure::{Measured, PhaseCost, measure};
 use k3d::engine::{Engine, EngineOptions, peak_rss_bytes};
 use k3d::store::direct_io::DirectPolicy;
 use k3d::store::expert_cache::{PolicyKind, replay};
-use k3d::store::plan::{Census, GIB, Plan};
+use k3d::store::plan::{Census, GIB, Plan, StreamScheme};
 use k3d::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3d::system::read_probe::{self, ProbeOptions, ProbeResult};
 use serde::{Deserialize, Serialize};
@@ -76,6 +76,10 @@ pub struct Args {
     /// Expert cache size, GiB, for every budget (plan experiments).
     #[arg(long, value_name = "GIB")]
     cache_gb: Option<f64>,
+    /// Whole-layer trunk ring slots (default 2), for every budget (plan experiments: a deeper
+    /// ring prefetches further ahead but pins less at the same budget).
+    #[arg(long, value_name = "N")]
+    ring_slots: Option<usize>,
     /// Run each child in its own cgroup v1 memory group limited to budget + overhead, after
     /// dropping the page cache (needs root and cgroup v1).
     #[arg(long)]
@@ -167,6 +171,9 @@ impl Args {
             options.threads = t;
         }
         options.model.store.record_trace = !self.policy_slots.is_empty();
+        if let Some(slots) = self.ring_slots {
+            options.model.scheme = StreamScheme::Ring { slots };
+        }
         Ok(options)
     }
 }
@@ -401,6 +408,9 @@ fn one_child(
     }
     if let Some(c) = args.cache_gb {
         cmd.args(["--cache-gb", &c.to_string()]);
+    }
+    if let Some(n) = args.ring_slots {
+        cmd.args(["--ring-slots", &n.to_string()]);
     }
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();

@@ -31,9 +31,10 @@ pub fn check_available() -> anyhow::Result<()> {
 /// This process's memory cgroup directory (the `memory` line of /proc/self/cgroup).
 fn own_group() -> anyhow::Result<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    // Lines are "id:controllers:path"; the path may itself contain ':'.
     let rel = text
         .lines()
-        .filter_map(|l| l.splitn(3, ':').nth(1).zip(l.splitn(3, ':').nth(2)))
+        .filter_map(|l| l.split_once(':').and_then(|(_, rest)| rest.split_once(':')))
         .find(|(controllers, _)| controllers.split(',').any(|c| c == "memory"))
         .map(|(_, path)| path.trim_start_matches('/').to_string())
         .ok_or_else(|| anyhow!("/proc/self/cgroup has no cgroup v1 memory line"))?;
