@@ -188,3 +188,27 @@ fn idle_reader_threads_sleep() {
     assert!(used <= 2, "idle reader threads used {used} ticks");
     drop(p);
 }
+
+#[test]
+fn busy_time_covers_the_reads_and_not_the_idle_time_around_them() {
+    let len = 24 << 20;
+    let p = pool("busy", len, 4);
+    assert_eq!(p.stats().busy_nanos, 0, "nothing read yet");
+    let t = std::time::Instant::now();
+    let run = ByteRun {
+        shard: 0,
+        offset: 0,
+        len: 20 << 20,
+    };
+    p.read(run, buf_for(run.len)).unwrap();
+    let busy = p.stats().busy_nanos;
+    let wall = t.elapsed().as_nanos() as u64;
+    assert!(busy > 0, "a read was in flight for some time");
+    assert!(
+        busy <= wall,
+        "busy {busy} ns within the {wall} ns the read took"
+    );
+    // Idle: the busy time does not grow while nothing is in flight.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(p.stats().busy_nanos, busy, "idle time is not busy time");
+}
