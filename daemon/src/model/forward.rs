@@ -148,6 +148,9 @@ pub struct Model {
     output_res: Vec<f32>,
     /// Wall time inside [`Model::forward`], for compute vs I/O accounting.
     forward_nanos: AtomicU64,
+    /// The store's read-wait seconds when the load finished: binding every layer at load reads
+    /// the streamed trunk layers, and those waits are not a forward's.
+    load_io_seconds: f64,
 }
 
 impl Model {
@@ -283,6 +286,7 @@ impl Model {
             layers,
             final_norm,
             output_res: fold_query(&out_norm, &out_proj),
+            load_io_seconds: store.stats().io_seconds,
             store,
             config,
             forward_nanos: AtomicU64::new(0),
@@ -308,7 +312,8 @@ impl Model {
     /// Seconds spent in [`Model::forward`] not waiting for reads.
     pub fn compute_seconds(&self) -> f64 {
         let total = self.forward_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-        (total - self.store.stats().io_seconds).max(0.0)
+        let waited = self.store.stats().io_seconds - self.load_io_seconds;
+        (total - waited).max(0.0)
     }
 
     /// The memory plan the model was loaded with.
