@@ -100,6 +100,11 @@ pub enum StoreError {
     RingExhausted { what: &'static str, slots: usize },
     #[error("a streaming ring needs at least 2 slots, {slots} asked (engine-lessons §3.1)")]
     SingleSlot { slots: usize },
+    #[error(
+        "the plan streams trunk in {chunk}-byte chunks, which the forward pass cannot consume \
+         yet (it needs whole runs): plan with a ring"
+    )]
+    ChunksUnsupported { chunk: u64 },
 }
 
 /// The three small model-level tensors (spec §3.3, shard 94), always resident.
@@ -364,7 +369,11 @@ impl WeightStore {
         };
         let slots = match plan.scheme {
             plan::StreamScheme::Ring { slots } => slots,
-            // The forward pass consumes whole runs: chunks stream through a two-slot ring.
+            // Whole runs in two slots would allocate far more than the plan counted for chunks:
+            // refuse rather than break the budget.
+            plan::StreamScheme::Chunks { chunk, .. } if plan.stream_bytes > 0 => {
+                return Err(StoreError::ChunksUnsupported { chunk });
+            }
             plan::StreamScheme::Chunks { .. } => 2,
         };
         let ring = Ring::new(slots, largest_trunk.max(head_piece))?;

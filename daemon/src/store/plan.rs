@@ -20,8 +20,8 @@
 //! bandwidth does not decide; the ring is the default because the forward pass can use a whole
 //! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
 //! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
-//! (The store does not consume chunks yet: given [`StreamScheme::Chunks`] it streams whole runs
-//! through two slots, more memory than this plan counts for chunks — keep the ring default.)
+//! (The forward pass does not consume chunks yet, so the store refuses a plan that streams in
+//! [`StreamScheme::Chunks`] rather than spend more than it counts.)
 //! Against the alternatives at one budget, `k3d bench` on the synthetic `bench` model at 7 GiB
 //! (medians of 4 interleaved runs, cgroup-limited): this plan (3 of 6 layers pinned, 4.75 GB
 //! read per token) 2.50 s/token; a 3-slot ring (2 pinned, 6.00 GB) 2.83; a 2.4 GiB expert cache
