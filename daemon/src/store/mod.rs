@@ -563,9 +563,10 @@ impl WeightStore {
             return;
         }
         if let Some(buf) = ring.spare.pop() {
-            let batch = self
-                .pool
-                .submit(vec![(self.layout.layers[next].trunk, buf)]);
+            let batch = self.pool.submit_as(
+                vec![(self.layout.layers[next].trunk, buf)],
+                reader::Priority::Prefetch,
+            );
             ring.pending = Some((next, batch));
         }
     }

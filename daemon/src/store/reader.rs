@@ -77,8 +77,21 @@ struct Job {
 }
 
 struct Queue {
+    /// Reads the compute thread is (or is about to be) waiting for.
     jobs: VecDeque<Job>,
+    /// Speculative reads ([`Priority::Prefetch`]): taken only when no demand read is queued.
+    prefetch: VecDeque<Job>,
     shutdown: bool,
+}
+
+/// Which queue a batch joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Needed now: routed experts right after routing, a trunk layer not prefetched in time.
+    Demand,
+    /// Read ahead of need (the next streamed trunk layer). Queued behind every demand read, so
+    /// a layer's expert misses do not wait for a whole-layer prefetch to drain first.
+    Prefetch,
 }
 
 struct Shared {
@@ -151,6 +164,7 @@ impl ReaderPool {
             shards,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                prefetch: VecDeque::new(),
                 shutdown: false,
             }),
             work: Condvar::new(),
@@ -190,8 +204,14 @@ impl ReaderPool {
         }
     }
 
-    /// Queue every run for reading into its buffer; completion ids are indices into `runs`.
+    /// Queue every run for reading into its buffer as a demand read; completion ids are indices
+    /// into `runs`.
     pub fn submit(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> Batch {
+        self.submit_as(runs, Priority::Demand)
+    }
+
+    /// [`ReaderPool::submit`] with an explicit [`Priority`].
+    pub fn submit_as(&self, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) -> Batch {
         let state = Arc::new(BatchState {
             inner: Mutex::new(BatchInner {
                 slots: Vec::with_capacity(runs.len()),
@@ -257,7 +277,10 @@ impl ReaderPool {
         let n = jobs.len();
         if n > 0 {
             let mut q = lock(&self.shared.queue);
-            q.jobs.extend(jobs);
+            match priority {
+                Priority::Demand => q.jobs.extend(jobs),
+                Priority::Prefetch => q.prefetch.extend(jobs),
+            }
             drop(q);
             // Wake only as many workers as there are new requests: on an oversubscribed CPU a
             // herd of woken threads delays the one that gets the work.
@@ -308,7 +331,7 @@ fn worker(shared: &Shared) {
         let job = {
             let mut q = lock(&shared.queue);
             loop {
-                if let Some(j) = q.jobs.pop_front() {
+                if let Some(j) = q.jobs.pop_front().or_else(|| q.prefetch.pop_front()) {
                     break j;
                 }
                 if q.shutdown {
