@@ -17,8 +17,19 @@ use support::*;
 /// through the ring on every token.
 const STREAMED_SHARD: &str = "model-00008-of-000009.safetensors";
 
-fn small_model(name: &str) -> PathBuf {
-    let dir = scratch(name).join("small");
+/// A scratch directory removed when the test ends (each `small` is 0.33 GB). Declared before
+/// the daemon, so it is dropped after the daemon has stopped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn small_model(name: &str) -> (PathBuf, Scratch) {
+    let root = scratch(name);
+    let dir = root.join("small");
     let out = Command::new(bin("k3d"))
         .args(["synth", "--shape", "small", "--seed", "0", "--force"])
         .arg(&dir)
@@ -29,7 +40,7 @@ fn small_model(name: &str) -> PathBuf {
         "k3d synth --shape small failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    dir
+    (dir, Scratch(root))
 }
 
 /// The shard's safetensors header length (8-byte prefix + JSON): everything after it is tensor
@@ -52,7 +63,7 @@ fn streaming_daemon(model: &Path, name: &str) -> Daemon {
 
 #[tokio::test]
 async fn a_truncated_shard_fails_the_request_loudly_and_the_daemon_recovers() {
-    let model = small_model("read-fail-truncate");
+    let (model, _scratch) = small_model("read-fail-truncate");
     let d = streaming_daemon(&model, "truncate");
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
@@ -101,7 +112,7 @@ async fn a_truncated_shard_fails_the_request_loudly_and_the_daemon_recovers() {
 
 #[tokio::test]
 async fn a_shard_replaced_by_rename_is_not_read_the_opened_file_is() {
-    let model = small_model("read-fail-replace");
+    let (model, _scratch) = small_model("read-fail-replace");
     let d = streaming_daemon(&model, "replace");
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;

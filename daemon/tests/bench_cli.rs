@@ -10,13 +10,22 @@ use std::process::{Command, Output};
 mod cli_support;
 use cli_support::{K3D, synth};
 
-/// A fresh `small` checkpoint for test `name` (tests run in parallel).
-fn small(name: &str) -> PathBuf {
+/// A scratch directory removed when the test ends (each `small` is 0.33 GB).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh `small` checkpoint for test `name` (tests run in parallel), and its scratch guard.
+fn small(name: &str) -> (PathBuf, Scratch) {
     let dir = std::env::temp_dir().join(format!("k3d-bench-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let model = dir.join("small");
     synth("small", &model);
-    model
+    (model, Scratch(dir))
 }
 
 fn bench(model: &Path, args: &[&str]) -> Output {
@@ -113,7 +122,7 @@ fn check_budget(b: &serde_json::Value) {
 
 #[test]
 fn bench_reports_plan_exact_bytes_and_identical_ids() {
-    let model = small("two-budgets");
+    let (model, _scratch) = small("two-budgets");
     // 0.09 GiB is just above small's minimum (streams trunk, experts and the embedding); max
     // keeps everything resident and reads nothing per token.
     let doc = ok_json(&bench(&model, &["--ram-gb", "0.09,max"]));
@@ -146,7 +155,7 @@ fn bench_reports_plan_exact_bytes_and_identical_ids() {
 
 #[test]
 fn bench_refuses_a_budget_below_the_minimum_before_measuring() {
-    let model = small("refused");
+    let (model, _scratch) = small("refused");
     let out = bench(&model, &["--ram-gb", "max,0.001"]);
     assert_eq!(out.status.code(), Some(5), "exit 5: not enough budget");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -160,7 +169,7 @@ fn bench_refuses_a_budget_below_the_minimum_before_measuring() {
 
 #[test]
 fn bench_cgroup_limits_each_child_and_cleans_up() {
-    let model = small("cgroup");
+    let (model, _scratch) = small("cgroup");
     let doc = ok_json(&bench(
         &model,
         &[

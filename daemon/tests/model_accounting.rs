@@ -64,4 +64,5 @@ fn load_time_read_waits_are_not_charged_to_the_first_forward() {
          (load waited {load_wait} s)",
         model.compute_seconds()
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,4 +43,5 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
         ..LoadOptions::default()
     };
     Model::load(&checkpoint, max).expect("a plan that streams nothing loads");
+    let _ = std::fs::remove_dir_all(&dir);
 }
