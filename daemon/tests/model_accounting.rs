@@ -4,35 +4,20 @@
 //! forward's compute (it was, making `bench`'s prefill compute come out near zero).
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
-use k3d::model::{LoadOptions, Logits, Model, plan_for};
-use k3d::store::plan::{Budget, PlanError};
+use k3d::model::{LoadOptions, Logits, Model};
+use k3d::store::plan::Budget;
 
-const K3D: &str = env!("CARGO_BIN_EXE_k3d");
+mod cli_support;
+use cli_support::{minimum_budget, synth};
 
 #[test]
 fn load_time_read_waits_are_not_charged_to_the_first_forward() {
     let dir: PathBuf = std::env::temp_dir().join(format!("k3d-accounting-{}", std::process::id()));
-    let out = Command::new(K3D)
-        .args(["synth", "--shape", "tiny", "--seed", "0", "--force"])
-        .arg(&dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(out.status.success());
+    synth("tiny", &dir);
     let checkpoint = k3d::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
-    let one_byte = LoadOptions {
-        budget: Budget {
-            ram: Some(1),
-            ..Budget::default()
-        },
-        ..LoadOptions::default()
-    };
-    let needed = match plan_for(&checkpoint.config, &checkpoint.layout, &one_byte) {
-        Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
-        other => panic!("a 1-byte budget must be refused, got {other:?}"),
-    };
+    let needed = minimum_budget(&checkpoint);
     let options = LoadOptions {
         budget: Budget {
             ram: Some(needed + 4096),

@@ -3,23 +3,18 @@
 //! through buffers the plan never counted.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use k3d::model::{LoadOptions, Model, ModelError};
 use k3d::store::StoreError;
 use k3d::store::plan::{Budget, StreamScheme};
 
-const K3D: &str = env!("CARGO_BIN_EXE_k3d");
+mod cli_support;
+use cli_support::synth;
 
 #[test]
 fn a_chunk_streaming_plan_is_refused_not_overspent() {
     let dir: PathBuf = std::env::temp_dir().join(format!("k3d-scheme-{}", std::process::id()));
-    let out = Command::new(K3D)
-        .args(["synth", "--shape", "tiny", "--seed", "0", "--force"])
-        .arg(&dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(out.status.success());
+    synth("tiny", &dir);
     let checkpoint = k3d::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
     let streaming = |scheme| LoadOptions {
         // A trunk cap of one byte pins nothing: every trunk layer streams.
