@@ -188,3 +188,62 @@ fn idle_reader_threads_sleep() {
     assert!(used <= 2, "idle reader threads used {used} ticks");
     drop(p);
 }
+
+#[test]
+fn busy_time_covers_the_reads_and_not_the_idle_time_around_them() {
+    let len = 24 << 20;
+    let p = pool("busy", len, 4);
+    assert_eq!(p.stats().busy_nanos, 0, "nothing read yet");
+    let t = std::time::Instant::now();
+    let run = ByteRun {
+        shard: 0,
+        offset: 0,
+        len: 20 << 20,
+    };
+    p.read(run, buf_for(run.len)).unwrap();
+    let busy = p.stats().busy_nanos;
+    let wall = t.elapsed().as_nanos() as u64;
+    assert!(busy > 0, "a read was in flight for some time");
+    assert!(
+        busy <= wall,
+        "busy {busy} ns within the {wall} ns the read took"
+    );
+    // Idle: the busy time does not grow while nothing is in flight.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(p.stats().busy_nanos, busy, "idle time is not busy time");
+}
+
+#[test]
+fn demand_reads_go_ahead_of_queued_prefetch() {
+    use k3d::store::reader::Priority;
+    let chunk = MIN_CHUNK as u64;
+    let len = 24 * chunk;
+    // One reader thread: requests are served strictly one at a time, in queue order.
+    let p = pool("priority", len, 1);
+    let ahead = ByteRun {
+        shard: 0,
+        offset: 0,
+        len: 20 * chunk,
+    };
+    let mut prefetch = p.submit_as(vec![(ahead, buf_for(ahead.len))], Priority::Prefetch);
+    let urgent = ByteRun {
+        shard: 0,
+        offset: 22 * chunk,
+        len: 4096,
+    };
+    let mut demand = p.submit(vec![(urgent, buf_for(urgent.len))]);
+    let got = demand.wait(0).expect("demand run").expect("demand read");
+    assert_bytes(got.payload(), urgent.offset);
+    // FIFO would have served all 20 prefetch requests first; the worker may have been inside
+    // one (and may have started the next) when the demand read arrived.
+    let served = p.stats().requests;
+    assert!(
+        served <= 4,
+        "{served} requests served by the time the demand read completed"
+    );
+    let ahead_run = prefetch
+        .wait(0)
+        .expect("prefetch run")
+        .expect("prefetch read");
+    assert_bytes(ahead_run.payload(), 0);
+}

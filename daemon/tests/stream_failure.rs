@@ -4,37 +4,22 @@
 //! maps this engine error, `EngineError::Model`, to exit 4.)
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use k3d::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step};
 use k3d::model::{LoadOptions, ModelError, plan_for};
 use k3d::store::StoreError;
-use k3d::store::plan::{Budget, PlanError};
+use k3d::store::plan::Budget;
 
-const K3D: &str = env!("CARGO_BIN_EXE_k3d");
+mod cli_support;
+use cli_support::{minimum_budget, synth};
 
 #[test]
 fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
     let dir: PathBuf = std::env::temp_dir().join(format!("k3d-stream-fail-{}", std::process::id()));
-    let out = Command::new(K3D)
-        .args(["synth", "--shape", "tiny", "--seed", "0", "--force"])
-        .arg(&dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(out.status.success());
+    synth("tiny", &dir);
     let checkpoint = k3d::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
     // The minimum budget: every trunk layer but the largest streams.
-    let probe = LoadOptions {
-        budget: Budget {
-            ram: Some(1),
-            ..Budget::default()
-        },
-        ..LoadOptions::default()
-    };
-    let needed = match plan_for(&checkpoint.config, &checkpoint.layout, &probe) {
-        Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
-        other => panic!("a 1-byte budget must be refused, got {other:?}"),
-    };
+    let needed = minimum_budget(&checkpoint);
     let model = LoadOptions {
         budget: Budget {
             ram: Some(needed + 4096),

@@ -13,6 +13,7 @@
 
 mod generation;
 mod info;
+pub mod measure;
 pub mod request;
 pub mod sampler;
 pub mod speculate;

@@ -159,6 +159,9 @@ pub struct Model {
     output_res: Vec<f32>,
     /// Wall time inside [`Model::forward_batch`], for compute vs I/O accounting.
     forward_nanos: AtomicU64,
+    /// The store's read-wait seconds when the load finished: binding every layer at load reads
+    /// the streamed trunk layers, and those waits are not a forward's.
+    load_io_seconds: f64,
 }
 
 impl Model {
@@ -294,6 +297,7 @@ impl Model {
             layers,
             final_norm,
             output_res: fold_query(&out_norm, &out_proj),
+            load_io_seconds: store.stats().io_seconds,
             store,
             config,
             forward_nanos: AtomicU64::new(0),
@@ -311,10 +315,16 @@ impl Model {
         self.store.stats()
     }
 
+    /// The routed-expert requests so far, when loaded with `store.record_trace`.
+    pub fn expert_trace(&self) -> Option<Vec<crate::store::expert_cache::ExpertId>> {
+        self.store.expert_trace()
+    }
+
     /// Seconds spent in [`Model::forward_batch`] not waiting for reads.
     pub fn compute_seconds(&self) -> f64 {
         let total = self.forward_nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-        (total - self.store.stats().io_seconds).max(0.0)
+        let waited = self.store.stats().io_seconds - self.load_io_seconds;
+        (total - waited).max(0.0)
     }
 
     /// The memory plan the model was loaded with.

@@ -100,6 +100,11 @@ pub enum StoreError {
     RingExhausted { what: &'static str, slots: usize },
     #[error("a streaming ring needs at least 2 slots, {slots} asked (engine-lessons §3.1)")]
     SingleSlot { slots: usize },
+    #[error(
+        "the plan streams trunk in {chunk}-byte chunks, which the forward pass cannot consume \
+         yet (it needs whole runs): plan with a ring"
+    )]
+    ChunksUnsupported { chunk: u64 },
 }
 
 /// The three small model-level tensors (spec §3.3, shard 94), always resident.
@@ -185,6 +190,12 @@ pub struct StoreStats {
     pub bytes_avoided: u64,
     /// Seconds the calling (compute) thread waited for reads.
     pub io_seconds: f64,
+    /// Seconds during which at least one read was executing, waited for or not (the reader
+    /// pool's busy time): with `io_seconds` it tells how much of the reading compute hid.
+    pub read_busy_seconds: f64,
+    /// Bytes the reader threads moved, whole aligned windows (≥ `bytes_read`, which counts
+    /// payload): the numerator of the achieved read bandwidth.
+    pub window_bytes_read: u64,
 }
 
 /// Byte classes of [`StoreStats`].
@@ -280,6 +291,9 @@ impl Ring {
 pub struct StoreOptions {
     pub direct: DirectPolicy,
     pub reader: ReaderConfig,
+    /// Keep every routed-expert request in order ([`WeightStore::expert_trace`]), for
+    /// replaying eviction policies against real routing (`k3d bench --policy-slots`).
+    pub record_trace: bool,
 }
 
 impl Default for StoreOptions {
@@ -287,6 +301,7 @@ impl Default for StoreOptions {
         StoreOptions {
             direct: DirectPolicy::Prefer,
             reader: ReaderConfig::default(),
+            record_trace: false,
         }
     }
 }
@@ -312,6 +327,8 @@ pub struct WeightStore {
     output_attn_res_norm: LoadedRun,
     output_attn_res_proj: LoadedRun,
     counters: Counters,
+    /// With [`StoreOptions::record_trace`]: the (layer, expert) requests so far.
+    trace: Option<Mutex<Vec<ExpertId>>>,
 }
 
 impl WeightStore {
@@ -352,11 +369,20 @@ impl WeightStore {
         };
         let slots = match plan.scheme {
             plan::StreamScheme::Ring { slots } => slots,
-            // The forward pass consumes whole runs: chunks stream through a two-slot ring.
+            // Whole runs in two slots would allocate far more than the plan counted for chunks:
+            // refuse rather than break the budget.
+            plan::StreamScheme::Chunks { chunk, .. } if plan.stream_bytes > 0 => {
+                return Err(StoreError::ChunksUnsupported { chunk });
+            }
             plan::StreamScheme::Chunks { .. } => 2,
         };
         let ring = Ring::new(slots, largest_trunk.max(head_piece))?;
         let slot_bytes = usize::try_from(plan.cache_slot_bytes).unwrap_or(usize::MAX);
+        // LRU by measurement (`k3d bench --policy-slots`, synthetic routing): with a cache of
+        // 14 % of the expert pool (small, 300 tokens) LRU avoided 6.8 MB/token against
+        // LFU-aging's 5.7; only from ~1/3 of the pool did LFU-aging win (17.2 vs 15.1 MB/token
+        // at 160 of 448 slots on small, +3 % at 146 of 320 on bench). The plan's extra cache
+        // for K3 is a few % of its 82,432 experts: the small-cache regime.
         let cache = ExpertCache::new(plan.cache_slots.max(1), slot_bytes, PolicyKind::Lru)?;
         let verdicts = layout
             .layers
@@ -399,6 +425,7 @@ impl WeightStore {
             output_attn_res_norm,
             output_attn_res_proj,
             counters,
+            trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };
         store.preload_experts()?;
         Ok(store)
@@ -420,6 +447,12 @@ impl WeightStore {
         Ok(())
     }
 
+    /// The routed-expert requests so far, in order, if the store records them.
+    pub fn expert_trace(&self) -> Option<Vec<ExpertId>> {
+        let trace = self.trace.as_ref()?;
+        Some(trace.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
     /// The plan the store follows.
     pub fn plan(&self) -> &Plan {
         &self.plan
@@ -434,6 +467,7 @@ impl WeightStore {
     /// Weight traffic so far.
     pub fn stats(&self) -> StoreStats {
         let r = |c: Class| self.counters.read[c as usize].load(Ordering::Relaxed);
+        let pool = self.pool.stats();
         let (trunk, experts, embedding, head) = (
             r(Class::Trunk),
             r(Class::Experts),
@@ -448,6 +482,8 @@ impl WeightStore {
             head_bytes_read: head,
             bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
             io_seconds: self.counters.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            read_busy_seconds: pool.busy_nanos as f64 * 1e-9,
+            window_bytes_read: pool.bytes,
         }
     }
 
@@ -527,9 +563,10 @@ impl WeightStore {
             return;
         }
         if let Some(buf) = ring.spare.pop() {
-            let batch = self
-                .pool
-                .submit(vec![(self.layout.layers[next].trunk, buf)]);
+            let batch = self.pool.submit_as(
+                vec![(self.layout.layers[next].trunk, buf)],
+                reader::Priority::Prefetch,
+            );
             ring.pending = Some((next, batch));
         }
     }
@@ -557,6 +594,15 @@ impl WeightStore {
         else {
             return Err(StoreError::NotMoe { layer }.into());
         };
+        if let Some(trace) = &self.trace {
+            trace
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(ids.iter().map(|&e| ExpertId {
+                    layer: layer as u32,
+                    expert: e as u32,
+                }));
+        }
         self.fetch_each(layer, ids, |got| {
             let mut views = Vec::with_capacity(got.len());
             for (e, run) in got {

@@ -20,6 +20,12 @@
 //! bandwidth does not decide; the ring is the default because the forward pass can use a whole
 //! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
 //! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
+//! (The forward pass does not consume chunks yet, so the store refuses a plan that streams in
+//! [`StreamScheme::Chunks`] rather than spend more than it counts.)
+//! Against the alternatives at one budget, `k3d bench` on the synthetic `bench` model at 7 GiB
+//! (medians of 4 interleaved runs, cgroup-limited): this plan (3 of 6 layers pinned, 4.75 GB
+//! read per token) 2.50 s/token; a 3-slot ring (2 pinned, 6.00 GB) 2.83; a 2.4 GiB expert cache
+//! instead of pinning (1 pinned, 6.03 GB measured) 2.57 — fewest bytes is at least as fast.
 //! A streamed lm_head passes through the same buffers in row blocks of at most 64 MiB: its rows
 //! are independent. A single whole-layer slot is unrepresentable: the C engine's prefetcher
 //! overwrote the layer being computed and emitted wrong tokens without an error (§3.1).
@@ -224,7 +230,7 @@ impl Census {
 }
 
 /// How unpinned trunk (and a streamed lm_head) passes through memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum StreamScheme {
     /// Fixed requests consumed in order as they land: `in_flight` reads plus the one being
     /// consumed. Needs the forward pass to consume weights by row ranges.
@@ -341,14 +347,14 @@ impl Budget {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Residency {
     Resident,
     Streamed,
 }
 
 /// Predicted disk bytes per decoded token, by class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ReadsPerToken {
     pub trunk: u64,
     pub lm_head: u64,
@@ -365,7 +371,7 @@ impl ReadsPerToken {
 }
 
 /// Where every byte goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Plan {
     /// The budget planned for (for `max`, the total the plan needs).
     pub budget: u64,

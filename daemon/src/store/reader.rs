@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use super::aligned::{AlignedBuf, BufPart, Lender};
 use super::direct_io::{Chunk, LoadedRun, ReadError, ReadFailure, ShardSet, Window, check_chunk};
@@ -76,8 +77,21 @@ struct Job {
 }
 
 struct Queue {
+    /// Reads the compute thread is (or is about to be) waiting for.
     jobs: VecDeque<Job>,
+    /// Speculative reads ([`Priority::Prefetch`]): taken only when no demand read is queued.
+    prefetch: VecDeque<Job>,
     shutdown: bool,
+}
+
+/// Which queue a batch joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// Needed now: routed experts right after routing, a trunk layer not prefetched in time.
+    Demand,
+    /// Read ahead of need (the next streamed trunk layer). Queued behind every demand read, so
+    /// a layer's expert misses do not wait for a whole-layer prefetch to drain first.
+    Prefetch,
 }
 
 struct Shared {
@@ -86,6 +100,40 @@ struct Shared {
     work: Condvar,
     requests: AtomicU64,
     bytes: AtomicU64,
+    busy: Mutex<Busy>,
+}
+
+/// Wall time during which at least one read was executing: the device's busy time as the
+/// engine sees it, the denominator of an achieved bandwidth that is not diluted by the time
+/// compute left the drive idle (issue 4's bench targets).
+#[derive(Default)]
+struct Busy {
+    running: usize,
+    since: Option<Instant>,
+    nanos: u64,
+}
+
+impl Busy {
+    fn start(&mut self) {
+        if self.running == 0 {
+            self.since = Some(Instant::now());
+        }
+        self.running += 1;
+    }
+
+    fn stop(&mut self) {
+        self.running = self.running.saturating_sub(1);
+        if self.running == 0
+            && let Some(t) = self.since.take()
+        {
+            self.nanos += t.elapsed().as_nanos() as u64;
+        }
+    }
+
+    /// Closed intervals plus the one still open.
+    fn total_nanos(&self) -> u64 {
+        self.nanos + self.since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
 }
 
 /// Totals since the pool started.
@@ -95,6 +143,8 @@ pub struct ReaderStats {
     pub requests: u64,
     /// Bytes that arrived from the files (whole aligned windows).
     pub bytes: u64,
+    /// Nanoseconds during which at least one read was executing.
+    pub busy_nanos: u64,
 }
 
 /// The reader threads.
@@ -114,11 +164,13 @@ impl ReaderPool {
             shards,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
+                prefetch: VecDeque::new(),
                 shutdown: false,
             }),
             work: Condvar::new(),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            busy: Mutex::new(Busy::default()),
         });
         let mut pool = Self {
             shared,
@@ -148,11 +200,18 @@ impl ReaderPool {
         ReaderStats {
             requests: self.shared.requests.load(Ordering::Relaxed),
             bytes: self.shared.bytes.load(Ordering::Relaxed),
+            busy_nanos: lock(&self.shared.busy).total_nanos(),
         }
     }
 
-    /// Queue every run for reading into its buffer; completion ids are indices into `runs`.
+    /// Queue every run for reading into its buffer as a demand read; completion ids are indices
+    /// into `runs`.
     pub fn submit(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> Batch {
+        self.submit_as(runs, Priority::Demand)
+    }
+
+    /// [`ReaderPool::submit`] with an explicit [`Priority`].
+    pub fn submit_as(&self, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) -> Batch {
         let state = Arc::new(BatchState {
             inner: Mutex::new(BatchInner {
                 slots: Vec::with_capacity(runs.len()),
@@ -218,7 +277,10 @@ impl ReaderPool {
         let n = jobs.len();
         if n > 0 {
             let mut q = lock(&self.shared.queue);
-            q.jobs.extend(jobs);
+            match priority {
+                Priority::Demand => q.jobs.extend(jobs),
+                Priority::Prefetch => q.prefetch.extend(jobs),
+            }
             drop(q);
             // Wake only as many workers as there are new requests: on an oversubscribed CPU a
             // herd of woken threads delays the one that gets the work.
@@ -269,7 +331,7 @@ fn worker(shared: &Shared) {
         let job = {
             let mut q = lock(&shared.queue);
             loop {
-                if let Some(j) = q.jobs.pop_front() {
+                if let Some(j) = q.jobs.pop_front().or_else(|| q.prefetch.pop_front()) {
                     break j;
                 }
                 if q.shutdown {
@@ -288,11 +350,14 @@ fn worker(shared: &Shared) {
         let result = if batch.cancelled.load(Ordering::Relaxed) {
             Err(None)
         } else {
-            shared
+            lock(&shared.busy).start();
+            let r = shared
                 .shards
                 .shard(shard)
                 .and_then(|s| s.read_chunk(chunk.file_offset, part.as_mut_slice(), chunk.required))
-                .map_err(Some)
+                .map_err(Some);
+            lock(&shared.busy).stop();
+            r
         };
         shared.requests.fetch_add(1, Ordering::Relaxed);
         if result.is_ok() {

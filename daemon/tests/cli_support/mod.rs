@@ -25,3 +25,21 @@ pub fn synth(shape: &str, dir: &Path) -> String {
         .expect("fingerprint")
         .to_string()
 }
+
+/// The smallest RAM budget the plan accepts for `checkpoint` with default load options, in
+/// bytes (from the refusal of a 1-byte budget).
+pub fn minimum_budget(checkpoint: &k3d::checkpoint::Checkpoint) -> u64 {
+    use k3d::model::{LoadOptions, plan_for};
+    use k3d::store::plan::{Budget, PlanError};
+    let one_byte = LoadOptions {
+        budget: Budget {
+            ram: Some(1),
+            ..Budget::default()
+        },
+        ..LoadOptions::default()
+    };
+    match plan_for(&checkpoint.config, &checkpoint.layout, &one_byte) {
+        Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
+        other => panic!("a 1-byte budget must be refused, got {other:?}"),
+    }
+}

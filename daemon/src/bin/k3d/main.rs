@@ -38,6 +38,8 @@ enum Command {
     Doctor(cmd::doctor::Args),
     /// SHA-256 every checkpoint file against a manifest (resumable).
     Verify(cmd::verify::Args),
+    /// The standard decode benchmark: budgets × runs, medians, against the plan and the drive.
+    Bench(cmd::bench::Args),
 }
 
 fn main() {
@@ -51,6 +53,7 @@ fn main() {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("k3d: error: {:#}", e.error);

@@ -1,4 +1,5 @@
 //! One module per `k3d` subcommand.
+pub mod bench;
 pub mod budget;
 pub mod check;
 pub mod doctor;

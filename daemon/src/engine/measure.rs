@@ -1,0 +1,118 @@
+//! One greedy generation measured phase by phase — prefill, then decode — for `k3d bench`
+//! (issue 4 §8): wall time, weight bytes read by class, the compute thread's time waiting for
+//! reads, the reader pool's busy time and compute time, each as the difference of the engine's
+//! counters across the phase.
+//!
+//! Decode is measured over the tokens that needed a forward pass: the first generated token is
+//! sampled from the prompt's last logits, which prefill computed, so `decode.tokens` is
+//! `generated − 1`.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Engine, EngineError, GenerateRequest, Step};
+use crate::store::StoreStats;
+
+/// What one phase cost.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PhaseCost {
+    /// Tokens the phase fed through the model.
+    pub tokens: usize,
+    /// Wall time of the phase.
+    pub seconds: f64,
+    pub trunk_bytes: u64,
+    pub expert_bytes: u64,
+    pub embedding_bytes: u64,
+    pub head_bytes: u64,
+    /// Whole aligned windows the reader threads moved (what the drive delivered).
+    pub window_bytes: u64,
+    /// Time the compute thread waited for reads.
+    pub io_wait_seconds: f64,
+    /// Time at least one read was executing.
+    pub read_busy_seconds: f64,
+    /// Time in the forward pass not waiting for reads.
+    pub compute_seconds: f64,
+}
+
+impl PhaseCost {
+    fn between(a: &Snapshot, b: &Snapshot, tokens: usize) -> Self {
+        let (s, t) = (&a.store, &b.store);
+        PhaseCost {
+            tokens,
+            seconds: (b.at - a.at).as_secs_f64(),
+            trunk_bytes: t.trunk_bytes_read - s.trunk_bytes_read,
+            expert_bytes: t.expert_bytes_read - s.expert_bytes_read,
+            embedding_bytes: t.embedding_bytes_read - s.embedding_bytes_read,
+            head_bytes: t.head_bytes_read - s.head_bytes_read,
+            window_bytes: t.window_bytes_read - s.window_bytes_read,
+            io_wait_seconds: t.io_seconds - s.io_seconds,
+            read_busy_seconds: t.read_busy_seconds - s.read_busy_seconds,
+            compute_seconds: b.compute - a.compute,
+        }
+    }
+
+    /// Payload bytes read, all classes.
+    pub fn bytes(&self) -> u64 {
+        self.trunk_bytes + self.expert_bytes + self.embedding_bytes + self.head_bytes
+    }
+}
+
+/// A measured generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    pub generated: Vec<u32>,
+    pub prefill: PhaseCost,
+    pub decode: PhaseCost,
+}
+
+struct Snapshot {
+    at: Instant,
+    store: StoreStats,
+    compute: f64,
+}
+
+impl Snapshot {
+    fn of(engine: &Engine) -> Self {
+        Snapshot {
+            store: engine.model().store_stats(),
+            compute: engine.model().compute_seconds(),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// Generates greedily from `prompt` until `decode_tokens` tokens have needed a forward pass of
+/// their own (so `decode_tokens + 1` tokens are generated), measuring both phases.
+pub fn measure(
+    engine: &Engine,
+    prompt: &[u32],
+    decode_tokens: usize,
+) -> Result<Measured, EngineError> {
+    let request = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: decode_tokens + 1,
+        ..GenerateRequest::default()
+    };
+    let mut generation = engine.start(request)?;
+    let start = Snapshot::of(engine);
+    let mut prefilled: Option<Snapshot> = None;
+    let summary = loop {
+        match engine.step(&mut generation, &|| false)? {
+            Step::Prefill { done, total } if done == total => {
+                prefilled = Some(Snapshot::of(engine));
+            }
+            Step::Finished(summary) => break summary,
+            _ => {}
+        }
+    };
+    let end = Snapshot::of(engine);
+    // A validated prompt is non-empty, so its last prefill step always reports done == total.
+    let prefilled =
+        prefilled.ok_or_else(|| EngineError::InvalidRequest("the prompt was never fed".into()))?;
+    Ok(Measured {
+        prefill: PhaseCost::between(&start, &prefilled, prompt.len()),
+        decode: PhaseCost::between(&prefilled, &end, summary.generated.len().saturating_sub(1)),
+        generated: summary.generated,
+    })
+}

@@ -1,0 +1,209 @@
+//! `k3d bench` (issue 4 §8) through the binary on the `small` synthetic model: the JSON document
+//! has every figure, the decode bytes read per token equal the plan's prediction class by class
+//! (exact on small: nothing is left to chance by the cache at these budgets), the ids agree
+//! across budgets, a refused budget fails before measuring, and `--cgroup` runs each child in
+//! its own memory group (root and cgroup v1, as CI has) and removes it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+mod cli_support;
+use cli_support::{K3D, synth};
+
+/// A scratch directory removed when the test ends (each `small` is 0.33 GB).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh `small` checkpoint for test `name` (tests run in parallel), and its scratch guard.
+fn small(name: &str) -> (PathBuf, Scratch) {
+    let dir = std::env::temp_dir().join(format!("k3d-bench-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let model = dir.join("small");
+    synth("small", &model);
+    (model, Scratch(dir))
+}
+
+fn bench(model: &Path, args: &[&str]) -> Output {
+    Command::new(K3D)
+        .arg("bench")
+        .arg(model)
+        .args([
+            "--tokens",
+            "3",
+            "--runs",
+            "2",
+            "--probe-seconds",
+            "0.2",
+            "--json",
+        ])
+        .args(args)
+        .output()
+        .expect("run k3d bench")
+}
+
+fn ok_json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "k3d bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON document on stdout")
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not an integer: {v}"))
+}
+
+fn f(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Every run's decode bytes, class by class, are the plan's per-token prediction × tokens.
+fn check_budget(b: &serde_json::Value) {
+    let reads = &b["plan"]["reads"];
+    let runs = b["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "two runs per budget");
+    for run in runs {
+        let d = &run["decode"];
+        let tokens = u(&d["tokens"]);
+        assert_eq!(tokens, 3, "decode tokens measured");
+        for (measured, predicted) in [
+            ("trunk_bytes", "trunk"),
+            ("expert_bytes", "experts"),
+            ("embedding_bytes", "embedding"),
+            ("head_bytes", "lm_head"),
+        ] {
+            assert_eq!(
+                u(&d[measured]),
+                u(&reads[predicted]) * tokens,
+                "{measured} at --ram-gb {}: run {run}",
+                b["ram_gb"]
+            );
+        }
+        assert!(f(&d["seconds"]) > 0.0);
+        assert!(f(&d["compute_seconds"]) > 0.0);
+        assert!(u(&run["peak_rss_bytes"]) > 0);
+        assert!(f(&run["prefill"]["seconds"]) > 0.0);
+        assert_eq!(
+            u(&run["prefill"]["tokens"]),
+            8,
+            "the 8-token built-in prompt"
+        );
+    }
+    for class in ["trunk", "experts", "embedding", "head", "total"] {
+        assert_eq!(
+            b["bytes_per_token"][class]["equal"], true,
+            "{class} at {}",
+            b["ram_gb"]
+        );
+    }
+    let m = &b["median"];
+    for key in [
+        "decode_seconds_per_token",
+        "prefill_seconds",
+        "compute_seconds_per_token",
+        "overlap_ratio",
+        "serial_ratio",
+        "peak_rss_bytes",
+        "peak_rss_vs_budget",
+    ] {
+        assert!(f(&m[key]) > 0.0, "median {key} = {}", m[key]);
+    }
+    let device = &b["device"];
+    assert!(f(&device["read_gbps"]) > 0.0, "drive probe measured");
+    assert_eq!(u(&device["request_bytes"]), 17_547_264);
+    assert_eq!(u(&device["in_flight"]), 8, "the engine's queue depth");
+}
+
+#[test]
+fn bench_reports_plan_exact_bytes_and_identical_ids() {
+    let (model, _scratch) = small("two-budgets");
+    // 0.09 GiB is just above small's minimum (streams trunk, experts and the embedding); max
+    // keeps everything resident and reads nothing per token.
+    let doc = ok_json(&bench(&model, &["--ram-gb", "0.09,max"]));
+    assert_eq!(doc["ids_identical"], true);
+    assert_eq!(doc["prompt_ids"].as_array().map(Vec::len), Some(8));
+    let ids = doc["generated_ids"].as_array().expect("ids");
+    assert_eq!(
+        ids.len(),
+        4,
+        "3 decoded tokens + the one sampled after prefill"
+    );
+    let budgets = doc["budgets"].as_array().expect("budgets");
+    assert_eq!(budgets.len(), 2);
+    for b in budgets {
+        check_budget(b);
+        for run in b["runs"].as_array().expect("runs") {
+            assert_eq!(&run["generated_ids"], &doc["generated_ids"]);
+        }
+    }
+    let tight = &budgets[0];
+    assert!(
+        u(&tight["plan"]["reads"]["trunk"]) > 0,
+        "0.09 GiB streams trunk"
+    );
+    assert!(f(&tight["median"]["read_gbps"]) > 0.0);
+    assert!(f(&tight["median"]["io_seconds_per_token"]) > 0.0);
+    let full = &budgets[1];
+    assert_eq!(u(&full["bytes_per_token"]["total"]["predicted"]), 0);
+}
+
+#[test]
+fn bench_refuses_a_budget_below_the_minimum_before_measuring() {
+    let (model, _scratch) = small("refused");
+    let out = bench(&model, &["--ram-gb", "max,0.001"]);
+    assert_eq!(out.status.code(), Some(5), "exit 5: not enough budget");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--ram-gb 0.001") && err.contains("minimum"),
+        "{err}"
+    );
+    assert!(!err.contains("run 1/"), "nothing was measured: {err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn bench_cgroup_limits_each_child_and_cleans_up() {
+    let (model, _scratch) = small("cgroup");
+    let doc = ok_json(&bench(
+        &model,
+        &[
+            "--ram-gb",
+            "0.09",
+            "--cgroup",
+            "--cgroup-overhead-mib",
+            "128",
+        ],
+    ));
+    let b = &doc["budgets"][0];
+    check_budget(b);
+    let limit = u(&b["plan"]["budget"]) + (128 << 20);
+    for run in b["runs"].as_array().expect("runs") {
+        let peak = u(&run["cgroup_peak_bytes"]);
+        assert!(
+            peak > 0 && peak <= limit,
+            "cgroup peak {peak} within {limit}"
+        );
+        assert_eq!(u(&run["cgroup_failcnt"]), 0, "the limit was never hit");
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+    let rel = own
+        .lines()
+        .find_map(|l| {
+            l.split_once(":memory:")
+                .map(|(_, p)| p.trim_start_matches('/').to_string())
+        })
+        .expect("a cgroup v1 memory line");
+    let parent = Path::new("/sys/fs/cgroup/memory").join(rel);
+    let left: Vec<_> = std::fs::read_dir(&parent)
+        .expect("own memory cgroup")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("k3d-bench-"))
+        .collect();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+}

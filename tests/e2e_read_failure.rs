@@ -1,0 +1,136 @@
+//! A weight read failing under a running daemon (issue 4 "failures are loud", engine-lessons
+//! §8.2), end to end: `k3d serve` on `small` at a budget that streams trunk layers every token.
+//! A shard truncated under it fails the next request with a status naming the file and the
+//! offset, the daemon stays up, and once the bytes are back the same request succeeds with the
+//! same ids. A shard *replaced* (a new file renamed over the path) changes nothing: the daemon
+//! reads the file it opened and validated at load, never a path re-resolved mid-run.
+
+#[path = "e2e_support.rs"]
+mod support;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use support::*;
+
+/// `small` at 0.09 GiB pins only layer 0's trunk; layer 7's trunk (all in this shard) streams
+/// through the ring on every token.
+const STREAMED_SHARD: &str = "model-00008-of-000009.safetensors";
+
+/// A scratch directory removed when the test ends (each `small` is 0.33 GB). Declared before
+/// the daemon, so it is dropped after the daemon has stopped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn small_model(name: &str) -> (PathBuf, Scratch) {
+    let root = scratch(name);
+    let dir = root.join("small");
+    let out = Command::new(bin("k3d"))
+        .args(["synth", "--shape", "small", "--seed", "0", "--force"])
+        .arg(&dir)
+        .output()
+        .expect("run k3d synth");
+    assert!(
+        out.status.success(),
+        "k3d synth --shape small failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, Scratch(root))
+}
+
+/// The shard's safetensors header length (8-byte prefix + JSON): everything after it is tensor
+/// data the engine reads on demand.
+fn header_len(path: &Path) -> u64 {
+    let mut prefix = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut prefix))
+        .expect("read shard header length");
+    8 + u64::from_le_bytes(prefix)
+}
+
+fn streaming_daemon(model: &Path, name: &str) -> Daemon {
+    let socket = model
+        .parent()
+        .expect("scratch")
+        .join(format!("{name}.sock"));
+    Daemon::start(model, &socket, &["--ram-gb", "0.09"])
+}
+
+#[tokio::test]
+async fn a_truncated_shard_fails_the_request_loudly_and_the_daemon_recovers() {
+    let (model, _scratch) = small_model("read-fail-truncate");
+    let d = streaming_daemon(&model, "truncate");
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let good = generate(&mut c, ids_request(prompt(0), 4)).await;
+    assert!(good.error.is_none(), "before the truncation: {good:?}");
+    assert_eq!(good.ids.len(), 4);
+
+    let shard = model.join(STREAMED_SHARD);
+    let original = std::fs::read(&shard).expect("read shard");
+    // In place (same inode, so the daemon's open descriptor sees it): keep only the header.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .and_then(|f| f.set_len(header_len(&shard)))
+        .expect("truncate shard");
+    let failed = generate(&mut c, ids_request(prompt(0), 4)).await;
+    let status = failed
+        .error
+        .unwrap_or_else(|| panic!("a request after the truncation fails: {:?}", failed.ids));
+    let message = status.message();
+    assert!(
+        message.contains(&shard.display().to_string()),
+        "the status names the file: {status:?}"
+    );
+    assert!(
+        message.contains("offset"),
+        "the status names the offset: {status:?}"
+    );
+    assert!(
+        failed.done.is_none(),
+        "no Done event presents the partial output as valid: {:?}",
+        failed.events
+    );
+
+    // Restored in place: the daemon, still up, serves the same request again.
+    std::fs::write(&shard, &original).expect("restore shard");
+    let again = generate(&mut c, ids_request(prompt(0), 4)).await;
+    assert!(again.error.is_none(), "after restoring: {again:?}");
+    assert_eq!(again.ids, good.ids, "same ids as before the failure");
+    assert!(
+        d.log_text().contains(&shard.display().to_string()),
+        "the daemon logged the failing file:\n{}",
+        d.log_text()
+    );
+}
+
+#[tokio::test]
+async fn a_shard_replaced_by_rename_is_not_read_the_opened_file_is() {
+    let (model, _scratch) = small_model("read-fail-replace");
+    let d = streaming_daemon(&model, "replace");
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let good = generate(&mut c, ids_request(prompt(1), 4)).await;
+    assert!(good.error.is_none(), "before the replacement: {good:?}");
+
+    // A different file of the same size (all zero tensor data) renamed over the shard.
+    let shard = model.join(STREAMED_SHARD);
+    let mut bytes = std::fs::read(&shard).expect("read shard");
+    let data = usize::try_from(header_len(&shard)).expect("header length");
+    bytes[data..].fill(0);
+    let other = model.join("replacement.tmp");
+    std::fs::write(&other, &bytes).expect("write replacement");
+    std::fs::rename(&other, &shard).expect("rename over the shard");
+    let after = generate(&mut c, ids_request(prompt(1), 4)).await;
+    assert!(after.error.is_none(), "after the replacement: {after:?}");
+    assert_eq!(
+        after.ids, good.ids,
+        "the daemon keeps reading the file it validated at load"
+    );
+}
