@@ -2,15 +2,15 @@
 //! item 4) against the same engine stepping them one pass each, plus the weight bytes each pass
 //! reads (the trunk once, the union of the members' experts).
 //!
-//! One process measures one `--concurrent N`: it loads the engine (its memory plan the same for
-//! every N), prefills N different prompts in one pass, then decodes `--gen` tokens for each, all N through one pass per step. The decode
+//! One process measures one `--concurrent N`: it loads the engine (its memory plan reserving
+//! `--sequences` states, default N, and one prefill chunk of rows), prefills N different prompts in one pass, then decodes `--gen` tokens for each, all N through one pass per step. The decode
 //! phase is timed from the first step in which every member decodes to the last token; the
 //! aggregate rate is `N · tokens / seconds`. Run it in a fresh process per measurement after
 //! dropping the page cache (and under a memory cgroup equal to the budget) so runs start equal.
 //!
 //! ```text
 //! cargo run --release -p k3d --example batch_bench -- MODEL_DIR [--concurrent N] [--gen T]
-//!     [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N]
+//!     [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N] [--sequences S]
 //! ```
 //! Prints one JSON object.
 
@@ -29,12 +29,14 @@ struct Args {
     prompt_len: usize,
     budget: Budget,
     threads: Option<usize>,
+    /// States the memory plan reserves (default: `--concurrent`).
+    sequences: Option<usize>,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!(
         "batch_bench: {why}\nusage: batch_bench MODEL_DIR [--concurrent N] [--gen T] \
-         [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N]"
+         [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N] [--sequences S]"
     );
     std::process::exit(2)
 }
@@ -54,6 +56,7 @@ fn args() -> Args {
         prompt_len: 8,
         budget: Budget::default(),
         threads: None,
+        sequences: None,
     };
     let mut model = None;
     while let Some(arg) = it.next() {
@@ -62,6 +65,7 @@ fn args() -> Args {
             "--gen" => a.generate = parse(&arg, it.next()),
             "--prompt-len" => a.prompt_len = parse(&arg, it.next()),
             "--threads" => a.threads = Some(parse(&arg, it.next())),
+            "--sequences" => a.sequences = Some(parse(&arg, it.next())),
             "--ram-gb" => {
                 let g: f64 = parse(&arg, it.next());
                 a.budget.ram =
@@ -94,8 +98,8 @@ fn prompt(i: usize, len: usize, vocab: usize) -> Vec<u32> {
 
 fn main() {
     let a = args();
-    // Every N plans the same activation memory (one default prefill chunk of rows), so 1 and N
-    // are measured under the same memory plan; the N prompts are prefilled in one pass.
+    // Every N plans the same activation memory (one default prefill chunk of rows); the N
+    // prompts are prefilled in one pass. `--sequences 4` with N = 1 plans exactly like N = 4.
     if a.prompt_len * a.concurrent > PREFILL_CHUNK {
         usage(&format!(
             "--prompt-len × --concurrent must be at most {PREFILL_CHUNK} (the planned rows)"
@@ -107,6 +111,7 @@ fn main() {
         model: LoadOptions {
             budget: a.budget,
             max_tokens_per_call: PREFILL_CHUNK as u64,
+            sequences: a.sequences.unwrap_or(a.concurrent) as u64,
             ..LoadOptions::default()
         },
         ..EngineOptions::default()

@@ -48,6 +48,7 @@ fn options(threads: usize, budget: Budget) -> EngineOptions {
         model: LoadOptions {
             budget,
             max_tokens_per_call: (CHUNK * MEMBERS) as u64,
+            sequences: MEMBERS as u64,
             ..LoadOptions::default()
         },
     }
@@ -366,4 +367,23 @@ fn cancelled_and_failing_members() {
         &finish(&engine, &mut g2),
         "beside a poisoned mate",
     );
+}
+
+/// The memory plan reserves one full-context state per sequence held at once: the minimum
+/// budget grows by exactly the extra states.
+#[test]
+fn the_plan_reserves_a_state_per_sequence() {
+    let ck = synth("small", 6);
+    let c = k3d::checkpoint::Checkpoint::open(&ck.dir).expect("open checkpoint");
+    let plan = |sequences: u64| {
+        let options = LoadOptions {
+            sequences,
+            ..LoadOptions::default()
+        };
+        k3d::model::plan_for(&c.config, &c.layout, &options).expect("plan at max")
+    };
+    let (one, four) = (plan(1), plan(4));
+    assert!(one.state_bytes > 0);
+    assert_eq!(four.state_bytes, 4 * one.state_bytes);
+    assert_eq!(four.total() - one.total(), 3 * one.state_bytes);
 }

@@ -51,8 +51,12 @@ pub struct LoadOptions {
     pub scheme: StreamScheme,
     /// Positions of conversation state the plan reserves memory for.
     pub max_context: u64,
-    /// Prompt tokens per forward the plan reserves scratch memory for.
+    /// Prompt tokens per forward the plan reserves scratch memory for (all rows of a batched
+    /// pass).
     pub max_tokens_per_call: u64,
+    /// Sequences whose states are held at once (a daemon's active requests, a batch's
+    /// members): the plan reserves a full-context state for each.
+    pub sequences: u64,
     pub store: StoreOptions,
 }
 
@@ -63,6 +67,7 @@ impl Default for LoadOptions {
             scheme: StreamScheme::default(),
             max_context: 4096,
             max_tokens_per_call: 32,
+            sequences: 1,
             store: StoreOptions::default(),
         }
     }
@@ -75,12 +80,13 @@ pub fn plan_for(
     layout: &ModelLayout,
     options: &LoadOptions,
 ) -> Result<Plan, PlanError> {
-    let census = Census::from_layout(
+    let mut census = Census::from_layout(
         layout,
         config,
         options.max_context,
         scratch_bytes(config, options.max_tokens_per_call),
     )?;
+    census.state_bytes = census.state_bytes.saturating_mul(options.sequences.max(1));
     Plan::new(&census, options.budget, options.scheme)
 }
 

@@ -187,6 +187,8 @@ pub fn run(args: Args) -> CliResult {
         .load_options()?;
     // A batched pass carries up to one prefill chunk per member: plan its activations.
     model_options.max_tokens_per_call = (k3d::engine::PREFILL_CHUNK * max_batch) as u64;
+    // Every active request holds its own state.
+    model_options.sequences = max_active as u64;
     // Sessions count against the budget: the model is planned in what they leave.
     if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
         model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
