@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use support::*;
 
-/// `small` at 0.09 GiB pins only layer 0's trunk; layer 7's trunk (all in this shard) streams
-/// through the ring on every token.
+/// `small` at 0.09 GiB with one request at a time (one planned state) pins only layer 0's
+/// trunk; layer 7's trunk (all in this shard) streams through the ring on every token.
 const STREAMED_SHARD: &str = "model-00008-of-000009.safetensors";
 
 /// A scratch directory removed when the test ends (each `small` is 0.33 GB). Declared before
@@ -58,7 +58,7 @@ fn streaming_daemon(model: &Path, name: &str) -> Daemon {
         .parent()
         .expect("scratch")
         .join(format!("{name}.sock"));
-    Daemon::start(model, &socket, &["--ram-gb", "0.09"])
+    Daemon::start(model, &socket, &["--ram-gb", "0.09", "--max-active", "1"])
 }
 
 #[tokio::test]
