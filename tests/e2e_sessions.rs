@@ -66,7 +66,14 @@ fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
 async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     let dir = scratch("sess-restart");
     let sessions = dir.join("sessions");
-    let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
+    // An in-memory allowance, so the listing below sees the session in memory (by default
+    // it is the plan's headroom, which may be nothing).
+    let args = [
+        "--session-dir",
+        sessions.to_str().expect("utf-8 path"),
+        "--session-gb",
+        "0.01",
+    ];
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
@@ -324,7 +331,7 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
     let d = Daemon::start(
         tiny_model(),
         &dir.join("k3d.sock"),
-        &["--socket-group", "k3e2e"],
+        &["--socket-group", "k3e2e", "--session-gb", "0.01"],
     );
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
