@@ -692,10 +692,9 @@ fn moe_engine(c: &MoeCase) -> Vec<f32> {
             down: c.experts[e][1].matrix(),
         })
         .collect();
-    let mut out = vec![0.0f32; c.xs.len()];
     let outputs = moe::run_experts(&c.dims, &plan, &plan.needed, &experts);
-    moe::combine(&c.dims, &m, &p, &c.xs, &plan, &outputs, &mut out);
-    out
+    let shared = moe::shared(&c.dims, &m, &c.xs);
+    moe::combine(&c.dims, &m, &p, &plan, &outputs, shared)
 }
 
 fn moe_reference(c: &MoeCase, trap: MoeTrap) -> Vec<f64> {

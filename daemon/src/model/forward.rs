@@ -575,21 +575,31 @@ impl Model {
                     let plan = moe::plan(&self.moe, &m, p, &x2);
                     // As many experts at a time as the cache can hold at once; each expert's
                     // output is independent and `combine` sums in top-k order, so the grouping
-                    // does not change a bit.
+                    // does not change a bit. The shared MLP runs once, while the first group's
+                    // reads are in flight.
+                    let mut shared = None;
                     let mut outputs = Vec::with_capacity(plan.needed.len());
                     for group in plan.needed.chunks(self.store.expert_group()) {
                         // Resident experts run together, then each read as it lands.
-                        self.store.experts_each(l, group, |views| {
-                            let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
-                            let experts = views
-                                .iter()
-                                .map(|v| binder.expert(l, v))
-                                .collect::<Result<Vec<_>, _>>()?;
-                            outputs.extend(moe::run_experts(&self.moe, &plan, &ids, &experts));
-                            Ok::<(), ModelError>(())
-                        })?;
+                        self.store.experts_each(
+                            l,
+                            group,
+                            || {
+                                shared.get_or_insert_with(|| moe::shared(&self.moe, &m, &x2));
+                            },
+                            |views| {
+                                let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
+                                let experts = views
+                                    .iter()
+                                    .map(|v| binder.expert(l, v))
+                                    .collect::<Result<Vec<_>, _>>()?;
+                                outputs.extend(moe::run_experts(&self.moe, &plan, &ids, &experts));
+                                Ok::<(), ModelError>(())
+                            },
+                        )?;
                     }
-                    moe::combine(&self.moe, &m, p, &x2, &plan, &outputs, &mut f);
+                    let shared = shared.unwrap_or_else(|| moe::shared(&self.moe, &m, &x2));
+                    f = moe::combine(&self.moe, &m, p, &plan, &outputs, shared);
                 }
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(

@@ -114,17 +114,26 @@ pub fn run_experts(
         .collect()
 }
 
+/// The shared MLP on the ORIGINAL x, `[T, hidden]`. It does not depend on routing, so the
+/// layer loop runs it while the routed experts are still being read (their reads are issued
+/// first), hiding compute under I/O; [`combine`] adds it.
+pub fn shared(dims: &MoeDims, m: &MoeMatrices<'_>, xs: &[f32]) -> Vec<f32> {
+    let mut out = vec![0.0f32; xs.len()];
+    m.shared.forward(dims.act, xs, &mut out);
+    out
+}
+
 /// Sums each token's expert outputs in f64 in top-k order (whatever order `outputs` come in),
-/// applies the aggregate norm and the up-projection, and adds the shared MLP on x.
+/// applies the aggregate norm and the up-projection, and adds the [`shared`] MLP's output
+/// (weight 1): `out = shared + routed`.
 pub fn combine(
     dims: &MoeDims,
     m: &MoeMatrices<'_>,
     p: &MoeParams,
-    xs: &[f32],
     plan: &MoePlan,
     outputs: &[ExpertOutput],
-    out: &mut [f32],
-) {
+    shared: Vec<f32>,
+) -> Vec<f32> {
     let t = plan.routes.len();
     let k = dims.router.top_k;
     let lw = dims.latent;
@@ -155,9 +164,9 @@ pub fn combine(
         }
     }
     let routed = apply(&m.latent_up, &agg);
-    // The shared MLP sees the ORIGINAL x and is added with weight 1.
-    m.shared.forward(dims.act, xs, out);
+    let mut out = shared;
     for (o, &r) in out.iter_mut().zip(&routed) {
         *o += r;
     }
+    out
 }

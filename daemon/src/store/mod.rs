@@ -441,7 +441,7 @@ impl WeightStore {
         for (l, v) in self.verdicts.iter().enumerate() {
             if !v.is_empty() {
                 let ids: Vec<usize> = (0..v.len()).collect();
-                self.fetch_each(l, &ids, |_| Ok::<(), StoreError>(()))?;
+                self.fetch_each(l, &ids, || {}, |_| Ok::<(), StoreError>(()))?;
             }
         }
         Ok(())
@@ -574,12 +574,14 @@ impl WeightStore {
     /// The routed experts `ids` of layer `layer` (at most [`WeightStore::expert_group`]),
     /// handed to `compute` as they become available: first every resident one in one call,
     /// then each read as it lands (the misses are read as one batch, §4.4), so compute overlaps
-    /// the remaining reads. Each expert's scale bytes are verified on its first hand-out; a
+    /// the remaining reads. `meanwhile` runs once, right after the misses are issued: work
+    /// that needs no expert (the shared MLP) hides under the reads. Each expert's scale bytes are verified on its first hand-out; a
     /// corrupt or unreadable expert fails the request (no expert is skipped).
     pub fn experts_each<E: From<StoreError>>(
         &self,
         layer: usize,
         ids: &[usize],
+        meanwhile: impl FnOnce(),
         mut compute: impl FnMut(Vec<ExpertView<'_>>) -> Result<(), E>,
     ) -> Result<(), E> {
         let FfnLayout::Moe(moe) = &self
@@ -603,7 +605,7 @@ impl WeightStore {
                     expert: e as u32,
                 }));
         }
-        self.fetch_each(layer, ids, |got| {
+        self.fetch_each(layer, ids, meanwhile, |got| {
             let mut views = Vec::with_capacity(got.len());
             for (e, run) in got {
                 let (stored, layout) = &moe.experts[e];
@@ -619,11 +621,12 @@ impl WeightStore {
     }
 
     /// The cache's runs of experts `ids` of `layer` as `(expert, run)`: the resident ones in one
-    /// call of `f`, then each miss as its read lands.
+    /// call of `f`, then each miss as its read lands; `meanwhile` runs once the misses are issued.
     fn fetch_each<E: From<StoreError>>(
         &self,
         layer: usize,
         ids: &[usize],
+        meanwhile: impl FnOnce(),
         mut f: impl FnMut(Vec<(usize, Arc<LoadedRun>)>) -> Result<(), E>,
     ) -> Result<(), E> {
         let count = self.layout.layers.len();
@@ -664,6 +667,7 @@ impl WeightStore {
         }
         // Issue the misses before computing the resident experts.
         let mut batch = (!reads.is_empty()).then(|| self.pool.submit(reads));
+        meanwhile();
         if !ready.is_empty() {
             f(ready)?;
         }
