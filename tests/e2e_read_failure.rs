@@ -10,7 +10,6 @@ mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use support::*;
 
 /// `small` at 0.09 GiB with one request at a time (one planned state) pins only layer 0's
@@ -29,17 +28,7 @@ impl Drop for Scratch {
 
 fn small_model(name: &str) -> (PathBuf, Scratch) {
     let root = scratch(name);
-    let dir = root.join("small");
-    let out = Command::new(bin("k3d"))
-        .args(["synth", "--shape", "small", "--seed", "0", "--force"])
-        .arg(&dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(
-        out.status.success(),
-        "k3d synth --shape small failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dir = synth_model("small", &root.join("small"));
     (dir, Scratch(root))
 }
 

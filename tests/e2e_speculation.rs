@@ -13,18 +13,7 @@ use std::process::Command;
 /// `tiny-c` with seed 0 falls into a loop after this prompt (a run of one id), so n-gram drafts
 /// are proposed and accepted; the plain tiny model never repeats itself in a short run.
 fn looping_model() -> PathBuf {
-    let dir = scratch("spec-model").join("model");
-    let out = Command::new(bin("k3d"))
-        .args(["synth", "--shape", "tiny-c", "--seed", "0"])
-        .arg(&dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(
-        out.status.success(),
-        "k3d synth --shape tiny-c failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir
+    synth_model("tiny-c", &scratch("spec-model").join("model"))
 }
 
 const PROMPT: [u32; 12] = [100; 12];

@@ -42,20 +42,23 @@ pub fn scratch(name: &str) -> PathBuf {
 /// The tiny test checkpoint, written once per test process by `k3d synth --shape tiny`.
 pub fn tiny_model() -> &'static Path {
     static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let dir = scratch("tiny-model").join("model");
-        let out = Command::new(bin("k3d"))
-            .args(["synth", "--shape", "tiny"])
-            .arg(&dir)
-            .output()
-            .expect("run k3d synth");
-        assert!(
-            out.status.success(),
-            "k3d synth --shape tiny failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir
-    })
+    MODEL.get_or_init(|| synth_model("tiny", &scratch("tiny-model").join("model")))
+}
+
+/// Writes `k3d synth --shape SHAPE --seed 0` into `dir` through the real binary; a failure
+/// fails the test with synth's message.
+pub fn synth_model(shape: &str, dir: &Path) -> PathBuf {
+    let out = Command::new(bin("k3d"))
+        .args(["synth", "--shape", shape, "--seed", "0", "--force"])
+        .arg(dir)
+        .output()
+        .expect("run k3d synth");
+    assert!(
+        out.status.success(),
+        "k3d synth --shape {shape} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.to_path_buf()
 }
 
 pub struct Daemon {
