@@ -43,16 +43,11 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
     assert_eq!(plain.ids.len(), MAX_TOKENS as usize);
     assert_eq!(counters(&plain), (0, 0), "speculation is off by default");
 
-    let spec = generate(&mut c, request(6)).await;
-    assert_eq!(
-        spec.ids, plain.ids,
-        "speculative ids differ from plain greedy"
-    );
-    let (proposed, accepted) = counters(&spec);
-    assert!(
-        proposed > 0 && accepted > 0 && accepted <= proposed,
-        "drafts {accepted}/{proposed}"
-    );
+    // Without `--speculate` no rollback journal is planned: a request asking for drafts runs
+    // plain (same ids, nothing proposed).
+    let unplanned = generate(&mut c, request(6)).await;
+    assert_eq!(unplanned.ids, plain.ids);
+    assert_eq!(counters(&unplanned), (0, 0), "no journal was planned");
 
     // Too many drafts per step is an invalid request, not a crash.
     let refused = c.generate(request(17)).await;
@@ -64,11 +59,36 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
             assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
         }
     }
+    drop(d);
+
+    // The daemon default: `--speculate` applies to requests that leave it 0, and a request
+    // may ask for fewer drafts.
+    let on = Daemon::start(
+        &model,
+        &scratch("spec-on").join("k3d.sock"),
+        &["--speculate", "6"],
+    );
+    let mut c = client(&on.socket).await;
+    wait_ready(&mut c).await;
+    let by_default = generate(&mut c, request(0)).await;
+    assert_eq!(
+        by_default.ids, plain.ids,
+        "speculative ids differ from plain greedy"
+    );
+    let (proposed, accepted) = counters(&by_default);
+    assert!(
+        proposed > 0 && accepted > 0 && accepted <= proposed,
+        "drafts {accepted}/{proposed}"
+    );
+    let fewer = generate(&mut c, request(2)).await;
+    assert_eq!(fewer.ids, plain.ids, "speculate 2");
+    let (few_proposed, _) = counters(&fewer);
+    assert!(few_proposed > 0, "a request's own value is used");
 
     // The client flag reaches the daemon and the output is the same.
     let out = Command::new(bin("k3"))
         .arg("--socket")
-        .arg(&d.socket)
+        .arg(&on.socket)
         .args(["run", "--ids", "--speculate", "6", "--max-tokens"])
         .arg(MAX_TOKENS.to_string())
         .arg(PROMPT.map(|i| i.to_string()).join(","))
@@ -85,21 +105,9 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
         .map(|s| s.parse().expect("an id"))
         .collect();
     assert_eq!(ids, plain.ids, "k3 run --speculate");
-    drop(d);
-
-    // The daemon default: `--speculate` and the TOML key apply to requests that leave it 0.
-    let on = Daemon::start(
-        &model,
-        &scratch("spec-on").join("k3d.sock"),
-        &["--speculate", "6"],
-    );
-    let mut c = client(&on.socket).await;
-    wait_ready(&mut c).await;
-    let by_default = generate(&mut c, request(0)).await;
-    assert_eq!(by_default.ids, plain.ids);
-    assert_eq!(counters(&by_default), (proposed, accepted));
     drop(on);
 
+    // The TOML key, like the flag.
     let dir = scratch("spec-toml");
     let config = dir.join("k3d.toml");
     std::fs::write(&config, "speculate = 6\nthreads = 1\n").expect("write config");

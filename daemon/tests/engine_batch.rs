@@ -387,3 +387,27 @@ fn the_plan_reserves_a_state_per_sequence() {
     assert_eq!(four.state_bytes, 4 * one.state_bytes);
     assert_eq!(four.total() - one.total(), 3 * one.state_bytes);
 }
+
+#[test]
+fn the_plan_reserves_a_speculation_journal_per_sequence() {
+    let ck = synth("small", 6);
+    let c = k3d::checkpoint::Checkpoint::open(&ck.dir).expect("open checkpoint");
+    let plan = |speculate: u64| {
+        let options = LoadOptions {
+            sequences: 3,
+            speculate,
+            ..LoadOptions::default()
+        };
+        k3d::model::plan_for(&c.config, &c.layout, &options).expect("plan at max")
+    };
+    let shape = k3d::store::plan::StateShape::of(&c.config);
+    let journal = shape.journal_bytes(1 + 4).expect("journal size");
+    // Per KDA layer: S and the histories, then 6 P-wide rows and β per fed token.
+    let p = shape.kda_heads * shape.kda_head_dim;
+    let copy = p * shape.kda_head_dim + 3 * (shape.conv_kernel - 1) * p;
+    assert_eq!(
+        journal,
+        4 * shape.kda_layers * (copy + 5 * (6 * p + shape.kda_heads))
+    );
+    assert_eq!(plan(4).state_bytes - plan(0).state_bytes, 3 * journal);
+}

@@ -6,12 +6,19 @@
 
 mod model_support;
 
+use k3d::engine::request::MAX_SPECULATE;
 use k3d::engine::{Engine, EngineOptions, GenerateRequest, Step, StopReason, Summary};
+use k3d::model::LoadOptions;
 use model_support::{Rng, bits, synth};
 
 fn engine(dir: &std::path::Path, threads: usize) -> Engine {
+    // Journal memory planned for the largest request, so no request is clamped.
     let options = EngineOptions {
         threads,
+        model: LoadOptions {
+            speculate: MAX_SPECULATE as u64,
+            ..LoadOptions::default()
+        },
         ..EngineOptions::default()
     };
     Engine::open(dir, options, &mut |_| {}).unwrap_or_else(|e| panic!("engine: {e}"))

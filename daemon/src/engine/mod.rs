@@ -169,8 +169,17 @@ impl Engine {
 
     /// Validates a request and prepares its generation (no compute yet).
     pub fn start(&self, request: GenerateRequest) -> Result<Generation, EngineError> {
-        request.validate(self.model.config().vocab_size)?;
+        let request = self.admit(request)?;
         Ok(Generation::new(request, self.model.new_state()))
+    }
+
+    /// Validates `request` and clamps its `speculate` to the drafts the memory plan reserved a
+    /// rollback journal for ([`LoadOptions::speculate`]); the output is the same either way.
+    fn admit(&self, mut request: GenerateRequest) -> Result<GenerateRequest, EngineError> {
+        request.validate(self.model.config().vocab_size)?;
+        let reserved = usize::try_from(self.options.model.speculate).unwrap_or(usize::MAX);
+        request.speculate = request.speculate.min(reserved);
+        Ok(request)
     }
 
     /// Like [`Self::start`], but continuing `state`, which has consumed exactly the first
@@ -182,7 +191,7 @@ impl Engine {
         request: GenerateRequest,
         state: State,
     ) -> Result<Generation, EngineError> {
-        request.validate(self.model.config().vocab_size)?;
+        let request = self.admit(request)?;
         let held = state.positions();
         if held >= request.prompt.len() {
             return Err(EngineError::InvalidRequest(format!(

@@ -40,7 +40,7 @@ use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::Bf16Matrix;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
-use crate::store::plan::{Budget, Census, Plan, PlanError, StreamScheme};
+use crate::store::plan::{Budget, Census, Plan, PlanError, StateShape, StreamScheme};
 use crate::store::{ExpertView, ModelTensorId, StoreOptions, WeightStore};
 
 /// How the model is loaded: the memory budget and how streamed weights pass through memory
@@ -57,6 +57,12 @@ pub struct LoadOptions {
     /// Sequences whose states are held at once (a daemon's active requests, a batch's
     /// members): the plan reserves a full-context state for each.
     pub sequences: u64,
+    /// Drafted ids per speculative step the plan reserves a rollback journal for, per sequence
+    /// (0 = none: speculation is unavailable). The journal holds a copy of every KDA layer's
+    /// state plus the recurrence inputs of the step's tokens — 465 MB and up per sequence at
+    /// K3's sizes, so it is budgeted, never assumed. The engine clamps each request's
+    /// `speculate` to this.
+    pub speculate: u64,
     pub store: StoreOptions,
 }
 
@@ -68,6 +74,7 @@ impl Default for LoadOptions {
             max_context: 4096,
             max_tokens_per_call: 32,
             sequences: 1,
+            speculate: 0,
             store: StoreOptions::default(),
         }
     }
@@ -86,7 +93,16 @@ pub fn plan_for(
         options.max_context,
         scratch_bytes(config, options.max_tokens_per_call),
     )?;
-    census.state_bytes = census.state_bytes.saturating_mul(options.sequences.max(1));
+    let journal = match options.speculate {
+        0 => 0,
+        k => StateShape::of(config)
+            .journal_bytes(1 + k)
+            .ok_or_else(|| PlanError::BadCensus("speculation journal size overflows".into()))?,
+    };
+    census.state_bytes = census
+        .state_bytes
+        .saturating_add(journal)
+        .saturating_mul(options.sequences.max(1));
     Plan::new(&census, options.budget, options.scheme)
 }
 

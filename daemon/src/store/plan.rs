@@ -128,6 +128,21 @@ impl StateShape {
             .checked_mul(max_context)?;
         kda_layer.checked_mul(self.kda_layers)?.checked_add(mla)
     }
+
+    /// The rollback journal of one speculative step of `tokens` fed ids (spec §5.2): per KDA
+    /// layer a copy of S and the conv histories, plus per token the pre-conv q, k, v, the
+    /// post-conv k, v and α (`P` values each) and β (one per head), all f32. MLA needs nothing
+    /// (its rows are truncated).
+    pub fn journal_bytes(&self, tokens: u64) -> Option<u64> {
+        let width = self.kda_heads.checked_mul(self.kda_head_dim)?;
+        let copy = width
+            .checked_mul(self.kda_head_dim)?
+            .checked_add(3 * self.conv_kernel.saturating_sub(1) * width)?;
+        let per_token = width.checked_mul(6)?.checked_add(self.kda_heads)?;
+        copy.checked_add(per_token.checked_mul(tokens)?)?
+            .checked_mul(4)?
+            .checked_mul(self.kda_layers)
+    }
 }
 
 impl Census {

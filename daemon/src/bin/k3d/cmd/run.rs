@@ -56,6 +56,7 @@ pub fn run(args: Args) -> CliResult {
     let mut model = args.budget.load_options()?;
     // A speculative step feeds the last token and its drafts in one call.
     model.max_tokens_per_call = args.prefill_chunk.max(1 + args.speculate) as u64;
+    model.speculate = args.speculate as u64;
     let mut options = EngineOptions {
         prefill_chunk: args.prefill_chunk,
         model,

@@ -46,7 +46,9 @@ pub struct Args {
     #[arg(long)]
     shutdown_grace: Option<f64>,
     /// Exact speculative decoding for greedy requests that do not set it: at most N ids drafted
-    /// from the context verified per decode step (0 = off, at most 16) [default: 0].
+    /// from the context verified per decode step (0 = off, at most 16) [default: 0]. Also the
+    /// most any request gets: the memory plan reserves each active request's rollback journal
+    /// for N drafts.
     #[arg(long)]
     speculate: Option<usize>,
     /// Directory where sessions are saved, spilled and found again after a restart
@@ -187,8 +189,10 @@ pub fn run(args: Args) -> CliResult {
         .load_options()?;
     // A batched pass carries up to one prefill chunk per member: plan its activations.
     model_options.max_tokens_per_call = (k3d::engine::PREFILL_CHUNK * max_batch) as u64;
-    // Every active request holds its own state.
+    // Every active request holds its own state, and with `--speculate` its rollback journal:
+    // requests may ask for at most that many drafts (the engine clamps to what is planned).
     model_options.sequences = max_active as u64;
+    model_options.speculate = speculate as u64;
     // Sessions count against the budget: the model is planned in what they leave.
     if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
         model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
