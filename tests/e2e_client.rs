@@ -242,12 +242,7 @@ async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
     let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = client(&d.socket)
-            .await
-            .status(pb::StatusRequest {})
-            .await
-            .expect("status")
-            .into_inner();
+        let s = status(&mut client(&d.socket).await).await;
         if s.state.starts_with("failed") {
             break;
         }

@@ -90,11 +90,7 @@ async fn cancel_stops_a_generation_in_the_middle() {
     );
     assert!(latencies[4] < Duration::from_secs(2), "{latencies:?}");
     // Cancelling something finished is NOT_FOUND; nothing is left running.
-    let s = c
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner();
+    let s = status(&mut c).await;
     assert_eq!(s.active_requests, 0);
     assert_eq!(s.requests_cancelled, 5);
     assert_eq!(
@@ -128,11 +124,7 @@ async fn a_dropped_stream_stops_its_compute() {
     let t = Instant::now();
     drop(stream);
     loop {
-        let s = c
-            .status(pb::StatusRequest {})
-            .await
-            .expect("status")
-            .into_inner();
+        let s = status(&mut c).await;
         if s.active_requests == 0 {
             assert_eq!(s.requests_cancelled, 1);
             break;
@@ -299,7 +291,7 @@ async fn a_full_queue_refuses_with_resource_exhausted() {
 #[tokio::test]
 async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
     let (d, mut c) = ready_daemon("malformed", &[]).await;
-    let status = wait_ready(&mut c).await;
+    let ready = wait_ready(&mut c).await;
     let baseline = generate(&mut c, ids_request(prompt(3), 5)).await.ids;
 
     let empty = c
@@ -391,13 +383,9 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
         after.ids, baseline,
         "requests after all the bad ones are unaffected"
     );
-    let s = c
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner();
+    let s = status(&mut c).await;
     assert_eq!(s.state, "ready");
-    assert_eq!(s.model, status.model);
+    assert_eq!(s.model, ready.model);
 }
 
 #[test]

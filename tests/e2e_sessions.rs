@@ -125,12 +125,7 @@ async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     // Turn 3 extends turn 2's end, still among the session's bounded snapshots.
     let (_, reused) = turn(&mut c, &p3, "conv").await;
     assert_eq!(reused as usize, p2.len() + g2.len() - 1);
-    let status = c
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner();
-    let figures = status.sessions.expect("session figures");
+    let figures = status(&mut c).await.sessions.expect("session figures");
     assert_eq!(figures.count, 1);
     assert!(figures.memory_bytes > 0);
 }
@@ -497,13 +492,7 @@ async fn sessions_beyond_the_allowance_spill_and_come_back_exactly() {
         1,
         "{listed:?}"
     );
-    let figures = c
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner()
-        .sessions
-        .expect("figures");
+    let figures = status(&mut c).await.sessions.expect("figures");
     assert_eq!(figures.count, 3);
     assert!(d.log_text().contains("(--session-gb)"), "{}", d.log_text());
 }

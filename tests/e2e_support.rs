@@ -160,15 +160,19 @@ pub async fn client(socket: &Path) -> EngineClient<Channel> {
         .max_encoding_message_size(64 << 20)
 }
 
+/// One Status call.
+pub async fn status(c: &mut EngineClient<Channel>) -> pb::StatusReply {
+    c.status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+}
+
 /// Wait until Status says ready (the model is loaded).
 pub async fn wait_ready(c: &mut EngineClient<Channel>) -> pb::StatusReply {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let s = c
-            .status(pb::StatusRequest {})
-            .await
-            .expect("status")
-            .into_inner();
+        let s = status(c).await;
         if s.state == "ready" {
             return s;
         }
