@@ -208,3 +208,61 @@ fn concurrent_requests_for_one_expert_read_it_once() {
     let k = c.counters();
     assert_eq!((k.requests, k.reads, k.hits), (4, 1, 3));
 }
+
+#[test]
+fn reads_ahead_count_no_request_and_never_wait() {
+    let pool = setup("cache-ahead.bin");
+    let c = cache(3, PolicyKind::Lru);
+    let id = |e| ExpertId {
+        layer: 1,
+        expert: e,
+    };
+    // A guess reserves a slot without counting a request.
+    let Some(Acquired::Read { ticket, run, buf }) = c.acquire_ahead(id(0), run_of(0)).unwrap()
+    else {
+        panic!("a guess for an absent expert reserves a slot");
+    };
+    assert_eq!(c.counters().requests, 0);
+    // While it is in flight another guess for it does not wait (and reserves nothing).
+    assert!(c.acquire_ahead(id(0), run_of(0)).unwrap().is_none());
+    let data = ticket.publish(pool.read(run, buf)).unwrap();
+    assert_bytes(data.payload(), run.offset);
+    drop(data);
+    assert_eq!(c.counters().reads, 1);
+    // A guess for a resident expert hands it out without counting a hit.
+    assert!(matches!(
+        c.acquire_ahead(id(0), run_of(0)).unwrap(),
+        Some(Acquired::Ready(_))
+    ));
+    assert_eq!((c.counters().requests, c.counters().hits), (0, 0));
+    // No free slot: a guess is skipped, not an error.
+    let mut held = Vec::new();
+    for e in 1..3 {
+        match c.acquire(id(e), run_of(e)).unwrap() {
+            Acquired::Read { ticket, run, buf } => held.push(ticket.publish(pool.read(run, buf))),
+            Acquired::Ready(_) => panic!("miss expected"),
+        }
+    }
+    let resident = c.acquire(id(0), run_of(0)).unwrap();
+    assert!(c.acquire_ahead(id(9), run_of(9)).unwrap().is_none());
+    drop((held, resident));
+}
+
+#[test]
+fn a_released_guess_frees_its_slot_and_counts_nothing() {
+    let pool = setup("cache-release.bin");
+    let c = cache(1, PolicyKind::Lru);
+    let id = |e| ExpertId {
+        layer: 1,
+        expert: e,
+    };
+    let Some(Acquired::Read { ticket, buf, .. }) = c.acquire_ahead(id(0), run_of(0)).unwrap()
+    else {
+        panic!("miss expected");
+    };
+    ticket.release(Some(buf));
+    assert_eq!(c.counters(), CacheCounters::default());
+    // The only slot is free again, for another expert.
+    fetch(&c, &pool, id(5)).unwrap();
+    assert_eq!(c.counters().reads, 1);
+}

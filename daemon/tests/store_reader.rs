@@ -247,3 +247,94 @@ fn demand_reads_go_ahead_of_queued_prefetch() {
         .expect("prefetch read");
     assert_bytes(ahead_run.payload(), 0);
 }
+
+/// `n` runs of `chunk` bytes, one request each, at consecutive offsets of shard 0.
+fn one_request_runs(n: u64, chunk: u64) -> Vec<(ByteRun, AlignedBuf)> {
+    (0..n)
+        .map(|i| {
+            let r = ByteRun {
+                shard: 0,
+                offset: i * chunk,
+                len: chunk,
+            };
+            (r, buf_for(r.len))
+        })
+        .collect()
+}
+
+#[test]
+fn ranked_runs_start_in_the_order_given() {
+    let chunk = MIN_CHUNK as u64;
+    // One reader: completions come in queue order.
+    let p = pool("ranked", 8 * chunk, 1);
+    let mut runs = one_request_runs(8, chunk);
+    runs.reverse(); // highest offset first: a sweep would start at offset 0
+    let mut batch = p.submit_ranked(runs);
+    let order: Vec<usize> = std::iter::from_fn(|| {
+        batch.wait_any().map(|(id, r)| {
+            assert_bytes(r.expect("read").payload(), (7 - id as u64) * chunk);
+            id
+        })
+    })
+    .collect();
+    assert_eq!(order, (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn extended_batch_numbers_new_runs_after_the_old() {
+    use k3d::store::reader::Priority;
+    let chunk = MIN_CHUNK as u64;
+    let p = pool("extend", 6 * chunk, 2);
+    let mut runs = one_request_runs(6, chunk);
+    let later = runs.split_off(4);
+    let mut batch = p.submit(runs);
+    p.extend(&mut batch, later, Priority::Demand);
+    assert_eq!(batch.len(), 6);
+    let mut seen = BTreeSet::new();
+    while let Some((id, r)) = batch.wait_any() {
+        assert_bytes(r.expect("read").payload(), id as u64 * chunk);
+        assert!(seen.insert(id));
+    }
+    assert_eq!(seen.len(), 6);
+}
+
+#[test]
+fn unqueued_runs_come_back_cancelled_with_their_buffer() {
+    let chunk = MIN_CHUNK as u64;
+    let n = 48;
+    // One reader and 48 requests: most are still queued right after submitting.
+    let p = pool("unqueue", n * chunk, 1);
+    let mut batch = p.submit_ranked(one_request_runs(n, chunk));
+    let withdrawn: Vec<bool> = (n / 2..n)
+        .map(|id| p.unqueue(&batch, id as usize))
+        .collect();
+    assert!(
+        withdrawn.iter().filter(|&&w| w).count() > 1,
+        "requests still queued were withdrawn"
+    );
+    let mut completed = 0;
+    while let Some((id, result)) = batch.wait_any() {
+        completed += 1;
+        let was_withdrawn = id as u64 >= n / 2 && withdrawn[id - n as usize / 2];
+        match result {
+            Ok(run) => {
+                assert!(!was_withdrawn, "run {id} was withdrawn but read");
+                assert_bytes(run.payload(), id as u64 * chunk);
+            }
+            Err(f) => {
+                assert!(was_withdrawn, "run {id} failed: {}", f.error);
+                assert!(
+                    matches!(f.error, ReadError::Cancelled { .. }),
+                    "{}",
+                    f.error
+                );
+                assert!(f.buf.is_some(), "a withdrawn run hands its buffer back");
+            }
+        }
+    }
+    assert_eq!(completed, n, "every run completes once, withdrawn or not");
+    assert!(
+        p.stats().requests < n,
+        "withdrawn requests were never executed"
+    );
+}

@@ -29,6 +29,8 @@ pub struct ExpertId {
 /// What the cache did, in requests and bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheCounters {
+    /// Demand lookups that hit or reserved a slot (reads issued ahead of routing,
+    /// [`ExpertCache::acquire_ahead`], count in `reads` only).
     pub requests: u64,
     /// Requests served without a read of their own.
     pub hits: u64,
@@ -243,23 +245,16 @@ impl Directory {
         }
     }
 
-    /// Count a request and find or reserve its slot. `evictable(slot)` says whether a ready
-    /// slot is free of users.
-    fn lookup(&mut self, key: ExpertId, bytes: u64, evictable: &dyn Fn(usize) -> bool) -> Lookup {
-        self.counters.requests += 1;
+    /// Find or reserve the slot of `key`. `evictable(slot)` says whether a ready slot is free
+    /// of users. Counts nothing: see [`Directory::count`].
+    fn lookup(&mut self, key: ExpertId, evictable: &dyn Fn(usize) -> bool) -> Lookup {
         if let Some(&slot) = self.map.get(&key) {
             match self.entries.get(slot) {
                 Some(Entry::Ready(_)) => {
-                    self.counters.hits += 1;
-                    self.counters.bytes_avoided += bytes;
                     self.policy.touch(slot);
                     return Lookup::Hit(slot);
                 }
-                Some(Entry::Filling(_)) => {
-                    // Waiting for someone else's read: recounted when it lands.
-                    self.counters.requests -= 1;
-                    return Lookup::InFlight(slot);
-                }
+                Some(Entry::Filling(_)) => return Lookup::InFlight(slot),
                 _ => {}
             }
         }
@@ -267,10 +262,7 @@ impl Directory {
             Some(s) => s,
             None => match self.policy.victim(evictable) {
                 Some(s) => s,
-                None => {
-                    self.counters.requests -= 1;
-                    return Lookup::Full;
-                }
+                None => return Lookup::Full,
             },
         };
         if let Some(Entry::Ready(old)) = self.entries.get(slot).copied() {
@@ -281,6 +273,20 @@ impl Directory {
         self.entries[slot] = Entry::Filling(key);
         self.map.insert(key, slot);
         Lookup::Miss(slot)
+    }
+
+    /// Count a demand lookup of `bytes` bytes. A wait for someone else's read is counted when
+    /// it is retried after the read lands.
+    fn count(&mut self, outcome: Lookup, bytes: u64) {
+        match outcome {
+            Lookup::Hit(_) => {
+                self.counters.requests += 1;
+                self.counters.hits += 1;
+                self.counters.bytes_avoided += bytes;
+            }
+            Lookup::Miss(_) => self.counters.requests += 1,
+            Lookup::InFlight(_) | Lookup::Full => {}
+        }
     }
 
     /// The reservation of `slot` was given up before any read finished: empty it.
@@ -314,7 +320,9 @@ pub fn replay(
 ) -> CacheCounters {
     let mut d = Directory::new(capacity, policy);
     for &key in trace {
-        if let Lookup::Miss(slot) = d.lookup(key, expert_bytes, &|_| true) {
+        let outcome = d.lookup(key, &|_| true);
+        d.count(outcome, expert_bytes);
+        if let Lookup::Miss(slot) = outcome {
             d.finish(slot, key, expert_bytes, true);
         }
     }
@@ -424,57 +432,87 @@ impl ExpertCache {
     pub fn acquire(&self, key: ExpertId, run: ByteRun) -> Result<Acquired<'_>, CacheError> {
         let mut inner = lock(&self.inner);
         loop {
-            let Inner { dir, slots } = &mut *inner;
-            let evictable = |s: usize| matches!(slots.get(s), Some(Slot::Loaded(a)) if Arc::strong_count(a) == 1);
-            match dir.lookup(key, run.len, &evictable) {
-                Lookup::Hit(slot) => {
-                    if let Some(Slot::Loaded(a)) = slots.get(slot) {
-                        return Ok(Acquired::Ready(Arc::clone(a)));
-                    }
-                }
-                Lookup::InFlight(_) => {
-                    inner = self.landed.wait(inner).unwrap_or_else(|e| e.into_inner());
-                    continue;
-                }
-                Lookup::Full => {
-                    return Err(CacheError::Full {
-                        layer: key.layer,
-                        expert: key.expert,
-                        capacity: slots.len(),
-                    });
-                }
-                Lookup::Miss(slot) => {
-                    let buf = match std::mem::replace(&mut slots[slot], Slot::Lent) {
-                        Slot::Spare(Some(b)) => Ok(b),
-                        Slot::Loaded(a) => Arc::try_unwrap(a)
-                            .map(LoadedRun::into_buffer)
-                            .or_else(|_| AlignedBuf::zeroed(self.slot_bytes)),
-                        Slot::Spare(None) | Slot::Lent => AlignedBuf::zeroed(self.slot_bytes),
-                    };
-                    let ticket = Ticket {
-                        cache: self,
-                        slot,
-                        key,
-                        bytes: run.len,
-                        done: false,
-                    };
-                    return match buf {
-                        Ok(buf) => Ok(Acquired::Read { ticket, run, buf }),
-                        // The ticket's drop empties the slot again.
-                        Err(e) => {
-                            drop(inner);
-                            Err(e.into())
-                        }
-                    };
+            match self.take(&mut inner, key, run, true)? {
+                Some(acquired) => return Ok(acquired),
+                None => inner = self.landed.wait(inner).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+    }
+
+    /// [`ExpertCache::acquire`] for a read issued ahead of need, on a predicted routing: never
+    /// waits (`None` when the expert is being read already or no slot is free) and counts no
+    /// request, so a later demand for the expert is not mistaken for a hit (engine-lessons
+    /// §4.2: the C engine's counter read 100 % hits at 0 % retention that way).
+    pub fn acquire_ahead(
+        &self,
+        key: ExpertId,
+        run: ByteRun,
+    ) -> Result<Option<Acquired<'_>>, CacheError> {
+        let mut inner = lock(&self.inner);
+        match self.take(&mut inner, key, run, false) {
+            Err(CacheError::Full { .. }) => Ok(None),
+            other => other,
+        }
+    }
+
+    /// One lookup under the lock: `Ok(None)` while another caller reads the same expert.
+    fn take(
+        &self,
+        inner: &mut MutexGuard<'_, Inner>,
+        key: ExpertId,
+        run: ByteRun,
+        demand: bool,
+    ) -> Result<Option<Acquired<'_>>, CacheError> {
+        let Inner { dir, slots } = &mut **inner;
+        let evictable =
+            |s: usize| matches!(slots.get(s), Some(Slot::Loaded(a)) if Arc::strong_count(a) == 1);
+        let outcome = dir.lookup(key, &evictable);
+        if demand {
+            dir.count(outcome, run.len);
+        }
+        match outcome {
+            Lookup::Hit(slot) => {
+                if let Some(Slot::Loaded(a)) = slots.get(slot) {
+                    return Ok(Some(Acquired::Ready(Arc::clone(a))));
                 }
             }
-            // A hit whose slot holds no data cannot happen; treat it as a full cache.
-            return Err(CacheError::Full {
-                layer: key.layer,
-                expert: key.expert,
-                capacity: slots.len(),
-            });
+            Lookup::InFlight(_) => return Ok(None),
+            Lookup::Full => {}
+            Lookup::Miss(slot) => {
+                let buf = match std::mem::replace(&mut slots[slot], Slot::Lent) {
+                    Slot::Spare(Some(b)) => Ok(b),
+                    Slot::Loaded(a) => Arc::try_unwrap(a)
+                        .map(LoadedRun::into_buffer)
+                        .or_else(|_| AlignedBuf::zeroed(self.slot_bytes)),
+                    Slot::Spare(None) | Slot::Lent => AlignedBuf::zeroed(self.slot_bytes),
+                };
+                return match buf {
+                    Ok(buf) => Ok(Some(Acquired::Read {
+                        ticket: Ticket {
+                            cache: self,
+                            slot,
+                            key,
+                            bytes: run.len,
+                            done: false,
+                        },
+                        run,
+                        buf,
+                    })),
+                    Err(e) => {
+                        // No ticket exists yet: undo the reservation here, under the lock.
+                        slots[slot] = Slot::Spare(None);
+                        dir.abandon(slot, key);
+                        Err(e.into())
+                    }
+                };
+            }
         }
+        // Full, or a hit whose slot holds no data (which cannot happen).
+        Err(CacheError::Full {
+            layer: key.layer,
+            expert: key.expert,
+            capacity: slots.len(),
+        })
     }
 
     fn finish(
@@ -509,10 +547,11 @@ impl ExpertCache {
 }
 
 impl ExpertCache {
-    fn abandon(&self, slot: usize, key: ExpertId) {
+    /// Empties a reserved slot whose read will not be published; `buf` is its buffer if the
+    /// caller has it back (otherwise the slot gets a new one when next filled).
+    fn abandon(&self, slot: usize, key: ExpertId, buf: Option<AlignedBuf>) {
         let mut inner = lock(&self.inner);
-        // The buffer left with the caller; the slot gets a new one when next filled.
-        inner.slots[slot] = Slot::Spare(None);
+        inner.slots[slot] = Slot::Spare(buf);
         inner.dir.abandon(slot, key);
         drop(inner);
         self.landed.notify_all();
@@ -533,6 +572,13 @@ impl Ticket<'_> {
         self.done = true;
         self.cache.finish(self.slot, self.key, self.bytes, result)
     }
+
+    /// Gives the reservation up without publishing anything (a read cancelled before it ran),
+    /// returning its buffer to the slot. Counts no read and no error.
+    pub fn release(mut self, buf: Option<AlignedBuf>) {
+        self.done = true;
+        self.cache.abandon(self.slot, self.key, buf);
+    }
 }
 
 impl Drop for Ticket<'_> {
@@ -540,7 +586,7 @@ impl Drop for Ticket<'_> {
     /// waiters on the same expert retry instead of waiting forever.
     fn drop(&mut self) {
         if !self.done {
-            self.cache.abandon(self.slot, self.key);
+            self.cache.abandon(self.slot, self.key, None);
         }
     }
 }

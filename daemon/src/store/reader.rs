@@ -212,19 +212,44 @@ impl ReaderPool {
 
     /// [`ReaderPool::submit`] with an explicit [`Priority`].
     pub fn submit_as(&self, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) -> Batch {
-        let state = Arc::new(BatchState {
-            inner: Mutex::new(BatchInner {
-                slots: Vec::with_capacity(runs.len()),
-                ready: VecDeque::new(),
-            }),
-            landed: Condvar::new(),
-            cancelled: AtomicBool::new(false),
-        });
-        let len = runs.len();
+        let mut batch = Batch::with_capacity(runs.len());
+        self.enqueue(&mut batch, runs, priority, true);
+        batch
+    }
+
+    /// A demand batch whose runs start in the order given rather than sweeping the file
+    /// forward: for guesses ranked by likelihood, so the least likely are the ones still queued
+    /// (and cheap to [`ReaderPool::unqueue`]) when the guess is checked.
+    pub fn submit_ranked(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> Batch {
+        let mut batch = Batch::with_capacity(runs.len());
+        self.enqueue(&mut batch, runs, Priority::Demand, false);
+        batch
+    }
+
+    /// Adds runs to a batch already in flight; their completion ids continue after the batch's
+    /// current ones (the first new run gets id `batch.len()` as it was before the call). Lets a
+    /// caller wait on reads issued early (a predicted routing) and on the ones issued once the
+    /// need is known with one [`Batch::wait_any`].
+    pub fn extend(&self, batch: &mut Batch, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) {
+        self.enqueue(batch, runs, priority, true);
+    }
+
+    /// Queues `runs` as requests of `batch`; `sweep` orders them by (shard, offset) so the
+    /// drive reads forward (§2.3), otherwise they keep the order given.
+    fn enqueue(
+        &self,
+        batch: &mut Batch,
+        runs: Vec<(ByteRun, AlignedBuf)>,
+        priority: Priority,
+        sweep: bool,
+    ) {
+        let state = &batch.state;
+        batch.len += runs.len();
         let mut jobs = Vec::new();
         {
             let mut inner = lock(&state.inner);
-            for (slot, (run, buf)) in runs.into_iter().enumerate() {
+            for (run, buf) in runs {
+                let slot = inner.slots.len();
                 let window = match self.shared.shards.window_for(run, &buf) {
                     Ok(w) => w,
                     Err(error) => {
@@ -264,7 +289,7 @@ impl ReaderPool {
                 });
                 for (chunk, part) in chunks.into_iter().zip(parts) {
                     jobs.push(Job {
-                        batch: Arc::clone(&state),
+                        batch: Arc::clone(state),
                         slot,
                         shard: run.shard,
                         chunk,
@@ -273,7 +298,9 @@ impl ReaderPool {
                 }
             }
         }
-        jobs.sort_by_key(|j| (j.shard, j.chunk.file_offset));
+        if sweep {
+            jobs.sort_by_key(|j| (j.shard, j.chunk.file_offset));
+        }
         let n = jobs.len();
         if n > 0 {
             let mut q = lock(&self.shared.queue);
@@ -290,11 +317,39 @@ impl ReaderPool {
                 (0..n).for_each(|_| self.shared.work.notify_one());
             }
         }
-        Batch {
-            state,
-            len,
-            taken: 0,
+    }
+
+    /// Withdraws the requests of run `id` of `batch` that no reader has started. The run still
+    /// completes through the batch: as `Err` [`ReadError::Cancelled`] with its buffer once any
+    /// request already running has finished, or as `Ok` if every request had already landed
+    /// (the bytes are then real data). Returns whether any request was withdrawn.
+    pub fn unqueue(&self, batch: &Batch, id: usize) -> bool {
+        let mut withdrawn = Vec::new();
+        {
+            let mut q = lock(&self.shared.queue);
+            let Queue { jobs, prefetch, .. } = &mut *q;
+            for queue in [jobs, prefetch] {
+                let mut kept = VecDeque::with_capacity(queue.len());
+                for job in queue.drain(..) {
+                    if job.slot == id && Arc::ptr_eq(&job.batch, &batch.state) {
+                        withdrawn.push(job);
+                    } else {
+                        kept.push_back(job);
+                    }
+                }
+                *queue = kept;
+            }
         }
+        let any = !withdrawn.is_empty();
+        for job in withdrawn {
+            let Job {
+                batch, slot, part, ..
+            } = job;
+            // The part must be gone before the last completion rejoins the buffer.
+            drop(part);
+            batch.complete(slot, Err(None));
+        }
+        any
     }
 
     /// Read one run and wait for it.
@@ -467,6 +522,22 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch with no runs yet, room for `capacity`.
+    fn with_capacity(capacity: usize) -> Self {
+        Batch {
+            state: Arc::new(BatchState {
+                inner: Mutex::new(BatchInner {
+                    slots: Vec::with_capacity(capacity),
+                    ready: VecDeque::new(),
+                }),
+                landed: Condvar::new(),
+                cancelled: AtomicBool::new(false),
+            }),
+            len: 0,
+            taken: 0,
+        }
+    }
+
     /// Number of runs submitted.
     pub fn len(&self) -> usize {
         self.len
