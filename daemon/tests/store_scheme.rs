@@ -21,7 +21,7 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
         budget: Budget {
             ram: Some(2 << 30),
             trunk: Some(1),
-            cache: None,
+            ..Budget::default()
         },
         scheme,
         ..LoadOptions::default()

@@ -1,7 +1,8 @@
 //! Memory is a dial (issue 4): the real `k3d run` binary on `k3d synth` checkpoints produces the
 //! same generated ids and the same `--dump-logits` bytes at every RAM budget from the minimum to
-//! `max`, with 1 or 2 threads and with chunked or token-by-token prefill; a budget below the
-//! minimum is refused (exit 5) and a shard that breaks during a run fails it (exit 4).
+//! `max`, with 1 or 2 threads, with chunked or token-by-token prefill, and with or without the
+//! routing lookahead; a budget below the minimum is refused (exit 5) and a shard that breaks
+//! during a run fails it (exit 4).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -79,6 +80,7 @@ fn identical_at_every_budget(shape: &str) {
         .expect("plan budget");
     assert!(full > min, "max ({full}) above the minimum ({min})");
     let mut streamed_some = false;
+    let mut looked_ahead = None;
     for (i, b) in [
         min + 4096,
         min + (full - min) / 4,
@@ -101,12 +103,21 @@ fn identical_at_every_budget(shape: &str) {
             if store["trunk_bytes_read"].as_u64() > max_json["store"]["trunk_bytes_read"].as_u64() {
                 streamed_some = true;
             }
+            if store["lookahead_bytes_read"].as_u64() > Some(0) {
+                looked_ahead = Some(g);
+            }
         }
     }
     assert!(
         streamed_some,
         "some budget streamed trunk layers during the run"
     );
+    // The trunk-resident budgets read experts on a predicted routing; without it, same bytes.
+    let g = looked_ahead.expect("some budget read experts ahead of routing");
+    let (i4, l4, json) = ok_run(&dir, "no-lookahead", &["--ram-gb", &g, "--no-lookahead"]);
+    assert_eq!(json["store"]["lookahead_bytes_read"].as_u64(), Some(0));
+    assert_eq!(i4, ids, "generated ids at {g} GiB without lookahead");
+    assert!(l4 == logits, "logits at {g} GiB without lookahead");
     // Token-by-token prefill under the minimum budget.
     let (i3, l3, _) = ok_run(
         &dir,

@@ -27,6 +27,10 @@ pub struct PhaseCost {
     pub head_bytes: u64,
     /// Whole aligned windows the reader threads moved (what the drive delivered).
     pub window_bytes: u64,
+    /// Expert bytes read ahead of routing (included in `expert_bytes`), and the part the
+    /// routing did not ask for.
+    pub lookahead_bytes: u64,
+    pub lookahead_unused_bytes: u64,
     /// Time the compute thread waited for reads.
     pub io_wait_seconds: f64,
     /// Time at least one read was executing.
@@ -46,6 +50,8 @@ impl PhaseCost {
             embedding_bytes: t.embedding_bytes_read - s.embedding_bytes_read,
             head_bytes: t.head_bytes_read - s.head_bytes_read,
             window_bytes: t.window_bytes_read - s.window_bytes_read,
+            lookahead_bytes: t.lookahead_bytes_read - s.lookahead_bytes_read,
+            lookahead_unused_bytes: t.lookahead_unused_bytes - s.lookahead_unused_bytes,
             io_wait_seconds: t.io_seconds - s.io_seconds,
             read_busy_seconds: t.read_busy_seconds - s.read_busy_seconds,
             compute_seconds: b.compute - a.compute,

@@ -550,6 +550,25 @@ impl Model {
                 Some(cur)
             };
             let x = norm_rows(&h_in, &lp.vectors.input_norm, eps, h);
+            let moe_parts = match (&lp.ffn, &ll.ffn) {
+                (FfnParams::Moe(p), FfnLayout::Moe(ml)) => Some((p, binder.moe(l, ml, &trunk)?)),
+                _ => None,
+            };
+            // Routing lookahead (plan rule 4): route this layer's MoE input as if the mixer
+            // added nothing and start reading those experts now, so the reads run while the
+            // mixer computes. The guess decides only which reads start early, never a value.
+            let mut ahead = match &moe_parts {
+                Some((p, m))
+                    if x.len() / h * self.moe.router.top_k <= self.store.plan().lookahead_slots =>
+                {
+                    let no_mixer = base.clone().unwrap_or_else(|| vec![0.0f32; x.len()]);
+                    let guess_in = aggregate_rows(&blocks, &no_mixer, &lp.vectors.mlp_res, eps, h);
+                    let guess_x = norm_rows(&guess_in, &lp.vectors.post_norm, eps, h);
+                    let guess = moe::predict(&self.moe, m, p, &guess_x);
+                    self.store.prefetch_experts(l, &guess)?
+                }
+                _ => None,
+            };
             let mut a = vec![0.0f32; x.len()];
             let matrices = binder.mixer(ll, &trunk)?;
             // The mixers carry each sequence's own history: they run per sequence, on its rows.
@@ -582,13 +601,12 @@ impl Model {
             let h2 = aggregate_rows(&blocks, &partial, &lp.vectors.mlp_res, eps, h);
             let x2 = norm_rows(&h2, &lp.vectors.post_norm, eps, h);
             let mut f = vec![0.0f32; x2.len()];
-            match (&lp.ffn, &ll.ffn) {
-                (FfnParams::Dense, FfnLayout::Dense(d)) => {
+            match (&lp.ffn, &ll.ffn, &moe_parts) {
+                (FfnParams::Dense, FfnLayout::Dense(d), _) => {
                     binder.dense(l, d, &trunk)?.forward(self.act, &x2, &mut f)
                 }
-                (FfnParams::Moe(p), FfnLayout::Moe(ml)) => {
-                    let m = binder.moe(l, ml, &trunk)?;
-                    let plan = moe::plan(&self.moe, &m, p, &x2);
+                (_, _, Some((p, m))) => {
+                    let plan = moe::plan(&self.moe, m, p, &x2);
                     // As many experts at a time as the cache can hold at once; each expert's
                     // output is independent and `combine` sums in top-k order, so the grouping
                     // does not change a bit. The shared MLP runs once, while the first group's
@@ -600,8 +618,9 @@ impl Model {
                         self.store.experts_each(
                             l,
                             group,
+                            ahead.take(),
                             || {
-                                shared.get_or_insert_with(|| moe::shared(&self.moe, &m, &x2));
+                                shared.get_or_insert_with(|| moe::shared(&self.moe, m, &x2));
                             },
                             |views| {
                                 let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
@@ -614,8 +633,8 @@ impl Model {
                             },
                         )?;
                     }
-                    let shared = shared.unwrap_or_else(|| moe::shared(&self.moe, &m, &x2));
-                    f = moe::combine(&self.moe, &m, p, &plan, &outputs, shared);
+                    let shared = shared.unwrap_or_else(|| moe::shared(&self.moe, m, &x2));
+                    f = moe::combine(&self.moe, m, p, &plan, &outputs, shared);
                 }
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(

@@ -58,18 +58,48 @@ pub struct MoePlan {
 /// Phase 1: latent projection and routing of the T rows of `xs`.
 pub fn plan(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> MoePlan {
     let z = apply(&m.latent_down, xs);
-    let logits = apply(&m.router, xs);
-    let routes: Vec<Routing> = logits
+    let routes = route_rows(dims, m, p, xs);
+    let needed = union(&routes);
+    MoePlan { z, routes, needed }
+}
+
+/// The experts rows `xs` would route to, most confident first (row by row, each in top-k
+/// order, each expert once): the routing lookahead's guess when `xs` approximates the layer's
+/// real MoE input. The store reads them early in this order, so the least likely guesses are
+/// the ones still queued — and withdrawn — when the real routing disagrees. Nothing computed
+/// depends on the guess.
+pub fn predict(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> Vec<usize> {
+    let mut seen = vec![false; m.router.rows];
+    let mut ranked = Vec::new();
+    for r in route_rows(dims, m, p, xs) {
+        for e in r.experts {
+            if let Some(s) = seen.get_mut(e)
+                && !*s
+            {
+                *s = true;
+                ranked.push(e);
+            }
+        }
+    }
+    ranked
+}
+
+fn route_rows(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> Vec<Routing> {
+    apply(&m.router, xs)
         .chunks_exact(m.router.rows)
         .map(|l| route(dims.router, l, &p.score_bias))
-        .collect();
+        .collect()
+}
+
+/// The distinct experts of `routes`, ascending.
+fn union(routes: &[Routing]) -> Vec<usize> {
     let mut needed: Vec<usize> = routes
         .iter()
         .flat_map(|r| r.experts.iter().copied())
         .collect();
     needed.sort_unstable();
     needed.dedup();
-    MoePlan { z, routes, needed }
+    needed
 }
 
 /// The outputs of one routed expert for the tokens that chose it: `users[i] = (token, slot)`

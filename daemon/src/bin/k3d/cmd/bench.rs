@@ -76,6 +76,10 @@ pub struct Args {
     /// Expert cache size, GiB, for every budget (plan experiments).
     #[arg(long, value_name = "GIB")]
     cache_gb: Option<f64>,
+    /// No routing lookahead, for every budget (plan experiments: what reading experts on a
+    /// predicted routing before the mixer gains).
+    #[arg(long)]
+    no_lookahead: bool,
     /// Whole-layer trunk ring slots (default 2), for every budget (plan experiments: a deeper
     /// ring prefetches further ahead but pins less at the same budget).
     #[arg(long, value_name = "N")]
@@ -135,6 +139,8 @@ struct Phase {
     embedding_bytes: u64,
     head_bytes: u64,
     window_bytes: u64,
+    lookahead_bytes: u64,
+    lookahead_unused_bytes: u64,
     io_wait_seconds: f64,
     read_busy_seconds: f64,
     compute_seconds: f64,
@@ -150,6 +156,8 @@ impl From<PhaseCost> for Phase {
             embedding_bytes: p.embedding_bytes,
             head_bytes: p.head_bytes,
             window_bytes: p.window_bytes,
+            lookahead_bytes: p.lookahead_bytes,
+            lookahead_unused_bytes: p.lookahead_unused_bytes,
             io_wait_seconds: p.io_wait_seconds,
             read_busy_seconds: p.read_busy_seconds,
             compute_seconds: p.compute_seconds,
@@ -159,7 +167,9 @@ impl From<PhaseCost> for Phase {
 
 impl Args {
     fn budget_args(&self, ram: &str) -> BudgetArgs {
-        BudgetArgs::default().or_from_file(Some(ram.to_string()), self.trunk_gb, self.cache_gb)
+        BudgetArgs::default()
+            .or_from_file(Some(ram.to_string()), self.trunk_gb, self.cache_gb)
+            .lookahead_off(self.no_lookahead)
     }
 
     fn engine_options(&self, ram: &str) -> Result<EngineOptions, CliError> {
@@ -412,6 +422,9 @@ fn one_child(
     if let Some(n) = args.ring_slots {
         cmd.args(["--ring-slots", &n.to_string()]);
     }
+    if args.no_lookahead {
+        cmd.arg("--no-lookahead");
+    }
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();
         cmd.args(["--policy-slots", &list.join(",")]);
@@ -466,6 +479,12 @@ struct BudgetResult {
 
 fn bytes(p: &Phase) -> u64 {
     p.trunk_bytes + p.expert_bytes + p.embedding_bytes + p.head_bytes
+}
+
+/// What the plan predicts: every byte read except guesses of the routing lookahead that the
+/// routing did not confirm (the plan counts routed experts; wrong guesses are reported apart).
+fn routed_bytes(p: &Phase) -> u64 {
+    bytes(p) - p.lookahead_unused_bytes
 }
 
 fn per_token(total: u64, tokens: usize) -> f64 {
@@ -583,10 +602,17 @@ impl BudgetResult {
             },
             "bytes_per_token": {
                 "trunk": self.class(|d| d.trunk_bytes, p.reads.trunk),
-                "experts": self.class(|d| d.expert_bytes, p.reads.experts),
+                "experts": self.class(
+                    |d| d.expert_bytes - d.lookahead_unused_bytes,
+                    p.reads.experts
+                ),
                 "embedding": self.class(|d| d.embedding_bytes, p.reads.embedding),
                 "head": self.class(|d| d.head_bytes, p.reads.lm_head),
-                "total": self.class(bytes, p.reads.total()),
+                "total": self.class(routed_bytes, p.reads.total()),
+                "lookahead_read": self.med(|r| per_token(
+                    r.report.decode.lookahead_bytes, r.report.decode.tokens)),
+                "lookahead_unused": self.med(|r| per_token(
+                    r.report.decode.lookahead_unused_bytes, r.report.decode.tokens)),
             },
             "runs": self.runs.iter().map(|r| json!({
                 "prefill": r.report.prefill,
@@ -604,13 +630,14 @@ impl BudgetResult {
 
 fn print_table(budgets: &[BudgetResult]) {
     println!(
-        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>9} {:>5}",
+        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>7} {:>7} {:>9} {:>5}",
         "budget",
         "pinned",
         "s/token",
         "prefill",
         "GB/token",
         "plan",
+        "unused",
         "GB/s",
         "device",
         "ratio",
@@ -621,15 +648,19 @@ fn print_table(budgets: &[BudgetResult]) {
     for b in budgets {
         let device = b.probe.rate() / 1e9;
         let gbps = b.derived_median(|d| d.read_gbps);
-        let total = b.class(bytes, b.plan.reads.total());
+        let total = b.class(routed_bytes, b.plan.reads.total());
         println!(
-            "{:>10} {:>7} {:>9.3} {:>9.2} {:>9.3} {:>8.3} {:>8.2} {:>7.2} {:>6.0}% {:>7.2} {:>8.2}G {:>5}",
+            "{:>10} {:>7} {:>9.3} {:>9.2} {:>9.3} {:>8.3} {:>7.3} {:>8.2} {:>7.2} {:>6.0}% {:>7.2} {:>8.2}G {:>5}",
             format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
             format!("{}/{}", b.plan.pinned_layers.len(), b.plan.layer_count),
             b.derived_median(|d| d.seconds_per_token),
             b.med(|r| r.report.prefill.seconds),
             b.derived_median(|d| d.bytes_per_token) / 1e9,
             b.plan.reads.total() as f64 / 1e9,
+            b.med(|r| per_token(
+                r.report.decode.lookahead_unused_bytes,
+                r.report.decode.tokens
+            )) / 1e9,
             gbps,
             device,
             if device > 0.0 {
@@ -665,7 +696,8 @@ fn print_table(budgets: &[BudgetResult]) {
         }
     }
     println!(
-        "(medians; s/token = decode wall per token; GB/s = read window bytes ÷ reader busy time; \
-         overlap = wall ÷ max(io, compute))"
+        "(medians; s/token = decode wall per token; unused = GB/token the routing lookahead \
+         read on wrong guesses, =plan compares the rest with the plan; GB/s = read window bytes \
+         ÷ reader busy time; overlap = wall ÷ max(io, compute))"
     );
 }

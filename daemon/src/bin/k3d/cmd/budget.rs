@@ -1,9 +1,9 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`,
-//! `--trunk-gb`, `--cache-gb`. Figures are GiB and may be fractional (tiny test models need
-//! budgets of a few MiB).
+//! `--trunk-gb`, `--cache-gb`, `--no-lookahead`. Figures are GiB and may be fractional (tiny
+//! test models need budgets of a few MiB).
 
 use k3d::model::LoadOptions;
-use k3d::store::plan::{Budget, Preset};
+use k3d::store::plan::{Budget, Lookahead, Preset};
 
 use crate::exit::{CliError, Exit};
 
@@ -19,6 +19,10 @@ pub struct BudgetArgs {
     /// Expert cache size, GiB.
     #[arg(long, value_name = "GIB")]
     cache_gb: Option<f64>,
+    /// Never read experts ahead of routing on a predicted routing (for comparisons; the plan
+    /// uses lookahead only when the whole trunk is resident). Output does not depend on it.
+    #[arg(long)]
+    no_lookahead: bool,
 }
 
 impl BudgetArgs {
@@ -40,6 +44,9 @@ impl BudgetArgs {
         if let Some(c) = self.cache_gb {
             budget.cache = Some(Budget::gib("--cache-gb", c).map_err(usage)?);
         }
+        if self.no_lookahead {
+            budget.lookahead = Lookahead::Off;
+        }
         Ok(budget)
     }
 
@@ -54,7 +61,14 @@ impl BudgetArgs {
             ram_gb: self.ram_gb.clone().or(ram_gb),
             trunk_gb: self.trunk_gb.or(trunk_gb),
             cache_gb: self.cache_gb.or(cache_gb),
+            no_lookahead: self.no_lookahead,
         }
+    }
+
+    /// These flags with `--no-lookahead` added when `off`.
+    pub fn lookahead_off(mut self, off: bool) -> Self {
+        self.no_lookahead |= off;
+        self
     }
 
     /// Load options with this budget.

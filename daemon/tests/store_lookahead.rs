@@ -1,0 +1,201 @@
+//! Routing lookahead (plan rule 4, `WeightStore::prefetch_experts`): experts read on a guessed
+//! routing are adopted when the routing confirms them — counted as reads, never as bytes
+//! avoided (engine-lessons §4.2) — and wrong guesses are withdrawn or reported as unused. The
+//! bytes handed out are the stored bytes whatever was guessed.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+use k3d::checkpoint::Checkpoint;
+use k3d::checkpoint::layout::FfnLayout;
+use k3d::model::{LoadOptions, plan_for};
+use k3d::store::plan::{Budget, Lookahead};
+use k3d::store::{StoreError, StoreOptions, WeightStore};
+
+mod cli_support;
+use cli_support::synth;
+
+fn checkpoint(name: &str) -> (PathBuf, Checkpoint) {
+    let dir = std::env::temp_dir().join(format!("k3d-lookahead-{}-{name}", std::process::id()));
+    synth("tiny", &dir);
+    let c = Checkpoint::open(&dir).expect("checkpoint");
+    (dir, c)
+}
+
+/// A store under the largest budget below `max`: the whole trunk resident, a cache that cannot
+/// hold every expert, and (unless `lookahead` is off) top-k lookahead slots.
+fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
+    let max = plan_for(&c.config, &c.layout, &LoadOptions::default()).expect("max plan");
+    let options = LoadOptions {
+        budget: Budget {
+            ram: Some(max.total() - 4096),
+            lookahead,
+            ..Budget::default()
+        },
+        ..LoadOptions::default()
+    };
+    let plan = plan_for(&c.config, &c.layout, &options).expect("plan");
+    let shards: Vec<PathBuf> = c.shards.iter().map(|s| s.path.clone()).collect();
+    WeightStore::open(c.layout.clone(), &shards, plan, StoreOptions::default()).expect("store")
+}
+
+fn first_moe_layer(c: &Checkpoint) -> usize {
+    c.layout
+        .layers
+        .iter()
+        .position(|l| matches!(l.ffn, FfnLayout::Moe(_)))
+        .expect("a MoE layer")
+}
+
+/// The stored bytes of expert `e` of layer `l`, read with plain file I/O.
+fn stored(c: &Checkpoint, l: usize, e: usize) -> Vec<u8> {
+    let FfnLayout::Moe(m) = &c.layout.layers[l].ffn else {
+        panic!("layer {l} is not MoE")
+    };
+    let run = m.experts[e].0;
+    let mut f = std::fs::File::open(&c.shards[run.shard].path).expect("shard");
+    f.seek(SeekFrom::Start(run.offset)).expect("seek");
+    let mut out = vec![0u8; run.len as usize];
+    f.read_exact(&mut out).expect("read");
+    out
+}
+
+/// `experts_each` and what it handed out, checked against the stored bytes.
+fn fetch(
+    s: &WeightStore,
+    c: &Checkpoint,
+    l: usize,
+    ids: &[usize],
+    ahead: Option<k3d::store::ExpertPrefetch<'_>>,
+) {
+    let mut got = Vec::new();
+    s.experts_each(
+        l,
+        ids,
+        ahead,
+        || {},
+        |views| {
+            for v in views {
+                assert!(
+                    v.bytes() == stored(c, l, v.expert),
+                    "expert {} bytes",
+                    v.expert
+                );
+                got.push(v.expert);
+            }
+            Ok::<(), StoreError>(())
+        },
+    )
+    .expect("experts");
+    got.sort_unstable();
+    assert_eq!(got, ids, "every expert handed out once");
+}
+
+#[test]
+fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
+    let (dir, c) = checkpoint("adopt");
+    let s = store(&c, Lookahead::Auto);
+    let slots = s.plan().lookahead_slots;
+    assert_eq!(
+        slots, c.config.num_experts_per_token,
+        "top-k lookahead slots"
+    );
+    let l = first_moe_layer(&c);
+    let expert_len = stored(&c, l, 0).len() as u64;
+    // Guess 0..slots; the routing wants 0 and `slots` (not guessed).
+    let guesses: Vec<usize> = (0..slots).collect();
+    let wanted = [0, slots];
+    let before = s.stats();
+    let ahead = s.prefetch_experts(l, &guesses).expect("prefetch");
+    assert!(ahead.is_some(), "the plan has lookahead slots");
+    fetch(&s, &c, l, &wanted, ahead);
+    let after = s.stats();
+    let read = after.lookahead_bytes_read - before.lookahead_bytes_read;
+    let unused = after.lookahead_unused_bytes - before.lookahead_unused_bytes;
+    assert_eq!(read - unused, expert_len, "one guess was confirmed");
+    assert!(unused <= (slots as u64 - 1) * expert_len);
+    assert_eq!(
+        after.expert_bytes_read - before.expert_bytes_read,
+        2 * expert_len + unused,
+        "the confirmed guess, the unguessed expert and the unused guesses were read"
+    );
+    assert_eq!(
+        after.bytes_avoided, before.bytes_avoided,
+        "a guessed read is not a byte avoided"
+    );
+    // Both are resident now: served without reads, and counted as avoided.
+    fetch(&s, &c, l, &wanted, None);
+    let again = s.stats();
+    assert_eq!(again.expert_bytes_read, after.expert_bytes_read);
+    assert_eq!(again.bytes_avoided - after.bytes_avoided, 2 * expert_len);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_guess_for_another_layer_or_too_many_guesses_change_nothing_computed() {
+    let (dir, c) = checkpoint("other");
+    let s = store(&c, Lookahead::Auto);
+    let l = first_moe_layer(&c);
+    let next = (l + 1..c.layout.layers.len())
+        .find(|&n| matches!(c.layout.layers[n].ffn, FfnLayout::Moe(_)))
+        .expect("a second MoE layer");
+    let ahead = s.prefetch_experts(l, &[1, 2]).expect("prefetch");
+    // Handed to another layer's request, the guess is dropped and its slots emptied.
+    fetch(&s, &c, next, &[1, 2], ahead);
+    fetch(&s, &c, l, &[1, 2], None);
+    let too_many: Vec<usize> = (0..=s.plan().lookahead_slots).collect();
+    assert!(
+        s.prefetch_experts(l, &too_many)
+            .expect("prefetch")
+            .is_none()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lookahead_off_reserves_no_slots() {
+    let (dir, c) = checkpoint("off");
+    let s = store(&c, Lookahead::Off);
+    assert_eq!(s.plan().lookahead_slots, 0);
+    let l = first_moe_layer(&c);
+    assert!(s.prefetch_experts(l, &[0]).expect("prefetch").is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_guessed_read_fails_the_request_with_file_and_offset() {
+    let (dir, c) = checkpoint("fail");
+    let s = store(&c, Lookahead::Auto);
+    let l = first_moe_layer(&c);
+    let FfnLayout::Moe(m) = &c.layout.layers[l].ffn else {
+        unreachable!()
+    };
+    let run = m.experts[1].0;
+    let path = c.shards[run.shard].path.clone();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open shard")
+        .set_len(run.offset + 10)
+        .expect("truncate");
+    let ahead = s.prefetch_experts(l, &[1]).expect("prefetch");
+    let err = s
+        .experts_each(l, &[1], ahead, || {}, |_| Ok::<(), StoreError>(()))
+        .expect_err("a truncated expert cannot be served");
+    // The failing request is the expert's aligned window: it starts at the 4096-byte boundary
+    // at or below the run.
+    let text = err.to_string();
+    let window = run.offset / 4096 * 4096;
+    assert!(
+        text.contains(&path.display().to_string())
+            && text.contains(&format!("offset {window}"))
+            && text.contains("expert 1"),
+        "{text}"
+    );
+    // Not cached: asked again, it fails again rather than serving a partial buffer.
+    assert!(
+        s.experts_each(l, &[1], None, || {}, |_| Ok::<(), StoreError>(()))
+            .is_err()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
