@@ -41,7 +41,7 @@ use crate::kernels::Bf16Matrix;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
 use crate::store::plan::{Budget, Census, Plan, PlanError, StateShape, StreamScheme};
-use crate::store::{ExpertView, ModelTensorId, StoreOptions, WeightStore};
+use crate::store::{ExpertPrefetch, ExpertView, ModelTensorId, StoreOptions, WeightStore};
 
 /// How the model is loaded: the memory budget and how streamed weights pass through memory
 /// (issue 4). The default is the `max` budget: everything resident.
@@ -554,20 +554,12 @@ impl Model {
                 (FfnParams::Moe(p), FfnLayout::Moe(ml)) => Some((p, binder.moe(l, ml, &trunk)?)),
                 _ => None,
             };
-            // Routing lookahead (plan rule 4): route this layer's MoE input as if the mixer
-            // added nothing and start reading those experts now, so the reads run while the
-            // mixer computes. The guess decides only which reads start early, never a value.
+            // Routing lookahead: this layer's experts start reading while its mixer runs.
             let mut ahead = match &moe_parts {
-                Some((p, m))
-                    if x.len() / h * self.moe.router.top_k <= self.store.plan().lookahead_slots =>
-                {
-                    let no_mixer = base.clone().unwrap_or_else(|| vec![0.0f32; x.len()]);
-                    let guess_in = aggregate_rows(&blocks, &no_mixer, &lp.vectors.mlp_res, eps, h);
-                    let guess_x = norm_rows(&guess_in, &lp.vectors.post_norm, eps, h);
-                    let guess = moe::predict(&self.moe, m, p, &guess_x);
-                    self.store.prefetch_experts(l, &guess)?
+                Some((p, m)) => {
+                    self.read_ahead(l, (p, m), &blocks, base.as_deref(), x.len() / h)?
                 }
-                _ => None,
+                None => None,
             };
             let mut a = vec![0.0f32; x.len()];
             let matrices = binder.mixer(ll, &trunk)?;
@@ -646,6 +638,47 @@ impl Model {
             add_into(&mut cur, &f);
         }
         Ok((blocks, cur))
+    }
+
+    /// Routing lookahead (plan rule 4): starts reading the experts MoE layer `l` (router and
+    /// parameters `moe`) would pick if its mixer added nothing to the residual — its router on
+    /// the AttnRes mix of what is known before the mixer runs: `blocks`, and `partial` the
+    /// running block sum (`None` right after a block start). The reads then run while the mixer
+    /// computes instead of after routing. The guess decides only which reads start early,
+    /// never a computed value.
+    ///
+    /// Measured on `bench` at 8.5 GiB (12 tokens): 92–99 % of each layer's 16 experts guessed
+    /// right, ~100 % of the 8 most confident. Guessing further ahead, across the dense layer 0,
+    /// was right only 67 % of the time from its input and 55 % from its MLP's input: it read
+    /// 6–11 % more bytes per token and gained no speed, so the lookahead stays one sub-layer
+    /// ahead.
+    fn read_ahead(
+        &self,
+        l: usize,
+        moe: (&MoeParams, &MoeMatrices<'_>),
+        blocks: &[Vec<f32>],
+        partial: Option<&[f32]>,
+        rows: usize,
+    ) -> Result<Option<ExpertPrefetch<'_>>, ModelError> {
+        let slots = self.store.plan().lookahead_slots;
+        if slots == 0 || rows * self.moe.router.top_k > slots {
+            return Ok(None);
+        }
+        let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
+        let zeros;
+        let partial = match partial {
+            Some(p) => p,
+            None => {
+                zeros = vec![0.0f32; rows * h];
+                &zeros
+            }
+        };
+        let vectors = &self.layers[l].vectors;
+        let mix = aggregate_rows(blocks, partial, &vectors.mlp_res, eps, h);
+        let x = norm_rows(&mix, &vectors.post_norm, eps, h);
+        let (p, m) = moe;
+        let guess = moe::predict(&self.moe, m, p, &x);
+        Ok(self.store.prefetch_experts(l, &guess)?)
     }
 
     /// Model-level AR, final norm and lm_head (spec §4.10) for the rows each sequence wants;
