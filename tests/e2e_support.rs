@@ -365,15 +365,7 @@ pub fn ensure_group(name: &str) -> u32 {
     if let Some(gid) = gid_of(name) {
         return gid;
     }
-    let out = std::process::Command::new("groupadd")
-        .arg(name)
-        .output()
-        .expect("groupadd (needs root)");
-    assert!(
-        out.status.success(),
-        "groupadd {name} failed (tests need root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    command_support::run_ok(std::process::Command::new("groupadd").arg(name));
     gid_of(name).expect("group created")
 }
 
@@ -400,11 +392,6 @@ pub fn ensure_user(name: &str, group: Option<&str>) {
         if let Some(g) = group {
             cmd.args(["-G", g]);
         }
-        let out = cmd.arg(name).output().expect("useradd (needs root)");
-        assert!(
-            out.status.success(),
-            "useradd {name} failed (tests need root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        command_support::run_ok(cmd.arg(name));
     }
 }
