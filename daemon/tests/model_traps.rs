@@ -1,9 +1,10 @@
-//! One test per silent-failure trap of spec §5.3 that lives in the forward pass.
+//! The silent-failure traps of spec §5.3 that live in the forward pass: one test per op, each
+//! going through every trap of that op (named in its failure message).
 //!
 //! Each test runs an engine op on random weights and inputs, and compares it with a small f64
 //! reference written here from spec §4 (it never calls engine code). The engine must match the
-//! correct reference to `TOL`; the same reference with the trap reintroduced must be far away —
-//! so each test shows both that the engine is right and that the trap would be caught.
+//! correct reference to `TOL`; the same reference with a trap reintroduced must be far away —
+//! so each test shows both that the engine is right and that each trap would be caught.
 
 // The references index like the spec's formulas (S[i][j], π_b·s_b[i]) on purpose.
 #![allow(clippy::needless_range_loop)]
