@@ -8,9 +8,11 @@
 #[path = "e2e_support.rs"]
 mod support;
 
+use k3proto::v1::engine_client::EngineClient;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use support::*;
+use tonic::transport::Channel;
 
 /// `small` at 0.09 GiB with one request at a time (one planned state) pins only layer 0's
 /// trunk; layer 7's trunk (all in this shard) streams through the ring on every token.
@@ -42,20 +44,22 @@ fn header_len(path: &Path) -> u64 {
     8 + u64::from_le_bytes(prefix)
 }
 
-fn streaming_daemon(model: &Path, name: &str) -> Daemon {
+/// A daemon streaming `model`'s experts from disk, and a client once it is ready.
+async fn streaming_daemon(model: &Path, name: &str) -> (Daemon, EngineClient<Channel>) {
     let socket = model
         .parent()
         .expect("scratch")
         .join(format!("{name}.sock"));
-    Daemon::start(model, &socket, &["--ram-gb", "0.09", "--max-active", "1"])
+    let d = Daemon::start(model, &socket, &["--ram-gb", "0.09", "--max-active", "1"]);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    (d, c)
 }
 
 #[tokio::test]
 async fn a_truncated_shard_fails_the_request_loudly_and_the_daemon_recovers() {
     let (model, _scratch) = small_model("read-fail-truncate");
-    let d = streaming_daemon(&model, "truncate");
-    let mut c = client(&d.socket).await;
-    wait_ready(&mut c).await;
+    let (d, mut c) = streaming_daemon(&model, "truncate").await;
     let good = generate(&mut c, ids_request(prompt(0), 4)).await;
     assert!(good.error.is_none(), "before the truncation: {good:?}");
     assert_eq!(good.ids.len(), 4);
@@ -102,9 +106,7 @@ async fn a_truncated_shard_fails_the_request_loudly_and_the_daemon_recovers() {
 #[tokio::test]
 async fn a_shard_replaced_by_rename_is_not_read_the_opened_file_is() {
     let (model, _scratch) = small_model("read-fail-replace");
-    let d = streaming_daemon(&model, "replace");
-    let mut c = client(&d.socket).await;
-    wait_ready(&mut c).await;
+    let (_d, mut c) = streaming_daemon(&model, "replace").await;
     let good = generate(&mut c, ids_request(prompt(1), 4)).await;
     assert!(good.error.is_none(), "before the replacement: {good:?}");
 

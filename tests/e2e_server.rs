@@ -6,6 +6,7 @@ mod support;
 use k3proto::v1 as pb;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
+use support::command_support::run_ok;
 use support::*;
 use tokio_stream::StreamExt;
 
@@ -141,25 +142,10 @@ async fn a_dropped_stream_stops_its_compute() {
 #[tokio::test]
 async fn sixteen_concurrent_clients_get_what_they_get_alone() {
     let (d, mut c) = ready_daemon("concurrent", &["--max-queue", "16", "--max-active", "4"]).await;
-    let mut alone = Vec::new();
-    for i in 0..16 {
-        let r = generate(&mut c, ids_request(prompt(i), 12)).await;
-        assert!(r.error.is_none(), "{:?}", r.error);
-        alone.push(r.ids);
-    }
-    let mut tasks = Vec::new();
-    for i in 0..16u32 {
-        let socket = d.socket.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = client(&socket).await;
-            generate(&mut c, ids_request(prompt(i), 12)).await
-        }));
-    }
+    let requests: Vec<_> = (0..16).map(|i| ids_request(prompt(i), 12)).collect();
+    let alone = solo_ids(&mut c, &requests).await;
     let mut queued_seen = false;
-    for (i, task) in tasks.into_iter().enumerate() {
-        let r = task.await.expect("client task");
-        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
-        assert_eq!(r.ids, alone[i], "client {i} got other tokens than alone");
+    for r in concurrently_as_alone(&d.socket, &requests, &alone).await {
         queued_seen |= r
             .events
             .iter()
@@ -184,32 +170,19 @@ async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
         prompt(2).repeat(3),
     ];
     let lengths = [160, 120, 200, 140];
-    let mut alone = Vec::new();
-    for (p, &n) in prompts.iter().zip(&lengths) {
-        let r = generate(&mut c, ids_request(p.clone(), n)).await;
-        assert!(r.error.is_none(), "{:?}", r.error);
-        assert_eq!(r.ids.len(), n as usize);
-        alone.push(r.ids);
+    let requests: Vec<_> = prompts
+        .into_iter()
+        .zip(lengths)
+        .map(|(p, n)| ids_request(p, n))
+        .collect();
+    let alone = solo_ids(&mut c, &requests).await;
+    for (ids, n) in alone.iter().zip(lengths) {
+        assert_eq!(ids.len(), n as usize);
     }
     let before = wait_ready(&mut c).await;
     assert_eq!(before.max_batch, 4);
     assert_eq!(before.widest_batch, 1, "solo runs are passes of one");
-    let mut tasks = Vec::new();
-    for (p, &n) in prompts.iter().zip(&lengths) {
-        let (socket, p) = (d.socket.clone(), p.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut c = client(&socket).await;
-            generate(&mut c, ids_request(p, n)).await
-        }));
-    }
-    for (i, task) in tasks.into_iter().enumerate() {
-        let r = task.await.expect("client task");
-        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
-        assert_eq!(
-            r.ids, alone[i],
-            "client {i} got other tokens batched than alone"
-        );
-    }
+    concurrently_as_alone(&d.socket, &requests, &alone).await;
     let after = wait_ready(&mut c).await;
     assert_eq!(after.widest_batch, 4, "a pass served all four requests");
     assert!(
@@ -225,25 +198,9 @@ async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
 #[tokio::test]
 async fn max_batch_caps_the_requests_per_pass() {
     let (d, mut c) = ready_daemon("batch-cap", &["--max-active", "4", "--max-batch", "2"]).await;
-    let mut alone = Vec::new();
-    for i in 0..4 {
-        let r = generate(&mut c, ids_request(prompt(i), 100)).await;
-        assert!(r.error.is_none(), "{:?}", r.error);
-        alone.push(r.ids);
-    }
-    let mut tasks = Vec::new();
-    for i in 0..4u32 {
-        let socket = d.socket.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = client(&socket).await;
-            generate(&mut c, ids_request(prompt(i), 100)).await
-        }));
-    }
-    for (i, task) in tasks.into_iter().enumerate() {
-        let r = task.await.expect("client task");
-        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
-        assert_eq!(r.ids, alone[i], "client {i}");
-    }
+    let requests: Vec<_> = (0..4).map(|i| ids_request(prompt(i), 100)).collect();
+    let alone = solo_ids(&mut c, &requests).await;
+    concurrently_as_alone(&d.socket, &requests, &alone).await;
     let status = wait_ready(&mut c).await;
     assert_eq!(status.max_batch, 2);
     assert_eq!(
@@ -546,18 +503,13 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
         "says which group to join: {msg}"
     );
     // A generation as the member: the daemon logs its peer uid (SO_PEERCRED).
-    let out = std::process::Command::new("runuser")
-        .args(["-u", "k3e2e-member", "--"])
-        .arg(bin("k3"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["run", "--ids", "--max-tokens", "2", "5 6 7"])
-        .output()
-        .expect("runuser k3 run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        std::process::Command::new("runuser")
+            .args(["-u", "k3e2e-member", "--"])
+            .arg(bin("k3"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(["run", "--ids", "--max-tokens", "2", "5 6 7"]),
     );
     let uid = uid_of("k3e2e-member");
     assert!(

@@ -5,6 +5,7 @@
 #[path = "e2e_support.rs"]
 mod e2e_support;
 
+use e2e_support::command_support::run_ok;
 use e2e_support::*;
 use k3proto::v1 as pb;
 use std::path::{Path, PathBuf};
@@ -86,18 +87,13 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
     assert!(few_proposed > 0, "a request's own value is used");
 
     // The client flag reaches the daemon and the output is the same.
-    let out = Command::new(bin("k3"))
-        .arg("--socket")
-        .arg(&on.socket)
-        .args(["run", "--ids", "--speculate", "6", "--max-tokens"])
-        .arg(MAX_TOKENS.to_string())
-        .arg(PROMPT.map(|i| i.to_string()).join(","))
-        .output()
-        .expect("run k3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(bin("k3"))
+            .arg("--socket")
+            .arg(&on.socket)
+            .args(["run", "--ids", "--speculate", "6", "--max-tokens"])
+            .arg(MAX_TOKENS.to_string())
+            .arg(PROMPT.map(|i| i.to_string()).join(",")),
     );
     let ids: Vec<u32> = String::from_utf8_lossy(&out.stdout)
         .split(|c: char| c == ',' || c.is_whitespace())

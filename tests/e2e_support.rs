@@ -13,6 +13,9 @@ use tokio::net::UnixStream;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+#[path = "command_support.rs"]
+pub mod command_support;
+
 /// `target/<profile>/NAME`: the tests run from `target/<profile>/deps/`.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -48,16 +51,7 @@ pub fn tiny_model() -> &'static Path {
 /// Writes `k3d synth --shape SHAPE --seed 0` into `dir` through the real binary; a failure
 /// fails the test with synth's message.
 pub fn synth_model(shape: &str, dir: &Path) -> PathBuf {
-    let out = Command::new(bin("k3d"))
-        .args(["synth", "--shape", shape, "--seed", "0", "--force"])
-        .arg(dir)
-        .output()
-        .expect("run k3d synth");
-    assert!(
-        out.status.success(),
-        "k3d synth --shape {shape} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    command_support::synth(&bin("k3d"), shape, dir);
     dir.to_path_buf()
 }
 
@@ -112,6 +106,20 @@ impl Daemon {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `limit` for the daemon's log to contain `needle`; fails the test, quoting the
+    /// log, if it does not.
+    pub fn wait_for_log(&self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.log_text().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in the daemon log within {limit:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn signal(&self, sig: i32) {
@@ -247,6 +255,44 @@ pub async fn generate(c: &mut EngineClient<Channel>, req: pb::GenerateRequest) -
     .await
 }
 
+/// The ids of each request run alone, one after another on `c`; each must succeed.
+pub async fn solo_ids(
+    c: &mut EngineClient<Channel>,
+    requests: &[pb::GenerateRequest],
+) -> Vec<Vec<u32>> {
+    let mut alone = Vec::new();
+    for req in requests {
+        let r = generate(c, req.clone()).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        alone.push(r.ids);
+    }
+    alone
+}
+
+/// All `requests` at once, each from its own client on `socket`; each must succeed with the ids
+/// it got alone (`alone`, from [`solo_ids`]). The results in request order.
+pub async fn concurrently_as_alone(
+    socket: &Path,
+    requests: &[pb::GenerateRequest],
+    alone: &[Vec<u32>],
+) -> Vec<Collected> {
+    let tasks: Vec<_> = requests
+        .iter()
+        .map(|req| {
+            let (socket, req) = (socket.to_path_buf(), req.clone());
+            tokio::spawn(async move { generate(&mut client(&socket).await, req).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let r = task.await.expect("client task");
+        assert!(r.error.is_none(), "client {i}: {:?}", r.error);
+        assert_eq!(r.ids, alone[i], "client {i} got other tokens than alone");
+        out.push(r);
+    }
+    out
+}
+
 /// A distinct, valid prompt for client `i` (ids well inside any test vocabulary).
 pub fn prompt(i: u32) -> Vec<u32> {
     vec![10 + i, 20 + 2 * i, 30 + 3 * i, 40]
@@ -319,15 +365,7 @@ pub fn ensure_group(name: &str) -> u32 {
     if let Some(gid) = gid_of(name) {
         return gid;
     }
-    let out = std::process::Command::new("groupadd")
-        .arg(name)
-        .output()
-        .expect("groupadd (needs root)");
-    assert!(
-        out.status.success(),
-        "groupadd {name} failed (tests need root): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    command_support::run_ok(std::process::Command::new("groupadd").arg(name));
     gid_of(name).expect("group created")
 }
 
@@ -354,11 +392,6 @@ pub fn ensure_user(name: &str, group: Option<&str>) {
         if let Some(g) = group {
             cmd.args(["-G", g]);
         }
-        let out = cmd.arg(name).output().expect("useradd (needs root)");
-        assert!(
-            out.status.success(),
-            "useradd {name} failed (tests need root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        command_support::run_ok(cmd.arg(name));
     }
 }

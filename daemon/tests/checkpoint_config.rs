@@ -30,6 +30,26 @@ fn has_all(issues: &[String], expected: &[(&str, &str)]) {
     }
 }
 
+/// The value at a dotted `path` of `config` (which must have it).
+fn at<'a>(config: &'a mut Value, path: &str) -> &'a mut Value {
+    config
+        .pointer_mut(&format!("/{}", path.replace('.', "/")))
+        .unwrap_or_else(|| panic!("the tiny config has no {path}"))
+}
+
+/// Sets every dotted `path` of the tiny config to its value, then requires, from the one parse
+/// that reports them all at once, an issue at each path containing its words.
+fn refused(edits: &[(&str, Value, &str)]) {
+    let mut config = tiny_config();
+    for (path, value, _) in edits {
+        *at(&mut config, path) = value.clone();
+    }
+    let issues = issues_of(&config);
+    for (path, _, words) in edits {
+        has(&issues, path, words);
+    }
+}
+
 fn text(config: &mut Value) -> &mut serde_json::Map<String, Value> {
     config["text_config"].as_object_mut().unwrap()
 }
@@ -189,66 +209,53 @@ fn missing_fields_are_all_reported_at_once() {
 
 #[test]
 fn every_required_key_is_required() {
-    let keys: Vec<String> = tiny_config()["text_config"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .cloned()
-        .collect();
-    for key in keys {
-        let mut config = tiny_config();
-        text(&mut config).remove(&key);
-        let issues = issues_of(&config);
-        has(&issues, &format!("text_config.{key}"), "missing");
-    }
-    let keys: Vec<String> = tiny_config()["text_config"]["linear_attn_config"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .cloned()
-        .collect();
-    for key in keys {
-        let mut config = tiny_config();
-        linear(&mut config).remove(&key);
-        has(
-            &issues_of(&config),
-            &format!("text_config.linear_attn_config.{key}"),
-            "missing",
-        );
+    for object in ["text_config", "text_config.linear_attn_config"] {
+        let keys: Vec<String> = at(&mut tiny_config(), object)
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        for key in keys {
+            let mut config = tiny_config();
+            at(&mut config, object)
+                .as_object_mut()
+                .unwrap()
+                .remove(&key);
+            has(&issues_of(&config), &format!("{object}.{key}"), "missing");
+        }
     }
 }
 
 #[test]
 fn wrong_json_types_are_refused() {
-    let mut config = tiny_config();
-    text(&mut config)["hidden_size"] = json!("64");
-    text(&mut config)["num_experts"] = json!(8.0);
-    text(&mut config)["moe_renormalize"] = json!(1);
-    text(&mut config)["rms_norm_eps"] = json!("1e-5");
-    linear(&mut config)["kda_layers"] = json!([1, 2, 3.0, 5, 6, 7]);
-    let issues = issues_of(&config);
-    has_all(
-        &issues,
-        &[
-            (
-                "text_config.hidden_size",
-                "must be a non-negative integer, found string \"64\"",
-            ),
-            (
-                "text_config.num_experts",
-                "must be a non-negative integer, found number 8.0",
-            ),
-            (
-                "text_config.moe_renormalize",
-                "must be true or false, found number 1",
-            ),
-            ("text_config.rms_norm_eps", "must be a number"),
-            (
-                "text_config.linear_attn_config.kda_layers",
-                "must be an array of integers",
-            ),
-        ],
-    );
+    refused(&[
+        (
+            "text_config.hidden_size",
+            json!("64"),
+            "must be a non-negative integer, found string \"64\"",
+        ),
+        (
+            "text_config.num_experts",
+            json!(8.0),
+            "must be a non-negative integer, found number 8.0",
+        ),
+        (
+            "text_config.moe_renormalize",
+            json!(1),
+            "must be true or false, found number 1",
+        ),
+        (
+            "text_config.rms_norm_eps",
+            json!("1e-5"),
+            "must be a number",
+        ),
+        (
+            "text_config.linear_attn_config.kda_layers",
+            json!([1, 2, 3.0, 5, 6, 7]),
+            "must be an array of integers",
+        ),
+    ]);
 }
 
 #[test]
@@ -261,75 +268,71 @@ fn integer_valued_floats_are_accepted_for_number_keys() {
 
 #[test]
 fn unsupported_values_are_refused() {
-    let mut config = tiny_config();
-    text(&mut config)["hidden_act"] = json!("silu");
-    text(&mut config)["moe_router_activation_func"] = json!("softmax");
-    text(&mut config)["mla_use_nope"] = json!(false);
-    text(&mut config)["tie_word_embeddings"] = json!(true);
-    text(&mut config)["num_nextn_predict_layers"] = json!(1);
-    text(&mut config)["num_key_value_heads"] = json!(2);
-    linear(&mut config)["use_full_rank_gate"] = json!(false);
-    text(&mut config)["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] =
-        json!(16);
-    let issues = issues_of(&config);
-    has_all(
-        &issues,
-        &[
-            ("text_config.hidden_act", "must be \"situ\""),
-            (
-                "text_config.moe_router_activation_func",
-                "must be \"sigmoid\"",
-            ),
-            ("text_config.mla_use_nope", "must be true"),
-            ("text_config.tie_word_embeddings", "must be false"),
-            ("text_config.num_nextn_predict_layers", "must be 0"),
-            (
-                "text_config.num_key_value_heads",
-                "must equal num_attention_heads (4), found 2",
-            ),
-            (
-                "text_config.linear_attn_config.use_full_rank_gate",
-                "must be true",
-            ),
-            (
-                "text_config.quantization_config.config_groups.group_0.weights.group_size",
-                "must be 32",
-            ),
-        ],
-    );
+    refused(&[
+        ("text_config.hidden_act", json!("silu"), "must be \"situ\""),
+        (
+            "text_config.moe_router_activation_func",
+            json!("softmax"),
+            "must be \"sigmoid\"",
+        ),
+        ("text_config.mla_use_nope", json!(false), "must be true"),
+        (
+            "text_config.tie_word_embeddings",
+            json!(true),
+            "must be false",
+        ),
+        (
+            "text_config.num_nextn_predict_layers",
+            json!(1),
+            "must be 0",
+        ),
+        (
+            "text_config.num_key_value_heads",
+            json!(2),
+            "must equal num_attention_heads (4), found 2",
+        ),
+        (
+            "text_config.linear_attn_config.use_full_rank_gate",
+            json!(false),
+            "must be true",
+        ),
+        (
+            "text_config.quantization_config.config_groups.group_0.weights.group_size",
+            json!(16),
+            "must be 32",
+        ),
+    ]);
 }
 
 #[test]
 fn range_and_structure_rules() {
-    let mut config = tiny_config();
-    text(&mut config)["num_experts_per_token"] = json!(9);
-    text(&mut config)["routed_expert_hidden_size"] = json!(48);
-    text(&mut config)["first_k_dense_replace"] = json!(10);
-    text(&mut config)["attn_res_block_size"] = json!(0);
-    linear(&mut config)["gate_lower_bound"] = json!(0.5);
-    let issues = issues_of(&config);
-    has_all(
-        &issues,
-        &[
-            (
-                "text_config.num_experts_per_token",
-                "must be at most num_experts (8), found 9",
-            ),
-            (
-                "text_config.routed_expert_hidden_size",
-                "must be a multiple of 32",
-            ),
-            (
-                "text_config.first_k_dense_replace",
-                "must be at most num_hidden_layers (9)",
-            ),
-            ("text_config.attn_res_block_size", "must be at least 1"),
-            (
-                "text_config.linear_attn_config.gate_lower_bound",
-                "must be < 0",
-            ),
-        ],
-    );
+    refused(&[
+        (
+            "text_config.num_experts_per_token",
+            json!(9),
+            "must be at most num_experts (8), found 9",
+        ),
+        (
+            "text_config.routed_expert_hidden_size",
+            json!(48),
+            "must be a multiple of 32",
+        ),
+        (
+            "text_config.first_k_dense_replace",
+            json!(10),
+            "must be at most num_hidden_layers (9)",
+        ),
+        (
+            "text_config.attn_res_block_size",
+            json!(0),
+            "must be at least 1",
+        ),
+        (
+            "text_config.linear_attn_config.gate_lower_bound",
+            json!(0.5),
+            "must be < 0",
+        ),
+    ]);
 }
 
 #[test]

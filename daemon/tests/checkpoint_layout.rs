@@ -2,6 +2,7 @@
 //! hand-written checkpoints in the released layout.
 
 mod checkpoint_support;
+mod cli_support;
 
 use std::process::Command;
 
@@ -466,16 +467,8 @@ fn k3d_check_exit_codes_and_output() {
 fn k3d_check_accepts_every_tiny_synth_checkpoint() {
     for shape in ["tiny", "tiny-b", "tiny-c"] {
         let dir = TempDir::new(shape);
+        cli_support::synth(shape, dir.path());
         let d = dir.path().to_str().unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_k3d"))
-            .args(["synth", "--shape", shape, "--force", d])
-            .output()
-            .expect("run k3d synth");
-        assert!(
-            out.status.success(),
-            "synth {shape}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let (code, stdout, stderr) = k3d_check(&["--json", d]);
         assert_eq!(code, Some(0), "check {shape}: {stderr}");
         let census: serde_json::Value = serde_json::from_str(&stdout).unwrap();

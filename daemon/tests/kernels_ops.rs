@@ -108,25 +108,21 @@ fn dot_is_accumulated_in_f64_not_f32() {
 
 // ---- MXFP4 traps (spec §3.5) -------------------------------------------------------------
 
+/// The one output of a 1×32 MXFP4 row whose first byte is `byte0` (every other nibble code 0)
+/// with scale byte `scale`, for x one-hot at `element` with value `v`: `W[element]·v`.
+fn one_group(isa: Isa, byte0: u8, scale: u8, element: usize, v: f32) -> f32 {
+    let mut packed = [0u8; 16];
+    packed[0] = byte0;
+    mxfp4_matvec(isa, &packed, &[scale], 1, 32, &one_hot(32, element, v))[0]
+}
+
 #[test]
 fn mxfp4_low_nibble_is_the_even_element() {
     // Byte 0 = 0x71: low nibble 1 (0.5) is element 0, high nibble 7 (6.0) is element 1.
     // Swapping nibbles would give 6.0 and 0.5.
-    let cols = 32;
-    let mut packed = vec![0u8; cols / 2];
-    packed[0] = 0x71;
-    let scales = [127u8];
     for isa in Isa::all_supported() {
-        assert_eq!(
-            mxfp4_matvec(isa, &packed, &scales, 1, cols, &one_hot(cols, 0, 1.0)),
-            [0.5],
-            "{isa}"
-        );
-        assert_eq!(
-            mxfp4_matvec(isa, &packed, &scales, 1, cols, &one_hot(cols, 1, 1.0)),
-            [6.0],
-            "{isa}"
-        );
+        assert_eq!(one_group(isa, 0x71, 127, 0, 1.0), 0.5, "{isa}");
+        assert_eq!(one_group(isa, 0x71, 127, 1, 1.0), 6.0, "{isa}");
     }
 }
 
@@ -149,32 +145,10 @@ fn mxfp4_every_code_decodes_to_its_e2m1_value() {
 #[test]
 fn mxfp4_scale_bias_is_127() {
     // Code 2 (1.0) with scale byte 130 → 2^3 = 8. Bias 128 would give 4, bias 126 16.
-    let cols = 32;
-    let mut packed = vec![0u8; cols / 2];
-    packed[0] = 0x02;
     for isa in Isa::all_supported() {
-        assert_eq!(
-            mxfp4_matvec(isa, &packed, &[130], 1, cols, &one_hot(cols, 0, 1.0)),
-            [8.0],
-            "{isa}"
-        );
-        assert_eq!(
-            mxfp4_matvec(isa, &packed, &[127], 1, cols, &one_hot(cols, 0, 1.0)),
-            [1.0],
-            "{isa}"
-        );
-        assert_eq!(
-            mxfp4_matvec(
-                isa,
-                &packed,
-                &[1],
-                1,
-                cols,
-                &one_hot(cols, 0, 2f32.powi(126))
-            ),
-            [1.0],
-            "{isa}"
-        );
+        assert_eq!(one_group(isa, 0x02, 130, 0, 1.0), 8.0, "{isa}");
+        assert_eq!(one_group(isa, 0x02, 127, 0, 1.0), 1.0, "{isa}");
+        assert_eq!(one_group(isa, 0x02, 1, 0, 2f32.powi(126)), 1.0, "{isa}");
     }
 }
 
@@ -182,19 +156,12 @@ fn mxfp4_scale_bias_is_127() {
 fn mxfp4_scale_zero_is_two_to_the_minus_127_not_zero() {
     // Code 7 (6.0), scale byte 0 (2^-127), x = 2^100 → 6·2^-27. Building the multiplier by
     // shifting s into the f32 exponent field gives 0 instead.
-    let cols = 32;
-    let mut packed = vec![0u8; cols / 2];
-    packed[0] = 0x07;
     for isa in Isa::all_supported() {
-        let y = mxfp4_matvec(
-            isa,
-            &packed,
-            &[0],
-            1,
-            cols,
-            &one_hot(cols, 0, 2f32.powi(100)),
+        assert_eq!(
+            one_group(isa, 0x07, 0, 0, 2f32.powi(100)),
+            6.0 * 2f32.powi(-27),
+            "{isa}"
         );
-        assert_eq!(y, [6.0 * 2f32.powi(-27)], "{isa}");
     }
 }
 

@@ -3,28 +3,16 @@
 //! streamed trunk layer and waits for it; that wait must not be subtracted from the first
 //! forward's compute (it was, making `bench`'s prefill compute come out near zero).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use k3d::model::{LoadOptions, Logits, Model};
-use k3d::store::plan::Budget;
+use k3d::model::{Logits, Model};
 
 mod cli_support;
-use cli_support::{minimum_budget, synth};
+use cli_support::tiny_at_minimum_budget;
 
 #[test]
 fn load_time_read_waits_are_not_charged_to_the_first_forward() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("k3d-accounting-{}", std::process::id()));
-    synth("tiny", &dir);
-    let checkpoint = k3d::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
-    let needed = minimum_budget(&checkpoint);
-    let options = LoadOptions {
-        budget: Budget {
-            ram: Some(needed + 4096),
-            ..Budget::default()
-        },
-        ..LoadOptions::default()
-    };
+    let (dir, checkpoint, options) = tiny_at_minimum_budget("accounting");
     let model = Model::load(&checkpoint, options).expect("load at the minimum budget");
     let load_wait = model.store_stats().io_seconds;
     assert!(

@@ -1,9 +1,10 @@
-//! One test per silent-failure trap of spec §5.3 that lives in the forward pass.
+//! The silent-failure traps of spec §5.3 that live in the forward pass: one test per op, each
+//! going through every trap of that op (named in its failure message).
 //!
 //! Each test runs an engine op on random weights and inputs, and compares it with a small f64
 //! reference written here from spec §4 (it never calls engine code). The engine must match the
-//! correct reference to `TOL`; the same reference with the trap reintroduced must be far away —
-//! so each test shows both that the engine is right and that the trap would be caught.
+//! correct reference to `TOL`; the same reference with a trap reintroduced must be far away —
+//! so each test shows both that the engine is right and that each trap would be caught.
 
 // The references index like the spec's formulas (S[i][j], π_b·s_b[i]) on purpose.
 #![allow(clippy::needless_range_loop)]
@@ -221,45 +222,24 @@ fn kda_reference(c: &KdaCase, trap: KdaTrap) -> Vec<f64> {
     out
 }
 
+/// Traps 2 (A_log read per head, first `heads` entries only), 4 (q scaled after its L2 norm) and 7
+/// (o_norm before the gate): one engine run against the correct reference and each trapped one.
 #[test]
-fn kda_a_log_per_head_first_entries_only() {
+fn kda_catches_its_traps() {
     let c = kda_case();
+    let trap = |label, t| (label, kda_reference(&c, t));
     check(
         "KDA",
         &kda_engine(&c),
         &kda_reference(&c, KdaTrap::None),
-        &[(
-            "A_log per channel, all stored entries",
-            kda_reference(&c, KdaTrap::ALogPerChannel),
-        )],
-    );
-}
-
-#[test]
-fn kda_q_scaled_after_l2_norm() {
-    let c = kda_case();
-    check(
-        "KDA",
-        &kda_engine(&c),
-        &kda_reference(&c, KdaTrap::None),
-        &[(
-            "q scaled before the L2 norm",
-            kda_reference(&c, KdaTrap::QScaledBeforeL2),
-        )],
-    );
-}
-
-#[test]
-fn kda_o_norm_before_gate() {
-    let c = kda_case();
-    check(
-        "KDA",
-        &kda_engine(&c),
-        &kda_reference(&c, KdaTrap::None),
-        &[(
-            "gate before o_norm",
-            kda_reference(&c, KdaTrap::GateBeforeNorm),
-        )],
+        &[
+            trap(
+                "A_log per channel, all stored entries",
+                KdaTrap::ALogPerChannel,
+            ),
+            trap("q scaled before the L2 norm", KdaTrap::QScaledBeforeL2),
+            trap("gate before o_norm", KdaTrap::GateBeforeNorm),
+        ],
     );
 }
 
@@ -406,37 +386,25 @@ fn mla_reference(c: &MlaCase, trap: MlaTrap) -> Vec<f64> {
     out
 }
 
+/// Trap 8: the rope slot kept and scored, scale 1/√(nope + rope), kv_b rows [k_nope | v]. Each
+/// trap is checked on a different prefill split, so the cache carried across two calls is
+/// exercised at several cut points.
 #[test]
-fn mla_keeps_and_scores_the_rope_slot() {
+fn mla_catches_its_traps() {
     let c = mla_case();
-    check(
-        "MLA",
-        &mla_engine(&c, 2),
-        &mla_reference(&c, MlaTrap::None),
-        &[("rope slot dropped", mla_reference(&c, MlaTrap::RopeDropped))],
-    );
-}
-
-#[test]
-fn mla_scale_uses_nope_plus_rope() {
-    let c = mla_case();
-    check(
-        "MLA",
-        &mla_engine(&c, 3),
-        &mla_reference(&c, MlaTrap::None),
-        &[("scale 1/sqrt(nope)", mla_reference(&c, MlaTrap::ScaleNope))],
-    );
-}
-
-#[test]
-fn mla_kv_b_rows_are_k_then_v() {
-    let c = mla_case();
-    check(
-        "MLA",
-        &mla_engine(&c, 1),
-        &mla_reference(&c, MlaTrap::None),
-        &[("kv_b split [v | k]", mla_reference(&c, MlaTrap::KvSplitVK))],
-    );
+    let correct = mla_reference(&c, MlaTrap::None);
+    for (split, label, trap) in [
+        (2, "rope slot dropped", MlaTrap::RopeDropped),
+        (3, "scale 1/sqrt(nope)", MlaTrap::ScaleNope),
+        (1, "kv_b split [v | k]", MlaTrap::KvSplitVK),
+    ] {
+        check(
+            "MLA",
+            &mla_engine(&c, split),
+            &correct,
+            &[(label, mla_reference(&c, trap))],
+        );
+    }
 }
 
 #[test]
@@ -731,28 +699,21 @@ fn moe_reference(c: &MoeCase, trap: MoeTrap) -> Vec<f64> {
     out
 }
 
+/// Trap 10: the routed norm on the weighted aggregate (not per expert), experts fed the latent.
 #[test]
-fn moe_norm_on_the_aggregate() {
+fn moe_catches_its_traps() {
     let c = moe_case();
     check(
         "LatentMoE",
         &moe_engine(&c),
         &moe_reference(&c, MoeTrap::None),
-        &[(
-            "RMSNorm per expert",
-            moe_reference(&c, MoeTrap::PerExpertNorm),
-        )],
-    );
-}
-
-#[test]
-fn moe_experts_run_on_the_latent() {
-    let c = moe_case();
-    check(
-        "LatentMoE",
-        &moe_engine(&c),
-        &moe_reference(&c, MoeTrap::None),
-        &[("experts fed x", moe_reference(&c, MoeTrap::ExpertsFedX))],
+        &[
+            (
+                "RMSNorm per expert",
+                moe_reference(&c, MoeTrap::PerExpertNorm),
+            ),
+            ("experts fed x", moe_reference(&c, MoeTrap::ExpertsFedX)),
+        ],
     );
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod cli_support;
+use cli_support::command_support::run_ok;
 use cli_support::{K3D, synth};
 
 fn fixtures() -> PathBuf {
@@ -20,25 +21,20 @@ struct Run {
 fn run(dir: &Path, ids: &[u64], generate: usize, extra: &[&str]) -> Run {
     let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
     let dump = dir.join(format!("logits-{}-{}.f32", generate, extra.join("_")));
-    let out = Command::new(K3D)
-        .arg("run")
-        .arg(dir)
-        .args([
-            "--ids",
-            &ids.join(","),
-            "--gen",
-            &generate.to_string(),
-            "--json",
-            "--dump-logits",
-        ])
-        .arg(&dump)
-        .args(extra)
-        .output()
-        .expect("run k3d run");
-    assert!(
-        out.status.success(),
-        "k3d run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(K3D)
+            .arg("run")
+            .arg(dir)
+            .args([
+                "--ids",
+                &ids.join(","),
+                "--gen",
+                &generate.to_string(),
+                "--json",
+                "--dump-logits",
+            ])
+            .arg(&dump)
+            .args(extra),
     );
     let json = serde_json::from_slice(&out.stdout).expect("k3d run --json prints one JSON object");
     let bytes = std::fs::read(&dump).expect("logits file");

@@ -18,6 +18,11 @@ const EXPERT: u64 = 50_000;
 const SHIFT: u64 = 1_234;
 const EXPERTS: u64 = 12;
 
+/// Expert `expert` of layer `layer`.
+fn expert(layer: u32, expert: u32) -> ExpertId {
+    ExpertId { layer, expert }
+}
+
 fn run_of(e: u32) -> ByteRun {
     ByteRun {
         shard: 0,
@@ -67,7 +72,7 @@ fn trace() -> Vec<ExpertId> {
         (1, 3),
     ]
     .into_iter()
-    .map(|(layer, expert)| ExpertId { layer, expert })
+    .map(|(layer, e)| expert(layer, e))
     .collect()
 }
 
@@ -112,10 +117,7 @@ fn real_cache_counts_what_the_replay_predicts() {
 fn a_failed_read_is_not_published() {
     let pool = setup("cache-fail.bin");
     let c = cache(3, PolicyKind::Lru);
-    let id = ExpertId {
-        layer: 1,
-        expert: 99,
-    };
+    let id = expert(1, 99);
     // Expert 99 lies beyond end of file.
     let Acquired::Read { ticket, run, buf } = c.acquire(id, run_of(99)).unwrap() else {
         panic!("an empty cache cannot hit");
@@ -141,19 +143,13 @@ fn held_experts_are_not_evicted_and_a_full_cache_is_an_error() {
     let c = cache(2, PolicyKind::Lru);
     let mut held = Vec::new();
     for e in 0..2 {
-        let id = ExpertId {
-            layer: 1,
-            expert: e,
-        };
+        let id = expert(1, e);
         let Acquired::Read { ticket, run, buf } = c.acquire(id, run_of(e)).unwrap() else {
             panic!("miss expected");
         };
         held.push(ticket.publish(pool.read(run, buf)).unwrap());
     }
-    let third = ExpertId {
-        layer: 1,
-        expert: 2,
-    };
+    let third = expert(1, 2);
     assert!(matches!(
         c.acquire(third, run_of(2)),
         Err(CacheError::Full { capacity: 2, .. })
@@ -162,14 +158,7 @@ fn held_experts_are_not_evicted_and_a_full_cache_is_an_error() {
     held.remove(0);
     fetch(&c, &pool, third).unwrap();
     assert!(matches!(
-        c.acquire(
-            ExpertId {
-                layer: 1,
-                expert: 1
-            },
-            run_of(1)
-        )
-        .unwrap(),
+        c.acquire(expert(1, 1), run_of(1)).unwrap(),
         Acquired::Ready(_)
     ));
     assert_bytes(held[0].payload(), run_of(1).offset);
@@ -178,10 +167,7 @@ fn held_experts_are_not_evicted_and_a_full_cache_is_an_error() {
 #[test]
 fn abandoned_ticket_frees_its_slot() {
     let c = cache(1, PolicyKind::Lru);
-    let id = ExpertId {
-        layer: 1,
-        expert: 0,
-    };
+    let id = expert(1, 0);
     match c.acquire(id, run_of(0)).unwrap() {
         Acquired::Read { ticket, .. } => drop(ticket),
         Acquired::Ready(_) => panic!("miss expected"),
@@ -196,10 +182,7 @@ fn abandoned_ticket_frees_its_slot() {
 fn concurrent_requests_for_one_expert_read_it_once() {
     let pool = setup("cache-concurrent.bin");
     let c = cache(4, PolicyKind::Lru);
-    let id = ExpertId {
-        layer: 3,
-        expert: 5,
-    };
+    let id = expert(3, 5);
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| fetch(&c, &pool, id).unwrap());

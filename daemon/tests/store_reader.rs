@@ -31,6 +31,11 @@ fn buf_for(len: u64) -> AlignedBuf {
     AlignedBuf::zeroed(Window::capacity_for(len).unwrap() as usize).unwrap()
 }
 
+/// `len` bytes of shard `shard` from `offset`, with a buffer that fits them.
+fn run(shard: usize, offset: u64, len: u64) -> (ByteRun, AlignedBuf) {
+    (ByteRun { shard, offset, len }, buf_for(len))
+}
+
 #[test]
 fn batch_completes_every_run_once_with_the_right_bytes() {
     let len = 24 << 20;
@@ -45,14 +50,7 @@ fn batch_completes_every_run_once_with_the_right_bytes() {
     ];
     let submitted: Vec<(ByteRun, AlignedBuf)> = runs
         .iter()
-        .map(|&(shard, l, off)| {
-            let r = ByteRun {
-                shard,
-                offset: off,
-                len: l,
-            };
-            (r, buf_for(l))
-        })
+        .map(|&(shard, l, off)| run(shard, off, l))
         .collect();
     let mut batch = p.submit(submitted);
     assert_eq!(batch.len(), runs.len());
@@ -85,14 +83,7 @@ fn batch_completes_every_run_once_with_the_right_bytes() {
 fn wait_for_a_specific_run() {
     let p = pool("specific", 4 << 20, 2);
     let runs: Vec<_> = (0..6u64)
-        .map(|i| {
-            let r = ByteRun {
-                shard: 0,
-                offset: i * 500_000 + 3,
-                len: 400_000,
-            };
-            (r, buf_for(r.len))
-        })
+        .map(|i| run(0, i * 500_000 + 3, 400_000))
         .collect();
     let mut batch = p.submit(runs);
     let r4 = batch.wait(4).unwrap().unwrap();
@@ -107,14 +98,7 @@ fn wait_for_a_specific_run() {
 fn submit_refuses_bad_runs_without_reading() {
     let p = pool("refuse", 1 << 20, 1);
     let mut batch = p.submit(vec![
-        (
-            ByteRun {
-                shard: 9,
-                offset: 0,
-                len: 10,
-            },
-            buf_for(10),
-        ),
+        run(9, 0, 10),
         (
             ByteRun {
                 shard: 0,
@@ -134,27 +118,10 @@ fn submit_refuses_bad_runs_without_reading() {
 #[test]
 fn dropping_a_batch_and_the_pool_does_not_hang() {
     let p = pool("drop", 16 << 20, 2);
-    let runs: Vec<_> = (0..8u64)
-        .map(|i| {
-            let r = ByteRun {
-                shard: 0,
-                offset: i << 20,
-                len: 1 << 20,
-            };
-            (r, buf_for(r.len))
-        })
-        .collect();
+    let runs: Vec<_> = (0..8u64).map(|i| run(0, i << 20, 1 << 20)).collect();
     drop(p.submit(runs));
-    let one = p
-        .read(
-            ByteRun {
-                shard: 0,
-                offset: 7,
-                len: 70,
-            },
-            buf_for(70),
-        )
-        .unwrap();
+    let (r, buf) = run(0, 7, 70);
+    let one = p.read(r, buf).unwrap();
     assert_bytes(one.payload(), 7);
     drop(p);
 }
@@ -195,12 +162,8 @@ fn busy_time_covers_the_reads_and_not_the_idle_time_around_them() {
     let p = pool("busy", len, 4);
     assert_eq!(p.stats().busy_nanos, 0, "nothing read yet");
     let t = std::time::Instant::now();
-    let run = ByteRun {
-        shard: 0,
-        offset: 0,
-        len: 20 << 20,
-    };
-    p.read(run, buf_for(run.len)).unwrap();
+    let (r, buf) = run(0, 0, 20 << 20);
+    p.read(r, buf).unwrap();
     let busy = p.stats().busy_nanos;
     let wall = t.elapsed().as_nanos() as u64;
     assert!(busy > 0, "a read was in flight for some time");
@@ -220,20 +183,10 @@ fn demand_reads_go_ahead_of_queued_prefetch() {
     let len = 24 * chunk;
     // One reader thread: requests are served strictly one at a time, in queue order.
     let p = pool("priority", len, 1);
-    let ahead = ByteRun {
-        shard: 0,
-        offset: 0,
-        len: 20 * chunk,
-    };
-    let mut prefetch = p.submit_as(vec![(ahead, buf_for(ahead.len))], Priority::Prefetch);
-    let urgent = ByteRun {
-        shard: 0,
-        offset: 22 * chunk,
-        len: 4096,
-    };
-    let mut demand = p.submit(vec![(urgent, buf_for(urgent.len))]);
+    let mut prefetch = p.submit_as(vec![run(0, 0, 20 * chunk)], Priority::Prefetch);
+    let mut demand = p.submit(vec![run(0, 22 * chunk, 4096)]);
     let got = demand.wait(0).expect("demand run").expect("demand read");
-    assert_bytes(got.payload(), urgent.offset);
+    assert_bytes(got.payload(), 22 * chunk);
     // FIFO would have served all 20 prefetch requests first; the worker may have been inside
     // one (and may have started the next) when the demand read arrived.
     let served = p.stats().requests;

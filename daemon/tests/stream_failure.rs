@@ -3,30 +3,17 @@
 //! a read error naming the file and offset — no panic, no token presented as valid. (`k3d run`
 //! maps this engine error, `EngineError::Model`, to exit 4.)
 
-use std::path::PathBuf;
-
 use k3d::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step};
-use k3d::model::{LoadOptions, ModelError, plan_for};
+use k3d::model::{ModelError, plan_for};
 use k3d::store::StoreError;
-use k3d::store::plan::Budget;
 
 mod cli_support;
-use cli_support::{minimum_budget, synth};
+use cli_support::tiny_at_minimum_budget;
 
 #[test]
 fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("k3d-stream-fail-{}", std::process::id()));
-    synth("tiny", &dir);
-    let checkpoint = k3d::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
     // The minimum budget: every trunk layer but the largest streams.
-    let needed = minimum_budget(&checkpoint);
-    let model = LoadOptions {
-        budget: Budget {
-            ram: Some(needed + 4096),
-            ..Budget::default()
-        },
-        ..LoadOptions::default()
-    };
+    let (dir, checkpoint, model) = tiny_at_minimum_budget("stream-fail");
     let plan = plan_for(&checkpoint.config, &checkpoint.layout, &model).expect("plan");
     let streamed: Vec<usize> = (0..plan.layer_count)
         .filter(|l| !plan.pinned_layers.contains(l))

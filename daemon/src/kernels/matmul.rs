@@ -196,9 +196,9 @@ fn matmul_tiled<K: x86::Tile>(k: &K, rows: usize, xs: &[f32], ys: &mut [f32]) {
         .zip(ys.chunks_mut(TOKEN_CHUNK * rows))
     {
         let t = xc.len() / cols;
-        let xw = x86::widen(xc, cols, &K::POSITIONS);
+        let xw = x86::widen(xc, cols, &<K::Simd as x86::Simd>::POSITIONS);
         for_row_blocks(rows, cols, t, yc, |r0, out| {
-            k.rows(r0, out.len() / t, t, &xw, out)
+            <K::Simd as x86::Simd>::rows(k, r0, out.len() / t, t, &xw, out)
         });
     }
 }

@@ -6,7 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural};
+use super::{
+    Acc, PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural, tile_forwarders,
+};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -32,28 +34,7 @@ impl Avx2 {
 impl Simd for Avx2 {
     const POSITIONS: Positions = POSITIONS;
 
-    fn bf16_tile<const R: usize, const TC: usize>(
-        self,
-        w: &[u8],
-        cols: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
-        // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA.
-        unsafe { bf16_tile::<R, TC>(w, cols, xw, acc) }
-    }
-
-    fn mxfp4_tile<const R: usize, const TC: usize>(
-        self,
-        packed: &[u8],
-        scales: &[u8],
-        cols: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
-        // SAFETY: an `Avx2` exists only on a CPU with AVX2 and FMA.
-        unsafe { mxfp4_tile::<R, TC>(packed, scales, cols, xw, acc) }
-    }
+    tile_forwarders!();
 
     fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
         if t == 1 {
@@ -69,7 +50,7 @@ fn bf16_tile<const R: usize, const TC: usize>(
     w: &[u8],
     cols: usize,
     xw: &[f64],
-    acc: &mut [[[f64; LANES]; TC]; R],
+    acc: &mut Acc<R, TC>,
 ) {
     assert!(
         w.len() >= 2 * R * cols && xw.len() >= TC * cols,
@@ -114,7 +95,7 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
     scales: &[u8],
     cols: usize,
     xw: &[f64],
-    acc: &mut [[[f64; LANES]; TC]; R],
+    acc: &mut Acc<R, TC>,
 ) {
     let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
     assert!(
@@ -193,10 +174,7 @@ fn accumulate<const R: usize, const TC: usize>(
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn store<const R: usize, const TC: usize>(
-    a: &[[[__m256d; 4]; TC]; R],
-    acc: &mut [[[f64; LANES]; TC]; R],
-) {
+fn store<const R: usize, const TC: usize>(a: &[[[__m256d; 4]; TC]; R], acc: &mut Acc<R, TC>) {
     for (ar, accr) in a.iter().zip(acc.iter_mut()) {
         for (at, acct) in ar.iter().zip(accr.iter_mut()) {
             for (k, &v) in at.iter().enumerate() {

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{PREFETCH_BYTES, Positions, Simd, Tile, drive, fold_natural};
+use super::{Acc, PREFETCH_BYTES, Positions, Simd, Tile, drive, fold_natural, tile_forwarders};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -50,28 +50,7 @@ impl Avx512 {
 impl Simd for Avx512 {
     const POSITIONS: Positions = POSITIONS;
 
-    fn bf16_tile<const R: usize, const TC: usize>(
-        self,
-        w: &[u8],
-        cols: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
-        // SAFETY: an `Avx512` exists only on a CPU with the features `bf16_tile` needs.
-        unsafe { bf16_tile::<R, TC>(w, cols, xw, acc) }
-    }
-
-    fn mxfp4_tile<const R: usize, const TC: usize>(
-        self,
-        packed: &[u8],
-        scales: &[u8],
-        cols: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
-        // SAFETY: an `Avx512` exists only on a CPU with the features `mxfp4_tile` needs.
-        unsafe { mxfp4_tile::<R, TC>(packed, scales, cols, xw, acc) }
-    }
+    tile_forwarders!();
 
     fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
         drive::<K, TILE_ROWS, TILE_TOKENS>(k, r0, n, t, xw, out);
@@ -85,7 +64,7 @@ fn bf16_tile<const R: usize, const TC: usize>(
     w: &[u8],
     cols: usize,
     xw: &[f64],
-    acc: &mut [[[f64; LANES]; TC]; R],
+    acc: &mut Acc<R, TC>,
 ) {
     assert!(
         w.len() >= 2 * R * cols && xw.len() >= TC * cols,
@@ -127,7 +106,7 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
     scales: &[u8],
     cols: usize,
     xw: &[f64],
-    acc: &mut [[[f64; LANES]; TC]; R],
+    acc: &mut Acc<R, TC>,
 ) {
     let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
     assert!(
@@ -208,10 +187,7 @@ fn accumulate<const R: usize, const TC: usize>(
 }
 
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn store<const R: usize, const TC: usize>(
-    a: &[[[__m512d; 2]; TC]; R],
-    acc: &mut [[[f64; LANES]; TC]; R],
-) {
+fn store<const R: usize, const TC: usize>(a: &[[[__m512d; 2]; TC]; R], acc: &mut Acc<R, TC>) {
     for (ar, accr) in a.iter().zip(acc.iter_mut()) {
         for (at, acct) in ar.iter().zip(accr.iter_mut()) {
             // SAFETY: `acct` is 16 f64; the two stores write elements 0–7 and 8–15.

@@ -48,6 +48,9 @@ pub(crate) const PREFETCH_BYTES: usize = 2048;
 /// `POSITIONS[p]` of that block, i.e. it accumulates tree lane `POSITIONS[p]`.
 pub(crate) type Positions = [usize; LANES];
 
+/// Position-ordered lane accumulators of a tile: `[row][token][position]`.
+pub(crate) type Acc<const R: usize, const TC: usize> = [[[f64; LANES]; TC]; R];
+
 /// One instruction set's tile kernels. A value of an implementing type exists only on a CPU
 /// that supports the instruction set (each type's only constructor is an `unsafe fn` with that
 /// contract), so holding one makes calling its `#[target_feature]` code sound.
@@ -56,51 +59,71 @@ pub(crate) trait Simd: Copy + Sync {
     const POSITIONS: Positions;
 
     /// Position-ordered lane accumulators over the full blocks of sixteen of the `R` BF16 rows
-    /// in `w` (row-major, `cols` wide) against the `TC` widened token rows in `xw`.
+    /// of `w` against the `TC` widened token rows in `xw`.
     fn bf16_tile<const R: usize, const TC: usize>(
         self,
-        w: &[u8],
-        cols: usize,
+        w: Bf16Matrix<'_>,
         xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
+        acc: &mut Acc<R, TC>,
     );
 
-    /// As [`Simd::bf16_tile`] for `R` MXFP4 rows (`packed`, `scales`).
+    /// As [`Simd::bf16_tile`] for the `R` MXFP4 rows of `w`.
     fn mxfp4_tile<const R: usize, const TC: usize>(
         self,
-        packed: &[u8],
-        scales: &[u8],
-        cols: usize,
+        w: Mxfp4Matrix<'_>,
         xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
+        acc: &mut Acc<R, TC>,
     );
 
     /// Runs `k` over rows `r0 .. r0 + n` (all `t` tokens) with this instruction set's tile shape.
     fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]);
 }
 
-/// A matrix in one weight format, as seen by the tile driver.
+/// The two tile methods of a [`Simd`] implementation, each forwarding to the `#[target_feature]`
+/// function of the same name in the invoking module (taking the raw row bytes). A macro rather
+/// than a default method because the callees are per-module free functions compiled for
+/// different target features, which a generic cannot name; the forwarding and its safety
+/// argument are the same for every instruction set.
+macro_rules! tile_forwarders {
+    () => {
+        fn bf16_tile<const R: usize, const TC: usize>(
+            self,
+            w: $crate::kernels::matmul::Bf16Matrix<'_>,
+            xw: &[f64],
+            acc: &mut $crate::kernels::x86::Acc<R, TC>,
+        ) {
+            // SAFETY: a value of this type exists only on a CPU with the target features of
+            // `bf16_tile` (the type's only constructor is an `unsafe fn` with that contract).
+            unsafe { bf16_tile::<R, TC>(w.bytes, w.cols, xw, acc) }
+        }
+
+        fn mxfp4_tile<const R: usize, const TC: usize>(
+            self,
+            w: $crate::kernels::matmul::Mxfp4Matrix<'_>,
+            xw: &[f64],
+            acc: &mut $crate::kernels::x86::Acc<R, TC>,
+        ) {
+            // SAFETY: as for `bf16_tile`.
+            unsafe { mxfp4_tile::<R, TC>(w.packed, w.scales, w.cols, xw, acc) }
+        }
+    };
+}
+pub(crate) use tile_forwarders;
+
+/// A matrix in one weight format on one instruction set, as seen by the tile driver.
 pub(crate) trait Tile: Sync {
-    /// Register-position → tree-lane map of the kernel.
-    const POSITIONS: Positions;
+    /// The instruction set that runs it: its register-position map and tile shape.
+    type Simd: Simd;
 
     /// Input width.
     fn cols(&self) -> usize;
 
     /// Position-ordered lane accumulators over the full blocks of sixteen of rows
     /// `r0 .. r0 + R`, for the `TC` widened token rows in `xw` (each `cols` long).
-    fn tile<const R: usize, const TC: usize>(
-        &self,
-        r0: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    );
+    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>);
 
     /// The exact f64 product of weight (r, i) and `x` (for the tail terms).
     fn term(&self, r: usize, i: usize, x: f64) -> f64;
-
-    /// Writes `out[(r − r0)·t + tok]` for rows `r0 .. r0 + n` and all `t` tokens.
-    fn rows(&self, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]);
 }
 
 /// A BF16 matrix on instruction set `S`.
@@ -110,29 +133,25 @@ pub(crate) struct Bf16<'a, S> {
 }
 
 impl<S: Simd> Tile for Bf16<'_, S> {
-    const POSITIONS: Positions = S::POSITIONS;
+    type Simd = S;
 
     fn cols(&self) -> usize {
         self.w.cols
     }
 
-    fn tile<const R: usize, const TC: usize>(
-        &self,
-        r0: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
+    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>) {
         let cols = self.w.cols;
-        let rows = &self.w.bytes[2 * r0 * cols..2 * (r0 + R) * cols];
-        self.simd.bf16_tile::<R, TC>(rows, cols, xw, acc);
+        let bytes = &self.w.bytes[2 * r0 * cols..2 * (r0 + R) * cols];
+        let rows = Bf16Matrix {
+            bytes,
+            rows: R,
+            cols,
+        };
+        self.simd.bf16_tile::<R, TC>(rows, xw, acc);
     }
 
     fn term(&self, r: usize, i: usize, x: f64) -> f64 {
         self.w.get(r, i) as f64 * x
-    }
-
-    fn rows(&self, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
-        S::rows(self, r0, n, t, xw, out);
     }
 }
 
@@ -143,41 +162,33 @@ pub(crate) struct Mxfp4<'a, S> {
 }
 
 impl<S: Simd> Mxfp4<'_, S> {
-    /// Packed bytes and scale bytes of rows `r0 .. r1`.
-    fn row_bytes(&self, r0: usize, r1: usize) -> (&[u8], &[u8]) {
-        let (half, groups) = (self.w.cols / 2, self.w.cols / mxfp4::GROUP);
-        (
-            &self.w.packed[r0 * half..r1 * half],
-            &self.w.scales[r0 * groups..r1 * groups],
-        )
+    /// Rows `r0 .. r1` as a matrix of their own.
+    fn rows(&self, r0: usize, r1: usize) -> Mxfp4Matrix<'_> {
+        let (cols, half, groups) = (self.w.cols, self.w.cols / 2, self.w.cols / mxfp4::GROUP);
+        Mxfp4Matrix {
+            packed: &self.w.packed[r0 * half..r1 * half],
+            scales: &self.w.scales[r0 * groups..r1 * groups],
+            rows: r1 - r0,
+            cols,
+        }
     }
 }
 
 impl<S: Simd> Tile for Mxfp4<'_, S> {
-    const POSITIONS: Positions = S::POSITIONS;
+    type Simd = S;
 
     fn cols(&self) -> usize {
         self.w.cols
     }
 
-    fn tile<const R: usize, const TC: usize>(
-        &self,
-        r0: usize,
-        xw: &[f64],
-        acc: &mut [[[f64; LANES]; TC]; R],
-    ) {
-        let (packed, scales) = self.row_bytes(r0, r0 + R);
+    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>) {
         self.simd
-            .mxfp4_tile::<R, TC>(packed, scales, self.w.cols, xw, acc);
+            .mxfp4_tile::<R, TC>(self.rows(r0, r0 + R), xw, acc);
     }
 
     fn term(&self, r: usize, i: usize, x: f64) -> f64 {
-        let (packed, scales) = self.row_bytes(r, r + 1);
-        mxfp4::element(packed, scales, i) * x
-    }
-
-    fn rows(&self, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
-        S::rows(self, r0, n, t, xw, out);
+        let row = self.rows(r, r + 1);
+        mxfp4::element(row.packed, row.scales, i) * x
     }
 }
 
@@ -251,14 +262,14 @@ fn finish_tile<K: Tile, const R: usize, const TC: usize>(
     xw: &[f64],
     out: &mut [f32],
 ) {
-    let mut acc = [[[0.0f64; LANES]; TC]; R];
+    let mut acc: Acc<R, TC> = [[[0.0f64; LANES]; TC]; R];
     k.tile::<R, TC>(r, &xw[tok * cols..(tok + TC) * cols], &mut acc);
     let full = cols - cols % LANES;
     for (i, acc_row) in acc.iter().enumerate() {
         for (j, positions) in acc_row.iter().enumerate() {
             let mut lanes = [0.0f64; LANES];
             for (p, &v) in positions.iter().enumerate() {
-                lanes[K::POSITIONS[p]] = v;
+                lanes[K::Simd::POSITIONS[p]] = v;
             }
             let mut sum = combine_lanes(&lanes);
             let x = &xw[(tok + j) * cols..(tok + j + 1) * cols];

@@ -1,0 +1,37 @@
+//! Running the helper commands of a test: shared by the workspace end-to-end tests
+//! (`tests/e2e_support.rs`) and the `k3d` crate's CLI tests (`daemon/tests/cli_support`), which
+//! both include this file with `#[path]` — they are separate crates, and one file is what they
+//! can share without a support crate of its own.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `cmd` to completion and returns its output; a command that cannot start or that exits
+/// unsuccessfully fails the test, naming the command and quoting its stderr.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `k3d synth --shape SHAPE --seed 0 --force DIR` through the real binary at `k3d`; returns the
+/// checkpoint's fingerprint (the last word synth prints).
+pub fn synth(k3d: &Path, shape: &str, dir: &Path) -> String {
+    let out = run_ok(
+        Command::new(k3d)
+            .args(["synth", "--shape", shape, "--seed", "0", "--force"])
+            .arg(dir),
+    );
+    let line = String::from_utf8(out.stdout).expect("synth prints UTF-8");
+    line.split_whitespace()
+        .last()
+        .expect("synth prints the fingerprint")
+        .to_string()
+}
