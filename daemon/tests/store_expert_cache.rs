@@ -196,10 +196,7 @@ fn concurrent_requests_for_one_expert_read_it_once() {
 fn reads_ahead_count_no_request_and_never_wait() {
     let pool = setup("cache-ahead.bin");
     let c = cache(3, PolicyKind::Lru);
-    let id = |e| ExpertId {
-        layer: 1,
-        expert: e,
-    };
+    let id = |e| expert(1, e);
     // A guess reserves a slot without counting a request.
     let Some(Acquired::Read { ticket, run, buf }) = c.acquire_ahead(id(0), run_of(0)).unwrap()
     else {
@@ -235,10 +232,7 @@ fn reads_ahead_count_no_request_and_never_wait() {
 fn a_released_guess_frees_its_slot_and_counts_nothing() {
     let pool = setup("cache-release.bin");
     let c = cache(1, PolicyKind::Lru);
-    let id = |e| ExpertId {
-        layer: 1,
-        expert: e,
-    };
+    let id = |e| expert(1, e);
     let Some(Acquired::Read { ticket, buf, .. }) = c.acquire_ahead(id(0), run_of(0)).unwrap()
     else {
         panic!("miss expected");

@@ -203,16 +203,7 @@ fn demand_reads_go_ahead_of_queued_prefetch() {
 
 /// `n` runs of `chunk` bytes, one request each, at consecutive offsets of shard 0.
 fn one_request_runs(n: u64, chunk: u64) -> Vec<(ByteRun, AlignedBuf)> {
-    (0..n)
-        .map(|i| {
-            let r = ByteRun {
-                shard: 0,
-                offset: i * chunk,
-                len: chunk,
-            };
-            (r, buf_for(r.len))
-        })
-        .collect()
+    (0..n).map(|i| run(0, i * chunk, chunk)).collect()
 }
 
 #[test]
