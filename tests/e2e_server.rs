@@ -13,8 +13,8 @@ use tokio_stream::StreamExt;
 #[tokio::test]
 async fn loads_once_and_the_second_request_is_warm() {
     let (d, mut c) = ready_daemon("warm", &[]).await;
-    let status = wait_ready(&mut c).await;
-    assert!(status.model.is_some(), "status names the model");
+    let ready = wait_ready(&mut c).await;
+    assert!(ready.model.is_some(), "status names the model");
     let first = generate(&mut c, ids_request(prompt(0), 8)).await;
     let t = Instant::now();
     let second = generate(&mut c, ids_request(prompt(0), 8)).await;
@@ -35,6 +35,23 @@ async fn loads_once_and_the_second_request_is_warm() {
         second.events.first(),
         Some(pb::event::Event::Accepted(_))
     ));
+    // The daemon's memory plan, pinned layers and expert cache, as the engine reports them.
+    let s = status(&mut c).await;
+    assert!(s.plan.starts_with("memory plan"), "{}", s.plan);
+    let n = s.pinned_layers.len() as u32;
+    assert!(n > 0 && s.pinned_layers == (0..n).collect::<Vec<_>>());
+    assert!(
+        s.plan.contains(&format!("{n} of {n} layers pinned")),
+        "{}",
+        s.plan
+    );
+    let cache = s.cache.expect("cache figures");
+    assert!(cache.capacity_bytes > 0);
+    assert_eq!(
+        cache.used_bytes, cache.capacity_bytes,
+        "the default (max) plan holds every expert"
+    );
+    assert!(cache.hits > 0, "{cache:?}");
     assert_eq!(
         d.log_text().matches("] loaded ").count(),
         1,

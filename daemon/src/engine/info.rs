@@ -35,6 +35,10 @@ pub struct EngineInfo {
     pub vocab_size: usize,
     /// The memory plan the weights were loaded with (multi-line text).
     pub plan: String,
+    /// Trunk layers the plan pins (the others stream).
+    pub pinned_layers: Vec<usize>,
+    /// The expert cache's size.
+    pub cache_capacity_bytes: u64,
 }
 
 impl EngineInfo {
@@ -67,6 +71,8 @@ impl EngineInfo {
             num_layers: c.num_hidden_layers,
             vocab_size: c.vocab_size,
             plan: String::new(),
+            pinned_layers: Vec::new(),
+            cache_capacity_bytes: 0,
         })
     }
 }
@@ -107,6 +113,11 @@ pub struct EngineStats {
     pub batched_passes: u64,
     /// The most generations one pass has served.
     pub widest_batch: u64,
+    /// Expert cache: bytes holding an expert now; routed-expert requests served from memory,
+    /// and those that needed a read.
+    pub cache_resident_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 /// How many generations the engine's forward passes served, counted as they run.
@@ -138,6 +149,9 @@ impl EngineStats {
             forward_passes: batches.passes.load(Ordering::Relaxed),
             batched_passes: batches.batched.load(Ordering::Relaxed),
             widest_batch: batches.widest.load(Ordering::Relaxed),
+            cache_resident_bytes: s.cache_resident_bytes,
+            cache_hits: s.cache.hits,
+            cache_misses: s.cache.requests - s.cache.hits,
         }
     }
 }

@@ -134,6 +134,8 @@ impl Engine {
         progress(LoadProgress::Ready);
         let info = EngineInfo {
             plan: model.plan().to_string(),
+            pinned_layers: model.plan().pinned_layers.clone(),
+            cache_capacity_bytes: model.plan().cache_bytes(),
             ..info
         };
         Ok(Engine {

@@ -29,8 +29,9 @@ pub struct ExpertId {
 /// What the cache did, in requests and bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheCounters {
-    /// Demand lookups that hit or reserved a slot (reads issued ahead of routing,
-    /// [`ExpertCache::acquire_ahead`], count in `reads` only).
+    /// Demand lookups that hit or reserved a slot, and reads issued ahead of routing
+    /// ([`ExpertCache::acquire_ahead`]) once the routing asked for them ([`Ticket::count_demand`];
+    /// the others count in `reads` only).
     pub requests: u64,
     /// Requests served without a read of their own.
     pub hits: u64,
@@ -427,6 +428,17 @@ impl ExpertCache {
         lock(&self.inner).dir.policy.name()
     }
 
+    /// Bytes of slot buffers holding a published expert now.
+    pub fn resident_bytes(&self) -> u64 {
+        let inner = lock(&self.inner);
+        let loaded = inner
+            .slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Loaded(_)))
+            .count();
+        loaded as u64 * self.slot_bytes as u64
+    }
+
     /// The resident expert, or a reserved slot to read it into. Waits while another caller is
     /// reading the same expert.
     pub fn acquire(&self, key: ExpertId, run: ByteRun) -> Result<Acquired<'_>, CacheError> {
@@ -571,6 +583,12 @@ impl Ticket<'_> {
     ) -> Result<Arc<LoadedRun>, CacheError> {
         self.done = true;
         self.cache.finish(self.slot, self.key, self.bytes, result)
+    }
+
+    /// Counts the demand request a read issued ahead ([`ExpertCache::acquire_ahead`]) turned out
+    /// to serve: it is a miss like any other read the routing needed.
+    pub fn count_demand(&self) {
+        lock(&self.cache.inner).dir.counters.requests += 1;
     }
 
     /// Gives the reservation up without publishing anything (a read cancelled before it ran),

@@ -30,7 +30,9 @@ use std::time::Instant;
 
 use aligned::AlignedBuf;
 use direct_io::{DirectPolicy, LoadedRun, ReadError, ReadFailure, ShardSet, Window};
-use expert_cache::{Acquired, CacheError, ExpertCache, ExpertId, PolicyKind, Ticket};
+use expert_cache::{
+    Acquired, CacheCounters, CacheError, ExpertCache, ExpertId, PolicyKind, Ticket,
+};
 use plan::{Plan, Residency};
 use reader::{Batch, Priority, ReaderConfig, ReaderPool};
 
@@ -227,6 +229,10 @@ pub struct StoreStats {
     /// The part of `lookahead_bytes_read` the real routing did not ask for: what wrong guesses
     /// cost (the experts stay cached).
     pub lookahead_unused_bytes: u64,
+    /// The expert cache's requests, hits and reads since the store was created.
+    pub cache: CacheCounters,
+    /// Bytes of expert cache slots holding an expert now (of [`Plan::cache_bytes`]).
+    pub cache_resident_bytes: u64,
 }
 
 /// Byte classes of [`StoreStats`].
@@ -513,6 +519,8 @@ impl WeightStore {
             window_bytes_read: pool.bytes,
             lookahead_bytes_read: self.counters.lookahead_read.load(Ordering::Relaxed),
             lookahead_unused_bytes: self.counters.lookahead_unused.load(Ordering::Relaxed),
+            cache: self.cache.counters(),
+            cache_resident_bytes: self.cache.resident_bytes(),
         }
     }
 
@@ -736,12 +744,16 @@ impl WeightStore {
                     .reads
                     .into_iter()
                     .map(|(expert, ticket, len)| {
+                        let wanted = ids.contains(&expert);
+                        if wanted {
+                            ticket.count_demand();
+                        }
                         Some(PendingRead {
                             expert,
                             ticket,
                             len,
                             guessed: true,
-                            wanted: ids.contains(&expert),
+                            wanted,
                         })
                     })
                     .collect();

@@ -30,10 +30,21 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
             fingerprint: i.fingerprint.clone(),
             config: format!("{}\n{}", i.summary, i.plan),
         }),
-        // The engine does not report a memory plan, pinned layers or cache figures yet.
-        plan: String::new(),
-        pinned_layers: Vec::new(),
-        cache: None,
+        plan: info.map(|i| i.plan.clone()).unwrap_or_default(),
+        pinned_layers: info
+            .map(|i| {
+                i.pinned_layers
+                    .iter()
+                    .map(|&l| super::convert::count(l))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        cache: info.map(|i| pb::CacheFigures {
+            capacity_bytes: i.cache_capacity_bytes,
+            used_bytes: snap.stats.cache_resident_bytes,
+            hits: snap.stats.cache_hits,
+            misses: snap.stats.cache_misses,
+        }),
         bytes_read: snap.stats.bytes_read,
         bytes_avoided: snap.stats.bytes_avoided,
         rss_bytes,
