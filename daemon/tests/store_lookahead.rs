@@ -15,13 +15,6 @@ use k3d::store::{StoreError, StoreOptions, WeightStore};
 mod cli_support;
 use cli_support::synth;
 
-fn checkpoint(name: &str) -> (PathBuf, Checkpoint) {
-    let dir = std::env::temp_dir().join(format!("k3d-lookahead-{}-{name}", std::process::id()));
-    synth("tiny", &dir);
-    let c = Checkpoint::open(&dir).expect("checkpoint");
-    (dir, c)
-}
-
 /// A store under the largest budget below `max`: the whole trunk resident, a cache that cannot
 /// hold every expert, and (unless `lookahead` is off) top-k lookahead slots.
 fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
@@ -45,6 +38,29 @@ fn first_moe_layer(c: &Checkpoint) -> usize {
         .iter()
         .position(|l| matches!(l.ffn, FfnLayout::Moe(_)))
         .expect("a MoE layer")
+}
+
+/// A `tiny` checkpoint, its store and its first MoE layer; the directory goes with it.
+struct Setup {
+    dir: PathBuf,
+    c: Checkpoint,
+    s: WeightStore,
+    l: usize,
+}
+
+fn setup(name: &str, lookahead: Lookahead) -> Setup {
+    let dir = std::env::temp_dir().join(format!("k3d-lookahead-{}-{name}", std::process::id()));
+    synth("tiny", &dir);
+    let c = Checkpoint::open(&dir).expect("checkpoint");
+    let s = store(&c, lookahead);
+    let l = first_moe_layer(&c);
+    Setup { dir, c, s, l }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// The stored bytes of expert `e` of layer `l`, read with plain file I/O.
@@ -93,14 +109,13 @@ fn fetch(
 
 #[test]
 fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
-    let (dir, c) = checkpoint("adopt");
-    let s = store(&c, Lookahead::Auto);
+    let Setup { c, s, l, .. } = &setup("adopt", Lookahead::Auto);
+    let l = *l;
     let slots = s.plan().lookahead_slots;
     assert_eq!(
         slots, c.config.num_experts_per_token,
         "top-k lookahead slots"
     );
-    let l = first_moe_layer(&c);
     let expert_len = stored(&c, l, 0).len() as u64;
     // Guess 0..slots; the routing wants 0 and `slots` (not guessed).
     let guesses: Vec<usize> = (0..slots).collect();
@@ -128,14 +143,12 @@ fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
     let again = s.stats();
     assert_eq!(again.expert_bytes_read, after.expert_bytes_read);
     assert_eq!(again.bytes_avoided - after.bytes_avoided, 2 * expert_len);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_guess_for_another_layer_or_too_many_guesses_change_nothing_computed() {
-    let (dir, c) = checkpoint("other");
-    let s = store(&c, Lookahead::Auto);
-    let l = first_moe_layer(&c);
+    let Setup { c, s, l, .. } = &setup("other", Lookahead::Auto);
+    let l = *l;
     let next = (l + 1..c.layout.layers.len())
         .find(|&n| matches!(c.layout.layers[n].ffn, FfnLayout::Moe(_)))
         .expect("a second MoE layer");
@@ -149,24 +162,20 @@ fn a_guess_for_another_layer_or_too_many_guesses_change_nothing_computed() {
             .expect("prefetch")
             .is_none()
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn lookahead_off_reserves_no_slots() {
-    let (dir, c) = checkpoint("off");
-    let s = store(&c, Lookahead::Off);
+    let Setup { s, l, .. } = &setup("off", Lookahead::Off);
+    let l = *l;
     assert_eq!(s.plan().lookahead_slots, 0);
-    let l = first_moe_layer(&c);
     assert!(s.prefetch_experts(l, &[0]).expect("prefetch").is_none());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_failed_guessed_read_fails_the_request_with_file_and_offset() {
-    let (dir, c) = checkpoint("fail");
-    let s = store(&c, Lookahead::Auto);
-    let l = first_moe_layer(&c);
+    let Setup { c, s, l, .. } = &setup("fail", Lookahead::Auto);
+    let l = *l;
     let FfnLayout::Moe(m) = &c.layout.layers[l].ffn else {
         unreachable!()
     };
@@ -197,5 +206,4 @@ fn a_failed_guessed_read_fails_the_request_with_file_and_offset() {
         s.experts_each(l, &[1], None, || {}, |_| Ok::<(), StoreError>(()))
             .is_err()
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -83,6 +83,9 @@ pub struct MlaLayout {
     pub g_proj: Option<Slice>,
 }
 
+// One value per layer, built once at open: boxing the larger variant would save a few hundred
+// bytes per layer and add an indirection to every lookup.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum MixerLayout {
     Kda(KdaLayout),
@@ -123,6 +126,8 @@ pub struct MoeLayout {
     pub experts: Vec<(ByteRun, ExpertLayout)>,
 }
 
+// One value per layer, as for `MixerLayout`.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum FfnLayout {
     Dense(MlpLayout),
