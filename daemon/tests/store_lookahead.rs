@@ -116,14 +116,14 @@ fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
         slots, c.config.num_experts_per_token,
         "top-k lookahead slots"
     );
-    let expert_len = stored(&c, l, 0).len() as u64;
+    let expert_len = stored(c, l, 0).len() as u64;
     // Guess 0..slots; the routing wants 0 and `slots` (not guessed).
     let guesses: Vec<usize> = (0..slots).collect();
     let wanted = [0, slots];
     let before = s.stats();
     let ahead = s.prefetch_experts(l, &guesses).expect("prefetch");
     assert!(ahead.is_some(), "the plan has lookahead slots");
-    fetch(&s, &c, l, &wanted, ahead);
+    fetch(s, c, l, &wanted, ahead);
     let after = s.stats();
     let read = after.lookahead_bytes_read - before.lookahead_bytes_read;
     let unused = after.lookahead_unused_bytes - before.lookahead_unused_bytes;
@@ -139,7 +139,7 @@ fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
         "a guessed read is not a byte avoided"
     );
     // Both are resident now: served without reads, and counted as avoided.
-    fetch(&s, &c, l, &wanted, None);
+    fetch(s, c, l, &wanted, None);
     let again = s.stats();
     assert_eq!(again.expert_bytes_read, after.expert_bytes_read);
     assert_eq!(again.bytes_avoided - after.bytes_avoided, 2 * expert_len);
@@ -154,8 +154,8 @@ fn a_guess_for_another_layer_or_too_many_guesses_change_nothing_computed() {
         .expect("a second MoE layer");
     let ahead = s.prefetch_experts(l, &[1, 2]).expect("prefetch");
     // Handed to another layer's request, the guess is dropped and its slots emptied.
-    fetch(&s, &c, next, &[1, 2], ahead);
-    fetch(&s, &c, l, &[1, 2], None);
+    fetch(s, c, next, &[1, 2], ahead);
+    fetch(s, c, l, &[1, 2], None);
     let too_many: Vec<usize> = (0..=s.plan().lookahead_slots).collect();
     assert!(
         s.prefetch_experts(l, &too_many)
