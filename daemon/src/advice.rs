@@ -147,6 +147,7 @@ mod tests {
             model_vectors_bytes: 4096,
             state_bytes: 1 << 20,
             scratch_bytes: 0,
+            sequences: 1,
         }
     }
 

@@ -75,6 +75,26 @@ fn minimum_budget(dir: &Path) -> Budget {
     }
 }
 
+/// Just below `max` for these options: the whole trunk resident, a cache that cannot hold every
+/// expert, and the routing lookahead's slots for every member (plan rule 4).
+fn trunk_resident_budget(dir: &Path) -> Budget {
+    let ck = k3d::checkpoint::Checkpoint::open(dir).expect("open checkpoint");
+    let max = k3d::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
+        .expect("max plan");
+    let budget = Budget {
+        ram: Some(max.total() - 4096),
+        ..Budget::default()
+    };
+    let plan =
+        k3d::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model).expect("plan");
+    assert_eq!(
+        plan.lookahead_slots,
+        MEMBERS * ck.config.num_experts_per_token,
+        "top-k lookahead slots per member"
+    );
+    budget
+}
+
 fn run_alone(engine: &Engine, request: GenerateRequest) -> Summary {
     let mut g = engine.start(request).expect("start");
     loop {
@@ -168,11 +188,13 @@ fn batched_equals_alone(shape: &str) {
     assert_ne!(alone[0].generated, alone[2].generated);
     drop(reference);
     let min = minimum_budget(&ck.dir);
+    let resident = trunk_resident_budget(&ck.dir);
     for (threads, budget, name) in [
         (1, Budget::default(), "max"),
         (2, Budget::default(), "max"),
         (1, min, "minimum"),
         (2, min, "minimum"),
+        (2, resident, "trunk-resident"),
     ] {
         let engine = open(&ck.dir, threads, budget);
         let before = engine.stats().bytes_read;
@@ -192,6 +214,12 @@ fn batched_equals_alone(shape: &str) {
         assert_eq!(charged, read, "{shape} {name}: bytes charged");
         if name == "minimum" {
             assert!(read > 0, "{shape}: the minimum budget streams");
+        }
+        if name == "trunk-resident" {
+            assert!(
+                engine.model().store_stats().lookahead_bytes_read > 0,
+                "{shape}: batched decode passes read experts ahead of routing"
+            );
         }
     }
 }

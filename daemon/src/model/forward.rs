@@ -103,6 +103,7 @@ pub fn plan_for(
         .state_bytes
         .saturating_add(journal)
         .saturating_mul(options.sequences.max(1));
+    census.sequences = usize::try_from(options.sequences.max(1)).unwrap_or(usize::MAX);
     Plan::new(&census, options.budget, options.scheme)
 }
 

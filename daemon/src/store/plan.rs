@@ -13,8 +13,8 @@
 //!    cache gets memory only if at least ~36 GB is left (§4.1: below that K3's flat routing
 //!    leaves nothing to retain), and the embedding (one row per token) is resident only when
 //!    memory would otherwise go unused.
-//! 4. When nothing streams (the whole trunk and lm_head resident), top-k more cache slots for
-//!    **routing lookahead**, if they fit: each MoE layer routes its mixer's *input* with its own
+//! 4. When nothing streams (the whole trunk and lm_head resident), top-k more cache slots per
+//!    sequence a pass decodes (or, if those do not fit, for one) for **routing lookahead**: each MoE layer routes its mixer's *input* with its own
 //!    router and issues those experts' reads before the mixer runs, so the drive works while the
 //!    mixer computes instead of idling until routing; guesses the real routing does not confirm
 //!    are withdrawn if still queued. Only there: while trunk streams the drive is already busy
@@ -74,6 +74,9 @@ pub struct Census {
     pub state_bytes: u64,
     /// Activations, logits and kernel workspaces (supplied by the forward pass).
     pub scratch_bytes: u64,
+    /// Sequences one forward pass may decode together (a daemon's batch): the routing
+    /// lookahead wants top-k slots for each (rule 4).
+    pub sequences: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -203,6 +206,7 @@ impl Census {
                 + layout.output_attn_res_proj.run.len,
             state_bytes: state,
             scratch_bytes,
+            sequences: 1,
         };
         census.validate()?;
         Ok(census)
@@ -559,17 +563,21 @@ impl Plan {
         }
         let mut cache_slots = cache_slots_wanted;
         // Rule 4: with nothing streaming, the drive idles while each layer's mixer computes.
+        // Top-k slots per sequence a pass decodes, else for one (single-sequence decode).
         let nothing_streams = largest_streamed(&pinned, lm_head) == 0;
-        let lookahead_slots = if budget.lookahead == Lookahead::Auto
-            && census.moe_layers > 0
-            && nothing_streams
-            && cache_slots < census.pool()
-            && needs(&pinned, lm_head, embedding, cache_slots + census.top_k) <= ram
-        {
-            census.top_k
-        } else {
-            0
-        };
+        let lookahead_slots = [
+            census.sequences.max(1).saturating_mul(census.top_k),
+            census.top_k,
+        ]
+        .into_iter()
+        .find(|&slots| {
+            budget.lookahead == Lookahead::Auto
+                && census.moe_layers > 0
+                && nothing_streams
+                && cache_slots < census.pool()
+                && needs(&pinned, lm_head, embedding, cache_slots + slots) <= ram
+        })
+        .unwrap_or(0);
         cache_slots += lookahead_slots;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
         if budget.cache.is_none() && left >= CACHE_WORTHWHILE {
@@ -781,6 +789,7 @@ mod tests {
             model_vectors_bytes: 43_008,
             state_bytes: 464_633_856 + 55_296 * 8192,
             scratch_bytes: 256 << 20,
+            sequences: 1,
         }
     }
 
@@ -853,6 +862,23 @@ mod tests {
         };
         let p = Plan::new(&c, off, StreamScheme::default()).unwrap();
         assert_eq!((p.lookahead_slots, p.cache_slots), (0, 17));
+    }
+
+    #[test]
+    fn lookahead_covers_every_sequence_of_a_batch_when_it_fits() {
+        let mut c = k3();
+        c.sequences = 4;
+        let p = Plan::new(&c, Budget::preset(Preset::Server), StreamScheme::default()).unwrap();
+        assert_eq!((p.lookahead_slots, p.cache_slots), (64, 17 + 64));
+        // A budget with room for one sequence's slots only gets those (the embedding, resident
+        // only when memory is left over, streams at both).
+        let one = p.total() - c.embedding_bytes - 40 * p.cache_slot_bytes;
+        let b = Budget {
+            ram: Some(one),
+            ..Budget::default()
+        };
+        let p = Plan::new(&c, b, StreamScheme::default()).unwrap();
+        assert_eq!(p.lookahead_slots, 16);
     }
 
     #[test]
@@ -972,6 +998,7 @@ mod tests {
             model_vectors_bytes: 100,
             state_bytes: 10_000,
             scratch_bytes: 20_000,
+            sequences: 1,
         }
     }
 
