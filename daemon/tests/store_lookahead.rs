@@ -207,3 +207,35 @@ fn a_failed_guessed_read_fails_the_request_with_file_and_offset() {
             .is_err()
     );
 }
+
+#[test]
+fn guesses_ride_with_the_first_group_so_later_groups_do_not_waste_them() {
+    let Setup { c, s, l, .. } = &setup("groups", Lookahead::Auto);
+    let l = *l;
+    let per_group = s.plan().cache_slots - s.plan().lookahead_slots;
+    let slots = s.plan().lookahead_slots;
+    // A union larger than one group, the last `slots` of it guessed.
+    let needed: Vec<usize> = (0..per_group + slots + 1).collect();
+    let guessed: Vec<usize> = needed[needed.len() - slots..].to_vec();
+    let ahead = s.prefetch_experts(l, &guessed).expect("prefetch");
+    let groups = s.expert_groups(&needed, ahead.as_ref());
+    let mut first = groups[0].clone();
+    first.sort_unstable();
+    let mut expect: Vec<usize> = needed[..per_group].to_vec();
+    expect.extend(&guessed);
+    assert_eq!(first, expect, "the first group carries every guess");
+    assert!(groups.iter().skip(1).all(|g| g.len() <= per_group));
+    let before = s.stats();
+    let mut ahead = ahead;
+    for g in &groups {
+        fetch(s, c, l, g, ahead.take());
+    }
+    let after = s.stats();
+    assert_eq!(
+        after.lookahead_unused_bytes, before.lookahead_unused_bytes,
+        "every guess was used"
+    );
+    let mut all: Vec<usize> = groups.concat();
+    all.sort_unstable();
+    assert_eq!(all, needed);
+}

@@ -606,11 +606,11 @@ impl Model {
                     // reads are in flight.
                     let mut shared = None;
                     let mut outputs = Vec::with_capacity(plan.needed.len());
-                    for group in plan.needed.chunks(self.store.expert_group()) {
+                    for group in self.store.expert_groups(&plan.needed, ahead.as_ref()) {
                         // Resident experts run together, then each read as it lands.
                         self.store.experts_each(
                             l,
-                            group,
+                            &group,
                             ahead.take(),
                             || {
                                 shared.get_or_insert_with(|| moe::shared(&self.moe, m, &x2));

@@ -182,6 +182,13 @@ pub struct ExpertPrefetch<'s> {
     held: Vec<(usize, Arc<LoadedRun>)>,
 }
 
+impl ExpertPrefetch<'_> {
+    /// Whether expert `e` is among the guesses (being read, or held resident).
+    pub fn covers(&self, e: usize) -> bool {
+        self.reads.iter().any(|(x, ..)| *x == e) || self.held.iter().any(|(x, _)| *x == e)
+    }
+}
+
 /// One expert read a [`WeightStore::experts_each`] call waits for.
 struct PendingRead<'s> {
     expert: usize,
@@ -608,10 +615,27 @@ impl WeightStore {
         }
     }
 
-    /// How many experts one [`WeightStore::experts_each`] request may name: all of them must be
-    /// held in cache slots at once, next to the reads of an [`ExpertPrefetch`].
-    pub fn expert_group(&self) -> usize {
-        (self.plan.cache_slots - self.plan.lookahead_slots).max(1)
+    /// How a layer's experts `needed` split into [`WeightStore::experts_each`] requests: every
+    /// expert of one request is held in a cache slot at once, so a request names at most the
+    /// slots beside the lookahead's — plus the experts `ahead` already reads, which hold
+    /// lookahead slots and all ride with the first request (a guess a later request needs is
+    /// then not mistaken for a wrong one).
+    pub fn expert_groups(
+        &self,
+        needed: &[usize],
+        ahead: Option<&ExpertPrefetch<'_>>,
+    ) -> Vec<Vec<usize>> {
+        let per_group = (self.plan.cache_slots - self.plan.lookahead_slots).max(1);
+        let (guessed, others): (Vec<usize>, Vec<usize>) = needed
+            .iter()
+            .partition(|&&e| ahead.is_some_and(|a| a.covers(e)));
+        let mut groups: Vec<Vec<usize>> = others.chunks(per_group).map(<[usize]>::to_vec).collect();
+        match groups.first_mut() {
+            Some(first) => first.extend(guessed),
+            None if !guessed.is_empty() => groups.push(guessed),
+            None => {}
+        }
+        groups
     }
 
     /// The MoE layout of layer `layer`.
@@ -684,7 +708,7 @@ impl WeightStore {
         }
     }
 
-    /// The routed experts `ids` of layer `layer` (at most [`WeightStore::expert_group`]),
+    /// The routed experts `ids` of layer `layer` (one of [`WeightStore::expert_groups`]),
     /// handed to `compute` as they become available: first every resident one in one call,
     /// then each read as it lands (the misses are read as one batch, §4.4), so compute overlaps
     /// the remaining reads. `ahead`, the layer's [`ExpertPrefetch`], supplies reads already in
