@@ -11,6 +11,7 @@
 //! ```text
 //! cargo run --release -p k3d --example batch_bench -- MODEL_DIR [--concurrent N] [--gen T]
 //!     [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N] [--sequences S]
+//!     [--no-lookahead]
 //! ```
 //! Prints one JSON object.
 
@@ -36,7 +37,8 @@ struct Args {
 fn usage(why: &str) -> ! {
     eprintln!(
         "batch_bench: {why}\nusage: batch_bench MODEL_DIR [--concurrent N] [--gen T] \
-         [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N] [--sequences S]"
+         [--prompt-len P] [--ram-gb G | --ram-bytes B] [--threads N] [--sequences S] \
+         [--no-lookahead]"
     );
     std::process::exit(2)
 }
@@ -72,6 +74,7 @@ fn args() -> Args {
                     Some(Budget::gib("--ram-gb", g).unwrap_or_else(|e| usage(&e.to_string())));
             }
             "--ram-bytes" => a.budget.ram = Some(parse(&arg, it.next())),
+            "--no-lookahead" => a.budget.lookahead = k3d::store::plan::Lookahead::Off,
             s if s.starts_with("--") => usage(&format!("unknown flag {s}")),
             _ => model = Some(PathBuf::from(arg)),
         }
@@ -213,6 +216,10 @@ fn main() {
         "expert_bytes_read_per_pass": per_pass(after.expert_bytes_read - before.expert_bytes_read),
         "head_bytes_read_per_pass": per_pass(after.head_bytes_read - before.head_bytes_read),
         "bytes_avoided_per_pass": per_pass(after.bytes_avoided - before.bytes_avoided),
+        "lookahead_slots": engine.model().plan().lookahead_slots,
+        "lookahead_unused_bytes_per_pass": per_pass(
+            after.lookahead_unused_bytes - before.lookahead_unused_bytes
+        ),
         "io_seconds": after.io_seconds - before.io_seconds,
         "generated_ids": ids,
     });
