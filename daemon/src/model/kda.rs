@@ -2,9 +2,11 @@
 //! PRE-conv inputs, L2-normalised q/k, the lower-bounded per-channel decay with a per-HEAD rate,
 //! the decay → read → write → read delta-rule recurrence, `o_norm` then the sigmoid gate, `o_proj`.
 //!
-//! The T tokens' projections are batched (each weight read once per call); the conv and the
-//! recurrence then run sequentially in time, so a T-token call equals T one-token calls bit for
-//! bit (spec §6.1 rule 5). Heads are independent and run in parallel.
+//! The projections of all rows of a call — the T tokens of one sequence, or of several
+//! ([`forward_batch`]) — are batched (each weight read once per call); the conv and the
+//! recurrence then run per sequence, sequentially in time, so a T-token call equals T one-token
+//! calls bit for bit (spec §6.1 rule 5) and a member of a batch equals the member alone. Heads
+//! (of every member) are independent and run in parallel.
 
 use rayon::prelude::*;
 
@@ -256,9 +258,9 @@ pub fn forward_batch(
     m.o_proj.apply(&o, out);
 }
 
-/// The row-independent inputs of the recurrence for every row of a call: what the projections
-/// of `xs` give, before (q, k, v) and after (α, β) their elementwise maps. `[rows, P]` each,
-/// β `[rows, heads]`.
+/// The inputs of the recurrence for every row of a call: the row-independent projections of
+/// `xs` (α and β through their elementwise maps), with q, k, v PRE-conv until
+/// [`KdaProjections::convolve`] ran on their rows. `[rows, P]` each, β `[rows, heads]`.
 struct KdaProjections {
     q: Vec<f32>,
     k: Vec<f32>,
