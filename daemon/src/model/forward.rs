@@ -13,8 +13,9 @@
 //! All T tokens of a call travel together: each op is batched over T rows, KDA advances in time
 //! inside its layer and MLA attends causally, so any split of a sequence into calls gives the same
 //! bits. Weights are reached only through the [`WeightStore`]. Several sequences can share one
-//! pass ([`Model::forward_batch`]): their rows are concatenated for every row-wise op, and only
-//! the mixers run per sequence, on that sequence's rows and state.
+//! pass ([`Model::forward_batch`]): their rows are concatenated for every row-wise op, the
+//! mixers' projections included, and only the KDA recurrence and the MLA attention run per
+//! sequence, on that sequence's rows and state.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -395,9 +396,10 @@ impl Model {
 
     /// Runs several sequences' next tokens through one pass (issue 7 item 4): their rows are
     /// concatenated and every row-wise op (embedding, AttnRes, norms, the dense FFN, MoE
-    /// routing, the routed experts, lm_head) runs once over all rows, so each layer's trunk is
-    /// reached once and each distinct expert of the union is read once per layer. Only the
-    /// sequence mixers (KDA, MLA) run per sequence, on that sequence's rows and state. Every op
+    /// routing, the routed experts, lm_head, the mixers' projections) runs once over all rows, so
+    /// each layer's trunk is read once and each distinct expert of the union once per layer.
+    /// Only the KDA recurrence and the MLA attention run per sequence, on that sequence's rows
+    /// and state. Every op
     /// computes each row exactly as it would alone (spec §6.1 rule 5, §5), so each sequence's
     /// logits are bit-identical to a solo [`Model::forward`]. Returns one logits vector per
     /// sequence, in order, shaped by its [`Logits`] wish.
@@ -564,25 +566,32 @@ impl Model {
             };
             let mut a = vec![0.0f32; x.len()];
             let matrices = binder.mixer(ll, &trunk)?;
-            // The mixers carry each sequence's own history: they run per sequence, on its rows.
-            let mut first = 0;
-            for seq in seqs.iter_mut() {
-                let span = first * h..(first + seq.ids.len()) * h;
-                first += seq.ids.len();
-                let (xs, out) = (&x[span.clone()], &mut a[span]);
-                match (&lp.mixer, seq.state.layers.get_mut(l), &matrices) {
-                    (MixerParams::Kda(p), Some(LayerState::Kda(s)), MixerMatrices::Kda(m)) => {
-                        kda::forward(&self.kda, m, p, xs, s, out)
-                    }
-                    (MixerParams::Mla(p), Some(LayerState::Mla(c)), MixerMatrices::Mla(m)) => {
-                        mla::forward(&self.mla, m, p, xs, c, out)
-                    }
-                    _ => {
-                        return Err(ModelError::LayoutMismatch(format!(
-                            "layer {l}: mixer kind differs between config, layout and state"
-                        )));
-                    }
+            // The mixers carry each sequence's own history: each gets every member's state and
+            // row count, projects all rows at once and runs only the recurrence / attention per
+            // sequence, on its rows.
+            let mismatch = || {
+                ModelError::LayoutMismatch(format!(
+                    "layer {l}: mixer kind differs between config, layout and state"
+                ))
+            };
+            match (&lp.mixer, &matrices) {
+                (MixerParams::Kda(p), MixerMatrices::Kda(m)) => {
+                    let mut members = mixer_states(seqs, l, |s| match s {
+                        LayerState::Kda(s) => Some(s),
+                        LayerState::Mla(_) => None,
+                    })
+                    .ok_or_else(mismatch)?;
+                    kda::forward_batch(&self.kda, m, p, &x, &mut members, &mut a)
                 }
+                (MixerParams::Mla(p), MixerMatrices::Mla(m)) => {
+                    let mut members = mixer_states(seqs, l, |s| match s {
+                        LayerState::Mla(c) => Some(c),
+                        LayerState::Kda(_) => None,
+                    })
+                    .ok_or_else(mismatch)?;
+                    mla::forward_batch(&self.mla, m, p, &x, &mut members, &mut a)
+                }
+                _ => return Err(mismatch()),
             }
             let partial = match base {
                 None => a,
@@ -778,6 +787,18 @@ fn table_shape(
         });
     }
     Ok(())
+}
+
+/// Layer `l`'s mixer state of each sequence, as `pick` finds it, with the sequence's row
+/// count; `None` if any sequence's state there is of the other kind.
+fn mixer_states<'s, T>(
+    seqs: &'s mut [Sequence<'_>],
+    l: usize,
+    pick: impl Fn(&'s mut LayerState) -> Option<&'s mut T>,
+) -> Option<Vec<(&'s mut T, usize)>> {
+    seqs.iter_mut()
+        .map(|s| Some((pick(s.state.layers.get_mut(l)?)?, s.ids.len())))
+        .collect()
 }
 
 /// `AR(blocks ++ [last])` for each of the token rows of `last` (rows of `blocks` aligned).

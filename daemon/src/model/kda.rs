@@ -2,9 +2,11 @@
 //! PRE-conv inputs, L2-normalised q/k, the lower-bounded per-channel decay with a per-HEAD rate,
 //! the decay → read → write → read delta-rule recurrence, `o_norm` then the sigmoid gate, `o_proj`.
 //!
-//! The T tokens' projections are batched (each weight read once per call); the conv and the
-//! recurrence then run sequentially in time, so a T-token call equals T one-token calls bit for
-//! bit (spec §6.1 rule 5). Heads are independent and run in parallel.
+//! The projections of all rows of a call — the T tokens of one sequence, or of several
+//! ([`forward_batch`]) — are batched (each weight read once per call); the conv and the
+//! recurrence then run per sequence, sequentially in time, so a T-token call equals T one-token
+//! calls bit for bit (spec §6.1 rule 5) and a member of a batch equals the member alone. Heads
+//! (of every member) are independent and run in parallel.
 
 use rayon::prelude::*;
 
@@ -217,7 +219,8 @@ pub(crate) struct Journal {
     beta: Vec<f32>,
 }
 
-/// Runs the layer on the T normed rows `xs` `[T, hidden]`, advancing `state`; `out` is `[T, hidden]`.
+/// Runs the layer on the T normed rows `xs` `[T, hidden]` of one sequence, advancing `state`;
+/// `out` is `[T, hidden]`. A batch of one ([`forward_batch`]).
 pub fn forward(
     dims: &KdaDims,
     m: &KdaMatrices<'_>,
@@ -226,79 +229,176 @@ pub fn forward(
     state: &mut KdaState,
     out: &mut [f32],
 ) {
-    let pw = dims.width();
-    let t = xs.len() / dims.hidden;
-    let mut q = apply(&m.q_proj, xs);
-    let mut k = apply(&m.k_proj, xs);
-    let mut v = apply(&m.v_proj, xs);
-    // One low-rank pair shared by all heads, no activation in between.
-    let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs));
-    let beta_logits = apply(&m.b_proj, xs);
-    let gate_logits = apply(&m.g_proj, xs);
-    if let Some(j) = &mut state.journal {
-        for (dst, src) in j.pre.iter_mut().zip([&q, &k, &v]) {
-            dst.extend_from_slice(src);
-        }
-    }
+    let rows = xs.len() / dims.hidden;
+    forward_batch(dims, m, p, xs, &mut [(state, rows)], out);
+}
 
-    let [hq, hk, hv] = &mut state.history;
-    short_conv(&p.conv[0], dims.conv, hq, &mut q);
-    short_conv(&p.conv[1], dims.conv, hk, &mut k);
-    short_conv(&p.conv[2], dims.conv, hv, &mut v);
-
-    // α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))): one f64 evaluation, one rounding.
-    let alpha: Vec<f32> = decay_proj
-        .iter()
-        .enumerate()
-        .map(|(idx, &z)| {
-            let c = idx % pw;
-            let x = z as f64 + p.dt_bias[c] as f64;
-            let g = dims.lower_bound * sigmoid(p.decay_rate[c / dims.head_dim] * x);
-            libm::exp(g) as f32
-        })
-        .collect();
-    let beta: Vec<f32> = beta_logits
-        .iter()
-        .map(|&b| sigmoid(b as f64) as f32)
-        .collect();
-    if let Some(j) = &mut state.journal {
-        j.k.extend_from_slice(&k);
-        j.v.extend_from_slice(&v);
-        j.alpha.extend_from_slice(&alpha);
-        j.beta.extend_from_slice(&beta);
-        j.tokens += t;
-        j.heads = dims.heads;
+/// Runs the layer on the rows `xs` `[rows, hidden]` of several sequences, concatenated in
+/// `members` order, each `(state, rows)` advancing its own state by its own rows; `out` is
+/// `[rows, hidden]`. The projections and `o_proj` are row-independent, so they run once over
+/// all rows (each weight read once per call, whatever the batch); only the conv and the
+/// recurrence, which carry a sequence's history, run per member — all members' heads in one
+/// parallel pass (independent outputs, spec §6.1 rule 4). Each row's bits are those of the
+/// member alone.
+pub fn forward_batch(
+    dims: &KdaDims,
+    m: &KdaMatrices<'_>,
+    p: &KdaParams,
+    xs: &[f32],
+    members: &mut [(&mut KdaState, usize)],
+    out: &mut [f32],
+) {
+    let mut x = KdaProjections::new(dims, m, p, xs);
+    let mut first = 0;
+    for (state, rows) in members.iter_mut() {
+        x.convolve(dims, p, first..first + *rows, state);
+        first += *rows;
     }
-
-    let d = dims.head_dim;
-    let inputs = HeadInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        alpha: &alpha,
-        beta: &beta,
-        gate: &gate_logits,
-        tokens: t,
-    };
-    // Per head: outputs as [head][T][D] so that heads own disjoint memory.
-    let mut by_head = vec![0.0f32; dims.heads * t * d];
-    by_head
-        .par_chunks_mut(t * d)
-        .zip(state.s.par_chunks_mut(d * d))
-        .with_min_len(grain(4 * t * d * d))
-        .enumerate()
-        .for_each(|(h, (o, s))| head_recurrence(dims, p, &inputs, h, s, o));
-    let mut o = vec![0.0f32; t * pw];
-    for h in 0..dims.heads {
-        for tok in 0..t {
-            o[tok * pw + h * d..tok * pw + (h + 1) * d]
-                .copy_from_slice(&by_head[(h * t + tok) * d..(h * t + tok + 1) * d]);
-        }
-    }
+    let o = x.recurrence(dims, p, members);
     m.o_proj.apply(&o, out);
 }
 
+/// The inputs of the recurrence for every row of a call: the row-independent projections of
+/// `xs` (α and β through their elementwise maps), with q, k, v PRE-conv until
+/// [`KdaProjections::convolve`] ran on their rows. `[rows, P]` each, β `[rows, heads]`.
+struct KdaProjections {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    alpha: Vec<f32>,
+    beta: Vec<f32>,
+    gate: Vec<f32>,
+}
+
+impl KdaProjections {
+    fn new(dims: &KdaDims, m: &KdaMatrices<'_>, p: &KdaParams, xs: &[f32]) -> Self {
+        let pw = dims.width();
+        // One low-rank pair shared by all heads, no activation in between.
+        let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs));
+        // α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))): one f64 evaluation, one rounding.
+        let alpha = decay_proj
+            .iter()
+            .enumerate()
+            .map(|(idx, &z)| {
+                let c = idx % pw;
+                let x = z as f64 + p.dt_bias[c] as f64;
+                let g = dims.lower_bound * sigmoid(p.decay_rate[c / dims.head_dim] * x);
+                libm::exp(g) as f32
+            })
+            .collect();
+        let beta = apply(&m.b_proj, xs)
+            .iter()
+            .map(|&b| sigmoid(b as f64) as f32)
+            .collect();
+        KdaProjections {
+            q: apply(&m.q_proj, xs),
+            k: apply(&m.k_proj, xs),
+            v: apply(&m.v_proj, xs),
+            alpha,
+            beta,
+            gate: apply(&m.g_proj, xs),
+        }
+    }
+
+    /// The short convs of one member's `rows` (in place on q, k, v), advancing its histories,
+    /// and its journal entries (spec §5.2): the PRE-conv rows, then what the recurrence's
+    /// state update consumes.
+    fn convolve(
+        &mut self,
+        dims: &KdaDims,
+        p: &KdaParams,
+        rows: std::ops::Range<usize>,
+        state: &mut KdaState,
+    ) {
+        let pw = dims.width();
+        let span = rows.start * pw..rows.end * pw;
+        let (q, k, v) = (
+            &mut self.q[span.clone()],
+            &mut self.k[span.clone()],
+            &mut self.v[span.clone()],
+        );
+        if let Some(j) = &mut state.journal {
+            for (dst, src) in j.pre.iter_mut().zip([&*q, &*k, &*v]) {
+                dst.extend_from_slice(src);
+            }
+        }
+        let [hq, hk, hv] = &mut state.history;
+        short_conv(&p.conv[0], dims.conv, hq, q);
+        short_conv(&p.conv[1], dims.conv, hk, k);
+        short_conv(&p.conv[2], dims.conv, hv, v);
+        if let Some(j) = &mut state.journal {
+            j.k.extend_from_slice(k);
+            j.v.extend_from_slice(v);
+            j.alpha.extend_from_slice(&self.alpha[span]);
+            j.beta
+                .extend_from_slice(&self.beta[rows.start * dims.heads..rows.end * dims.heads]);
+            j.tokens += rows.len();
+            j.heads = dims.heads;
+        }
+    }
+
+    /// The inputs of `rows` rows from row `first`.
+    fn rows(&self, dims: &KdaDims, first: usize, rows: usize) -> HeadInputs<'_> {
+        let span = first * dims.width()..(first + rows) * dims.width();
+        HeadInputs {
+            q: &self.q[span.clone()],
+            k: &self.k[span.clone()],
+            v: &self.v[span.clone()],
+            alpha: &self.alpha[span.clone()],
+            beta: &self.beta[first * dims.heads..(first + rows) * dims.heads],
+            gate: &self.gate[span],
+            tokens: rows,
+        }
+    }
+
+    /// Every member's recurrence over its rows (after [`KdaProjections::convolve`]), advancing
+    /// its state; returns the gated head outputs `[rows, P]`, the input of `o_proj`.
+    fn recurrence(
+        &self,
+        dims: &KdaDims,
+        p: &KdaParams,
+        members: &mut [(&mut KdaState, usize)],
+    ) -> Vec<f32> {
+        let (d, pw) = (dims.head_dim, dims.width());
+        let total = self.q.len() / pw.max(1);
+        // Per member and head: outputs as [member][head][T][D] so that tasks own disjoint
+        // memory.
+        let mut by_head = vec![0.0f32; total * pw];
+        let widest = members.iter().map(|(_, rows)| *rows).max().unwrap_or(0);
+        let mut tasks = Vec::with_capacity(members.len() * dims.heads);
+        let (mut rest, mut first) = (by_head.as_mut_slice(), 0);
+        for (state, rows) in members.iter_mut() {
+            let (mine, tail) = rest.split_at_mut(*rows * pw);
+            rest = tail;
+            if *rows > 0 {
+                let inputs = self.rows(dims, first, *rows);
+                let heads = mine.chunks_mut(*rows * d).zip(state.s.chunks_mut(d * d));
+                tasks.extend(heads.enumerate().map(|(h, (o, s))| (inputs, h, o, s)));
+            }
+            first += *rows;
+        }
+        tasks
+            .into_par_iter()
+            .with_min_len(grain(4 * widest * d * d))
+            .for_each(|(x, h, o, s)| head_recurrence(dims, p, &x, h, s, o));
+        let mut o = vec![0.0f32; total * pw];
+        let mut first = 0;
+        for (_, t) in members.iter() {
+            let mine = &by_head[first * pw..(first + t) * pw];
+            for h in 0..dims.heads {
+                for tok in 0..*t {
+                    o[(first + tok) * pw + h * d..(first + tok) * pw + (h + 1) * d]
+                        .copy_from_slice(&mine[(h * t + tok) * d..(h * t + tok + 1) * d]);
+                }
+            }
+            first += t;
+        }
+        o
+    }
+}
+
 /// Per-token inputs of the recurrence, `[T, P]` (β: `[T, heads]`).
+#[derive(Clone, Copy)]
 struct HeadInputs<'a> {
     q: &'a [f32],
     k: &'a [f32],

@@ -87,8 +87,8 @@ pub struct MlaCache {
     pub rows: Vec<f32>,
 }
 
-/// Runs the layer on the T normed rows `xs` `[T, hidden]`, appending T cache rows; `out` is
-/// `[T, hidden]`.
+/// Runs the layer on the T normed rows `xs` `[T, hidden]` of one sequence, appending T cache
+/// rows; `out` is `[T, hidden]`. A batch of one ([`forward_batch`]).
 pub fn forward(
     dims: &MlaDims,
     m: &MlaMatrices<'_>,
@@ -97,30 +97,88 @@ pub fn forward(
     cache: &mut MlaCache,
     out: &mut [f32],
 ) {
-    let t = xs.len() / dims.hidden;
-    let qa = apply(&m.q_a_proj, xs);
-    let mut qn = vec![0.0f32; qa.len()];
-    for (src, dst) in qa
-        .chunks_exact(dims.q_lora)
-        .zip(qn.chunks_exact_mut(dims.q_lora))
-    {
-        rms_norm(src, &p.q_a_norm, LATENT_NORM_EPS, dst);
-    }
-    let q = apply(&m.q_b_proj, &qn);
+    let rows = xs.len() / dims.hidden;
+    forward_batch(dims, m, p, xs, &mut [(cache, rows)], out);
+}
 
+/// Runs the layer on the rows `xs` `[rows, hidden]` of several sequences, concatenated in
+/// `members` order, each `(cache, rows)` appending its own rows to its own cache; `out` is
+/// `[rows, hidden]`. Everything but the attention over a cache is row-independent and runs
+/// once over all rows, so each weight — the projections, each head's `kv_b_proj` rows, the
+/// gate and `o_proj` — is read once per call whatever the batch; each query attends only to
+/// its own sequence's cache. Each row's bits are those of the member alone.
+pub fn forward_batch(
+    dims: &MlaDims,
+    m: &MlaMatrices<'_>,
+    p: &MlaParams,
+    xs: &[f32],
+    members: &mut [(&mut MlaCache, usize)],
+    out: &mut [f32],
+) {
+    let x = MlaProjections::new(dims, m, p, xs);
+    let cw = dims.cache_width();
+    let mut first = 0;
+    for (cache, rows) in members.iter_mut() {
+        let latent = &x.latent[first * cw..(first + *rows) * cw];
+        for row in latent.chunks_exact(cw) {
+            let at = cache.rows.len();
+            cache.rows.resize(at + cw, 0.0);
+            let (lat, kr) = cache.rows[at..].split_at_mut(dims.kv_lora);
+            rms_norm(&row[..dims.kv_lora], &p.kv_a_norm, LATENT_NORM_EPS, lat);
+            // The shared key: not normalised, not rotated, one vector for all heads.
+            kr.copy_from_slice(&row[dims.kv_lora..]);
+        }
+        first += *rows;
+    }
+    let caches: Vec<(&[f32], usize)> = members
+        .iter()
+        .map(|(cache, rows)| (cache.rows.as_slice(), *rows))
+        .collect();
+    let mut o = attend(dims, m, &x.q, &caches);
+    if let Some(gl) = &x.gate {
+        // σ(W_g x) on the heads × v outputs; no norm.
+        for (y, &g) in o.iter_mut().zip(gl) {
+            *y = (*y as f64 * sigmoid(g as f64)) as f32;
+        }
+    }
+    m.o_proj.apply(&o, out);
+}
+
+/// The row-independent projections of every row of a call.
+struct MlaProjections {
+    /// The queries `[rows, heads, nope + rope]`.
+    q: Vec<f32>,
+    /// `kv_a_proj`'s rows `[rows, kv_lora + rope]`, before the latent norm.
+    latent: Vec<f32>,
+    /// The output gate's logits `[rows, heads × v]`, iff the layer has one.
+    gate: Option<Vec<f32>>,
+}
+
+impl MlaProjections {
+    fn new(dims: &MlaDims, m: &MlaMatrices<'_>, p: &MlaParams, xs: &[f32]) -> Self {
+        let qa = apply(&m.q_a_proj, xs);
+        let mut qn = vec![0.0f32; qa.len()];
+        for (src, dst) in qa
+            .chunks_exact(dims.q_lora)
+            .zip(qn.chunks_exact_mut(dims.q_lora))
+        {
+            rms_norm(src, &p.q_a_norm, LATENT_NORM_EPS, dst);
+        }
+        MlaProjections {
+            q: apply(&m.q_b_proj, &qn),
+            latent: apply(&m.kv_a_proj, xs),
+            gate: m.g_proj.as_ref().map(|g| apply(g, xs)),
+        }
+    }
+}
+
+/// The absorbed attention (module doc) of the queries `q` `[rows, heads, nope + rope]`, whose
+/// rows belong to `caches` in order: per member its cache (the member's rows already appended)
+/// and how many of the rows are its — the last that many positions of the cache. Returns the
+/// head outputs `[rows, heads, v]`.
+fn attend(dims: &MlaDims, m: &MlaMatrices<'_>, q: &[f32], caches: &[(&[f32], usize)]) -> Vec<f32> {
     let (lw, cw) = (dims.kv_lora, dims.cache_width());
-    let c = apply(&m.kv_a_proj, xs);
-    let first = cache.rows.len() / cw;
-    for row in c.chunks_exact(cw) {
-        let at = cache.rows.len();
-        cache.rows.resize(at + cw, 0.0);
-        let (lat, kr) = cache.rows[at..].split_at_mut(lw);
-        rms_norm(&row[..lw], &p.kv_a_norm, LATENT_NORM_EPS, lat);
-        // The shared key: not normalised, not rotated, one vector for all heads.
-        kr.copy_from_slice(&row[lw..]);
-    }
-    let rows = &cache.rows;
-
+    let t: usize = caches.iter().map(|(_, rows)| rows).sum();
     // Head h's `n` rows of kv_b_proj from row `from` within the head's [k_nope | v] block
     // (spec §3.3 row layout), viewed in the stored bytes.
     let hw = dims.nope + dims.v;
@@ -129,8 +187,9 @@ pub fn forward(
         Bf16Matrix::new(&m.kv_b_proj.bytes[2 * r0 * lw..2 * (r0 + n) * lw], n, lw)
     };
     let scale = 1.0 / (dims.qk() as f64).sqrt();
-    // One task per head (independent outputs, spec §6.1 rule 4): its T queries, their causal
-    // attention over the cache, and its T outputs `[T][v]`.
+    // One task per head (independent outputs, spec §6.1 rule 4): all rows' queries through
+    // its kv_b_proj rows, each row's causal attention over its own sequence's cache, and all
+    // rows' outputs `[rows][v]`.
     let per_head: Vec<Vec<f32>> = (0..dims.heads)
         .into_par_iter()
         .map(|h| {
@@ -144,23 +203,29 @@ pub fn forward(
             let mut query = vec![0.0f32; cw];
             let mut acc = vec![0.0f64; lw];
             let mut mix = vec![0.0f32; t * lw];
-            for (tok, dst) in mix.chunks_exact_mut(lw).enumerate() {
-                query[..lw].copy_from_slice(&q_lat[tok * lw..(tok + 1) * lw]);
-                query[lw..].copy_from_slice(q_head(tok).1);
-                let visible = &rows[..(first + tok + 1) * cw];
-                let scores: Vec<f64> = visible
-                    .chunks_exact(cw)
-                    .map(|key| dot_f32(&query, key) * scale)
-                    .collect();
-                let pi = softmax_f64(&scores);
-                acc.fill(0.0);
-                for (&w, key) in pi.iter().zip(visible.chunks_exact(cw)) {
-                    for (a, &l) in acc.iter_mut().zip(&key[..lw]) {
-                        *a += w * l as f64;
+            let mut tok = 0;
+            for &(rows, n) in caches {
+                // The member's rows are the cache's last `n` positions.
+                let first = rows.len() / cw - n;
+                for at in first..first + n {
+                    query[..lw].copy_from_slice(&q_lat[tok * lw..(tok + 1) * lw]);
+                    query[lw..].copy_from_slice(q_head(tok).1);
+                    let visible = &rows[..(at + 1) * cw];
+                    let scores: Vec<f64> = visible
+                        .chunks_exact(cw)
+                        .map(|key| dot_f32(&query, key) * scale)
+                        .collect();
+                    let pi = softmax_f64(&scores);
+                    acc.fill(0.0);
+                    for (&w, key) in pi.iter().zip(visible.chunks_exact(cw)) {
+                        for (a, &l) in acc.iter_mut().zip(&key[..lw]) {
+                            *a += w * l as f64;
+                        }
                     }
-                }
-                for (y, &a) in dst.iter_mut().zip(&acc) {
-                    *y = a as f32;
+                    for (y, &a) in mix[tok * lw..(tok + 1) * lw].iter_mut().zip(&acc) {
+                        *y = a as f32;
+                    }
+                    tok += 1;
                 }
             }
             let mut o_head = vec![0.0f32; t * dims.v];
@@ -168,7 +233,7 @@ pub fn forward(
             o_head
         })
         .collect();
-    // Outputs as [T][heads][v].
+    // Outputs as [rows][heads][v].
     let mut o = vec![0.0f32; t * dims.heads * dims.v];
     for (h, o_head) in per_head.iter().enumerate() {
         for (tok, src) in o_head.chunks_exact(dims.v).enumerate() {
@@ -176,12 +241,5 @@ pub fn forward(
             o[at..at + dims.v].copy_from_slice(src);
         }
     }
-    if let Some(g) = &m.g_proj {
-        // σ(W_g x) on the heads × v outputs; no norm.
-        let gl = apply(g, xs);
-        for (y, &g) in o.iter_mut().zip(&gl) {
-            *y = (*y as f64 * sigmoid(g as f64)) as f32;
-        }
-    }
-    m.o_proj.apply(&o, out);
+    o
 }
