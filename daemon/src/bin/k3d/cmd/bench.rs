@@ -31,7 +31,7 @@ use k3d::system::read_probe::{self, ProbeOptions, ProbeResult};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::budget::BudgetArgs;
+use super::budget::{BudgetArgs, PlanArgs};
 use crate::exit::{CliError, CliResult, Exit};
 
 /// The benchmark prompt: eight fixed token ids, valid in every `k3d synth` vocabulary (≥ 512
@@ -50,6 +50,7 @@ pub struct Args {
     /// The checkpoint directory.
     model_dir: PathBuf,
     /// Budgets to measure, comma-separated, each GiB (fractional allowed) or a preset name.
+    /// `--trunk-gb`, `--cache-gb` and `--no-lookahead` apply to every one.
     #[arg(
         long,
         value_delimiter = ',',
@@ -70,16 +71,9 @@ pub struct Args {
     /// Compute threads of each run (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Cap on pinned trunk, GiB, for every budget (plan experiments).
-    #[arg(long, value_name = "GIB")]
-    trunk_gb: Option<f64>,
-    /// Expert cache size, GiB, for every budget (plan experiments).
-    #[arg(long, value_name = "GIB")]
-    cache_gb: Option<f64>,
-    /// No routing lookahead, for every budget (plan experiments: what reading experts on a
-    /// predicted routing before the mixer gains).
-    #[arg(long)]
-    no_lookahead: bool,
+    /// Plan overrides, applied to every budget (plan experiments).
+    #[command(flatten)]
+    plan: PlanArgs,
     /// Whole-layer trunk ring slots (default 2), for every budget (plan experiments: a deeper
     /// ring prefetches further ahead but pins less at the same budget).
     #[arg(long, value_name = "N")]
@@ -167,9 +161,7 @@ impl From<PhaseCost> for Phase {
 
 impl Args {
     fn budget_args(&self, ram: &str) -> BudgetArgs {
-        BudgetArgs::default()
-            .or_from_file(Some(ram.to_string()), self.trunk_gb, self.cache_gb)
-            .lookahead_off(self.no_lookahead)
+        BudgetArgs::new(ram, &self.plan)
     }
 
     fn engine_options(&self, ram: &str) -> Result<EngineOptions, CliError> {
@@ -413,17 +405,9 @@ fn one_child(
     if let Some(t) = args.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
-    if let Some(t) = args.trunk_gb {
-        cmd.args(["--trunk-gb", &t.to_string()]);
-    }
-    if let Some(c) = args.cache_gb {
-        cmd.args(["--cache-gb", &c.to_string()]);
-    }
+    cmd.args(args.plan.to_args());
     if let Some(n) = args.ring_slots {
         cmd.args(["--ring-slots", &n.to_string()]);
-    }
-    if args.no_lookahead {
-        cmd.arg("--no-lookahead");
     }
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();

@@ -1,18 +1,16 @@
-//! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`,
-//! `--trunk-gb`, `--cache-gb`, `--no-lookahead`. Figures are GiB and may be fractional (tiny
-//! test models need budgets of a few MiB).
+//! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
+//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead` (which `k3d bench` also
+//! takes, for every budget it measures). Figures are GiB and may be fractional (tiny test
+//! models need budgets of a few MiB).
 
 use k3d::model::LoadOptions;
 use k3d::store::plan::{Budget, Lookahead, Preset};
 
 use crate::exit::{CliError, Exit};
 
+/// Overrides of the automatic plan, for experiments.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct BudgetArgs {
-    /// RAM budget in GiB (fractional allowed) or a preset: laptop, desktop, workstation,
-    /// server, max (default: max, everything resident).
-    #[arg(long, value_name = "GIB|PRESET")]
-    ram_gb: Option<String>,
+pub struct PlanArgs {
     /// Cap on pinned trunk, GiB.
     #[arg(long, value_name = "GIB")]
     trunk_gb: Option<f64>,
@@ -25,7 +23,42 @@ pub struct BudgetArgs {
     no_lookahead: bool,
 }
 
+impl PlanArgs {
+    /// These flags as command-line arguments (to hand them to a child process).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(t) = self.trunk_gb {
+            out.extend(["--trunk-gb".to_string(), t.to_string()]);
+        }
+        if let Some(c) = self.cache_gb {
+            out.extend(["--cache-gb".to_string(), c.to_string()]);
+        }
+        if self.no_lookahead {
+            out.push("--no-lookahead".to_string());
+        }
+        out
+    }
+}
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// RAM budget in GiB (fractional allowed) or a preset: laptop, desktop, workstation,
+    /// server, max (default: max, everything resident).
+    #[arg(long, value_name = "GIB|PRESET")]
+    ram_gb: Option<String>,
+    #[command(flatten)]
+    plan: PlanArgs,
+}
+
 impl BudgetArgs {
+    /// `--ram-gb ram` with `plan`'s overrides.
+    pub fn new(ram: &str, plan: &PlanArgs) -> Self {
+        BudgetArgs {
+            ram_gb: Some(ram.to_string()),
+            plan: plan.clone(),
+        }
+    }
+
     pub fn budget(&self) -> Result<Budget, CliError> {
         let usage = |e| CliError::new(Exit::Usage, e);
         let mut budget = match self.ram_gb.as_deref() {
@@ -38,13 +71,13 @@ impl BudgetArgs {
                 Err(_) => Budget::preset(s.parse::<Preset>().map_err(usage)?),
             },
         };
-        if let Some(t) = self.trunk_gb {
+        if let Some(t) = self.plan.trunk_gb {
             budget.trunk = Some(Budget::gib("--trunk-gb", t).map_err(usage)?);
         }
-        if let Some(c) = self.cache_gb {
+        if let Some(c) = self.plan.cache_gb {
             budget.cache = Some(Budget::gib("--cache-gb", c).map_err(usage)?);
         }
-        if self.no_lookahead {
+        if self.plan.no_lookahead {
             budget.lookahead = Lookahead::Off;
         }
         Ok(budget)
@@ -59,16 +92,12 @@ impl BudgetArgs {
     ) -> Self {
         BudgetArgs {
             ram_gb: self.ram_gb.clone().or(ram_gb),
-            trunk_gb: self.trunk_gb.or(trunk_gb),
-            cache_gb: self.cache_gb.or(cache_gb),
-            no_lookahead: self.no_lookahead,
+            plan: PlanArgs {
+                trunk_gb: self.plan.trunk_gb.or(trunk_gb),
+                cache_gb: self.plan.cache_gb.or(cache_gb),
+                no_lookahead: self.plan.no_lookahead,
+            },
         }
-    }
-
-    /// These flags with `--no-lookahead` added when `off`.
-    pub fn lookahead_off(mut self, off: bool) -> Self {
-        self.no_lookahead |= off;
-        self
     }
 
     /// Load options with this budget.
