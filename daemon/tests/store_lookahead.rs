@@ -143,6 +143,13 @@ fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
     let again = s.stats();
     assert_eq!(again.expert_bytes_read, after.expert_bytes_read);
     assert_eq!(again.bytes_avoided - after.bytes_avoided, 2 * expert_len);
+    // A guess of a resident expert is a hit when the routing asks for it, and avoids its bytes.
+    let ahead = s.prefetch_experts(l, &[0]).expect("prefetch");
+    fetch(s, c, l, &[0], ahead);
+    let last = s.stats();
+    assert_eq!(last.expert_bytes_read, again.expert_bytes_read);
+    assert_eq!(last.bytes_avoided - again.bytes_avoided, expert_len);
+    assert_eq!(last.cache.hits - again.cache.hits, 1);
 }
 
 #[test]

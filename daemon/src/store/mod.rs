@@ -178,7 +178,7 @@ pub struct ExpertPrefetch<'s> {
     /// By batch id: the guessed expert, its reserved slot and its run length.
     reads: Vec<(usize, Ticket<'s>, u64)>,
     /// Guessed experts already resident, held so the guesses' own reservations cannot evict
-    /// them.
+    /// them before the routing's own lookup finds them (and counts the hit).
     held: Vec<(usize, Arc<LoadedRun>)>,
 }
 
@@ -797,11 +797,6 @@ impl WeightStore {
             if pending.iter().flatten().any(|p| p.expert == e) {
                 continue; // its read is in flight already
             }
-            if let Some((_, a)) = held.iter().find(|(h, _)| *h == e) {
-                self.counters.avoided(a.payload().len());
-                ready.push((e, Arc::clone(a)));
-                continue;
-            }
             let run = self.expert_run(layer, moe, e)?;
             let key = ExpertId {
                 layer: layer as u32,
@@ -824,6 +819,7 @@ impl WeightStore {
                 }
             }
         }
+        // The routing's own lookups hold what they use now.
         drop(held);
         // Issue the misses before computing the resident experts.
         if !reads.is_empty() {

@@ -564,20 +564,15 @@ impl Plan {
         let mut cache_slots = cache_slots_wanted;
         // Rule 4: with nothing streaming, the drive idles while each layer's mixer computes.
         // Top-k slots per sequence a pass decodes, else for one (single-sequence decode).
-        let nothing_streams = largest_streamed(&pinned, lm_head) == 0;
-        let lookahead_slots = [
-            census.sequences.max(1).saturating_mul(census.top_k),
-            census.top_k,
-        ]
-        .into_iter()
-        .find(|&slots| {
-            budget.lookahead == Lookahead::Auto
-                && census.moe_layers > 0
-                && nothing_streams
-                && cache_slots < census.pool()
-                && needs(&pinned, lm_head, embedding, cache_slots + slots) <= ram
-        })
-        .unwrap_or(0);
+        let wanted = budget.lookahead == Lookahead::Auto
+            && census.moe_layers > 0
+            && largest_streamed(&pinned, lm_head) == 0
+            && cache_slots < census.pool();
+        let per_batch = census.sequences.max(1).saturating_mul(census.top_k);
+        let lookahead_slots = [per_batch, census.top_k]
+            .into_iter()
+            .find(|&slots| wanted && needs(&pinned, lm_head, embedding, cache_slots + slots) <= ram)
+            .unwrap_or(0);
         cache_slots += lookahead_slots;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
         if budget.cache.is_none() && left >= CACHE_WORTHWHILE {
