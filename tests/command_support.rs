@@ -1,5 +1,5 @@
 //! Running the helper commands of a test: shared by the workspace end-to-end tests
-//! (`tests/e2e_support.rs`) and the `k3d` crate's CLI tests (`daemon/tests/cli_support`), which
+//! (`tests/e2e_support.rs`) and the `k3d` crate's CLI tests (`daemon/k3d/tests/cli_support`), which
 //! both include this file with `#[path]` — they are separate crates, and one file is what they
 //! can share without a support crate of its own.
 

@@ -1,0 +1,42 @@
+//! # k3-engine — the Kimi K3 engine
+//!
+//! This crate is the engine as a library; the `k3d` binary crate (`daemon/k3d`) wraps it in its
+//! transports. The library computes the official Kimi K3 mathematics exactly (spec
+//! `k3-model.md`) on the CPU, streaming weights from the released safetensors shards. It knows
+//! nothing about RPC: its `Cargo.toml` has no tokio, tonic or protobuf dependency.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! checkpoint ──► store ──► model ──► engine ──► (transports, in k3d) ──► client
+//!  files,          bytes      the        generation,
+//!  config,         in RAM     forward    sampling,
+//!  layout          or read    pass       sessions
+//! ```
+//!
+//! * [`checkpoint`] — safetensors headers, `config.json`, the layout binding (which bytes are
+//!   which tensor) and the byte census. Reads headers only.
+//! * [`store`] — where weight bytes live: direct-I/O reads, pinned trunk layers, the expert cache.
+//! * [`kernels`] — the numerics contract (spec §6): fixed f64 reduction trees, bf16 / MXFP4
+//!   matvecs, norms and elementwise functions; SIMD paths bit-identical to the portable one.
+//! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
+//! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
+//! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
+//! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
+//!   synthesis: identical on every platform.
+//! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
+//! * [`system`] — machine facts (CPU features, RAM, cgroup limit, disk) and a drive read probe.
+//! * [`advice`] — the `--ram-gb` to recommend for a machine and checkpoint, and its expected speed.
+
+pub mod advice;
+pub mod checkpoint;
+pub mod engine;
+pub mod kernels;
+pub mod model;
+pub mod rng;
+pub mod session;
+pub mod store;
+pub mod synth;
+pub mod system;
+pub mod tokenizer;

@@ -1,0 +1,42 @@
+//! The store follows its plan's memory or refuses it: a plan that streams trunk in chunks (which
+//! the forward pass cannot consume yet) is refused at open, instead of streaming whole layers
+//! through buffers the plan never counted.
+
+use std::path::PathBuf;
+
+use k3_engine::model::{LoadOptions, Model, ModelError};
+use k3_engine::store::StoreError;
+use k3_engine::store::plan::{Budget, StreamScheme};
+
+mod synth_support;
+use synth_support::synth;
+
+#[test]
+fn a_chunk_streaming_plan_is_refused_not_overspent() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("k3d-scheme-{}", std::process::id()));
+    synth("tiny", &dir);
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
+    let streaming = |scheme| LoadOptions {
+        // A trunk cap of one byte pins nothing: every trunk layer streams.
+        budget: Budget {
+            ram: Some(2 << 30),
+            trunk: Some(1),
+            ..Budget::default()
+        },
+        scheme,
+        ..LoadOptions::default()
+    };
+    match Model::load(&checkpoint, streaming(StreamScheme::default_chunks())) {
+        Err(ModelError::Store(StoreError::ChunksUnsupported { .. })) => {}
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a chunk-streaming plan was accepted"),
+    }
+    Model::load(&checkpoint, streaming(StreamScheme::default())).expect("the ring plan loads");
+    // Nothing streams at max: the scheme does not matter.
+    let max = LoadOptions {
+        scheme: StreamScheme::default_chunks(),
+        ..LoadOptions::default()
+    };
+    Model::load(&checkpoint, max).expect("a plan that streams nothing loads");
+    let _ = std::fs::remove_dir_all(&dir);
+}

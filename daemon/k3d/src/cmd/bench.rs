@@ -1,0 +1,687 @@
+//! `k3d bench`: the standard decode benchmark (issue 4 §8).
+//!
+//! For each `--ram-gb` budget: the memory plan; the drive's own direct-I/O rate for
+//! [`read_probe::EXPERT_READ`]-byte reads at the engine's queue depth (the probe `k3d doctor`
+//! runs), measured just before that budget's runs; then `--runs` greedy generations of the fixed
+//! prompt [`PROMPT`], each in **its own child process** (`k3d bench --child`), so every run starts
+//! with a fresh process (peak RSS is that run's alone) and, with `--cgroup`, a dropped page cache
+//! and its own cgroup v1 memory limit. Reported per budget, as medians over the runs: decode
+//! s/token and prefill seconds separately, bytes read per decoded token by class against the
+//! plan's prediction, the achieved read rate (window bytes ÷ the reader pool's busy time) as a
+//! fraction of the probe's, the I/O–compute overlap, peak RSS against the budget.
+//!
+//! Greedy decoding is exact at every budget (spec §6), so every run of every budget must
+//! generate the same ids: a difference is reported and fails the command (exit 4).
+
+mod cgroup;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use k3_engine::checkpoint::Checkpoint;
+use k3_engine::engine::measure::{Measured, PhaseCost, measure};
+use k3_engine::engine::{Engine, EngineOptions, peak_rss_bytes};
+use k3_engine::store::direct_io::DirectPolicy;
+use k3_engine::store::expert_cache::{PolicyKind, replay};
+use k3_engine::store::plan::{Census, GIB, Plan, StreamScheme};
+use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
+use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::budget::{BudgetArgs, PlanArgs};
+use crate::exit::{CliError, CliResult, Exit};
+
+/// The benchmark prompt: eight fixed token ids, valid in every `k3d synth` vocabulary (≥ 512
+/// ids) and in K3's. Eight tokens make prefill one chunk.
+pub const PROMPT: [u32; 8] = [100, 200, 300, 400, 50, 150, 250, 350];
+
+/// What `--cgroup` adds to each child's limit beyond its budget, for what the plan does not
+/// count: the binary and its libraries, thread stacks (compute and 8 reader threads), the
+/// allocator's slack and the tokenizer. Session 1 measured 153 MB peak RSS at small's 91 MB
+/// minimum plan, i.e. ~62 MB outside the plan; 256 MiB leaves room for page-cache charges of
+/// the shard headers and config files the child reads buffered.
+pub const DEFAULT_CGROUP_OVERHEAD_MIB: u64 = 256;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The checkpoint directory.
+    model_dir: PathBuf,
+    /// Budgets to measure, comma-separated, each GiB (fractional allowed) or a preset name.
+    /// `--trunk-gb`, `--cache-gb` and `--no-lookahead` apply to every one.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        value_name = "GIB|PRESET,..."
+    )]
+    ram_gb: Vec<String>,
+    /// Decoded tokens measured per run (each needs its own forward pass; one more token is
+    /// generated, from the prompt's logits).
+    #[arg(long, default_value_t = 8)]
+    tokens: usize,
+    /// Runs per budget; figures are medians over them.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Print one JSON document on stdout (progress stays on stderr).
+    #[arg(long)]
+    json: bool,
+    /// Compute threads of each run (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Plan overrides, applied to every budget (plan experiments).
+    #[command(flatten)]
+    plan: PlanArgs,
+    /// Whole-layer trunk ring slots (default 2), for every budget (plan experiments: a deeper
+    /// ring prefetches further ahead but pins less at the same budget).
+    #[arg(long, value_name = "N")]
+    ring_slots: Option<usize>,
+    /// Run each child in its own cgroup v1 memory group limited to budget + overhead, after
+    /// dropping the page cache (needs root and cgroup v1).
+    #[arg(long)]
+    cgroup: bool,
+    /// MiB added to each child's cgroup limit beyond its budget.
+    #[arg(long, default_value_t = DEFAULT_CGROUP_OVERHEAD_MIB)]
+    cgroup_overhead_mib: u64,
+    /// Replay each run's routed-expert trace through LRU and LFU-aging caches of these slot
+    /// counts (comma-separated) and report the bytes each avoids.
+    #[arg(long, value_delimiter = ',', value_name = "SLOTS,...")]
+    policy_slots: Vec<usize>,
+    /// Seconds of the drive probe before each budget.
+    #[arg(long, default_value_t = 3.0)]
+    probe_seconds: f64,
+    /// Internal: measure one run of the first budget in this process, print one JSON line.
+    #[arg(long, hide = true)]
+    child: bool,
+    /// Internal: the cgroup the child joins before loading anything.
+    #[arg(long, hide = true)]
+    join_cgroup: Option<PathBuf>,
+}
+
+/// One child's report.
+#[derive(Serialize, Deserialize)]
+struct ChildReport {
+    plan: serde_json::Value,
+    generated: Vec<u32>,
+    prefill: Phase,
+    decode: Phase,
+    peak_rss_bytes: u64,
+    threads: usize,
+    /// With `--policy-slots`: the trace replayed at each size and policy.
+    policies: Vec<PolicyReplay>,
+}
+
+/// Expert bytes one cache size and policy reads and avoids over a run's trace.
+#[derive(Serialize, Deserialize, Clone)]
+struct PolicyReplay {
+    slots: usize,
+    policy: String,
+    requests: u64,
+    bytes_read: u64,
+    bytes_avoided: u64,
+}
+
+/// [`PhaseCost`] on the wire between child and parent.
+#[derive(Serialize, Deserialize, Clone, Copy)]
+struct Phase {
+    tokens: usize,
+    seconds: f64,
+    trunk_bytes: u64,
+    expert_bytes: u64,
+    embedding_bytes: u64,
+    head_bytes: u64,
+    window_bytes: u64,
+    lookahead_bytes: u64,
+    lookahead_unused_bytes: u64,
+    io_wait_seconds: f64,
+    read_busy_seconds: f64,
+    compute_seconds: f64,
+}
+
+impl From<PhaseCost> for Phase {
+    fn from(p: PhaseCost) -> Self {
+        Phase {
+            tokens: p.tokens,
+            seconds: p.seconds,
+            trunk_bytes: p.trunk_bytes,
+            expert_bytes: p.expert_bytes,
+            embedding_bytes: p.embedding_bytes,
+            head_bytes: p.head_bytes,
+            window_bytes: p.window_bytes,
+            lookahead_bytes: p.lookahead_bytes,
+            lookahead_unused_bytes: p.lookahead_unused_bytes,
+            io_wait_seconds: p.io_wait_seconds,
+            read_busy_seconds: p.read_busy_seconds,
+            compute_seconds: p.compute_seconds,
+        }
+    }
+}
+
+impl Args {
+    fn budget_args(&self, ram: &str) -> BudgetArgs {
+        BudgetArgs::new(ram, &self.plan)
+    }
+
+    fn engine_options(&self, ram: &str) -> Result<EngineOptions, CliError> {
+        let mut options = EngineOptions {
+            model: self.budget_args(ram).load_options()?,
+            ..EngineOptions::default()
+        };
+        if let Some(t) = self.threads {
+            options.threads = t;
+        }
+        options.model.store.record_trace = !self.policy_slots.is_empty();
+        if let Some(slots) = self.ring_slots {
+            options.model.scheme = StreamScheme::Ring { slots };
+        }
+        Ok(options)
+    }
+}
+
+pub fn run(args: Args) -> CliResult {
+    if args.child {
+        return child(&args);
+    }
+    let usage = |m: String| CliError::new(Exit::Usage, anyhow!(m));
+    if args.runs == 0 || args.tokens == 0 {
+        return Err(usage("--runs and --tokens must be at least 1".into()));
+    }
+    if !args.probe_seconds.is_finite() || !(0.1..=60.0).contains(&args.probe_seconds) {
+        return Err(usage("--probe-seconds must be between 0.1 and 60".into()));
+    }
+    if args.cgroup {
+        cgroup::check_available().map_err(|e| CliError::new(Exit::Resources, e))?;
+    }
+    let checkpoint = Checkpoint::open(&args.model_dir)
+        .map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
+    let files: Vec<PathBuf> = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
+    // Every plan first: a refused budget fails before anything is measured.
+    let mut plans = Vec::new();
+    for ram in &args.ram_gb {
+        let options = args.engine_options(ram)?;
+        let plan = k3_engine::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
+            .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
+        plans.push(plan);
+    }
+    drop(checkpoint);
+    let exe = std::env::current_exe().context("locating the k3d binary")?;
+    let mut budgets = Vec::new();
+    for (ram, plan) in args.ram_gb.iter().zip(&plans) {
+        eprintln!("k3d bench: --ram-gb {ram}\n{plan}");
+        if args.cgroup {
+            cgroup::drop_page_cache()?;
+        }
+        let probe = read_probe::measure(
+            &files,
+            ProbeOptions {
+                request: read_probe::EXPERT_READ,
+                in_flight: DEFAULT_QUEUE_DEPTH,
+                duration: Duration::from_secs_f64(args.probe_seconds),
+                policy: DirectPolicy::Prefer,
+            },
+        )
+        .map_err(|e| CliError::new(Exit::Failure, anyhow!("drive probe: {e}")))?;
+        eprintln!(
+            "k3d bench:   drive: {:.3} GB/s ({} × {} B reads, {} in flight, {})",
+            probe.rate() / 1e9,
+            probe.reads,
+            probe.request,
+            probe.in_flight,
+            if probe.direct { "O_DIRECT" } else { "BUFFERED" }
+        );
+        let mut runs = Vec::new();
+        for r in 0..args.runs {
+            let run = one_child(&args, &exe, ram, plan, r)?;
+            eprintln!(
+                "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s, {:.3} GB read per token",
+                r + 1,
+                args.runs,
+                run.report.decode.seconds / run.report.decode.tokens.max(1) as f64,
+                run.report.prefill.seconds,
+                per_token(bytes(&run.report.decode), run.report.decode.tokens) / 1e9
+            );
+            runs.push(run);
+        }
+        budgets.push(BudgetResult {
+            ram: ram.clone(),
+            plan: plan.clone(),
+            probe,
+            runs,
+        });
+    }
+    let reference = budgets
+        .first()
+        .and_then(|b| b.runs.first())
+        .map(|r| r.report.generated.clone())
+        .unwrap_or_default();
+    let mismatches: Vec<String> = budgets
+        .iter()
+        .flat_map(|b| {
+            b.runs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.report.generated != reference)
+                .map(|(i, r)| {
+                    format!(
+                        "--ram-gb {} run {}: {:?} (first run: {:?})",
+                        b.ram,
+                        i + 1,
+                        r.report.generated,
+                        reference
+                    )
+                })
+        })
+        .collect();
+    let document = json!({
+        "model_dir": args.model_dir,
+        "prompt_ids": PROMPT,
+        "decode_tokens": args.tokens,
+        "runs": args.runs,
+        "cgroup": args.cgroup,
+        "cgroup_overhead_bytes": args.cgroup.then_some(args.cgroup_overhead_mib << 20),
+        "generated_ids": reference,
+        "ids_identical": mismatches.is_empty(),
+        "budgets": budgets.iter().map(BudgetResult::to_json).collect::<Vec<_>>(),
+    });
+    if args.json {
+        println!("{document}");
+    } else {
+        print_table(&budgets);
+    }
+    if !mismatches.is_empty() {
+        return Err(CliError::new(
+            Exit::RunInvalid,
+            anyhow!(
+                "generated ids differ between runs (greedy output must not depend on the budget):\n  {}",
+                mismatches.join("\n  ")
+            ),
+        ));
+    }
+    eprintln!(
+        "k3d bench: generated ids identical across {} budget(s) × {} run(s)",
+        budgets.len(),
+        args.runs
+    );
+    Ok(())
+}
+
+/// One measured run inside this process: the child side of [`one_child`].
+fn child(args: &Args) -> CliResult {
+    if let Some(dir) = &args.join_cgroup {
+        cgroup::join(dir).map_err(|e| CliError::new(Exit::Resources, e))?;
+    }
+    let ram = args
+        .ram_gb
+        .first()
+        .ok_or_else(|| CliError::new(Exit::Usage, anyhow!("--child needs one --ram-gb")))?;
+    let options = args.engine_options(ram)?;
+    let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
+    let measured: Measured = measure(&engine, &PROMPT, args.tokens)?;
+    let policies = replay_policies(&args.model_dir, &engine, &args.policy_slots)?;
+    let report = ChildReport {
+        plan: serde_json::to_value(engine.model().plan()).map_err(anyhow::Error::from)?,
+        generated: measured.generated,
+        prefill: measured.prefill.into(),
+        decode: measured.decode.into(),
+        peak_rss_bytes: peak_rss_bytes(),
+        threads: engine.options().threads,
+        policies,
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&report).map_err(anyhow::Error::from)?
+    );
+    Ok(())
+}
+
+/// The run's expert trace through each cache size × {LRU, LFU-aging} (store::expert_cache's
+/// replay: the same bookkeeping as the live cache, no buffers).
+fn replay_policies(
+    dir: &Path,
+    engine: &Engine,
+    slots: &[usize],
+) -> Result<Vec<PolicyReplay>, CliError> {
+    if slots.is_empty() {
+        return Ok(Vec::new());
+    }
+    let trace = engine
+        .model()
+        .expert_trace()
+        .ok_or_else(|| anyhow!("the store did not record the expert trace"))?;
+    let checkpoint =
+        Checkpoint::open(dir).map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
+    let expert_bytes = Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
+        .map_err(|e| CliError::new(Exit::Checkpoint, e))?
+        .expert_bytes;
+    let mut out = Vec::new();
+    for &n in slots {
+        for policy in [PolicyKind::Lru, PolicyKind::LfuAging { period: 0 }] {
+            let c = replay(&trace, expert_bytes, n.max(1), policy);
+            out.push(PolicyReplay {
+                slots: n,
+                policy: policy.build(1).name().to_string(),
+                requests: c.requests,
+                bytes_read: c.bytes_read,
+                bytes_avoided: c.bytes_avoided,
+            });
+        }
+    }
+    Ok(out)
+}
+
+struct RunResult {
+    report: ChildReport,
+    /// With `--cgroup`: the group's peak charge and how often it hit the limit.
+    cgroup_peak_bytes: Option<u64>,
+    cgroup_failcnt: Option<u64>,
+}
+
+/// Runs one child for budget `ram`, in a fresh memory group with `--cgroup`.
+fn one_child(
+    args: &Args,
+    exe: &Path,
+    ram: &str,
+    plan: &Plan,
+    index: usize,
+) -> Result<RunResult, CliError> {
+    let group = if args.cgroup {
+        cgroup::drop_page_cache()?;
+        let limit = plan.budget + (args.cgroup_overhead_mib << 20);
+        let name = format!("k3d-bench-{}-{index}", std::process::id());
+        Some(
+            cgroup::MemoryGroup::create(&name, limit)
+                .map_err(|e| CliError::new(Exit::Resources, e))?,
+        )
+    } else {
+        None
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("bench")
+        .arg(&args.model_dir)
+        .args(["--child", "--ram-gb", ram, "--tokens"])
+        .arg(args.tokens.to_string());
+    if let Some(t) = args.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    cmd.args(args.plan.to_args());
+    if let Some(n) = args.ring_slots {
+        cmd.args(["--ring-slots", &n.to_string()]);
+    }
+    if !args.policy_slots.is_empty() {
+        let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();
+        cmd.args(["--policy-slots", &list.join(",")]);
+    }
+    if let Some(g) = &group {
+        cmd.arg("--join-cgroup").arg(g.dir());
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting a benchmark child")?;
+    if !out.status.success() {
+        let killed = group
+            .as_ref()
+            .and_then(|g| g.failcnt().ok())
+            .filter(|&f| f > 0)
+            .map(|f| {
+                format!(
+                    " (its cgroup hit the limit {f} times: the budget plus overhead was exceeded)"
+                )
+            })
+            .unwrap_or_default();
+        return Err(CliError::new(
+            Exit::RunInvalid,
+            anyhow!(
+                "--ram-gb {ram} run {}: the child failed with {}{killed}",
+                index + 1,
+                out.status
+            ),
+        ));
+    }
+    let report: ChildReport = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("--ram-gb {ram}: the child's report is not the expected JSON"))?;
+    let (cgroup_peak_bytes, cgroup_failcnt) = match &group {
+        Some(g) => (Some(g.max_usage()?), Some(g.failcnt()?)),
+        None => (None, None),
+    };
+    Ok(RunResult {
+        report,
+        cgroup_peak_bytes,
+        cgroup_failcnt,
+    })
+}
+
+struct BudgetResult {
+    ram: String,
+    plan: Plan,
+    probe: ProbeResult,
+    runs: Vec<RunResult>,
+}
+
+fn bytes(p: &Phase) -> u64 {
+    p.trunk_bytes + p.expert_bytes + p.embedding_bytes + p.head_bytes
+}
+
+/// What the plan predicts: every byte read except guesses of the routing lookahead that the
+/// routing did not confirm (the plan counts routed experts; wrong guesses are reported apart).
+fn routed_bytes(p: &Phase) -> u64 {
+    bytes(p) - p.lookahead_unused_bytes
+}
+
+fn per_token(total: u64, tokens: usize) -> f64 {
+    total as f64 / tokens.max(1) as f64
+}
+
+/// Median of `values` (the mean of the middle two for an even count); 0 for none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The decode figures of one run, per decoded token.
+struct Derived {
+    seconds_per_token: f64,
+    io_seconds_per_token: f64,
+    io_wait_seconds_per_token: f64,
+    compute_seconds_per_token: f64,
+    /// wall ÷ max(io, compute): 1 when reads hide entirely under compute (or vice versa).
+    overlap_ratio: f64,
+    /// wall ÷ (io + compute): 1 when nothing overlaps.
+    serial_ratio: f64,
+    read_gbps: f64,
+    bytes_per_token: f64,
+}
+
+impl Derived {
+    fn of(d: &Phase) -> Self {
+        let t = d.tokens.max(1) as f64;
+        let (wall, io, compute) = (d.seconds, d.read_busy_seconds, d.compute_seconds);
+        let ratio = |den: f64| if den > 0.0 { wall / den } else { 0.0 };
+        Derived {
+            seconds_per_token: wall / t,
+            io_seconds_per_token: io / t,
+            io_wait_seconds_per_token: d.io_wait_seconds / t,
+            compute_seconds_per_token: compute / t,
+            overlap_ratio: ratio(io.max(compute)),
+            serial_ratio: ratio(io + compute),
+            read_gbps: if io > 0.0 {
+                d.window_bytes as f64 / io / 1e9
+            } else {
+                0.0
+            },
+            bytes_per_token: bytes(d) as f64 / t,
+        }
+    }
+}
+
+impl BudgetResult {
+    fn med(&self, f: impl Fn(&RunResult) -> f64) -> f64 {
+        median(self.runs.iter().map(f).collect())
+    }
+
+    fn derived_median(&self, f: impl Fn(&Derived) -> f64) -> f64 {
+        self.med(|r| f(&Derived::of(&r.report.decode)))
+    }
+
+    /// Decode bytes of class `f` per token in the first run, and whether every run read exactly
+    /// the plan's prediction for every decoded token.
+    fn class(&self, f: impl Fn(&Phase) -> u64, predicted: u64) -> serde_json::Value {
+        let measured: Vec<f64> = self
+            .runs
+            .iter()
+            .map(|r| per_token(f(&r.report.decode), r.report.decode.tokens))
+            .collect();
+        let exact = self
+            .runs
+            .iter()
+            .all(|r| f(&r.report.decode) == predicted * r.report.decode.tokens as u64);
+        json!({
+            "measured": median(measured),
+            "predicted": predicted,
+            "equal": exact,
+        })
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let p = &self.plan;
+        let device = self.probe.rate() / 1e9;
+        let read_gbps = self.derived_median(|d| d.read_gbps);
+        let peak = self.med(|r| r.report.peak_rss_bytes as f64);
+        json!({
+            "ram_gb": self.ram,
+            "plan": p,
+            "plan_text": p.to_string(),
+            "device": {
+                "read_gbps": device,
+                "request_bytes": self.probe.request,
+                "in_flight": self.probe.in_flight,
+                "direct": self.probe.direct,
+                "reads": self.probe.reads,
+                "seconds": self.probe.seconds,
+            },
+            "median": {
+                "decode_seconds_per_token": self.derived_median(|d| d.seconds_per_token),
+                "prefill_seconds": self.med(|r| r.report.prefill.seconds),
+                "prefill_bytes": self.med(|r| bytes(&r.report.prefill) as f64),
+                "io_seconds_per_token": self.derived_median(|d| d.io_seconds_per_token),
+                "io_wait_seconds_per_token": self.derived_median(|d| d.io_wait_seconds_per_token),
+                "compute_seconds_per_token": self.derived_median(|d| d.compute_seconds_per_token),
+                "overlap_ratio": self.derived_median(|d| d.overlap_ratio),
+                "serial_ratio": self.derived_median(|d| d.serial_ratio),
+                "read_gbps": read_gbps,
+                "read_vs_device": if device > 0.0 { read_gbps / device } else { 0.0 },
+                "bytes_per_token": self.derived_median(|d| d.bytes_per_token),
+                "peak_rss_bytes": peak,
+                "peak_rss_vs_budget": peak / p.budget as f64,
+                "cgroup_peak_bytes": self.runs.iter().all(|r| r.cgroup_peak_bytes.is_some())
+                    .then(|| self.med(|r| r.cgroup_peak_bytes.unwrap_or(0) as f64)),
+            },
+            "bytes_per_token": {
+                "trunk": self.class(|d| d.trunk_bytes, p.reads.trunk),
+                "experts": self.class(
+                    |d| d.expert_bytes - d.lookahead_unused_bytes,
+                    p.reads.experts
+                ),
+                "embedding": self.class(|d| d.embedding_bytes, p.reads.embedding),
+                "head": self.class(|d| d.head_bytes, p.reads.lm_head),
+                "total": self.class(routed_bytes, p.reads.total()),
+                "lookahead_read": self.med(|r| per_token(
+                    r.report.decode.lookahead_bytes, r.report.decode.tokens)),
+                "lookahead_unused": self.med(|r| per_token(
+                    r.report.decode.lookahead_unused_bytes, r.report.decode.tokens)),
+            },
+            "runs": self.runs.iter().map(|r| json!({
+                "prefill": r.report.prefill,
+                "decode": r.report.decode,
+                "generated_ids": r.report.generated,
+                "peak_rss_bytes": r.report.peak_rss_bytes,
+                "threads": r.report.threads,
+                "cgroup_peak_bytes": r.cgroup_peak_bytes,
+                "cgroup_failcnt": r.cgroup_failcnt,
+                "policies": r.report.policies,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+fn print_table(budgets: &[BudgetResult]) {
+    println!(
+        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>7} {:>7} {:>9} {:>5}",
+        "budget",
+        "pinned",
+        "s/token",
+        "prefill",
+        "GB/token",
+        "plan",
+        "unused",
+        "GB/s",
+        "device",
+        "ratio",
+        "overlap",
+        "peak RSS",
+        "=plan"
+    );
+    for b in budgets {
+        let device = b.probe.rate() / 1e9;
+        let gbps = b.derived_median(|d| d.read_gbps);
+        let total = b.class(routed_bytes, b.plan.reads.total());
+        println!(
+            "{:>10} {:>7} {:>9.3} {:>9.2} {:>9.3} {:>8.3} {:>7.3} {:>8.2} {:>7.2} {:>6.0}% {:>7.2} {:>8.2}G {:>5}",
+            format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+            format!("{}/{}", b.plan.pinned_layers.len(), b.plan.layer_count),
+            b.derived_median(|d| d.seconds_per_token),
+            b.med(|r| r.report.prefill.seconds),
+            b.derived_median(|d| d.bytes_per_token) / 1e9,
+            b.plan.reads.total() as f64 / 1e9,
+            b.med(|r| per_token(
+                r.report.decode.lookahead_unused_bytes,
+                r.report.decode.tokens
+            )) / 1e9,
+            gbps,
+            device,
+            if device > 0.0 {
+                100.0 * gbps / device
+            } else {
+                0.0
+            },
+            b.derived_median(|d| d.overlap_ratio),
+            b.med(|r| r.report.peak_rss_bytes as f64) / GIB as f64,
+            if total["equal"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+    }
+    for b in budgets {
+        // Routing is identical in every run (greedy, same ids): the first run's replay stands.
+        let Some(first) = b.runs.first() else {
+            continue;
+        };
+        let tokens = (first.report.generated.len() + PROMPT.len()) as f64;
+        for p in &first.report.policies {
+            println!(
+                "{:>10} cache {:>5} slots {:>9}: {:>8.3} GB read, {:>8.3} GB avoided per token (over {} prompt + generated tokens)",
+                format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+                p.slots,
+                p.policy,
+                p.bytes_read as f64 / tokens / 1e9,
+                p.bytes_avoided as f64 / tokens / 1e9,
+                tokens
+            );
+        }
+    }
+    println!(
+        "(medians; s/token = decode wall per token; unused = GB/token the routing lookahead \
+         read on wrong guesses, =plan compares the rest with the plan; GB/s = read window bytes \
+         ÷ reader busy time; overlap = wall ÷ max(io, compute))"
+    );
+}

@@ -1,0 +1,110 @@
+//! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
+//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead` (which `k3d bench` also
+//! takes, for every budget it measures). Figures are GiB and may be fractional (tiny test
+//! models need budgets of a few MiB).
+
+use k3_engine::model::LoadOptions;
+use k3_engine::store::plan::{Budget, Lookahead, Preset};
+
+use crate::exit::{CliError, Exit};
+
+/// Overrides of the automatic plan, for experiments.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PlanArgs {
+    /// Cap on pinned trunk, GiB.
+    #[arg(long, value_name = "GIB")]
+    trunk_gb: Option<f64>,
+    /// Expert cache size, GiB.
+    #[arg(long, value_name = "GIB")]
+    cache_gb: Option<f64>,
+    /// Never read experts ahead of routing on a predicted routing (for comparisons; the plan
+    /// uses lookahead only when the whole trunk is resident). Output does not depend on it.
+    #[arg(long)]
+    no_lookahead: bool,
+}
+
+impl PlanArgs {
+    /// These flags as command-line arguments (to hand them to a child process).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(t) = self.trunk_gb {
+            out.extend(["--trunk-gb".to_string(), t.to_string()]);
+        }
+        if let Some(c) = self.cache_gb {
+            out.extend(["--cache-gb".to_string(), c.to_string()]);
+        }
+        if self.no_lookahead {
+            out.push("--no-lookahead".to_string());
+        }
+        out
+    }
+}
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// RAM budget in GiB (fractional allowed) or a preset: laptop, desktop, workstation,
+    /// server, max (default: max, everything resident).
+    #[arg(long, value_name = "GIB|PRESET")]
+    ram_gb: Option<String>,
+    #[command(flatten)]
+    plan: PlanArgs,
+}
+
+impl BudgetArgs {
+    /// `--ram-gb ram` with `plan`'s overrides.
+    pub fn new(ram: &str, plan: &PlanArgs) -> Self {
+        BudgetArgs {
+            ram_gb: Some(ram.to_string()),
+            plan: plan.clone(),
+        }
+    }
+
+    pub fn budget(&self) -> Result<Budget, CliError> {
+        let usage = |e| CliError::new(Exit::Usage, e);
+        let mut budget = match self.ram_gb.as_deref() {
+            None => Budget::default(),
+            Some(s) => match s.parse::<f64>() {
+                Ok(v) => Budget {
+                    ram: Some(Budget::gib("--ram-gb", v).map_err(usage)?),
+                    ..Budget::default()
+                },
+                Err(_) => Budget::preset(s.parse::<Preset>().map_err(usage)?),
+            },
+        };
+        if let Some(t) = self.plan.trunk_gb {
+            budget.trunk = Some(Budget::gib("--trunk-gb", t).map_err(usage)?);
+        }
+        if let Some(c) = self.plan.cache_gb {
+            budget.cache = Some(Budget::gib("--cache-gb", c).map_err(usage)?);
+        }
+        if self.plan.no_lookahead {
+            budget.lookahead = Lookahead::Off;
+        }
+        Ok(budget)
+    }
+
+    /// These flags, with any flag not given taken from a config file's values.
+    pub fn or_from_file(
+        &self,
+        ram_gb: Option<String>,
+        trunk_gb: Option<f64>,
+        cache_gb: Option<f64>,
+    ) -> Self {
+        BudgetArgs {
+            ram_gb: self.ram_gb.clone().or(ram_gb),
+            plan: PlanArgs {
+                trunk_gb: self.plan.trunk_gb.or(trunk_gb),
+                cache_gb: self.plan.cache_gb.or(cache_gb),
+                no_lookahead: self.plan.no_lookahead,
+            },
+        }
+    }
+
+    /// Load options with this budget.
+    pub fn load_options(&self) -> Result<LoadOptions, CliError> {
+        Ok(LoadOptions {
+            budget: self.budget()?,
+            ..LoadOptions::default()
+        })
+    }
+}

@@ -1,0 +1,225 @@
+//! `k3d serve`: load a model once and serve it over a Unix socket (see `server/`).
+//!
+//! Settings come from the command line and, with `--config FILE`, from a TOML file whose keys
+//! are the long flag names with `-` written as `_` (`packaging/k3d.toml` documents them). A flag
+//! given on the command line overrides the file; unknown keys in the file are refused.
+use crate::exit::{CliError, CliResult, Exit};
+use crate::server;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json, shards, tokenizer files). Required here or in --config.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where to create the socket. Ignored when systemd passes one (socket activation).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// TOML file with any of these settings (keys = flag names with `_`); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Requests that may wait for a compute slot; more are refused with RESOURCE_EXHAUSTED
+    /// [default: 16].
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// Requests computed at once (each holds its own state) [default: 4].
+    #[arg(long)]
+    max_active: Option<usize>,
+    /// Requests stepped together through one forward pass: they share each layer's weights
+    /// and the union of their experts, each output exactly what it would be alone
+    /// [default: max_active].
+    #[arg(long)]
+    max_batch: Option<usize>,
+    /// Permissions of the socket file: 0660 (owner and group) or 0600 (owner only)
+    /// [default: 0660].
+    #[arg(long, value_parser = ["0660", "0600"])]
+    socket_mode: Option<String>,
+    /// Group owning the socket; its members may connect (with --socket-mode 0660).
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// On SIGTERM/SIGINT, seconds to let running requests finish before cancelling them
+    /// [default: 10].
+    #[arg(long)]
+    shutdown_grace: Option<f64>,
+    /// Exact speculative decoding for greedy requests that do not set it: at most N ids drafted
+    /// from the context verified per decode step (0 = off, at most 16) [default: 0]. Also the
+    /// most any request gets: the memory plan reserves each active request's rollback journal
+    /// for N drafts.
+    #[arg(long)]
+    speculate: Option<usize>,
+    /// Directory where sessions are saved, spilled and found again after a restart
+    /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
+    #[arg(long)]
+    session_dir: Option<PathBuf>,
+    /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
+    /// Idle sessions beyond it are written to the session directory [default: the plan's
+    /// headroom, which may be zero: sessions then wait on disk between turns].
+    #[arg(long)]
+    session_gb: Option<f64>,
+    #[command(flatten)]
+    budget: super::budget::BudgetArgs,
+}
+
+/// The `--config` file: every key optional, none unknown.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    model: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    threads: Option<usize>,
+    max_queue: Option<usize>,
+    max_active: Option<usize>,
+    max_batch: Option<usize>,
+    socket_mode: Option<String>,
+    socket_group: Option<String>,
+    shutdown_grace: Option<f64>,
+    /// GiB (a number) or a preset name, as `--ram-gb`.
+    ram_gb: Option<RamGb>,
+    trunk_gb: Option<f64>,
+    cache_gb: Option<f64>,
+    speculate: Option<usize>,
+    session_dir: Option<PathBuf>,
+    session_gb: Option<f64>,
+}
+
+/// `ram_gb = 120` or `ram_gb = "laptop"`.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RamGb {
+    Gib(f64),
+    Preset(String),
+}
+
+fn usage(message: String) -> CliError {
+    CliError::new(Exit::Usage, anyhow::anyhow!(message))
+}
+
+/// `$XDG_STATE_HOME/k3d/sessions`, else `$HOME/.local/state/k3d/sessions` (XDG base dirs).
+fn default_session_dir() -> Result<PathBuf, CliError> {
+    let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
+    if let Some(state) = nonempty("XDG_STATE_HOME") {
+        return Ok(PathBuf::from(state).join("k3d/sessions"));
+    }
+    match nonempty("HOME") {
+        Some(home) => Ok(PathBuf::from(home).join(".local/state/k3d/sessions")),
+        None => Err(usage(
+            "no session directory: pass --session-dir DIR or set `session_dir` in --config \
+             (neither XDG_STATE_HOME nor HOME is set)"
+                .into(),
+        )),
+    }
+}
+
+fn read_config(path: &Path) -> Result<ConfigFile, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("--config {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| usage(format!("--config {}: {e}", path.display())))
+}
+
+pub fn run(args: Args) -> CliResult {
+    let file = match &args.config {
+        Some(path) => read_config(path)?,
+        None => ConfigFile::default(),
+    };
+    let model = args.model.or(file.model).ok_or_else(|| {
+        usage("no model directory: pass --model DIR or set `model` in --config".into())
+    })?;
+    let socket = args.socket.or(file.socket).ok_or_else(|| {
+        usage("no socket path: pass --socket PATH or set `socket` in --config".into())
+    })?;
+    let shutdown_grace = args.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
+    if !shutdown_grace.is_finite() || !(0.0..=3600.0).contains(&shutdown_grace) {
+        return Err(usage(
+            "shutdown_grace must be between 0 and 3600 seconds".into(),
+        ));
+    }
+    let threads = match args.threads.or(file.threads) {
+        Some(0) => return Err(usage("threads must be at least 1".into())),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let max_active = args.max_active.or(file.max_active).unwrap_or(4);
+    if max_active == 0 {
+        return Err(usage("max_active must be at least 1".into()));
+    }
+    let speculate = args.speculate.or(file.speculate).unwrap_or(0);
+    if speculate > k3_engine::engine::request::MAX_SPECULATE {
+        return Err(usage(format!(
+            "speculate {speculate} exceeds the limit {}",
+            k3_engine::engine::request::MAX_SPECULATE
+        )));
+    }
+    let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
+    if max_batch == 0 {
+        return Err(usage("max_batch must be at least 1".into()));
+    }
+    let mode = match args.socket_mode.or(file.socket_mode).as_deref() {
+        None | Some("0660") => 0o660,
+        Some("0600") => 0o600,
+        Some(other) => {
+            return Err(usage(format!(
+                "socket_mode {other:?}: use \"0660\" or \"0600\""
+            )));
+        }
+    };
+    let session_dir = match args.session_dir.or(file.session_dir) {
+        Some(dir) => dir,
+        None => default_session_dir()?,
+    };
+    let session_bytes = args
+        .session_gb
+        .or(file.session_gb)
+        .map(|g| k3_engine::store::plan::Budget::gib("--session-gb", g))
+        .transpose()
+        .map_err(|e| usage(e.to_string()))?;
+    let mut model_options = args
+        .budget
+        .or_from_file(
+            file.ram_gb.map(|r| match r {
+                RamGb::Gib(v) => v.to_string(),
+                RamGb::Preset(p) => p,
+            }),
+            file.trunk_gb,
+            file.cache_gb,
+        )
+        .load_options()?;
+    // A batched pass carries up to one prefill chunk per member: plan its activations.
+    model_options.max_tokens_per_call = (k3_engine::engine::PREFILL_CHUNK * max_batch) as u64;
+    // Every active request holds its own state, and with `--speculate` its rollback journal:
+    // requests may ask for at most that many drafts (the engine clamps to what is planned).
+    model_options.sequences = max_active as u64;
+    model_options.speculate = speculate as u64;
+    // Sessions count against the budget: the model is planned in what they leave.
+    if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
+        model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
+            || {
+                usage(format!(
+                    "--session-gb ({sessions} B) leaves nothing of the RAM budget ({ram} B)"
+                ))
+            },
+        )?);
+    }
+    server::run(server::Config {
+        model,
+        socket: server::SocketSpec {
+            path: socket,
+            mode,
+            group: args.socket_group.or(file.socket_group),
+        },
+        threads,
+        model_options,
+        limits: server::Limits {
+            max_active,
+            max_batch,
+            max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
+        },
+        grace: Duration::from_secs_f64(shutdown_grace),
+        speculate,
+        session_dir,
+        session_bytes,
+    })
+}

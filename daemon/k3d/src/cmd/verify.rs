@@ -1,0 +1,230 @@
+//! `k3d verify`: SHA-256 of every checkpoint file against a `sha256sum` manifest, in parallel,
+//! resumable, with progress on stderr. Exit 0 when every listed file matches, 3 otherwise.
+use crate::exit::{CliError, CliResult, Exit};
+use k3_engine::checkpoint::manifest::{self, Manifest};
+use k3_engine::checkpoint::verify::{self, Outcome, Progress};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory.
+    model_dir: PathBuf,
+    /// Manifest in `sha256sum` format (default: MODEL_DIR/SHA256SUMS).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Files hashed at once (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Create the manifest from the files present instead of checking against it.
+    #[arg(long)]
+    write_manifest: bool,
+}
+
+/// Prints "done / total, rate, ETA" to stderr until dropped: in place on a terminal, one line
+/// every few seconds otherwise (logs).
+struct Reporter {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Reporter {
+    fn start(progress: std::sync::Arc<Progress>, verb: &'static str) -> Reporter {
+        let (stop, rx) = std::sync::mpsc::channel::<()>();
+        let tty = std::io::stderr().is_terminal();
+        let every = if tty {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(5)
+        };
+        let thread = std::thread::spawn(move || {
+            let start = Instant::now();
+            let line = |end: &str| {
+                let done = progress.done.load(Ordering::Relaxed);
+                let total = progress.total.load(Ordering::Relaxed).max(1);
+                let secs = start.elapsed().as_secs_f64();
+                let rate = done as f64 / secs.max(1e-9);
+                let eta = (total.saturating_sub(done)) as f64 / rate.max(1.0);
+                eprint!(
+                    "k3d verify: {verb} {:.2} / {:.2} GB ({:.0}%), {:.0} MB/s, ETA {}:{:02}{end}",
+                    done as f64 / 1e9,
+                    total as f64 / 1e9,
+                    100.0 * done as f64 / total as f64,
+                    rate / 1e6,
+                    eta as u64 / 60,
+                    eta as u64 % 60
+                );
+            };
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
+                line(if tty { "\r" } else { "\n" });
+            }
+            line("\n");
+        });
+        Reporter {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn io_error(e: verify::VerifyError) -> CliError {
+    CliError::new(Exit::Checkpoint, e)
+}
+
+pub fn run(args: Args) -> CliResult {
+    let threads = match args.threads {
+        Some(0) => {
+            return Err(CliError::new(
+                Exit::Usage,
+                anyhow::anyhow!("--threads must be at least 1"),
+            ));
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let manifest_path = args
+        .manifest
+        .clone()
+        .unwrap_or_else(|| args.model_dir.join(manifest::DEFAULT_NAME));
+    let progress = std::sync::Arc::new(Progress::default());
+    if args.write_manifest {
+        return write_manifest(&args.model_dir, &manifest_path, threads, progress);
+    }
+    let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
+        CliError::new(
+            Exit::Usage,
+            anyhow::anyhow!(
+                "cannot read manifest {}: {e} (create one with `k3d verify {} --write-manifest`)",
+                manifest_path.display(),
+                args.model_dir.display()
+            ),
+        )
+    })?;
+    let parsed = Manifest::parse(&manifest_path.display().to_string(), &text)
+        .map_err(|e| CliError::new(Exit::Usage, e))?;
+    let state = verify::default_state_path(&manifest_path);
+    match &state {
+        Some(p) => eprintln!("k3d verify: resume state {}", p.display()),
+        None => eprintln!("k3d verify: no XDG_STATE_HOME or HOME: this run cannot be resumed"),
+    }
+    let start = Instant::now();
+    let report = {
+        let _reporter = Reporter::start(progress.clone(), "hashed");
+        verify::verify(
+            &args.model_dir,
+            &parsed,
+            state.as_deref(),
+            threads,
+            &progress,
+        )
+        .map_err(io_error)?
+    };
+    let secs = start.elapsed().as_secs_f64();
+    let mut bad = 0;
+    for (name, outcome) in &report.files {
+        match outcome {
+            Outcome::Verified => println!("{name}: OK"),
+            Outcome::Resumed => println!("{name}: OK (verified earlier, unchanged since)"),
+            Outcome::Missing => {
+                bad += 1;
+                println!("{name}: MISSING");
+            }
+            Outcome::Mismatch { expected, actual } => {
+                bad += 1;
+                println!("{name}: MISMATCH expected {expected} actual {actual}");
+            }
+        }
+    }
+    let unlisted = unlisted_shards(&args.model_dir, &parsed)?;
+    for name in &unlisted {
+        println!("{name}: NOT IN MANIFEST");
+    }
+    eprintln!(
+        "k3d verify: {} files, {} hashed ({:.2} GB in {:.1} s, {:.0} MB/s), {} skipped as verified earlier",
+        report.files.len(),
+        report
+            .files
+            .iter()
+            .filter(|(_, o)| !matches!(o, Outcome::Resumed | Outcome::Missing))
+            .count(),
+        report.hashed_bytes as f64 / 1e9,
+        secs,
+        report.hashed_bytes as f64 / secs.max(1e-9) / 1e6,
+        report
+            .files
+            .iter()
+            .filter(|(_, o)| *o == Outcome::Resumed)
+            .count()
+    );
+    if bad > 0 || !unlisted.is_empty() {
+        return Err(CliError::new(
+            Exit::Checkpoint,
+            anyhow::anyhow!(
+                "{bad} listed file(s) missing or corrupt, {} shard(s) not in {}",
+                unlisted.len(),
+                manifest_path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `*.safetensors` files present but not listed: an unverified shard would be loaded.
+fn unlisted_shards(dir: &Path, manifest: &Manifest) -> Result<Vec<String>, CliError> {
+    let names = verify::manifest_candidates(dir, Path::new("")).map_err(io_error)?;
+    Ok(names
+        .into_iter()
+        .filter(|n| n.ends_with(".safetensors") && manifest.get(n).is_none())
+        .collect())
+}
+
+fn write_manifest(
+    dir: &Path,
+    path: &Path,
+    threads: usize,
+    progress: std::sync::Arc<Progress>,
+) -> CliResult {
+    if path.exists() {
+        return Err(CliError::new(
+            Exit::Usage,
+            anyhow::anyhow!(
+                "{} exists; remove it first to write a new manifest",
+                path.display()
+            ),
+        ));
+    }
+    let names = verify::manifest_candidates(dir, path).map_err(io_error)?;
+    let start = Instant::now();
+    let built = {
+        let _reporter = Reporter::start(progress.clone(), "hashed");
+        verify::build_manifest(dir, &names, threads, &progress).map_err(io_error)?
+    };
+    std::fs::write(path, built.to_text()).map_err(|e| {
+        CliError::new(
+            Exit::Failure,
+            anyhow::anyhow!("writing {}: {e}", path.display()),
+        )
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = progress.done.load(Ordering::Relaxed);
+    eprintln!(
+        "k3d verify: wrote {} ({} files, {:.2} GB in {:.1} s, {:.0} MB/s)",
+        path.display(),
+        built.entries.len(),
+        bytes as f64 / 1e9,
+        secs,
+        bytes as f64 / secs.max(1e-9) / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! Exit codes of `k3d`, documented in README.md ("Exit codes"). Scripts rely on them.
+
+use std::fmt;
+
+/// Process exit status classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Anything not classified below.
+    Failure = 1,
+    /// Bad command line, bad or unsupported `config.json`, bad input on stdin.
+    Usage = 2,
+    /// The checkpoint's files are missing, corrupt or not in the released layout.
+    Checkpoint = 3,
+    /// A run failed midway (a weight read failed or was short): its output is not valid.
+    RunInvalid = 4,
+    /// Not enough memory budget or disk space for what was asked.
+    Resources = 5,
+}
+
+/// An error on its way out of `main`, with the exit class it maps to.
+pub struct CliError {
+    pub exit: Exit,
+    pub error: anyhow::Error,
+}
+
+impl CliError {
+    pub fn new(exit: Exit, error: impl Into<anyhow::Error>) -> Self {
+        CliError {
+            exit,
+            error: error.into(),
+        }
+    }
+}
+
+impl fmt::Debug for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {:#}", self.exit, self.error)
+    }
+}
+
+/// `?` on an untyped error: a generic failure.
+impl From<anyhow::Error> for CliError {
+    fn from(error: anyhow::Error) -> Self {
+        CliError {
+            exit: Exit::Failure,
+            error,
+        }
+    }
+}
+
+pub type CliResult = Result<(), CliError>;
+
+/// Engine failures, by class: bad requests and configs are usage errors, broken files are
+/// checkpoint errors, and a failure while computing invalidates the run.
+impl From<k3_engine::engine::EngineError> for CliError {
+    fn from(e: k3_engine::engine::EngineError) -> Self {
+        use k3_engine::engine::EngineError as E;
+        let exit = match &e {
+            E::Checkpoint(c) if c.is_config() => Exit::Usage,
+            E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
+            E::InvalidRequest(_) => Exit::Usage,
+            E::Model(k3_engine::model::ModelError::Plan(_)) => Exit::Resources,
+            E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
+                Exit::RunInvalid
+            }
+        };
+        CliError::new(exit, e)
+    }
+}

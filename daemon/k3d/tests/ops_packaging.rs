@@ -1,0 +1,273 @@
+//! packaging/: the systemd units pass `systemd-analyze verify` without a single warning, and
+//! `install.sh --root` lays every file with the right mode (and `uninstall.sh` removes them).
+//! Without systemd-analyze the test fails, unless K3_SKIP_SYSTEMD_ANALYZE=1 says to skip that
+//! half on purpose.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("k3-ops-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// A bin dir holding the real k3d and a stand-in k3: install.sh copies bytes, so any
+/// executable shows whether it landed intact (the k3 client is not built by this crate).
+fn bin_dir(dir: &Path) -> PathBuf {
+    let bins = dir.join("bins");
+    std::fs::create_dir_all(&bins).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_k3d"), bins.join("k3d")).unwrap();
+    std::fs::write(bins.join("k3"), "#!/bin/sh\necho k3 stand-in\n").unwrap();
+    std::fs::set_permissions(bins.join("k3"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    bins
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{} not installed: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `install.sh --root ROOT --prefix PREFIX --bin-dir BINS`, which must succeed.
+fn install(root: &Path, prefix: &str, bins: &Path) {
+    run(Command::new(repo().join("packaging/install.sh"))
+        .arg("--root")
+        .arg(root)
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--bin-dir")
+        .arg(bins));
+}
+
+/// `systemd-analyze verify` of both units in `units`.
+fn analyze(units: &Path) -> std::process::Output {
+    Command::new("systemd-analyze")
+        .arg("verify")
+        .arg("k3d.socket")
+        .arg("k3d.service")
+        .current_dir(units)
+        .output()
+        .expect("spawn systemd-analyze")
+}
+
+#[test]
+fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them() {
+    let dir = scratch("install");
+    let root = dir.join("root");
+    let bins = bin_dir(&dir);
+    install(&root, "/opt/k3", &bins);
+    let expect: &[(&str, u32)] = &[
+        ("opt/k3/bin/k3d", 0o755),
+        ("opt/k3/bin/k3", 0o755),
+        ("etc/systemd/system/k3d.service", 0o644),
+        ("etc/systemd/system/k3d.socket", 0o644),
+        ("etc/k3d/k3d.toml", 0o644),
+        ("var/lib/k3d/models", 0o755),
+        ("var/lib/k3d/sessions", 0o750),
+    ];
+    for (path, want) in expect {
+        assert_eq!(mode(&root.join(path)), *want, "mode of {path}");
+    }
+    assert_eq!(
+        std::fs::read(root.join("opt/k3/bin/k3d")).unwrap(),
+        std::fs::read(bins.join("k3d")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/k3d/k3d.toml")).unwrap(),
+        std::fs::read_to_string(repo().join("packaging/k3d.toml")).unwrap()
+    );
+    let unit = std::fs::read_to_string(root.join("etc/systemd/system/k3d.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/opt/k3/bin/k3d serve"),
+        "ExecStart follows --prefix:\n{unit}"
+    );
+    // Installing again keeps an edited config and ships the new one beside it.
+    std::fs::write(root.join("etc/k3d/k3d.toml"), "ram_gb = 7\n").unwrap();
+    install(&root, "/opt/k3", &bins);
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/k3d/k3d.toml")).unwrap(),
+        "ram_gb = 7\n"
+    );
+    assert_eq!(mode(&root.join("etc/k3d/k3d.toml.default")), 0o644);
+
+    run(Command::new(repo().join("packaging/uninstall.sh"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--prefix")
+        .arg("/opt/k3"));
+    for gone in [
+        "opt/k3/bin/k3d",
+        "opt/k3/bin/k3",
+        "etc/systemd/system/k3d.service",
+        "etc/systemd/system/k3d.socket",
+    ] {
+        assert!(!root.join(gone).exists(), "{gone} left behind");
+    }
+    assert!(
+        root.join("etc/k3d/k3d.toml").exists(),
+        "config kept without --purge"
+    );
+    run(Command::new(repo().join("packaging/uninstall.sh"))
+        .arg("--root")
+        .arg(&root)
+        .arg("--purge"));
+    assert!(!root.join("etc/k3d").exists() && !root.join("var/lib/k3d").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn install_refuses_missing_binaries() {
+    let dir = scratch("nobins");
+    let out = Command::new(repo().join("packaging/install.sh"))
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--bin-dir")
+        .arg(dir.join("empty"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cargo build --release"));
+    assert!(!dir.join("root").exists(), "nothing laid before the check");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn units_pass_systemd_analyze_verify_without_warnings() {
+    let found = Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        if std::env::var("K3_SKIP_SYSTEMD_ANALYZE").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: systemd-analyze not found and K3_SKIP_SYSTEMD_ANALYZE=1");
+            return;
+        }
+        panic!(
+            "systemd-analyze not found: install systemd (Debian: apt-get install systemd) \
+             or set K3_SKIP_SYSTEMD_ANALYZE=1 to skip this check explicitly"
+        );
+    }
+    let dir = scratch("analyze");
+    let root = dir.join("root");
+    install(&root, "/usr/local", &bin_dir(&dir));
+    // verify checks that ExecStart's binary exists, so point it at the copy in the temporary
+    // root; every other line is verified as installed.
+    let units = dir.join("units");
+    std::fs::create_dir_all(&units).unwrap();
+    let service = std::fs::read_to_string(root.join("etc/systemd/system/k3d.service")).unwrap();
+    let mapped = service.replace(
+        "/usr/local/bin/",
+        &format!("{}/", root.join("usr/local/bin").display()),
+    );
+    assert_ne!(mapped, service, "ExecStart names /usr/local/bin");
+    std::fs::write(units.join("k3d.service"), mapped).unwrap();
+    std::fs::copy(
+        root.join("etc/systemd/system/k3d.socket"),
+        units.join("k3d.socket"),
+    )
+    .unwrap();
+    let out = analyze(&units);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify: {:?}\n{stderr}",
+        out.status
+    );
+    // The check is live: a misspelt key is reported.
+    let broken = std::fs::read_to_string(units.join("k3d.service"))
+        .unwrap()
+        .replace("ProtectHome=", "ProtectHomes=");
+    std::fs::write(units.join("k3d.service"), broken).unwrap();
+    let out = analyze(&units);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ProtectHomes"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The unit carries the hardening and resource settings the deployment relies on.
+#[test]
+fn units_carry_activation_hardening_and_memory_settings() {
+    let service = std::fs::read_to_string(repo().join("packaging/k3d.service")).unwrap();
+    let socket = std::fs::read_to_string(repo().join("packaging/k3d.socket")).unwrap();
+    for line in [
+        "ListenStream=/run/k3d/k3d.sock",
+        "SocketMode=0660",
+        "SocketGroup=k3",
+    ] {
+        assert!(socket.lines().any(|l| l == line), "k3d.socket lacks {line}");
+    }
+    for line in [
+        "User=k3d",
+        "RuntimeDirectory=k3d",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "NoNewPrivileges=yes",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "ReadOnlyPaths=/var/lib/k3d/models",
+        "ReadWritePaths=/var/lib/k3d/sessions",
+        "MemorySwapMax=0",
+        "LimitMEMLOCK=infinity",
+    ] {
+        assert!(
+            service.lines().any(|l| l == line),
+            "k3d.service lacks {line}"
+        );
+    }
+    // MemoryMax = ram_gb of the shipped config + 2 GiB (documented in both files).
+    let toml = std::fs::read_to_string(repo().join("packaging/k3d.toml")).unwrap();
+    let ram_gb: u64 = toml
+        .lines()
+        .find_map(|l| l.trim_start_matches("# ").strip_prefix("ram_gb = "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("k3d.toml sets ram_gb");
+    assert!(
+        service
+            .lines()
+            .any(|l| l == format!("MemoryMax={}G", ram_gb + 2)),
+        "MemoryMax is ram_gb + 2 GiB"
+    );
+}
+
+/// `k3d serve` accepts every key the shipped k3d.toml sets (it refuses unknown keys): with a
+/// model directory that does not exist, the failure must be about the model, not the config.
+#[test]
+fn shipped_config_is_accepted_by_k3d_serve() {
+    let dir = scratch("config");
+    let out = Command::new(env!("CARGO_BIN_EXE_k3d"))
+        .arg("serve")
+        .arg("--config")
+        .arg(repo().join("packaging/k3d.toml"))
+        .arg("--model")
+        .arg(dir.join("no-such-model"))
+        .arg("--socket")
+        .arg(dir.join("k3d.sock"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a missing model cannot be served");
+    assert!(
+        !stderr.contains("--config") && stderr.contains("no-such-model"),
+        "the config file was refused or the error is not about the model:\n{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
