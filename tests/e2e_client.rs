@@ -6,7 +6,7 @@ mod support;
 
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
@@ -120,7 +120,8 @@ async fn run_prints_exactly_what_the_daemon_generates() {
 
 #[tokio::test]
 async fn json_events_parse_and_add_up() {
-    let dir = scratch("client-json");
+    let tmp = scratch("client-json");
+    let dir = tmp.path();
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
     wait_ready(&mut client(&d.socket).await).await;
     let out = k3(&d.socket, &["run", "--json", "--max-tokens", "6", "Hello"]);
@@ -168,7 +169,8 @@ async fn json_events_parse_and_add_up() {
 
 #[tokio::test]
 async fn every_error_has_its_exit_code_and_an_actionable_message() {
-    let dir = scratch("client-errors");
+    let tmp = scratch("client-errors");
+    let dir = tmp.path();
     // Not running.
     let absent = dir.join("absent.sock");
     let out = k3(&absent, &["status"]);
@@ -224,7 +226,8 @@ async fn every_error_has_its_exit_code_and_an_actionable_message() {
 
 #[tokio::test]
 async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
-    let dir = scratch("client-broken");
+    let tmp = scratch("client-broken");
+    let dir = tmp.path();
     let model = dir.join("broken");
     std::fs::create_dir_all(&model).expect("mkdir");
     for entry in std::fs::read_dir(tiny_model()).expect("model dir") {
@@ -265,14 +268,15 @@ async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
 /// `k3 ARGS` in a detached tmux session (a real terminal) against daemon `d`, ended with the
 /// test however it ends.
 struct Repl<'d> {
-    server: String,
+    /// The tmux server's socket, beside the daemon's in the test's scratch directory.
+    server: PathBuf,
     d: &'d Daemon,
 }
 
 impl<'d> Repl<'d> {
     fn start(d: &'d Daemon, tag: &str, args: &str) -> Repl<'d> {
         let repl = Repl {
-            server: format!("k3e2e-{}-{tag}", std::process::id()),
+            server: d.socket.with_file_name(format!("tmux-{tag}.sock")),
             d,
         };
         let command = format!(
@@ -296,7 +300,7 @@ impl<'d> Repl<'d> {
 
     fn tmux(&self, args: &[&str]) -> Output {
         let out = Command::new("tmux")
-            .arg("-L")
+            .arg("-S")
             .arg(&self.server)
             .args(args)
             .output()
@@ -339,7 +343,9 @@ impl<'d> Repl<'d> {
 impl Drop for Repl<'_> {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
-            .args(["-L", &self.server, "kill-server"])
+            .arg("-S")
+            .arg(&self.server)
+            .arg("kill-server")
             .output();
     }
 }
@@ -347,7 +353,8 @@ impl Drop for Repl<'_> {
 /// The REPL in a real terminal: type, watch tokens stream, Ctrl-C one reply, go on, /exit.
 #[tokio::test]
 async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
-    let dir = scratch("client-repl");
+    let tmp = scratch("client-repl");
+    let dir = tmp.path();
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
     wait_ready(&mut client(&d.socket).await).await;
     let repl = Repl::start(&d, "cancel", "chat --no-think --max-tokens 4000");
@@ -414,7 +421,8 @@ async fn chat_repl_streams_cancels_with_ctrl_c_and_exits() {
 /// removed when it ends.
 #[tokio::test]
 async fn chat_repl_turns_reuse_their_session() {
-    let dir = scratch("client-repl-session");
+    let tmp = scratch("client-repl-session");
+    let dir = tmp.path();
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
@@ -473,7 +481,8 @@ async fn chat_repl_turns_reuse_their_session() {
 #[test]
 fn client_reaches_the_socket_quickly() {
     use std::io::Read;
-    let dir = scratch("client-latency");
+    let tmp = scratch("client-latency");
+    let dir = tmp.path();
     let path = dir.join("fake.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     let mut samples = Vec::new();

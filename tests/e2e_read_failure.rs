@@ -18,20 +18,12 @@ use tonic::transport::Channel;
 /// trunk; layer 7's trunk (all in this shard) streams through the ring on every token.
 const STREAMED_SHARD: &str = "model-00008-of-000009.safetensors";
 
-/// A scratch directory removed when the test ends (each `small` is 0.33 GB). Declared before
-/// the daemon, so it is dropped after the daemon has stopped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn small_model(name: &str) -> (PathBuf, Scratch) {
+/// A `small` checkpoint in a scratch directory removed when the test ends (each `small` is
+/// 0.33 GB). Declared before the daemon, the directory is dropped after the daemon has stopped.
+fn small_model(name: &str) -> (PathBuf, tempfile::TempDir) {
     let root = scratch(name);
-    let dir = synth_model("small", &root.join("small"));
-    (dir, Scratch(root))
+    let dir = synth_model("small", &root.path().join("small"));
+    (dir, root)
 }
 
 /// The shard's safetensors header length (8-byte prefix + JSON): everything after it is tensor

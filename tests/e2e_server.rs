@@ -364,7 +364,8 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
 
 #[test]
 fn a_model_directory_without_model_files_is_refused_at_start() {
-    let dir = scratch("nomodel");
+    let tmp = scratch("nomodel");
+    let dir = tmp.path();
     let out = std::process::Command::new(bin("k3d"))
         .args(["serve", "--model"])
         .arg(dir.join("missing"))
@@ -446,7 +447,8 @@ async fn sigterm_cancels_what_outlives_the_grace() {
 
 #[test]
 fn socket_is_0660_with_its_group_and_a_live_socket_is_not_stolen() {
-    let dir = scratch("mode");
+    let tmp = scratch("mode");
+    let dir = tmp.path();
     let socket = dir.join("k3d.sock");
     let group = ensure_group("k3e2e");
     let d = Daemon::start(tiny_model(), &socket, &["--socket-group", "k3e2e"]);
@@ -482,7 +484,8 @@ fn socket_is_0660_with_its_group_and_a_live_socket_is_not_stolen() {
 
 #[test]
 fn users_outside_the_socket_group_are_refused_by_permissions() {
-    let dir = scratch("users");
+    let tmp = scratch("users");
+    let dir = tmp.path();
     ensure_group("k3e2e");
     ensure_user("k3e2e-member", Some("k3e2e"));
     ensure_user("k3e2e-outsider", None);
@@ -538,7 +541,8 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
 
 #[tokio::test]
 async fn systemd_socket_activation_serves_the_passed_socket() {
-    let dir = scratch("activation");
+    let tmp = scratch("activation");
+    let dir = tmp.path();
     let path = dir.join("activated.sock");
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     use std::os::fd::AsRawFd;
@@ -661,7 +665,8 @@ async fn chat_labels_each_token_with_its_channel() {
 /// unknown keys, wrong types and missing required settings are refused with exit 2.
 #[tokio::test]
 async fn serve_reads_its_settings_from_a_toml_config() {
-    let dir = scratch("config");
+    let tmp = scratch("config");
+    let dir = tmp.path();
     let socket = dir.join("from-file.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(
@@ -685,6 +690,7 @@ async fn serve_reads_its_settings_from_a_toml_config() {
         child,
         socket: socket.clone(),
         log,
+        scratch: None,
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {

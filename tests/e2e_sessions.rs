@@ -64,7 +64,8 @@ fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
 
 #[tokio::test]
 async fn generate_turns_reuse_the_session_and_survive_a_restart() {
-    let dir = scratch("sess-restart");
+    let tmp = scratch("sess-restart");
+    let dir = tmp.path();
     let sessions = dir.join("sessions");
     // An in-memory allowance, so the listing below sees the session in memory (by default
     // it is the plan's headroom, which may be nothing).
@@ -209,7 +210,8 @@ async fn a_two_turn_chat_through_a_session_equals_the_long_request() {
 
 #[tokio::test]
 async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serving() {
-    let dir = scratch("sess-corrupt");
+    let tmp = scratch("sess-corrupt");
+    let dir = tmp.path();
     let sessions = dir.join("sessions");
     let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
     // A session file of another model (tiny-b), saved by a daemon serving it.
@@ -319,7 +321,8 @@ async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serv
 
 #[tokio::test]
 async fn another_uid_cannot_use_see_save_or_delete_a_session() {
-    let dir = scratch("sess-owner");
+    let tmp = scratch("sess-owner");
+    let dir = tmp.path();
     ensure_group("k3e2e");
     ensure_user("k3e2e-member", Some("k3e2e"));
     ensure_user("k3e2e-other", Some("k3e2e"));

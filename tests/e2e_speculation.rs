@@ -8,13 +8,15 @@ mod e2e_support;
 use e2e_support::command_support::run_ok;
 use e2e_support::*;
 use k3proto::v1 as pb;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// `tiny-c` with seed 0 falls into a loop after this prompt (a run of one id), so n-gram drafts
 /// are proposed and accepted; the plain tiny model never repeats itself in a short run.
-fn looping_model() -> PathBuf {
-    synth_model("tiny-c", &scratch("spec-model").join("model"))
+fn looping_model() -> tempfile::TempDir {
+    let dir = scratch("spec-model");
+    synth_model("tiny-c", dir.path());
+    dir
 }
 
 const PROMPT: [u32; 12] = [100; 12];
@@ -35,8 +37,10 @@ fn counters(c: &Collected) -> (u32, u32) {
 
 #[tokio::test]
 async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
-    let model = looping_model();
-    let d = Daemon::start(&model, &scratch("spec-off").join("k3d.sock"), &[]);
+    let model_dir = looping_model();
+    let model = model_dir.path();
+    let spec_off = scratch("spec-off");
+    let d = Daemon::start(model, &spec_off.path().join("k3d.sock"), &[]);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
     let plain = generate(&mut c, request(0)).await;
@@ -64,9 +68,10 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
 
     // The daemon default: `--speculate` applies to requests that leave it 0, and a request
     // may ask for fewer drafts.
+    let spec_on = scratch("spec-on");
     let on = Daemon::start(
         &model,
-        &scratch("spec-on").join("k3d.sock"),
+        &spec_on.path().join("k3d.sock"),
         &["--speculate", "6"],
     );
     let mut c = client(&on.socket).await;
@@ -104,7 +109,8 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
     drop(on);
 
     // The TOML key, like the flag.
-    let dir = scratch("spec-toml");
+    let tmp = scratch("spec-toml");
+    let dir = tmp.path();
     let config = dir.join("k3d.toml");
     std::fs::write(&config, "speculate = 6\nthreads = 1\n").expect("write config");
     let from_file = Daemon::start(

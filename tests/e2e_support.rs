@@ -32,20 +32,39 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A fresh scratch directory for one test, world-traversable so other uids can reach sockets.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k3-e2e-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
+/// A fresh scratch directory for one test, removed on drop, world-traversable so other uids can
+/// reach sockets.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("k3-e2e-{name}-"))
+        .tempdir()
+        .expect("create scratch dir");
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod scratch");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod scratch");
     dir
 }
 
-/// The tiny test checkpoint, written once per test process by `k3d synth --shape tiny`.
+/// The tiny test checkpoint, written once per test process by `k3d synth --shape tiny` into a
+/// scratch directory of its own. A static is never dropped, so that directory is removed when
+/// the process exits instead.
 pub fn tiny_model() -> &'static Path {
-    static MODEL: OnceLock<PathBuf> = OnceLock::new();
-    MODEL.get_or_init(|| synth_model("tiny", &scratch("tiny-model").join("model")))
+    static MODEL: OnceLock<tempfile::TempDir> = OnceLock::new();
+    extern "C" fn remove_tiny_model() {
+        if let Some(dir) = MODEL.get() {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
+    }
+    MODEL
+        .get_or_init(|| {
+            let dir = scratch("tiny-model");
+            synth_model("tiny", dir.path());
+            // SAFETY: atexit(3) only records the address of a function that takes nothing.
+            let rc = unsafe { libc::atexit(remove_tiny_model) };
+            assert_eq!(rc, 0, "atexit failed");
+            dir
+        })
+        .path()
 }
 
 /// Writes `k3d synth --shape SHAPE --seed 0` into `dir` through the real binary; a failure
@@ -59,6 +78,9 @@ pub struct Daemon {
     pub child: Child,
     pub socket: PathBuf,
     pub log: PathBuf,
+    /// The scratch directory holding its socket when the daemon owns it ([`ready_daemon`]);
+    /// removed after the daemon is stopped (fields drop after `Drop::drop`).
+    pub scratch: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
@@ -88,6 +110,7 @@ impl Daemon {
             child,
             socket: socket.to_path_buf(),
             log,
+            scratch: None,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::os::unix::net::UnixStream::connect(socket).is_err() {
@@ -318,7 +341,9 @@ pub async fn until_token(stream: &mut tonic::Streaming<pb::Event>) -> u64 {
 
 /// A daemon serving the tiny model in a fresh scratch directory, and a client once it is ready.
 pub async fn ready_daemon(name: &str, extra: &[&str]) -> (Daemon, EngineClient<Channel>) {
-    let d = Daemon::start(tiny_model(), &scratch(name).join("k3d.sock"), extra);
+    let dir = scratch(name);
+    let mut d = Daemon::start(tiny_model(), &dir.path().join("k3d.sock"), extra);
+    d.scratch = Some(dir);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
     (d, c)

@@ -22,4 +22,6 @@ command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust
 
 # The end-to-end tests spawn the real k3d and k3 binaries from target/debug.
 cargo build --workspace --bins
-cargo test --workspace "$@"
+# Every test binary runs even after one fails, so one failure does not hide others; cargo still
+# exits non-zero if any test failed (and `set -e` passes that on).
+cargo test --workspace --no-fail-fast "$@"

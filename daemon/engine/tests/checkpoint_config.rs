@@ -389,17 +389,17 @@ fn syntax_errors_and_non_objects() {
 
 #[test]
 fn from_file_names_the_file() {
-    let dir = TempDir::new("cfg");
+    let dir = temp_dir("cfg");
     let mut config = tiny_config();
     text(&mut config).remove("vocab_size");
     write_config(dir.path(), &config);
-    let e = ModelConfig::from_file(&dir.join("config.json")).unwrap_err();
+    let e = ModelConfig::from_file(&dir.path().join("config.json")).unwrap_err();
     let message = e.to_string();
     assert!(
         message.contains("config.json: 1 problem(s): text_config.vocab_size: missing"),
         "{message}"
     );
-    let e = ModelConfig::from_file(&dir.join("absent.json")).unwrap_err();
+    let e = ModelConfig::from_file(&dir.path().join("absent.json")).unwrap_err();
     assert!(e.is_io());
 }
 

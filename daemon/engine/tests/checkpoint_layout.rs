@@ -29,7 +29,7 @@ fn write_edited(dir: &TempDir, edit: impl FnOnce(&mut Vec<Vec<TensorSpec>>)) {
     let mut shards = plan(&config);
     edit(&mut shards);
     write_checkpoint(dir.path(), &config, &shards);
-    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
 }
 
 fn take(shard: &mut Vec<TensorSpec>, name: &str) -> TensorSpec {
@@ -42,7 +42,7 @@ fn take(shard: &mut Vec<TensorSpec>, name: &str) -> TensorSpec {
 
 #[test]
 fn tiny_checkpoint_binds_with_the_expected_census() {
-    let dir = TempDir::new("ok");
+    let dir = temp_dir("ok");
     write_tiny(dir.path());
     let ck = open(&dir).expect("well-formed tiny checkpoint");
     assert_eq!(ck.shards.len(), 10);
@@ -102,7 +102,7 @@ fn tiny_checkpoint_binds_with_the_expected_census() {
 
 #[test]
 fn vision_tensors_are_ignored() {
-    let dir = TempDir::new("vision");
+    let dir = temp_dir("vision");
     write_edited(&dir, |shards| {
         shards.push(vec![
             spec("vision_tower.patch_embed.weight", Dtype::Bf16, &[4, 4]),
@@ -114,7 +114,7 @@ fn vision_tensors_are_ignored() {
 
 #[test]
 fn missing_tensors_are_reported_together() {
-    let dir = TempDir::new("missing");
+    let dir = temp_dir("missing");
     write_edited(&dir, |shards| {
         take(&mut shards[1], &format!("{L1}self_attn.dt_bias"));
         take(
@@ -138,7 +138,7 @@ fn missing_tensors_are_reported_together() {
 
 #[test]
 fn shape_disagreeing_with_the_config_is_refused_not_reshaped() {
-    let dir = TempDir::new("shape");
+    let dir = temp_dir("shape");
     let name = format!("{L1}self_attn.q_proj.weight");
     write_edited(&dir, |shards| {
         let t = shards[1].iter_mut().find(|t| t.name == name).unwrap();
@@ -171,7 +171,7 @@ fn shape_disagreeing_with_the_config_is_refused_not_reshaped() {
 
 #[test]
 fn dtype_disagreeing_with_the_inventory_is_refused() {
-    let dir = TempDir::new("dtype");
+    let dir = temp_dir("dtype");
     let name = format!("{L1}self_attn.A_log");
     write_edited(&dir, |shards| {
         let t = shards[1].iter_mut().find(|t| t.name == name).unwrap();
@@ -193,7 +193,7 @@ fn dtype_disagreeing_with_the_inventory_is_refused() {
 
 #[test]
 fn a_log_shorter_than_num_heads_is_refused() {
-    let dir = TempDir::new("alog");
+    let dir = temp_dir("alog");
     let name = format!("{L1}self_attn.A_log");
     write_edited(&dir, |shards| {
         shards[1].iter_mut().find(|t| t.name == name).unwrap().shape = vec![3];
@@ -207,7 +207,7 @@ fn a_log_shorter_than_num_heads_is_refused() {
 
 #[test]
 fn unexpected_tensor_is_refused() {
-    let dir = TempDir::new("extra");
+    let dir = temp_dir("extra");
     let name = "language_model.model.layers.0.block_sparse_moe.gate.weight";
     write_edited(&dir, |shards| {
         shards[0].push(spec(name, Dtype::Bf16, &[8, 64]))
@@ -228,7 +228,7 @@ fn unexpected_tensor_is_refused() {
 #[test]
 fn config_with_fewer_experts_than_the_files_is_refused() {
     // The files hold 8 experts per layer; a config saying 6 leaves experts 6 and 7 unbound.
-    let dir = TempDir::new("experts");
+    let dir = temp_dir("experts");
     write_tiny(dir.path());
     let mut config = tiny_config();
     config["text_config"]["num_experts"] = 6.into();
@@ -250,14 +250,14 @@ fn config_with_fewer_experts_than_the_files_is_refused() {
 /// Rewrite shard `i` of the tiny plan with its tensors in exactly `order`.
 fn write_shard_in_order(dir: &TempDir, i: usize, n: usize, order: &[TensorSpec]) {
     let (header, data_len) = header_in_order(order);
-    write_raw(&dir.join(&shard_name(i, n)), &header, data_len);
+    write_raw(&dir.path().join(&shard_name(i, n)), &header, data_len);
 }
 
 #[test]
 fn non_contiguous_trunk_run_is_refused() {
-    let dir = TempDir::new("trunk");
+    let dir = temp_dir("trunk");
     let shards = write_tiny(dir.path());
-    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
     // Layer 1 with one expert tensor placed between two trunk tensors.
     let mut order = shards[1].clone();
     let expert = take(
@@ -286,9 +286,9 @@ fn non_contiguous_trunk_run_is_refused() {
 
 #[test]
 fn non_contiguous_expert_is_refused() {
-    let dir = TempDir::new("expert");
+    let dir = temp_dir("expert");
     let shards = write_tiny(dir.path());
-    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
     let mut order = shards[2].clone();
     let name = "language_model.model.layers.2.block_sparse_moe.experts.4.w2.weight_scale";
     let moved = take(&mut order, name);
@@ -313,9 +313,9 @@ fn non_contiguous_expert_is_refused() {
 #[test]
 fn expert_run_in_any_internal_order_is_accepted() {
     // The six sub-tensor offsets come from the header (spec §3.4): w3 before w1 is fine.
-    let dir = TempDir::new("order");
+    let dir = temp_dir("order");
     let shards = write_tiny(dir.path());
-    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
     let mut order = shards[1].clone();
     order.reverse();
     write_shard_in_order(&dir, 1, shards.len(), &order);
@@ -329,7 +329,7 @@ fn expert_run_in_any_internal_order_is_accepted() {
 
 #[test]
 fn trunk_split_across_shards_is_refused() {
-    let dir = TempDir::new("split");
+    let dir = temp_dir("split");
     let name = format!("{L1}mlp_res_norm.weight");
     write_edited(&dir, |shards| {
         let t = take(&mut shards[1], &name);
@@ -352,9 +352,9 @@ fn trunk_split_across_shards_is_refused() {
 
 #[test]
 fn index_file_disagreeing_is_a_checkpoint_error() {
-    let dir = TempDir::new("idx");
+    let dir = temp_dir("idx");
     write_tiny(dir.path());
-    let path = dir.join("model.safetensors.index.json");
+    let path = dir.path().join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&path).unwrap();
     let text = text.replacen("model-00002-of-000010", "model-00003-of-000010", 1);
     std::fs::write(&path, text).unwrap();
@@ -369,14 +369,14 @@ fn index_file_disagreeing_is_a_checkpoint_error() {
 
 #[test]
 fn config_refusal_is_a_config_error() {
-    let dir = TempDir::new("cfg");
+    let dir = temp_dir("cfg");
     write_tiny(dir.path());
     let mut config = tiny_config();
     config["text_config"]["hidden_act"] = "gelu".into();
     write_config(dir.path(), &config);
     let e = open(&dir).unwrap_err();
     assert!(e.is_config(), "{e}");
-    std::fs::remove_file(dir.join("config.json")).unwrap();
+    std::fs::remove_file(dir.path().join("config.json")).unwrap();
     let e = open(&dir).unwrap_err();
     assert!(
         !e.is_config(),
@@ -386,7 +386,7 @@ fn config_refusal_is_a_config_error() {
 
 #[test]
 fn absurd_expert_count_is_refused_by_arithmetic() {
-    let dir = TempDir::new("absurd");
+    let dir = temp_dir("absurd");
     write_tiny(dir.path());
     let mut config = tiny_config();
     config["text_config"]["num_experts"] = 1_000_000_000_000u64.into();

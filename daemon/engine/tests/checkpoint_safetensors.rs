@@ -20,9 +20,9 @@ fn good_header() -> String {
 }
 
 fn index_one(header: &str, data_len: u64) -> (TempDir, Result<TensorIndex, SafetensorsError>) {
-    let dir = TempDir::new("st");
+    let dir = temp_dir("st");
     write_raw(
-        &dir.join("model-00001-of-000001.safetensors"),
+        &dir.path().join("model-00001-of-000001.safetensors"),
         header,
         data_len,
     );
@@ -55,7 +55,7 @@ fn header_digest_covers_the_stored_header_bytes() {
     let (dir, index) = index_one(&good_header(), 16);
     let index = index.expect("well-formed");
     let shard = &index.shards()[0];
-    let bytes = std::fs::read(dir.join(FILE)).expect("read shard");
+    let bytes = std::fs::read(dir.path().join(FILE)).expect("read shard");
     let stored: [u8; 32] = Sha256::digest(&bytes[..shard.data_start as usize]).into();
     assert_eq!(shard.header_sha256, stored);
     // One changed header byte (same length) changes the digest.
@@ -103,8 +103,8 @@ fn empty_tensors_tile_at_any_position() {
 
 #[test]
 fn file_shorter_than_eight_bytes() {
-    let dir = TempDir::new("short");
-    std::fs::write(dir.join(FILE), [1u8, 2, 3]).unwrap();
+    let dir = temp_dir("short");
+    std::fs::write(dir.path().join(FILE), [1u8, 2, 3]).unwrap();
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(
         matches!(e, SafetensorsError::TooShort { size: 3, .. }),
@@ -149,11 +149,11 @@ fn trailing_bytes_after_the_last_tensor() {
 
 #[test]
 fn header_length_past_the_end_of_the_file() {
-    let dir = TempDir::new("lie");
+    let dir = temp_dir("lie");
     let header = good_header();
     let mut bytes = (1_000u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
-    write_file(&dir.join(FILE), &bytes, 16);
+    write_file(&dir.path().join(FILE), &bytes, 16);
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(
         matches!(
@@ -170,11 +170,11 @@ fn header_length_past_the_end_of_the_file() {
 
 #[test]
 fn header_length_that_cuts_the_json() {
-    let dir = TempDir::new("cut");
+    let dir = temp_dir("cut");
     let header = good_header();
     let mut bytes = (header.len() as u64 - 3).to_le_bytes().to_vec();
     bytes.extend_from_slice(header.as_bytes());
-    write_file(&dir.join(FILE), &bytes, 16);
+    write_file(&dir.path().join(FILE), &bytes, 16);
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(matches!(e, SafetensorsError::Json { .. }), "{e}");
     assert_names(&e, &[FILE]);
@@ -182,10 +182,10 @@ fn header_length_that_cuts_the_json() {
 
 #[test]
 fn header_length_over_the_limit() {
-    let dir = TempDir::new("huge");
+    let dir = temp_dir("huge");
     let mut bytes = (100_000_001u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(b"{}");
-    write_file(&dir.join(FILE), &bytes, 200_000_000);
+    write_file(&dir.path().join(FILE), &bytes, 200_000_000);
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(
         matches!(
@@ -201,12 +201,12 @@ fn header_length_over_the_limit() {
 
 #[test]
 fn header_not_utf8() {
-    let dir = TempDir::new("utf8");
+    let dir = temp_dir("utf8");
     let mut header = format!("{{{}}}", entry(A, "U8", &[1], 0, 1)).into_bytes();
     header[3] = 0xff; // inside the name
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(&header);
-    write_file(&dir.join(FILE), &bytes, 1);
+    write_file(&dir.path().join(FILE), &bytes, 1);
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(
         matches!(e, SafetensorsError::NotUtf8 { offset: 3, .. }),
@@ -385,15 +385,23 @@ fn duplicate_metadata_within_a_file() {
 
 #[test]
 fn duplicate_name_across_shards() {
-    let dir = TempDir::new("dup2");
+    let dir = temp_dir("dup2");
     let one = format!("{{{}}}", entry(A, "U8", &[4], 0, 4));
     let two = format!(
         "{{{},{}}}",
         entry(B, "U8", &[4], 0, 4),
         entry(A, "U8", &[2], 4, 6)
     );
-    write_raw(&dir.join("model-00001-of-000002.safetensors"), &one, 4);
-    write_raw(&dir.join("model-00002-of-000002.safetensors"), &two, 6);
+    write_raw(
+        &dir.path().join("model-00001-of-000002.safetensors"),
+        &one,
+        4,
+    );
+    write_raw(
+        &dir.path().join("model-00002-of-000002.safetensors"),
+        &two,
+        6,
+    );
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     match &e {
         SafetensorsError::DuplicateAcrossShards {
@@ -435,26 +443,26 @@ fn unknown_field_in_a_tensor_entry() {
 
 #[test]
 fn no_shards_at_all() {
-    let dir = TempDir::new("none");
+    let dir = temp_dir("none");
     let e = TensorIndex::open_dir(dir.path()).unwrap_err();
     assert!(matches!(e, SafetensorsError::NoShards { .. }), "{e}");
 }
 
 #[test]
 fn shards_are_numbered_in_bytewise_name_order() {
-    let dir = TempDir::new("order");
+    let dir = temp_dir("order");
     for (name, tensor) in [
         ("model-b.safetensors", B),
         ("model-A.safetensors", A),
         ("model-a.safetensors", "c"),
     ] {
         write_raw(
-            &dir.join(name),
+            &dir.path().join(name),
             &format!("{{{}}}", entry(tensor, "U8", &[1], 0, 1)),
             1,
         );
     }
-    std::fs::write(dir.join("notes.txt"), "not a shard").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a shard").unwrap();
     let index = TensorIndex::open_dir(dir.path()).unwrap();
     let names: Vec<String> = index.shards().iter().map(|s| s.name()).collect();
     assert_eq!(
@@ -471,18 +479,18 @@ fn shards_are_numbered_in_bytewise_name_order() {
 
 /// Two shards, `a` in the first and `b` in the second, plus an index file with `weight_map`.
 fn with_index(weight_map: &str) -> SafetensorsError {
-    let dir = TempDir::new("idx");
+    let dir = temp_dir("idx");
     write_raw(
-        &dir.join("s1.safetensors"),
+        &dir.path().join("s1.safetensors"),
         &format!("{{{}}}", entry(A, "U8", &[1], 0, 1)),
         1,
     );
     write_raw(
-        &dir.join("s2.safetensors"),
+        &dir.path().join("s2.safetensors"),
         &format!("{{{}}}", entry(B, "U8", &[1], 0, 1)),
         1,
     );
-    let path = dir.join("model.safetensors.index.json");
+    let path = dir.path().join("model.safetensors.index.json");
     std::fs::write(
         &path,
         format!("{{\"metadata\":{{\"total_size\":2}},\"weight_map\":{weight_map}}}"),
@@ -496,13 +504,13 @@ fn with_index(weight_map: &str) -> SafetensorsError {
 
 #[test]
 fn index_file_that_agrees() {
-    let dir = TempDir::new("idx-ok");
+    let dir = temp_dir("idx-ok");
     write_raw(
-        &dir.join("s1.safetensors"),
+        &dir.path().join("s1.safetensors"),
         &format!("{{{}}}", entry(A, "U8", &[1], 0, 1)),
         1,
     );
-    let path = dir.join("model.safetensors.index.json");
+    let path = dir.path().join("model.safetensors.index.json");
     std::fs::write(
         &path,
         format!("{{\"weight_map\":{{\"{A}\":\"s1.safetensors\"}}}}"),

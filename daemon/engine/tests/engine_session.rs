@@ -51,14 +51,15 @@ fn run(
 
 #[test]
 fn continuing_a_snapshot_equals_one_long_run() {
-    let dir = std::env::temp_dir().join(format!("k3d-engine-session-{}", std::process::id()));
-    let fingerprint = synth_support::synth("tiny", &dir);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path();
+    let fingerprint = synth_support::synth("tiny", dir);
     let options = EngineOptions {
         threads: 1,
         prefill_chunk: 3,
         ..EngineOptions::default()
     };
-    let engine = Engine::open(&dir, options, &mut |_| {}).expect("engine");
+    let engine = Engine::open(dir, options, &mut |_| {}).expect("engine");
     let turn1: Vec<u32> = vec![5, 17, 99, 3, 250, 41, 7];
     let (s1, snaps1) = run(&engine, &turn1, None, 6);
     assert_eq!(s1.reused_tokens, 0);
@@ -106,5 +107,4 @@ fn continuing_a_snapshot_equals_one_long_run() {
         engine.start_from(too_long, end.state.clone()),
         Err(EngineError::InvalidRequest(_))
     ));
-    std::fs::remove_dir_all(&dir).expect("cleanup");
 }

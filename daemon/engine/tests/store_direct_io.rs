@@ -23,7 +23,7 @@ fn buf_for(len: u64) -> AlignedBuf {
 
 #[test]
 fn unaligned_runs_read_exactly_with_o_direct() {
-    let path = pattern_file("direct.bin", LEN);
+    let (_dir, path) = pattern_file("direct.bin", LEN);
     let set = ShardSet::open(&[path], DirectPolicy::Prefer).unwrap();
     // The scratch directory is on the build filesystem; it must take O_DIRECT here.
     assert!(set.read_mode().all_direct(), "{}", set.read_mode());
@@ -49,7 +49,7 @@ fn unaligned_runs_read_exactly_with_o_direct() {
 
 #[test]
 fn long_run_in_several_requests() {
-    let path = pattern_file("long.bin", 20 << 20);
+    let (_dir, path) = pattern_file("long.bin", 20 << 20);
     let set = ShardSet::open(&[path], DirectPolicy::Prefer).unwrap();
     let r = run(4097, (20 << 20) - 4097);
     let loaded = set.read_run(r, buf_for(r.len), MIN_CHUNK).unwrap();
@@ -58,7 +58,7 @@ fn long_run_in_several_requests() {
 
 #[test]
 fn past_end_of_file_is_a_short_read_naming_file_and_offset() {
-    let path = pattern_file("short.bin", LEN);
+    let (_dir, path) = pattern_file("short.bin", LEN);
     let set = ShardSet::open(std::slice::from_ref(&path), DirectPolicy::Prefer).unwrap();
     let f = set
         .read_run(run(LEN - 100, 200), buf_for(200), MIN_CHUNK)
@@ -82,7 +82,7 @@ fn past_end_of_file_is_a_short_read_naming_file_and_offset() {
 
 #[test]
 fn bad_inputs_are_typed_errors() {
-    let path = pattern_file("errors.bin", 8192);
+    let (_dir, path) = pattern_file("errors.bin", 8192);
     let set = ShardSet::open(&[path], DirectPolicy::Prefer).unwrap();
     let e = set.read_run(
         ByteRun {
@@ -114,7 +114,7 @@ fn bad_inputs_are_typed_errors() {
 
 #[test]
 fn buffered_mode_is_reported_and_reads_the_same_bytes() {
-    let path = pattern_file("buffered.bin", LEN);
+    let (_dir, path) = pattern_file("buffered.bin", LEN);
     let set = ShardSet::open(&[path], DirectPolicy::Off).unwrap();
     assert!(!set.read_mode().all_direct());
     assert!(matches!(

@@ -32,7 +32,8 @@ fn run_of(e: u32) -> ByteRun {
 }
 
 fn setup(name: &str) -> ReaderPool {
-    let path = pattern_file(name, SHIFT + EXPERTS * EXPERT);
+    let (_dir, path) = pattern_file(name, SHIFT + EXPERTS * EXPERT);
+    // The open file stays readable after its directory is removed at return.
     let set = Arc::new(ShardSet::open(&[path], DirectPolicy::Prefer).unwrap());
     let config = ReaderConfig {
         queue_depth: 2,

@@ -42,25 +42,22 @@ fn first_moe_layer(c: &Checkpoint) -> usize {
 
 /// A `tiny` checkpoint, its store and its first MoE layer; the directory goes with it.
 struct Setup {
-    dir: PathBuf,
+    _dir: tempfile::TempDir,
     c: Checkpoint,
     s: WeightStore,
     l: usize,
 }
 
 fn setup(name: &str, lookahead: Lookahead) -> Setup {
-    let dir = std::env::temp_dir().join(format!("k3d-lookahead-{}-{name}", std::process::id()));
-    synth("tiny", &dir);
-    let c = Checkpoint::open(&dir).expect("checkpoint");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("k3d-lookahead-{name}-"))
+        .tempdir()
+        .expect("temp dir");
+    synth("tiny", dir.path());
+    let c = Checkpoint::open(dir.path()).expect("checkpoint");
     let s = store(&c, lookahead);
     let l = first_moe_layer(&c);
-    Setup { dir, c, s, l }
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    Setup { _dir: dir, c, s, l }
 }
 
 /// The stored bytes of expert `e` of layer `l`, read with plain file I/O.

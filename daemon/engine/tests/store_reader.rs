@@ -14,8 +14,9 @@ use k3_engine::store::reader::{ReaderConfig, ReaderPool};
 use store_util::{assert_bytes, pattern_file};
 
 fn pool(name: &str, len: u64, qd: usize) -> ReaderPool {
-    let a = pattern_file(&format!("{name}-a.bin"), len);
-    let b = pattern_file(&format!("{name}-b.bin"), len / 2);
+    let (_a_dir, a) = pattern_file(&format!("{name}-a.bin"), len);
+    let (_b_dir, b) = pattern_file(&format!("{name}-b.bin"), len / 2);
+    // Open files stay readable after their directories are removed at return.
     let set = Arc::new(ShardSet::open(&[a, b], DirectPolicy::Prefer).unwrap());
     ReaderPool::new(
         set,

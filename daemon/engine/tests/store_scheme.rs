@@ -2,8 +2,6 @@
 //! the forward pass cannot consume yet) is refused at open, instead of streaming whole layers
 //! through buffers the plan never counted.
 
-use std::path::PathBuf;
-
 use k3_engine::model::{LoadOptions, Model, ModelError};
 use k3_engine::store::StoreError;
 use k3_engine::store::plan::{Budget, StreamScheme};
@@ -13,9 +11,9 @@ use synth_support::synth;
 
 #[test]
 fn a_chunk_streaming_plan_is_refused_not_overspent() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("k3d-scheme-{}", std::process::id()));
-    synth("tiny", &dir);
-    let checkpoint = k3_engine::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
+    let dir = tempfile::tempdir().expect("temp dir");
+    synth("tiny", dir.path());
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(dir.path()).expect("checkpoint");
     let streaming = |scheme| LoadOptions {
         // A trunk cap of one byte pins nothing: every trunk layer streams.
         budget: Budget {
@@ -38,5 +36,4 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
         ..LoadOptions::default()
     };
     Model::load(&checkpoint, max).expect("a plan that streams nothing loads");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -27,7 +27,7 @@ fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
         model,
         ..EngineOptions::default()
     };
-    let engine = Engine::open(&dir, options, &mut |_| {}).expect("engine");
+    let engine = Engine::open(dir.path(), options, &mut |_| {}).expect("engine");
     let mut generation = engine
         .start(GenerateRequest {
             prompt: vec![1, 2, 3],
@@ -72,5 +72,4 @@ fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
         "names the file: {text}"
     );
     assert!(text.contains("offset"), "names the offset: {text}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

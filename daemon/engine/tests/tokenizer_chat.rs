@@ -51,7 +51,8 @@ fn anchored() -> &'static Tokenizer {
         for &(id, text) in ANCHORS {
             tokens[id as usize] = text.as_bytes().to_vec();
         }
-        let dir = scratch("anchored");
+        let tmp = scratch("anchored");
+        let dir = tmp.path();
         write_model(&dir.join("tiktoken.model"), &tokens);
         Tokenizer::from_files(&dir.join("tiktoken.model"), &k3_config()).expect("anchored vocab")
     })

@@ -29,7 +29,8 @@ fn load_edited(
     test: &str,
     edit: impl FnOnce(&mut Vec<String>),
 ) -> Result<Tokenizer, TokenizerError> {
-    let dir = scratch(test);
+    let tmp = scratch(test);
+    let dir = tmp.path();
     let mut lines = model_lines();
     edit(&mut lines);
     std::fs::write(dir.join("tiktoken.model"), lines.join("\n") + "\n").expect("write");
@@ -42,7 +43,8 @@ fn load_edited(
 }
 
 fn load_with_config(test: &str, config: &str) -> Result<Tokenizer, TokenizerError> {
-    let dir = scratch(test);
+    let tmp = scratch(test);
+    let dir = tmp.path();
     std::fs::copy(
         tiny_dir().join("tiktoken.model"),
         dir.join("tiktoken.model"),
@@ -117,7 +119,8 @@ fn whole_piece_fast_path_and_merges() {
 
 #[test]
 fn crlf_and_blank_lines_are_tolerated() {
-    let dir = scratch("crlf");
+    let tmp = scratch("crlf");
+    let dir = tmp.path();
     let text = model_lines().join("\r\n\r\n") + "\r\n\n";
     std::fs::write(dir.join("tiktoken.model"), text).unwrap();
     std::fs::copy(

@@ -5,32 +5,30 @@
 //! its own memory group (root and cgroup v1, as CI has) and removes it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 mod cli_support;
 use cli_support::{K3D, synth};
 
-/// A scratch directory removed when the test ends (each `small` is 0.33 GB).
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A fresh `small` checkpoint for test `name` (tests run in parallel), and its scratch guard.
-fn small(name: &str) -> (PathBuf, Scratch) {
-    let dir = std::env::temp_dir().join(format!("k3d-bench-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let model = dir.join("small");
+/// A fresh `small` checkpoint for test `name` (tests run in parallel), and its directory, removed
+/// when the test ends (each `small` is 0.33 GB).
+fn small(name: &str) -> (PathBuf, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("k3d-bench-{name}-"))
+        .tempdir()
+        .expect("scratch dir");
+    let model = dir.path().join("small");
     synth("small", &model);
-    (model, Scratch(dir))
+    (model, dir)
 }
 
 fn bench(model: &Path, args: &[&str]) -> Output {
-    Command::new(K3D)
-        .arg("bench")
+    bench_command(model, args).output().expect("run k3d bench")
+}
+
+fn bench_command(model: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(K3D);
+    cmd.arg("bench")
         .arg(model)
         .args([
             "--tokens",
@@ -41,9 +39,8 @@ fn bench(model: &Path, args: &[&str]) -> Output {
             "0.2",
             "--json",
         ])
-        .args(args)
-        .output()
-        .expect("run k3d bench")
+        .args(args);
+    cmd
 }
 
 fn ok_json(out: &Output) -> serde_json::Value {
@@ -170,7 +167,7 @@ fn bench_refuses_a_budget_below_the_minimum_before_measuring() {
 #[test]
 fn bench_cgroup_limits_each_child_and_cleans_up() {
     let (model, _scratch) = small("cgroup");
-    let doc = ok_json(&bench(
+    let child = bench_command(
         &model,
         &[
             "--ram-gb",
@@ -179,7 +176,15 @@ fn bench_cgroup_limits_each_child_and_cleans_up() {
             "--cgroup-overhead-mib",
             "128",
         ],
-    ));
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run k3d bench");
+    // Its groups are named after its pid: other benchmarks on the machine (another checkout's
+    // tests, in the same parent group) may be running theirs.
+    let own_groups = format!("k3d-bench-{}-", child.id());
+    let doc = ok_json(&child.wait_with_output().expect("wait for k3d bench"));
     let b = &doc["budgets"][0];
     check_budget(b);
     let limit = u(&b["plan"]["budget"]) + (128 << 20);
@@ -203,7 +208,7 @@ fn bench_cgroup_limits_each_child_and_cleans_up() {
     let left: Vec<_> = std::fs::read_dir(&parent)
         .expect("own memory cgroup")
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("k3d-bench-"))
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&own_groups))
         .collect();
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }

@@ -30,7 +30,7 @@ fn k3d_check(args: &[&str]) -> (Option<i32>, String, String) {
 
 #[test]
 fn k3d_check_exit_codes_and_output() {
-    let dir = TempDir::new("bin");
+    let dir = temp_dir("bin");
     write_tiny(dir.path());
     let d = dir.path().to_str().unwrap();
 
@@ -48,7 +48,7 @@ fn k3d_check_exit_codes_and_output() {
     assert_eq!(census["moe_layers"], 8);
 
     // A corrupt shard: exit 3, one line naming the file.
-    let shard = dir.join("model-00004-of-000010.safetensors");
+    let shard = dir.path().join("model-00004-of-000010.safetensors");
     let size = std::fs::metadata(&shard).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -80,7 +80,7 @@ fn k3d_check_exit_codes_and_output() {
     );
 
     // A directory without a checkpoint: exit 3, the OS error said once.
-    let empty = TempDir::new("empty");
+    let empty = temp_dir("empty");
     let (code, _, stderr) = k3d_check(&[empty.path().to_str().unwrap()]);
     assert_eq!(code, Some(3), "{stderr}");
     assert!(stderr.contains("config.json"), "{stderr}");
@@ -94,7 +94,7 @@ fn k3d_check_exit_codes_and_output() {
 #[test]
 fn k3d_check_accepts_every_tiny_synth_checkpoint() {
     for shape in ["tiny", "tiny-b", "tiny-c"] {
-        let dir = TempDir::new(shape);
+        let dir = temp_dir(shape);
         cli_support::synth(shape, dir.path());
         let d = dir.path().to_str().unwrap();
         let (code, stdout, stderr) = k3d_check(&["--json", d]);
@@ -107,4 +107,3 @@ fn k3d_check_accepts_every_tiny_synth_checkpoint() {
         assert_eq!(ck.census.text_bytes, data, "{shape}");
     }
 }
-

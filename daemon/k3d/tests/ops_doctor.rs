@@ -2,7 +2,6 @@
 //! measurement, the index cross-check and a budget recommendation; a missing shard is named
 //! and fails with exit 3.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 const K3D: &str = env!("CARGO_BIN_EXE_k3d");
@@ -15,12 +14,15 @@ fn doctor(args: &[&str]) -> (i32, serde_json::Value, String) {
     (out.status.code().expect("exited"), json, stderr)
 }
 
-fn tiny(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k3-ops-doctor-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// A tiny checkpoint in a fresh temporary directory of its own, removed on drop.
+fn tiny(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("k3-ops-doctor-{name}-"))
+        .tempdir()
+        .unwrap();
     let out = Command::new(K3D)
         .args(["synth", "--shape", "tiny"])
-        .arg(&dir)
+        .arg(dir.path())
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -56,7 +58,8 @@ fn machine_only() {
 
 #[test]
 fn tiny_model_measured_and_advised() {
-    let dir = tiny("ok");
+    let tmp = tiny("ok");
+    let dir = tmp.path();
     let (code, j, err) = doctor(&[dir.to_str().unwrap(), "--json", "--probe-seconds", "0.3"]);
     assert_eq!(code, 0, "{err}");
     let m = &j["model"];
@@ -95,12 +98,12 @@ fn tiny_model_measured_and_advised() {
         text.contains("--ram-gb ") && text.contains("GB/s") && text.contains("kernels:"),
         "{text}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn missing_shard_is_named_and_fails() {
-    let dir = tiny("missing");
+    let tmp = tiny("missing");
+    let dir = tmp.path();
     let gone = "model-00004-of-000010.safetensors";
     std::fs::remove_file(dir.join(gone)).unwrap();
     let (code, j, err) = doctor(&[dir.to_str().unwrap(), "--json", "--probe-seconds", "0.1"]);
@@ -116,5 +119,4 @@ fn missing_shard_is_named_and_fails() {
             .unwrap()
             .contains("does not open")
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -11,11 +11,11 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k3-ops-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("k3-ops-{name}-"))
+        .tempdir()
+        .expect("create scratch dir")
 }
 
 /// A bin dir holding the real k3d and a stand-in k3: install.sh copies bytes, so any
@@ -72,7 +72,8 @@ fn analyze(units: &Path) -> std::process::Output {
 
 #[test]
 fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them() {
-    let dir = scratch("install");
+    let tmp = scratch("install");
+    let dir = tmp.path();
     let root = dir.join("root");
     let bins = bin_dir(&dir);
     install(&root, "/opt/k3", &bins);
@@ -132,12 +133,12 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
         .arg(&root)
         .arg("--purge"));
     assert!(!root.join("etc/k3d").exists() && !root.join("var/lib/k3d").exists());
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn install_refuses_missing_binaries() {
-    let dir = scratch("nobins");
+    let tmp = scratch("nobins");
+    let dir = tmp.path();
     let out = Command::new(repo().join("packaging/install.sh"))
         .arg("--root")
         .arg(dir.join("root"))
@@ -148,7 +149,6 @@ fn install_refuses_missing_binaries() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cargo build --release"));
     assert!(!dir.join("root").exists(), "nothing laid before the check");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -167,7 +167,8 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
              or set K3_SKIP_SYSTEMD_ANALYZE=1 to skip this check explicitly"
         );
     }
-    let dir = scratch("analyze");
+    let tmp = scratch("analyze");
+    let dir = tmp.path();
     let root = dir.join("root");
     install(&root, "/usr/local", &bin_dir(&dir));
     // verify checks that ExecStart's binary exists, so point it at the copy in the temporary
@@ -200,7 +201,6 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
     std::fs::write(units.join("k3d.service"), broken).unwrap();
     let out = analyze(&units);
     assert!(String::from_utf8_lossy(&out.stderr).contains("ProtectHomes"));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// The unit carries the hardening and resource settings the deployment relies on.
@@ -252,7 +252,8 @@ fn units_carry_activation_hardening_and_memory_settings() {
 /// model directory that does not exist, the failure must be about the model, not the config.
 #[test]
 fn shipped_config_is_accepted_by_k3d_serve() {
-    let dir = scratch("config");
+    let tmp = scratch("config");
+    let dir = tmp.path();
     let out = Command::new(env!("CARGO_BIN_EXE_k3d"))
         .arg("serve")
         .arg("--config")
@@ -269,5 +270,4 @@ fn shipped_config_is_accepted_by_k3d_serve() {
         !stderr.contains("--config") && stderr.contains("no-such-model"),
         "the config file was refused or the error is not about the model:\n{stderr}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -8,17 +8,18 @@ use std::process::{Command, Output};
 const K3D: &str = env!("CARGO_BIN_EXE_k3d");
 
 struct Case {
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     model: PathBuf,
     state: PathBuf,
 }
 
 impl Case {
     fn new(name: &str) -> Case {
-        let dir = std::env::temp_dir().join(format!("k3-ops-verify-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let model = dir.join("tiny");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("k3-ops-verify-{name}-"))
+            .tempdir()
+            .unwrap();
+        let model = dir.path().join("tiny");
         let out = Command::new(K3D)
             .args(["synth", "--shape", "tiny"])
             .arg(&model)
@@ -30,7 +31,7 @@ impl Case {
             String::from_utf8_lossy(&out.stderr)
         );
         Case {
-            state: dir.join("state"),
+            state: dir.path().join("state"),
             dir,
             model,
         }
@@ -59,12 +60,6 @@ impl Case {
             .collect();
         v.sort();
         v
-    }
-}
-
-impl Drop for Case {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -185,7 +180,7 @@ fn missing_and_unlisted_files_exit_3() {
     let case = Case::new("missing");
     assert_eq!(case.verify(&["--write-manifest"]).0, 0);
     let shards = case.shards();
-    std::fs::rename(case.model.join(&shards[0]), case.dir.join("moved")).unwrap();
+    std::fs::rename(case.model.join(&shards[0]), case.dir.path().join("moved")).unwrap();
     let (code, out, _) = case.verify(&[]);
     assert_eq!(code, 3);
     assert_eq!(
@@ -193,7 +188,7 @@ fn missing_and_unlisted_files_exit_3() {
         format!("{}: MISSING", shards[0])
     );
 
-    std::fs::rename(case.dir.join("moved"), case.model.join(&shards[0])).unwrap();
+    std::fs::rename(case.dir.path().join("moved"), case.model.join(&shards[0])).unwrap();
     std::fs::write(case.model.join("model-extra.safetensors"), b"x").unwrap();
     let (code, out, _) = case.verify(&[]);
     assert_eq!(code, 3);
@@ -209,7 +204,7 @@ fn manifest_problems_are_usage_errors() {
     let (code, _, err) = case.verify(&[]);
     assert_eq!(code, 2);
     assert!(err.contains("--write-manifest"), "{err}");
-    let bad = case.dir.join("bad.sums");
+    let bad = case.dir.path().join("bad.sums");
     std::fs::write(&bad, "nothex  config.json\n").unwrap();
     let (code, _, err) = case.verify(&["--manifest", bad.to_str().unwrap()]);
     assert_eq!(code, 2);

@@ -61,7 +61,8 @@ fn k3d_run_matches_the_mlx_reference_on_every_tiny_shape() {
             &std::fs::read(fixtures().join(shape).join("meta.json")).expect("fixture meta.json"),
         )
         .expect("meta.json parses");
-        let dir = std::env::temp_dir().join(format!("k3-run-cli-{shape}-{}", std::process::id()));
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = tmp.path().join("model");
         let fingerprint = synth(shape, &dir);
         assert_eq!(
             fingerprint,
@@ -108,14 +109,14 @@ fn k3d_run_matches_the_mlx_reference_on_every_tiny_shape() {
                 "{shape}: logits differ from mlx-lm by {worst}"
             );
         }
-        std::fs::remove_dir_all(&dir).ok();
     }
 }
 
 /// Output does not depend on threads or prefill chunking: ids and logit bytes identical.
 #[test]
 fn k3d_run_is_bit_identical_across_threads_and_prefill_chunks() {
-    let dir = std::env::temp_dir().join(format!("k3-run-cli-invariance-{}", std::process::id()));
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("model");
     synth("tiny-b", &dir);
     let prompt = [5u64, 17, 300, 42, 9, 101, 7, 64, 64, 3];
     let base = run(
@@ -143,13 +144,13 @@ fn k3d_run_is_bit_identical_across_threads_and_prefill_chunks() {
             "logit bytes differ for {extra:?}"
         );
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `--json` carries the documented fields; `--gen 0` dumps exactly one row per prompt token.
 #[test]
 fn k3d_run_json_fields_and_gen_zero_rows() {
-    let dir = std::env::temp_dir().join(format!("k3-run-cli-json-{}", std::process::id()));
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("model");
     synth("tiny", &dir);
     let r = run(&dir, &[1, 2, 3, 4], 0, &[]);
     for field in [
@@ -168,13 +169,13 @@ fn k3d_run_json_fields_and_gen_zero_rows() {
     }
     assert_eq!(ids(&r.json["generated_ids"]), Vec::<u64>::new());
     assert_eq!(r.logits.len(), 4 * 640, "--gen 0 must dump prompt_len rows");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Bad input: exit codes and one-line errors, never a panic.
 #[test]
 fn k3d_run_refuses_bad_input_with_documented_exit_codes() {
-    let dir = std::env::temp_dir().join(format!("k3-run-cli-bad-{}", std::process::id()));
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("model");
     synth("tiny", &dir);
     let status = |args: &[&str]| {
         let out = Command::new(K3D)
@@ -203,5 +204,4 @@ fn k3d_run_refuses_bad_input_with_documented_exit_codes() {
     let (code, err) = status(&["--ids", "1,2", "--gen", "1"]);
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains("model-00002-of-000010.safetensors"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,16 +4,17 @@
 //! routing lookahead; a budget below the minimum is refused (exit 5) and a shard that breaks
 //! during a run fails it (exit 4).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 mod cli_support;
 use cli_support::{K3D, synth};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k3d-stream-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("k3d-stream-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 fn k3d_run(dir: &Path, dump: &Path, args: &[&str]) -> Output {
@@ -71,7 +72,8 @@ fn gib(bytes: u64) -> String {
 
 /// Budgets from the minimum to max, each checked against max.
 fn identical_at_every_budget(shape: &str) {
-    let dir = scratch(shape);
+    let tmp = scratch(shape);
+    let dir = tmp.path();
     synth(shape, &dir);
     let min = minimum_bytes(&dir);
     let (ids, logits, max_json) = ok_run(&dir, "max", &["--ram-gb", "max"]);
@@ -129,7 +131,6 @@ fn identical_at_every_budget(shape: &str) {
         l3 == logits,
         "token-by-token prefill logits at the minimum budget"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -144,7 +145,8 @@ fn small_identical_at_every_budget() {
 
 #[test]
 fn budget_below_minimum_is_refused_with_both_numbers() {
-    let dir = scratch("refuse");
+    let tmp = scratch("refuse");
+    let dir = tmp.path();
     synth("tiny", &dir);
     let out = k3d_run(&dir, &dir.join("x.f32"), &["--ram-gb", "0.001"]);
     assert_eq!(out.status.code(), Some(5));
@@ -154,5 +156,4 @@ fn budget_below_minimum_is_refused_with_both_numbers() {
         "{err}"
     );
     assert!(out.stdout.is_empty(), "no output on refusal");
-    let _ = std::fs::remove_dir_all(&dir);
 }

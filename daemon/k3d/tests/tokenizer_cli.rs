@@ -123,7 +123,8 @@ fn unknown_id_exits_2_with_position() {
 
 #[test]
 fn malformed_model_exits_2_with_line() {
-    let dir = scratch("cli-badmodel");
+    let tmp = scratch("cli-badmodel");
+    let dir = tmp.path();
     let model = std::fs::read_to_string(tiny_dir().join("tiktoken.model")).unwrap();
     let mut lines: Vec<&str> = model.lines().collect();
     lines[6] = "%%% 6";
@@ -139,7 +140,8 @@ fn malformed_model_exits_2_with_line() {
 
 #[test]
 fn added_id_outside_vocabulary_exits_2() {
-    let dir = scratch("cli-badadded");
+    let tmp = scratch("cli-badadded");
+    let dir = tmp.path();
     std::fs::copy(
         tiny_dir().join("tiktoken.model"),
         dir.join("tiktoken.model"),

@@ -537,12 +537,11 @@ mod tests {
         }
     }
 
-    fn written(tag: &str) -> (PathBuf, PathBuf, Vec<Snapshot>) {
+    fn written(tag: &str) -> (tempfile::TempDir, PathBuf, Vec<Snapshot>) {
         let dir = scratch(&format!("file-{tag}"));
-        std::fs::create_dir_all(&dir).unwrap();
         let snaps = vec![snap(&[1, 2, 3]), snap(&[1, 2, 3, 4, 5])];
-        let size = save(&dir, &header("s1"), &snaps).unwrap();
-        let path = path_of(&dir, "s1");
+        let size = save(dir.path(), &header("s1"), &snaps).unwrap();
+        let path = path_of(dir.path(), "s1");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
         (dir, path, snaps)
     }
@@ -558,29 +557,27 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         // No temporary file is left behind.
-        let names: Vec<_> = std::fs::read_dir(&dir)
+        let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1, "{names:?}");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn refuses_other_model() {
-        let (dir, path, _) = written("fp");
+        let (_dir, path, _) = written("fp");
         match load(&path, "other") {
             Err(FileError::Fingerprint { file, model, .. }) => {
                 assert_eq!((file.as_str(), model.as_str()), ("abc123", "other"))
             }
             other => panic!("{other:?}"),
         }
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn refuses_flipped_byte_anywhere_in_payload() {
-        let (dir, path, _) = written("flip");
+        let (_dir, path, _) = written("flip");
         let good = std::fs::read(&path).unwrap();
         // Every byte after the header: a flip is always caught (checksum, or the length check
         // when it hits payload_len).
@@ -611,12 +608,11 @@ mod tests {
             load(&path, "abc123"),
             Err(FileError::Checksum { .. })
         ));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn refuses_truncation_magic_version_trailing() {
-        let (dir, path, _) = written("trunc");
+        let (_dir, path, _) = written("trunc");
         let good = std::fs::read(&path).unwrap();
         for cut in [0, 5, 12, 20, 40, good.len() - 1] {
             std::fs::write(&path, &good[..cut]).unwrap();
@@ -651,6 +647,5 @@ mod tests {
             }) => {}
             other => panic!("{other:?}"),
         }
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -71,11 +71,12 @@ pub(crate) mod tests {
         }
     }
 
-    /// A fresh, empty scratch directory for one unit test.
-    pub(crate) fn scratch(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("k3-session-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A fresh, empty scratch directory for one unit test, removed on drop.
+    pub(crate) fn scratch(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("k3-session-{tag}-"))
+            .tempdir()
+            .expect("scratch dir")
     }
 
     pub(crate) fn snap(history: &[u32]) -> Snapshot {

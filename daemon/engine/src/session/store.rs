@@ -472,7 +472,8 @@ mod tests {
 
     #[test]
     fn reuse_across_turns_and_ownership() {
-        let dir = scratch("store-own");
+        let tmp = scratch("store-own");
+        let dir = tmp.path().join("sessions");
         let (mut s, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         assert!(skipped.is_empty());
         assert_eq!(turn(&mut s, "a", Some(10), &[1, 2, 3], &[1, 2, 3, 4]), 0);
@@ -520,12 +521,12 @@ mod tests {
             s.save("a", Some(10)),
             Err(StoreError::NotFound(_))
         ));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn spill_reload_and_restart() {
-        let dir = scratch("store-spill");
+        let tmp = scratch("store-spill");
+        let dir = tmp.path().join("sessions");
         let one = bytes_of(&[snap(&[1, 2]), snap(&[1, 2, 3])]);
         // Room for one session's snapshots only.
         let (mut s, _) = SessionStore::open(&dir, "fp", one).unwrap();
@@ -554,12 +555,12 @@ mod tests {
             other.reserve("y", Some(5), 1),
             Err(StoreError::File(FileError::Fingerprint { .. }))
         ));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn corrupt_file_is_refused_at_use() {
-        let dir = scratch("store-corrupt");
+        let tmp = scratch("store-corrupt");
+        let dir = tmp.path().join("sessions");
         let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         turn(&mut s, "c", Some(5), &[1, 2], &[1, 2, 3]);
         s.save("c", Some(5)).unwrap();
@@ -577,6 +578,5 @@ mod tests {
             Err(StoreError::File(FileError::Checksum { .. }))
         ));
         again.release("c");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,27 +1,18 @@
 //! End-to-end tests of the synthesizer: files on disk, determinism, layout properties, and the
 //! committed reference fixtures' fingerprints.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
 use super::*;
 
 /// A fresh scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let p = std::env::temp_dir().join(format!("k3d-synth-{}-{tag}", std::process::id()));
-        let _ = fs::remove_dir_all(&p);
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("k3d-synth-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn synth(shape: &str, dir: &Path, seed: u64) -> Summary {
@@ -53,28 +44,28 @@ fn header(path: &Path) -> (u64, Vec<(String, String, u64, u64)>) {
 
 #[test]
 fn same_seed_same_bytes_any_thread_count() {
-    let (a, b) = (Scratch::new("det-a"), Scratch::new("det-b"));
-    let s1 = synth("tiny-c", &a.0, 5);
+    let (a, b) = (scratch("det-a"), scratch("det-b"));
+    let s1 = synth("tiny-c", a.path(), 5);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .unwrap();
-    let s2 = pool.install(|| synth("tiny-c", &b.0, 5));
+    let s2 = pool.install(|| synth("tiny-c", b.path(), 5));
     assert_eq!(s1.fingerprint, s2.fingerprint);
     assert_eq!(s1.files, s2.files);
     let p = plan(&Shape::named("tiny-c").unwrap()).unwrap();
-    assert_eq!(fingerprint_dir(&p, &a.0).unwrap(), s1.fingerprint);
-    let c = Scratch::new("det-c");
-    assert_ne!(synth("tiny-c", &c.0, 6).fingerprint, s1.fingerprint);
+    assert_eq!(fingerprint_dir(&p, a.path()).unwrap(), s1.fingerprint);
+    let c = scratch("det-c");
+    assert_ne!(synth("tiny-c", c.path(), 6).fingerprint, s1.fingerprint);
 }
 
 /// Spec §3.2/§3.4: data tiles the file, F32 then BF16 then U8 each by bytewise name, the trunk
 /// is one run before the experts, each expert's six tensors are one run in the released order.
 #[test]
 fn shards_have_the_released_layout() {
-    let d = Scratch::new("layout");
-    synth("tiny", &d.0, 0);
-    let (data_len, t) = header(&d.0.join(shard_file_name(2, 10)));
+    let d = scratch("layout");
+    synth("tiny", d.path(), 0);
+    let (data_len, t) = header(&d.path().join(shard_file_name(2, 10)));
     let mut end = 0;
     for (_, _, b, e) in &t {
         assert_eq!(*b, end);
@@ -111,13 +102,14 @@ fn shards_have_the_released_layout() {
 
 #[test]
 fn config_index_and_tokenizer_agree() {
-    let d = Scratch::new("cfg");
-    let s = synth("tiny", &d.0, 0);
-    let read =
-        |n: &str| -> Value { serde_json::from_slice(&fs::read(d.0.join(n)).unwrap()).unwrap() };
+    let d = scratch("cfg");
+    let s = synth("tiny", d.path(), 0);
+    let read = |n: &str| -> Value {
+        serde_json::from_slice(&fs::read(d.path().join(n)).unwrap()).unwrap()
+    };
     let cfg = read("config.json");
     let tc = &cfg["text_config"];
-    let ranks = fs::read_to_string(d.0.join("tiktoken.model"))
+    let ranks = fs::read_to_string(d.path().join("tiktoken.model"))
         .unwrap()
         .lines()
         .count();
@@ -144,23 +136,22 @@ fn config_index_and_tokenizer_agree() {
         shard_file_name(10, 10)
     );
     let data: u64 = (1..=10)
-        .map(|i| header(&d.0.join(shard_file_name(i, 10))).0)
+        .map(|i| header(&d.path().join(shard_file_name(i, 10))).0)
         .sum();
     assert_eq!(index["metadata"]["total_size"], data);
 }
 
 #[test]
 fn refuses_non_empty_dir_unless_forced_and_force_clears_stale_shards() {
-    let d = Scratch::new("force");
-    fs::create_dir_all(&d.0).unwrap();
-    fs::write(d.0.join("model-00001-of-000099.safetensors"), b"stale").unwrap();
-    fs::write(d.0.join("notes.txt"), b"keep").unwrap();
+    let d = scratch("force");
+    fs::write(d.path().join("model-00001-of-000099.safetensors"), b"stale").unwrap();
+    fs::write(d.path().join("notes.txt"), b"keep").unwrap();
     let p = plan(&Shape::named("tiny").unwrap()).unwrap();
-    let e = write(&p, &d.0, 0, false, &mut |_| {}).unwrap_err();
+    let e = write(&p, d.path(), 0, false, &mut |_| {}).unwrap_err();
     assert!(matches!(e, SynthError::NotEmpty { .. }), "{e}");
-    write(&p, &d.0, 0, true, &mut |_| {}).unwrap();
-    assert!(!d.0.join("model-00001-of-000099.safetensors").exists());
-    assert!(d.0.join("notes.txt").exists());
+    write(&p, d.path(), 0, true, &mut |_| {}).unwrap();
+    assert!(!d.path().join("model-00001-of-000099.safetensors").exists());
+    assert!(d.path().join("notes.txt").exists());
 }
 
 #[test]
@@ -181,8 +172,8 @@ fn reference_fixtures_match_the_synthesizer() {
         )
         .unwrap();
         let seed = meta["seed"].as_u64().unwrap();
-        let d = Scratch::new(&format!("fixture-{shape}"));
-        let s = synth(shape, &d.0, seed);
+        let d = scratch(&format!("fixture-{shape}"));
+        let s = synth(shape, d.path(), seed);
         assert_eq!(
             meta["fingerprint"].as_str(),
             Some(s.fingerprint.as_str()),

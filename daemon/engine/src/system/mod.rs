@@ -265,11 +265,13 @@ mod tests {
         ));
     }
 
-    fn tree(label: &str, files: &[(&str, &str)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("k3-cgroup-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn tree(label: &str, files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("k3-cgroup-{label}-"))
+            .tempdir()
+            .unwrap();
         for (name, text) in files {
-            let p = dir.join(name);
+            let p = dir.path().join(name);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, text).unwrap();
         }
@@ -287,10 +289,9 @@ mod tests {
                 ("fs/a/b/memory.current", "300\n"),
             ],
         );
-        let c = cgroup_memory(&dir.join("proc"), &dir.join("fs")).unwrap();
+        let c = cgroup_memory(&dir.path().join("proc"), &dir.path().join("fs")).unwrap();
         assert_eq!((c.version, c.limit, c.usage), (2, 1000, Some(300)));
-        assert_eq!(c.limit_file, dir.join("fs/a/memory.max"));
-        std::fs::remove_dir_all(dir).unwrap();
+        assert_eq!(c.limit_file, dir.path().join("fs/a/memory.max"));
     }
 
     #[test]
@@ -303,15 +304,13 @@ mod tests {
                 ("fs/memory/svc/memory.usage_in_bytes", "10\n"),
             ],
         );
-        let c = cgroup_memory(&dir.join("proc"), &dir.join("fs")).unwrap();
+        let c = cgroup_memory(&dir.path().join("proc"), &dir.path().join("fs")).unwrap();
         assert_eq!((c.version, c.limit, c.usage), (1, 2048, Some(10)));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn no_cgroup_limit() {
         let dir = tree("none", &[("proc", "0::/\n"), ("fs/memory.current", "5\n")]);
-        assert!(cgroup_memory(&dir.join("proc"), &dir.join("fs")).is_none());
-        std::fs::remove_dir_all(dir).unwrap();
+        assert!(cgroup_memory(&dir.path().join("proc"), &dir.path().join("fs")).is_none());
     }
 }

@@ -5,43 +5,21 @@
 
 use std::fs::{self, File};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use k3_engine::checkpoint::ModelConfig;
 use k3_engine::checkpoint::inventory::{layer_tensors, model_tensors};
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use serde_json::{Value, json};
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir(pub PathBuf);
+pub use tempfile::TempDir;
 
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "k3d-checkpoint-test-{}-{tag}-{n}",
-            std::process::id()
-        ));
-        let _ = fs::remove_dir_all(&path);
-        fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory under the system temp dir for one test, removed on drop.
+pub fn temp_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("k3d-checkpoint-test-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
 /// The spec §9.1 validation configuration, nested as released, every key explicit.

@@ -197,31 +197,25 @@ pub fn gate_err(ours: &[f32], reference: &[f32]) -> f64 {
 pub struct TempCheckpoint {
     pub dir: std::path::PathBuf,
     pub fingerprint: String,
-}
-
-impl Drop for TempCheckpoint {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    _scratch: tempfile::TempDir,
 }
 
 /// Writes the synth checkpoint `shape` with `seed` (the library behind `k3d synth`).
 pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let s =
-        k3_engine::synth::shape::Shape::named(shape).unwrap_or_else(|| panic!("no synth shape {shape}"));
+    let s = k3_engine::synth::shape::Shape::named(shape)
+        .unwrap_or_else(|| panic!("no synth shape {shape}"));
     let plan = k3_engine::synth::plan(&s).unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
-    let dir = std::env::temp_dir().join(format!(
-        "k3d-model-test-{shape}-{seed}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("k3d-model-test-{shape}-{seed}-"))
+        .tempdir()
+        .expect("temp dir");
+    let dir = scratch.path().join("model");
     let summary = k3_engine::synth::write(&plan, &dir, seed, false, &mut |_| {})
         .unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
     TempCheckpoint {
         dir,
         fingerprint: summary.fingerprint,
+        _scratch: scratch,
     }
 }
 

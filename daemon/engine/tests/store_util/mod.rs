@@ -9,15 +9,18 @@ pub fn byte_at(p: u64) -> u8 {
     (p.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (p >> 9) as u8
 }
 
-/// A file of `len` pattern bytes under the cargo test scratch directory (a real filesystem that
-/// accepts `O_DIRECT`; tmpfs would not prove the direct path everywhere).
-pub fn pattern_file(name: &str, len: u64) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("store-tests");
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let path = dir.join(name);
+/// A file of `len` pattern bytes in a fresh directory of its own (removed when the returned
+/// guard drops) under the cargo test scratch directory: a real filesystem that accepts
+/// `O_DIRECT`; tmpfs would not prove the direct path everywhere.
+pub fn pattern_file(name: &str, len: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("store-test-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("scratch dir");
+    let path = dir.path().join(name);
     let data: Vec<u8> = (0..len).map(byte_at).collect();
     std::fs::write(&path, data).expect("write scratch file");
-    path
+    (dir, path)
 }
 
 /// Assert `payload` holds the file bytes starting at `offset`.

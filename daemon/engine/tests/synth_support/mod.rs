@@ -3,7 +3,7 @@
 //! minimum.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Writes shape `shape` with seed 0 into `dir` (replacing what is there), exactly as
 /// `k3d synth --shape SHAPE --seed 0 --force DIR` does; returns the checkpoint's fingerprint.
@@ -40,19 +40,22 @@ pub fn minimum_budget(checkpoint: &k3_engine::checkpoint::Checkpoint) -> u64 {
     }
 }
 
-/// `tiny` synthesised into a fresh temporary directory `k3d-NAME-PID` and opened, with default
-/// load options at the smallest RAM budget its plan accepts plus one page, so that every trunk
-/// layer but the largest streams.
+/// `tiny` synthesised into a fresh temporary directory `k3d-NAME-*` (removed on drop) and
+/// opened, with default load options at the smallest RAM budget its plan accepts plus one page,
+/// so that every trunk layer but the largest streams.
 pub fn tiny_at_minimum_budget(
     name: &str,
 ) -> (
-    PathBuf,
+    tempfile::TempDir,
     k3_engine::checkpoint::Checkpoint,
     k3_engine::model::LoadOptions,
 ) {
-    let dir = std::env::temp_dir().join(format!("k3d-{name}-{}", std::process::id()));
-    synth("tiny", &dir);
-    let checkpoint = k3_engine::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("k3d-{name}-"))
+        .tempdir()
+        .expect("temp dir");
+    synth("tiny", dir.path());
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(dir.path()).expect("checkpoint");
     let options = ram_budget(minimum_budget(&checkpoint) + 4096);
     (dir, checkpoint, options)
 }

@@ -65,12 +65,12 @@ pub fn tiktoken_asset(name: &str) -> PathBuf {
     path
 }
 
-/// A fresh empty scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k3-tokenizer-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// A fresh empty scratch directory for one test, removed on drop.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("k3-tokenizer-{name}-"))
+        .tempdir()
+        .expect("scratch dir")
 }
 
 pub fn read_ids(path: &Path) -> Vec<u32> {

@@ -74,8 +74,8 @@ mod tests {
 
     /// A byte-level tokenizer (ranks = the 256 bytes) with the K3 added tokens after them.
     fn tokenizer() -> Tokenizer {
-        let dir = std::env::temp_dir().join(format!("k3d-channels-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = tmp.path();
         let ranks: String = (0u8..=255)
             .map(|b| {
                 let key = base64::engine::general_purpose::STANDARD.encode([b]);
@@ -98,9 +98,7 @@ mod tests {
             .collect();
         let config = serde_json::json!({ "added_tokens_decoder": decoder });
         std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("config");
-        let t = Tokenizer::load(&dir).expect("byte tokenizer");
-        let _ = std::fs::remove_dir_all(&dir);
-        t
+        Tokenizer::load(dir).expect("byte tokenizer")
     }
 
     #[test]
