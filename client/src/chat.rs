@@ -18,9 +18,9 @@ use crate::connect::{self, SocketPath};
 use crate::failure::{Code, Failure};
 use crate::run::Options;
 use crate::stream::{self, Format, Reasoning, Show};
+use etcetera::BaseStrategy;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
-use etcetera::BaseStrategy;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 use std::path::{Path, PathBuf};
@@ -97,7 +97,10 @@ impl ChatSession {
         if let Some(path) = self.transcript_path()
             && let Err(e) = write_transcript(&path, conversation)
         {
-            eprintln!("k3: cannot keep the conversation in {}: {e}", path.display());
+            eprintln!(
+                "k3: cannot keep the conversation in {}: {e}",
+                path.display()
+            );
         }
     }
 
@@ -134,7 +137,10 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     if let Some(path) = &history
         && let Err(e) = save_history(&mut editor, path)
     {
-        eprintln!("k3: cannot keep the input history in {}: {e}", path.display());
+        eprintln!(
+            "k3: cannot keep the input history in {}: {e}",
+            path.display()
+        );
     }
     result
 }

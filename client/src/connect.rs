@@ -144,12 +144,17 @@ fn permission_advice(path: &Path) -> String {
              group) and to add you to that group."
         );
     }
-    format!("the daemon's socket is for the members of group {group}. {}", join_advice(&group, meta.gid()))
+    format!(
+        "the daemon's socket is for the members of group {group}. {}",
+        join_advice(&group, meta.gid())
+    )
 }
 
 /// How to get into `group`: already listed as a member (only this login predates it), or not.
 fn join_advice(group: &str, gid: u32) -> String {
-    let me = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten();
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten();
     let listed = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
         .ok()
         .flatten()

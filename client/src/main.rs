@@ -76,9 +76,7 @@ fn main() {
                     Command::Tokenize(args) => status::tokenize(&socket, args).await,
                     Command::Detokenize(args) => status::detokenize(&socket, args).await,
                     Command::Sessions(command) => sessions::run(&socket, command).await,
-                    Command::Chat(_) | Command::Completions { .. } | Command::Man { .. } => {
-                        Ok(())
-                    }
+                    Command::Chat(_) | Command::Completions { .. } | Command::Man { .. } => Ok(()),
                 }
             })
         }),

@@ -68,7 +68,11 @@ pub fn load_step(p: &pb::Progress) -> String {
         (2, 1) => ": reading the resident weights",
         _ => "",
     };
-    format!("step {} of {}{what}", (p.done + 1).min(p.total.max(1)), p.total)
+    format!(
+        "step {} of {}{what}",
+        (p.done + 1).min(p.total.max(1)),
+        p.total
+    )
 }
 
 /// The progress shown on a terminal: a spinner while the model loads, a bar with rate and
@@ -80,7 +84,11 @@ struct Bar {
 
 impl Bar {
     fn update(&mut self, p: &pb::Progress) {
-        if self.shown.as_ref().is_some_and(|(phase, _)| *phase != p.phase) {
+        if self
+            .shown
+            .as_ref()
+            .is_some_and(|(phase, _)| *phase != p.phase)
+        {
             self.clear();
         }
         let (_, bar) = self.shown.get_or_insert_with(|| (p.phase, new_bar(p)));
