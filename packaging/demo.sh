@@ -9,7 +9,8 @@
 # 3. starts `k3d serve` on a socket in a temporary directory, in the background;
 # 4. streams a generation through `k3 run` (the tiny model's weights are random: expect
 #    fluent-looking nonsense, not an answer);
-# 5. stops the daemon (SIGTERM) and removes the socket directory, also on Ctrl-C or failure.
+# 5. stops the daemon (SIGTERM) and removes the socket, also on Ctrl-C or failure; the daemon's
+#    log is kept and its path printed, with the next steps (a daemon of your own, `k3 chat`).
 set -euo pipefail
 
 prompt=${1:-"The quick brown fox"}
@@ -19,8 +20,8 @@ started=$(date +%s)
 say() { printf '\033[1mdemo:\033[0m %s\n' "$*" >&2; }
 
 command -v cargo >/dev/null || { say "cargo not found: install Rust (https://rustup.rs) first"; exit 1; }
-say "building release binaries (cargo build --release -p k3d -p k3)"
-cargo build --release --quiet -p k3d -p k3
+say "building release binaries (cargo build --release -p k3d -p k3; the first build takes a few minutes)"
+cargo build --release -p k3d -p k3
 k3d="$repo/target/release/k3d"
 k3="$repo/target/release/k3"
 
@@ -35,6 +36,8 @@ fi
 
 rundir=$(mktemp -d "${TMPDIR:-/tmp}/k3-demo.XXXXXX")
 socket="$rundir/k3d.sock"
+# The log outlives the demo (it is what to read when something went wrong).
+log="${TMPDIR:-/tmp}/k3-demo-$(date +%Y%m%d-%H%M%S).log"
 daemon_pid=
 cleanup() {
     if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
@@ -47,25 +50,31 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "starting k3d serve on $socket (log: $rundir/k3d.log)"
-"$k3d" serve --model "$model" --socket "$socket" --socket-mode 0600 >"$rundir/k3d.log" 2>&1 &
+say "starting k3d serve on $socket (log: $log)"
+"$k3d" serve --model "$model" --socket "$socket" --socket-mode 0600 >"$log" 2>&1 &
 daemon_pid=$!
 
 # Ready when `k3 status` answers; give up after 60 s or if the daemon dies.
 for _ in $(seq 1 600); do
     if ! kill -0 "$daemon_pid" 2>/dev/null; then
-        say "the daemon exited during start-up:"; cat "$rundir/k3d.log" >&2; exit 1
+        say "the daemon exited during start-up:"; cat "$log" >&2; exit 1
     fi
     if [[ -S "$socket" ]] && "$k3" --socket "$socket" status >/dev/null 2>&1; then
         break
     fi
     sleep 0.1
 done
-"$k3" --socket "$socket" status >/dev/null || { say "daemon not ready after 60 s:"; cat "$rundir/k3d.log" >&2; exit 1; }
+"$k3" --socket "$socket" status >/dev/null || { say "daemon not ready after 60 s:"; cat "$log" >&2; exit 1; }
 
 say "k3 run \"$prompt\" (random tiny weights: the text is noise, the streaming is the point)"
 "$k3" --socket "$socket" run --max-tokens 24 "$prompt"
 echo
 cleanup
 daemon_pid=
-say "daemon stopped, socket removed; done in $(( $(date +%s) - started )) s"
+say "daemon stopped, socket removed; done in $(( $(date +%s) - started )) s; its log: $log"
+say "next: run a daemon of your own and talk to it:"
+cat >&2 <<EOF
+    $k3d serve --model $model &      # socket: \$XDG_RUNTIME_DIR/k3d.sock, where k3 looks
+    $k3 chat                         # /help lists the commands; Ctrl-D ends
+    $k3 run "Once upon a time"
+EOF

@@ -3,7 +3,7 @@
 #
 #   packaging/uninstall.sh [--prefix /usr/local] [--root DESTDIR] [--purge]
 #
-# Stops and disables the units (when run on /), removes binaries and units. The configuration,
+# Stops and disables the units (when run on /), removes binaries, units, completions and man pages. The configuration,
 # models and sessions under /etc/k3d and /var/lib/k3d are kept unless --purge is given; the
 # `k3d` user and `k3` group are removed only with --purge on /.
 set -eu
@@ -27,8 +27,13 @@ if [ -z "$root" ] || [ "$root" = / ]; then on_root=yes; fi
 if [ $on_root = yes ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl disable --now k3d.socket k3d.service 2>/dev/null || true
 fi
+share=$(dest "$prefix/share")
 rm -f "$(dest "$prefix/bin/k3d")" "$(dest "$prefix/bin/k3")" \
-    "$(dest /etc/systemd/system/k3d.service)" "$(dest /etc/systemd/system/k3d.socket)"
+    "$(dest /etc/systemd/system/k3d.service)" "$(dest /etc/systemd/system/k3d.socket)" \
+    "$share/bash-completion/completions/k3" "$share/bash-completion/completions/k3d" \
+    "$share/zsh/site-functions/_k3" "$share/zsh/site-functions/_k3d" \
+    "$share/fish/vendor_completions.d/k3.fish" "$share/fish/vendor_completions.d/k3d.fish" \
+    "$share/man/man1/"k3.1 "$share/man/man1/"k3-*.1 "$share/man/man1/"k3d.1 "$share/man/man1/"k3d-*.1
 if [ $on_root = yes ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi

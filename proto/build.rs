@@ -3,6 +3,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = "k3/v1/k3.proto";
     println!("cargo:rerun-if-changed={file}");
     let descriptors = protox::compile([file], ["."])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // Serialize on every message, so the client's `--json` output is derived from the schema
+    // and cannot drift from it.
+    tonic_prost_build::configure()
+        .type_attribute(".k3.v1", "#[derive(serde::Serialize)]")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -67,10 +67,14 @@ async fn run_prints_exactly_what_the_daemon_generates() {
     let out = k3(&d.socket, &["run", "--max-tokens", "10", "Hello there"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let done = by_text.done.expect("done");
-    assert_eq!(
-        text(&out.stdout),
-        format!("{}{}", by_text.text, done.trailing_text)
-    );
+    // Exactly the daemon's text, ended by a newline when it does not end with one itself.
+    let generated = format!("{}{}", by_text.text, done.trailing_text);
+    let expected = if generated.ends_with('\n') || generated.is_empty() {
+        generated
+    } else {
+        format!("{generated}\n")
+    };
+    assert_eq!(text(&out.stdout), expected);
 
     // The prompt from stdin.
     let mut child = Command::new(bin("k3"))
@@ -89,10 +93,7 @@ async fn run_prints_exactly_what_the_daemon_generates() {
     }
     let out = child.wait_with_output().expect("k3");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(
-        text(&out.stdout),
-        format!("{}{}", by_text.text, done.trailing_text)
-    );
+    assert_eq!(text(&out.stdout), expected);
 
     // Sampling with a seed: the same seed gives the same output.
     let sampled = |seed: &str| {
@@ -274,13 +275,17 @@ struct Repl<'d> {
 }
 
 impl<'d> Repl<'d> {
+    /// With the client's XDG state (kept transcripts, input history) in the daemon's
+    /// directory, so no run sees another's.
     fn start(d: &'d Daemon, tag: &str, args: &str) -> Repl<'d> {
         let repl = Repl {
             server: d.socket.with_file_name(format!("tmux-{tag}.sock")),
             d,
         };
+        let state = d.socket.with_extension("state");
         let command = format!(
-            "{} --socket {} {args}; echo K3-EXITED-$?; sleep 30",
+            "XDG_STATE_HOME={} {} --socket {} {args}; echo K3-EXITED-$?; sleep 30",
+            state.display(),
             bin("k3").display(),
             d.socket.display()
         );
@@ -433,11 +438,7 @@ async fn chat_repl_turns_reuse_their_session() {
     repl.keys(&["And then?", "Enter"]);
     repl.wait_for("turn 2", &|p| p.matches("you>").count() >= 3);
     let log = d.log_text();
-    let reused: Vec<u64> = log
-        .lines()
-        .filter_map(|l| l.split(" prompt tokens, ").nth(1))
-        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
-        .collect();
+    let reused = reused_counts(&log);
     assert!(
         reused.len() == 2 && reused[0] == 0 && reused[1] > 0,
         "turn 2 starts from the session: {reused:?}\n{log}"
@@ -475,6 +476,63 @@ async fn chat_repl_turns_reuse_their_session() {
     repl.keys(&["/exit", "Enter"]);
     repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
     assert_eq!(names(&mut c).await, vec!["talk".to_string()]);
+}
+
+/// `reused` of each "request N started" line in the daemon's log, in order: prompt tokens the
+/// request's session already held.
+fn reused_counts(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter_map(|l| l.split(" prompt tokens, ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// `k3 chat --session NAME` continues the conversation of an earlier run: the history is shown
+/// again and the first new turn starts from the session's state instead of prefilling all.
+#[tokio::test]
+async fn chat_session_continues_across_client_runs() {
+    let dir = scratch("client-resume");
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
+    wait_ready(&mut client(&d.socket).await).await;
+    let first = Repl::start(
+        &d,
+        "resume-1",
+        "chat --no-think --max-tokens 5 --session story",
+    );
+    first.wait_for("the prompt", &|p| p.contains("you>"));
+    first.keys(&["Once upon a time", "Enter"]);
+    first.wait_for("turn 1", &|p| p.matches("you>").count() >= 2);
+    first.keys(&["/exit", "Enter"]);
+    first.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    drop(first);
+
+    let second = Repl::start(
+        &d,
+        "resume-2",
+        "chat --no-think --max-tokens 5 --session story",
+    );
+    let shown = second.wait_for("the history", &|p| {
+        p.contains("continuing session story: 2 earlier messages")
+            && p.contains("you> Once upon a time")
+    });
+    assert!(shown.contains("you>"), "{shown}");
+    second.keys(&["And then?", "Enter"]);
+    second.wait_for("turn 2", &|_| reused_counts(&d.log_text()).len() >= 2);
+    let log = d.log_text();
+    let reused = reused_counts(&log);
+    assert!(
+        reused.len() == 2 && reused[0] == 0 && reused[1] > 0,
+        "the second run's turn starts from the first run's state: {reused:?}\n{log}"
+    );
+    // The kept transcript now holds both turns.
+    second.wait_for("the reply", &|p| p.matches("you>").count() >= 3);
+    second.keys(&["/exit", "Enter"]);
+    second.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    let kept = d.socket.with_extension("state").join("k3/chats/story.json");
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&kept).expect("kept transcript")).expect("JSON");
+    assert_eq!(kept.as_array().map(Vec::len), Some(4), "{kept}");
+    assert_eq!(kept[2]["content"], "And then?");
 }
 
 /// From process start to the first byte written on the socket (target: under 20 ms).
@@ -543,4 +601,106 @@ async fn ctrl_c_during_run_cancels_the_request() {
     );
     // The daemon stops computing promptly.
     d.wait_for_log("request 1 cancelled", Duration::from_secs(5));
+}
+
+/// Shell completions and man pages come from the binary itself, and bash accepts the script.
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let out = Command::new(bin("k3"))
+        .args(["completions", "bash"])
+        .output()
+        .expect("k3");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    assert!(
+        script.contains("sessions") && script.contains("--socket"),
+        "{script}"
+    );
+    let dir = scratch("client-completions");
+    std::fs::write(dir.join("k3.bash"), &script).expect("write");
+    let check = Command::new("bash")
+        .arg("-n")
+        .arg(dir.join("k3.bash"))
+        .output()
+        .expect("bash");
+    assert!(check.status.success(), "bash -n: {}", text(&check.stderr));
+    let man = Command::new(bin("k3"))
+        .arg("man")
+        .arg(&dir)
+        .output()
+        .expect("k3");
+    assert!(man.status.success(), "{}", text(&man.stderr));
+    for page in ["k3.1", "k3-chat.1", "k3-run.1", "k3-sessions-list.1"] {
+        assert!(dir.join(page).is_file(), "{page} written");
+    }
+}
+
+/// Output hygiene: a reader that stops early ends `k3 run` quietly with status 0; tokenize
+/// reads `-` and prints JSON; detokenize gives the text back; a negative value reaches the
+/// daemon's range check instead of a parse error.
+#[tokio::test]
+async fn output_ends_quietly_and_tokens_round_trip() {
+    let (d, _c) = ready_daemon("client-hygiene", &[]).await;
+    let piped = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{} --socket {} run --max-tokens 40 'Hello there' | head -c 1 >/dev/null; \
+             echo \"status=${{PIPESTATUS[0]}}\"",
+            bin("k3").display(),
+            d.socket.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        text(&piped.stdout).contains("status=0"),
+        "{}",
+        text(&piped.stdout)
+    );
+    assert!(
+        !text(&piped.stderr).contains("Broken pipe") && !text(&piped.stderr).contains("error"),
+        "{}",
+        text(&piped.stderr)
+    );
+
+    let mut child = Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["tokenize", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("k3");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"Hello there").expect("write");
+    }
+    let out = child.wait_with_output().expect("k3");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ids: Vec<String> = v["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    assert!(!ids.is_empty(), "{v}");
+    let mut args = vec!["detokenize"];
+    args.extend(ids.iter().map(String::as_str));
+    let back = k3(&d.socket, &args);
+    assert!(back.status.success(), "{}", text(&back.stderr));
+    assert_eq!(text(&back.stdout), "Hello there");
+
+    let negative = k3(&d.socket, &["run", "--temperature", "-1", "Hello"]);
+    assert_eq!(
+        negative.status.code(),
+        Some(6),
+        "{}",
+        text(&negative.stderr)
+    );
+    assert!(
+        text(&negative.stderr).contains("temperature"),
+        "{}",
+        text(&negative.stderr)
+    );
 }

@@ -539,6 +539,84 @@ fn users_outside_the_socket_group_are_refused_by_permissions() {
     );
 }
 
+/// The permission advice names what really stands in the way, for each way a socket can be
+/// closed to a user: a socket private to its owner, one whose group is root (the daemon started
+/// without --socket-group: joining root is not the fix), a directory on the way that is closed,
+/// and a group the user is not in.
+#[test]
+fn permission_advice_fits_each_way_the_socket_is_closed() {
+    let dir = scratch("advice");
+    let gid = ensure_group("k3e2e");
+    ensure_user("k3e2e-outsider", None);
+    let advice = |socket: &std::path::Path| {
+        let out = std::process::Command::new("runuser")
+            .args(["-u", "k3e2e-outsider", "--"])
+            .arg(bin("k3"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("status")
+            .output()
+            .expect("runuser");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(4), "{err}");
+        err
+    };
+    let private = Daemon::start(
+        tiny_model(),
+        &dir.join("private.sock"),
+        &["--socket-mode", "0600"],
+    );
+    let msg = advice(&private.socket);
+    assert!(
+        msg.contains("private to its owner root (mode 0600)")
+            && msg.contains("--socket-mode 0660 --socket-group"),
+        "{msg}"
+    );
+    drop(private);
+
+    let root_group = Daemon::start(tiny_model(), &dir.join("rootgroup.sock"), &[]);
+    let msg = advice(&root_group.socket);
+    assert!(
+        msg.contains("belongs to group root")
+            && msg.contains("--socket-group k3")
+            && !msg.contains("usermod -aG root"),
+        "{msg}"
+    );
+    drop(root_group);
+
+    let closed = dir.join("closed");
+    std::fs::create_dir(&closed).expect("mkdir");
+    let in_closed = Daemon::start(
+        tiny_model(),
+        &closed.join("k3d.sock"),
+        &["--socket-group", "k3e2e"],
+    );
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let msg = advice(&in_closed.socket);
+    assert!(
+        msg.contains(&format!(
+            "the directory {} (owner root, group root, mode 0700) is closed to you",
+            closed.display()
+        )) && msg.contains("chmod 0755")
+            && !msg.contains("usermod"),
+        "{msg}"
+    );
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    std::os::unix::fs::chown(&closed, None, Some(gid)).expect("chown");
+    let msg = advice(&in_closed.socket);
+    assert!(
+        msg.contains("group k3e2e, mode 0750) is closed to you")
+            && msg.contains("usermod -aG k3e2e $USER"),
+        "{msg}"
+    );
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let msg = advice(&in_closed.socket);
+    assert!(
+        msg.contains("for the members of group k3e2e") && msg.contains("usermod -aG k3e2e $USER"),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn systemd_socket_activation_serves_the_passed_socket() {
     let tmp = scratch("activation");
@@ -763,5 +841,92 @@ async fn serve_reads_its_settings_from_a_toml_config() {
     assert!(
         err.contains("missing-model"),
         "--model overrides the file's model: {err}"
+    );
+}
+
+/// When stderr is the journal (JOURNAL_STREAM names it), every log line carries its syslog
+/// priority, so `journalctl -p err` keeps the errors alone; RUST_LOG filters by level.
+#[tokio::test]
+async fn log_lines_carry_journald_priorities_and_follow_rust_log() {
+    let dir = scratch("journal");
+    let start = |log: &std::path::Path, rust_log: &str| {
+        let file = std::fs::File::create(log).expect("log file");
+        let meta = file.metadata().expect("stat log");
+        std::process::Command::new(bin("k3d"))
+            .args(["serve", "--threads", "1", "--model"])
+            .arg(tiny_model())
+            .arg("--socket")
+            .arg(log.with_extension("sock"))
+            // A file where the session directory should be: sessions are unavailable, an error.
+            .arg("--session-dir")
+            .arg(tiny_model().join("config.json"))
+            .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+            .env("RUST_LOG", rust_log)
+            .stderr(file)
+            .spawn()
+            .expect("spawn k3d")
+    };
+    let wait_for = |log: &std::path::Path, needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} in:\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let log = dir.join("info.log");
+    let mut child = start(&log, "");
+    let text = wait_for(&log, "sessions unavailable");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("<6>k3d [") && l.contains("listening on")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("<3>k3d [") && l.contains("error: sessions unavailable")),
+        "{text}"
+    );
+    assert!(
+        text.lines().all(|l| l.starts_with('<')),
+        "every line has a priority:\n{text}"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+
+    let log = dir.join("errors.log");
+    let mut child = start(&log, "error");
+    let text = wait_for(&log, "sessions unavailable");
+    assert!(
+        !text.contains("listening on"),
+        "RUST_LOG=error drops info:\n{text}"
+    );
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}
+
+/// A directory that is not a checkpoint is refused as such, naming every missing file.
+#[test]
+fn a_directory_that_is_not_a_model_says_which_files_are_missing() {
+    let dir = scratch("notmodel");
+    std::fs::write(dir.join("config.json"), "{}").expect("write");
+    let out = std::process::Command::new(bin("k3d"))
+        .args(["serve", "--model"])
+        .arg(&dir)
+        .arg("--socket")
+        .arg(dir.join("k3d.sock"))
+        .output()
+        .expect("run k3d");
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a complete checkpoint directory")
+            && err.contains("model.safetensors.index.json, tiktoken.model, tokenizer_config.json")
+            && !err.contains("missing config.json"),
+        "{err}"
     );
 }

@@ -7,15 +7,23 @@
 //! last one. Without `--session NAME` the session gets a fresh unique name and is removed when
 //! the chat ends or `/reset` starts a new one — unless `/save` kept it; a named session is
 //! always kept (`k3 sessions rm NAME` removes it).
+//!
+//! The daemon keeps token states, not messages, so the client keeps the messages of every kept
+//! session in `$XDG_STATE_HOME/k3/chats/NAME.json` (the `/save FILE` format), rewritten after
+//! each turn: `k3 chat --session NAME` shows them and goes on, and its first turn extends what
+//! the daemon holds, so only the new message is prefilled. Typed lines are kept for the arrow
+//! keys in `$XDG_STATE_HOME/k3/chat_history`.
 
 use crate::connect::{self, SocketPath};
 use crate::failure::{Code, Failure};
 use crate::run::Options;
 use crate::stream::{self, Format, Reasoning, Show};
+use etcetera::BaseStrategy;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
+use std::path::{Path, PathBuf};
 use tokio::signal::unix::Signal;
 use tonic::transport::Channel;
 
@@ -27,13 +35,15 @@ pub struct Args {
     /// How much to think.
     #[arg(long, value_parser = ["low", "high", "max"], default_value = "max")]
     effort: String,
-    /// Do not show the reasoning at all (it is dimmed by default).
+    /// Do not show the reasoning at all (by default it is shown after a [thinking] label,
+    /// dimmed on a terminal).
     #[arg(long)]
     hide_reasoning: bool,
     /// A system message to start the conversation with.
     #[arg(long)]
     system: Option<String>,
-    /// Keep the conversation's state in this daemon session (kept after the chat ends).
+    /// Keep the conversation in this daemon session (kept after the chat ends); if it was
+    /// used before, the conversation continues where it stopped.
     #[arg(long)]
     session: Option<String>,
     #[command(flatten)]
@@ -41,8 +51,9 @@ pub struct Args {
 }
 
 const HELP: &str = "Type a message and press Enter (end a line with \\ to continue it). \
-Commands: /reset (new conversation), /save (keep the daemon session), /save FILE (write the \
-conversation as JSON), /exit.";
+Commands: /reset (forget this conversation and start a new one), /save (keep this \
+conversation to continue later with --session), /save FILE (write the conversation as JSON), \
+/load FILE (continue a conversation written by /save FILE), /exit.";
 
 /// The daemon session holding the conversation's state.
 struct ChatSession {
@@ -73,6 +84,26 @@ impl ChatSession {
         }
     }
 
+    /// Where the conversation's messages are kept, if it is kept.
+    fn transcript_path(&self) -> Option<PathBuf> {
+        if !self.saved {
+            return None;
+        }
+        Some(state_dir()?.join("chats").join(file_name(&self.name)))
+    }
+
+    /// Rewrites the kept transcript (after every turn; a failure is reported, not fatal).
+    fn keep(&self, conversation: &[pb::ChatMessage]) {
+        if let Some(path) = self.transcript_path()
+            && let Err(e) = write_transcript(&path, conversation)
+        {
+            eprintln!(
+                "k3: cannot keep the conversation in {}: {e}",
+                path.display()
+            );
+        }
+    }
+
     /// Removes a temporary session nobody saved (best effort: the chat is ending anyway).
     fn discard(&self, rt: &tokio::runtime::Runtime, client: &mut EngineClient<Channel>) {
         if self.temporary && !self.saved {
@@ -88,6 +119,11 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     let mut interrupts = rt.block_on(async { stream::interrupts() })?;
     let mut editor = DefaultEditor::new()
         .map_err(|e| Failure::new(Code::Other, format!("starting the line editor: {e}")))?;
+    let history = state_dir().map(|d| d.join("chat_history"));
+    if let Some(path) = &history {
+        // Absent on first use; a damaged file only costs the recall.
+        let _ = editor.load_history(path);
+    }
     let mut session = ChatSession::new(args.session.as_deref(), 0);
     let result = converse(
         &rt,
@@ -98,7 +134,47 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         &mut session,
     );
     session.discard(&rt, &mut client);
+    if let Some(path) = &history
+        && let Err(e) = save_history(&mut editor, path)
+    {
+        eprintln!(
+            "k3: cannot keep the input history in {}: {e}",
+            path.display()
+        );
+    }
     result
+}
+
+/// `$XDG_STATE_HOME/k3` (default `~/.local/state/k3`); None without a home directory.
+fn state_dir() -> Option<PathBuf> {
+    etcetera::base_strategy::Xdg::new()
+        .ok()?
+        .state_dir()
+        .map(|d| d.join("k3"))
+}
+
+fn save_history(editor: &mut DefaultEditor, path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    editor.save_history(path).map_err(|e| e.to_string())
+}
+
+/// A session name as a file name: bytes other than letters, digits, `-` and `_` (and so `/`
+/// and a leading `.`) written as `%XX`.
+fn file_name(session: &str) -> String {
+    let mut name: String = session
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    name.push_str(".json");
+    name
 }
 
 fn converse(
@@ -116,11 +192,28 @@ fn converse(
         reasoning: if args.hide_reasoning {
             Reasoning::Hide
         } else {
-            Reasoning::Dim
+            Reasoning::Show
         },
         stats: false,
     };
     eprintln!("{HELP}");
+    if let Some(path) = session.transcript_path().filter(|p| p.exists()) {
+        match read_transcript(&path) {
+            Ok(saved) => {
+                eprintln!(
+                    "(continuing session {}: {} earlier messages; /reset starts afresh)",
+                    session.name,
+                    saved.len()
+                );
+                if args.system.is_some() {
+                    eprintln!("(--system is not applied: the conversation already has its start)");
+                }
+                show_history(&saved, args.hide_reasoning);
+                conversation = saved;
+            }
+            Err(e) => eprintln!("k3: not continuing session {}: {e}", session.name),
+        }
+    }
     loop {
         let Some(input) = read_message(editor)? else {
             return Ok(());
@@ -140,14 +233,11 @@ fn converse(
                 session.discard(rt, client);
                 serial += 1;
                 *session = ChatSession::new(args.session.as_deref(), serial);
-                if !session.temporary {
-                    eprintln!(
-                        "(new conversation; session {} keeps only states a new prompt extends)",
-                        session.name
-                    );
-                } else {
-                    eprintln!("(new conversation)");
-                }
+                session.keep(&conversation);
+                eprintln!(
+                    "(new conversation: the messages so far are forgotten, and the next reply \
+                     will not see them)"
+                );
                 continue;
             }
             ("/save", "") => {
@@ -155,6 +245,7 @@ fn converse(
                 match rt.block_on(client.save_session(pb::SaveSessionRequest { name })) {
                     Ok(reply) => {
                         session.saved = true;
+                        session.keep(&conversation);
                         eprintln!(
                             "(session {} saved to {}; continue it with `k3 chat --session {}`)",
                             session.name,
@@ -167,9 +258,25 @@ fn converse(
                 continue;
             }
             ("/save", path) => {
-                match std::fs::write(path, transcript(&conversation)) {
+                match write_transcript(Path::new(path), &conversation) {
                     Ok(()) => eprintln!("(saved {} messages to {path})", conversation.len()),
                     Err(e) => eprintln!("k3: cannot write {path}: {e}"),
+                }
+                continue;
+            }
+            ("/load", "") => {
+                eprintln!("/load needs a file: /load FILE (written by /save FILE)");
+                continue;
+            }
+            ("/load", path) => {
+                match read_transcript(Path::new(path)) {
+                    Ok(loaded) => {
+                        show_history(&loaded, args.hide_reasoning);
+                        eprintln!("(loaded {} messages from {path}; go on)", loaded.len());
+                        conversation = loaded;
+                        session.keep(&conversation);
+                    }
+                    Err(e) => eprintln!("k3: {e}"),
                 }
                 continue;
             }
@@ -213,6 +320,7 @@ fn converse(
                     reasoning: outcome.reasoning,
                     ..Default::default()
                 });
+                session.keep(&conversation);
             }
             Err(f) if matches!(f.code, Code::NotRunning | Code::Permission) => return Err(f),
             Err(f) => {
@@ -271,15 +379,76 @@ fn effort(name: &str) -> pb::Effort {
     }
 }
 
-fn transcript(conversation: &[pb::ChatMessage]) -> String {
-    let messages: Vec<serde_json::Value> = conversation
+/// One message of a transcript file (`/save FILE`, the kept sessions): roles by name.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Message {
+    role: String,
+    content: String,
+    #[serde(default)]
+    reasoning: String,
+}
+
+fn write_transcript(path: &Path, conversation: &[pb::ChatMessage]) -> Result<(), String> {
+    let messages: Vec<Message> = conversation
         .iter()
-        .map(|m| {
-            let role = pb::Role::try_from(m.role)
+        .map(|m| Message {
+            role: pb::Role::try_from(m.role)
                 .map(|r| r.as_str_name().trim_start_matches("ROLE_").to_lowercase())
-                .unwrap_or_else(|_| "unknown".into());
-            serde_json::json!({"role": role, "content": m.content, "reasoning": m.reasoning})
+                .unwrap_or_else(|_| "unknown".into()),
+            content: m.content.clone(),
+            reasoning: m.reasoning.clone(),
         })
         .collect();
-    format!("{}\n", serde_json::Value::Array(messages))
+    let text = serde_json::to_string(&messages).map_err(|e| e.to_string())?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    std::fs::write(path, format!("{text}\n")).map_err(|e| e.to_string())
+}
+
+fn read_transcript(path: &Path) -> Result<Vec<pb::ChatMessage>, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let messages: Vec<Message> = serde_json::from_str(&text)
+        .map_err(|e| format!("{shown} is not a conversation written by /save FILE: {e}"))?;
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = pb::Role::from_str_name(&format!("ROLE_{}", m.role.to_uppercase()))
+                .ok_or_else(|| format!("{shown}: message {i} has an unknown role {:?}", m.role))?;
+            Ok(pb::ChatMessage {
+                role: role.into(),
+                content: m.content,
+                reasoning: m.reasoning,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// The earlier messages of a continued conversation, as they looked when typed and answered.
+fn show_history(conversation: &[pb::ChatMessage], hide_reasoning: bool) {
+    let mut text = String::new();
+    for m in conversation {
+        match pb::Role::try_from(m.role) {
+            Ok(pb::Role::User) => text.push_str(&format!("you> {}\n", m.content)),
+            Ok(pb::Role::System) => text.push_str(&format!("(system: {})\n", m.content)),
+            _ => {
+                if !hide_reasoning && !m.reasoning.is_empty() {
+                    text.push_str(&format!(
+                        "{}{}{}",
+                        stream::THINKING_LABEL,
+                        m.reasoning,
+                        stream::ANSWER_LABEL
+                    ));
+                }
+                text.push_str(&m.content);
+                if !m.content.ends_with('\n') {
+                    text.push('\n');
+                }
+            }
+        }
+    }
+    let _ = crate::print(&text);
 }

@@ -23,27 +23,15 @@ pub struct SocketPath {
 }
 
 pub fn resolve(flag: Option<PathBuf>) -> SocketPath {
-    if let Some(path) = flag {
-        return SocketPath {
+    match flag {
+        Some(path) => SocketPath {
             path,
             source: "--socket",
-        };
-    }
-    if let Some(path) = std::env::var_os("K3_SOCKET").filter(|v| !v.is_empty()) {
-        return SocketPath {
-            path: path.into(),
-            source: "K3_SOCKET",
-        };
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        return SocketPath {
-            path: Path::new(&dir).join("k3d.sock"),
-            source: "$XDG_RUNTIME_DIR",
-        };
-    }
-    SocketPath {
-        path: "/run/k3d/k3d.sock".into(),
-        source: "the default",
+        },
+        None => {
+            let (path, source) = k3proto::socket::default_path();
+            SocketPath { path, source }
+        }
     }
 }
 
@@ -89,30 +77,111 @@ fn connect_failure(socket: &SocketPath, e: std::io::Error) -> Failure {
                 socket.source
             ),
         ),
-        std::io::ErrorKind::PermissionDenied => {
-            let group = group_of(&socket.path);
-            Failure::new(
-                Code::Permission,
-                format!(
-                    "permission denied on {path}: the daemon's socket is for the members of \
-                     group {group}.\nAsk an administrator to add you (`usermod -aG {group} \
-                     $USER`), then log in again."
-                ),
-            )
-        }
+        std::io::ErrorKind::PermissionDenied => Failure::new(
+            Code::Permission,
+            format!(
+                "permission denied on {path}: {}",
+                permission_advice(&socket.path)
+            ),
+        ),
         _ => Failure::new(Code::NotRunning, format!("cannot connect to {path}: {e}")),
     }
 }
 
-/// The socket file's group name (or number), for the permission message.
-fn group_of(path: &Path) -> String {
-    let gid = match std::fs::metadata(path) {
-        Ok(meta) => meta.gid(),
-        // The directory itself may be closed to us.
-        Err(_) => return "that owns it (the directory is not readable either)".to_string(),
+/// Why the kernel refused us the socket and what would change that, from the modes and
+/// owners of the socket and of its directories (connecting needs search permission on every
+/// directory on the way and write permission on the socket).
+fn permission_advice(path: &Path) -> String {
+    let closed_dir = path
+        .ancestors()
+        .skip(1)
+        .filter(|d| !d.as_os_str().is_empty())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .find(|d| nix::unistd::access(*d, nix::unistd::AccessFlags::X_OK).is_err());
+    if let Some(dir) = closed_dir {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            return format!("the directory {} is closed to you.", dir.display());
+        };
+        let owner = user_name(meta.uid());
+        let group = group_name(meta.gid());
+        let mode = meta.mode() & 0o777;
+        let how = if mode & 0o010 != 0 && meta.gid() != 0 {
+            join_advice(&group, meta.gid())
+        } else {
+            format!(
+                "only {owner} may enter it; its owner can open it to others \
+                 (`chmod 0755 {}`: the socket's own mode then decides who connects).",
+                dir.display()
+            )
+        };
+        return format!(
+            "the directory {} (owner {owner}, group {group}, mode {mode:04o}) is closed to you: \
+             {how}",
+            dir.display()
+        );
+    }
+    let Ok(meta) = std::fs::metadata(path) else {
+        return "the socket cannot be inspected.".to_string();
     };
+    let owner = user_name(meta.uid());
+    let group = group_name(meta.gid());
+    let mode = meta.mode() & 0o777;
+    if mode & 0o020 == 0 {
+        return format!(
+            "the socket is private to its owner {owner} (mode {mode:04o}). Connect as {owner}, \
+             or ask whoever runs the daemon to open it to a group you are in: \
+             `k3d serve --socket-mode 0660 --socket-group GROUP` (or `socket_mode`/`socket_group` \
+             in its --config file)."
+        );
+    }
+    if meta.gid() == 0 {
+        return format!(
+            "the socket (mode {mode:04o}) belongs to group root, because the daemon was started \
+             without --socket-group. Do not join group root for this: ask whoever runs the \
+             daemon ({owner}) to restart it with `--socket-group k3` (the installed service's \
+             group) and to add you to that group."
+        );
+    }
+    format!(
+        "the daemon's socket is for the members of group {group}. {}",
+        join_advice(&group, meta.gid())
+    )
+}
+
+/// How to get into `group`: already listed as a member (only this login predates it), or not.
+fn join_advice(group: &str, gid: u32) -> String {
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten();
+    let listed = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .is_some_and(|g| me.as_ref().is_some_and(|u| g.mem.contains(&u.name)));
+    if listed {
+        format!(
+            "you are a member of group {group}, but this login session started before you were \
+             added: log in again (or run `newgrp {group}`)."
+        )
+    } else {
+        format!(
+            "ask an administrator to add you to group {group} (`usermod -aG {group} $USER`), \
+             then log in again."
+        )
+    }
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    }
+}
+
+fn group_name(gid: u32) -> String {
     match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
         Ok(Some(group)) => group.name,
-        _ => gid.to_string(),
+        _ => format!("gid {gid}"),
     }
 }

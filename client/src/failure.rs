@@ -1,7 +1,7 @@
 //! How `k3` fails: one message on stderr saying what to do, and an exit code scripts can test.
 //!
 //! Exit codes:
-//! * 0 — success;
+//! * 0 — success, also when whoever reads stdout stopped reading (`k3 run … | head`);
 //! * 1 — anything not below;
 //! * 2 — bad command line or input;
 //! * 3 — the daemon is not running (nothing listens on the socket);
@@ -17,6 +17,8 @@ use tonic::{Code as Grpc, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
+    /// stdout was closed by its reader: stop quietly, as standard tools do.
+    OutputClosed = 0,
     Other = 1,
     Usage = 2,
     NotRunning = 3,
@@ -44,6 +46,15 @@ impl Failure {
 
     pub fn usage(message: impl Into<String>) -> Failure {
         Failure::new(Code::Usage, message)
+    }
+
+    /// A failed write to stdout; a closed pipe is not an error of ours.
+    pub fn output(e: std::io::Error) -> Failure {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Failure::new(Code::OutputClosed, "stdout closed")
+        } else {
+            Failure::new(Code::Other, format!("writing the output: {e}"))
+        }
     }
 }
 

@@ -9,7 +9,7 @@ mod sessions;
 mod status;
 mod stream;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use failure::{Code, Failure};
 use std::path::PathBuf;
 
@@ -40,11 +40,17 @@ enum Command {
     Chat(chat::Args),
     /// Show what the daemon holds and is doing.
     Status(status::Args),
-    /// Print the token ids of a text.
+    /// Print the token ids of a text (`-` reads it from stdin).
     Tokenize(status::TokenizeArgs),
+    /// Print the text of token ids (arguments, or stdin; spaces or commas between them).
+    Detokenize(status::DetokenizeArgs),
     /// List, remove or save your daemon sessions.
     #[command(subcommand)]
     Sessions(sessions::Command),
+    /// Print a shell completion script (e.g. `k3 completions bash > ~/.local/share/bash-completion/completions/k3`).
+    Completions { shell: clap_complete::Shell },
+    /// Write man pages (k3.1 and one per subcommand) into DIR.
+    Man { dir: PathBuf },
 }
 
 fn main() {
@@ -52,20 +58,31 @@ fn main() {
     let socket = connect::resolve(cli.socket);
     let result = match cli.command {
         Command::Chat(args) => chat::run(&socket, args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "k3", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => clap_mangen::generate_to(Cli::command(), &dir).map_err(|e| {
+            Failure::new(
+                Code::Other,
+                format!("writing man pages to {}: {e}", dir.display()),
+            )
+        }),
         command => runtime().and_then(|rt| {
             rt.block_on(async {
                 match command {
                     Command::Run(args) => run::run(&socket, args).await,
                     Command::Status(args) => status::status(&socket, args).await,
                     Command::Tokenize(args) => status::tokenize(&socket, args).await,
+                    Command::Detokenize(args) => status::detokenize(&socket, args).await,
                     Command::Sessions(command) => sessions::run(&socket, command).await,
-                    Command::Chat(_) => Ok(()),
+                    Command::Chat(_) | Command::Completions { .. } | Command::Man { .. } => Ok(()),
                 }
             })
         }),
     };
     if let Err(f) = result {
-        if f.code != Code::Cancelled {
+        if !matches!(f.code, Code::Cancelled | Code::OutputClosed) {
             eprintln!("k3: {}", f.message);
         }
         std::process::exit(f.code as i32);
@@ -78,4 +95,31 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::new(Code::Other, format!("starting the runtime: {e}")))
+}
+
+/// Writes to stdout; a reader that went away (`k3 … | head`) ends the program quietly.
+pub fn print(text: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(Failure::output)
+}
+
+/// One JSON document on a line of stdout, serialized from the wire message itself.
+pub fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| Failure::new(Code::Other, format!("encoding JSON: {e}")))?;
+    print(&format!("{text}\n"))
+}
+
+/// The argument itself, or all of stdin when it is `-`.
+pub fn argument_or_stdin(arg: String) -> Result<String, Failure> {
+    if arg != "-" {
+        return Ok(arg);
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .map_err(|e| Failure::usage(format!("reading stdin: {e}")))?;
+    Ok(text)
 }

@@ -4,7 +4,6 @@ use crate::connect::{self, SocketPath};
 use crate::failure::{Code, Failure};
 use crate::stream::{self, Format, Reasoning, Show};
 use k3proto::v1 as pb;
-use std::io::Read;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,10 +30,10 @@ pub struct Options {
     #[arg(long, default_value_t = 0)]
     max_tokens: u32,
     /// Sampling temperature; 0 = greedy (the default).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Nucleus sampling threshold in (0, 1]; 0 or 1 = off.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Keep only the k most likely tokens; 0 = off.
     #[arg(long, default_value_t = 0)]
@@ -72,15 +71,7 @@ impl Options {
 }
 
 pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
-    let text = if args.prompt == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| Failure::usage(format!("reading the prompt from stdin: {e}")))?;
-        text
-    } else {
-        args.prompt
-    };
+    let text = crate::argument_or_stdin(args.prompt)?;
     let prompt = if args.ids {
         pb::generate_request::Prompt::Ids(pb::TokenIds {
             ids: parse_ids(&text)?,
@@ -105,7 +96,7 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     };
     let show = Show {
         format,
-        reasoning: Reasoning::Dim,
+        reasoning: Reasoning::Show,
         stats: true,
     };
     let outcome = stream::show(&mut client, events, &show, &mut interrupts).await?;
@@ -115,12 +106,12 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-fn parse_ids(text: &str) -> Result<Vec<u32>, Failure> {
+pub fn parse_ids(text: &str) -> Result<Vec<u32>, Failure> {
     text.split(|c: char| c.is_whitespace() || c == ',')
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<u32>()
-                .map_err(|_| Failure::usage(format!("--ids: {s:?} is not a token id")))
+                .map_err(|_| Failure::usage(format!("{s:?} is not a token id")))
         })
         .collect()
 }

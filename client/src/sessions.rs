@@ -33,26 +33,9 @@ pub async fn run(socket: &SocketPath, command: Command) -> Result<(), Failure> {
                 .await?
                 .into_inner();
             if json {
-                let all: Vec<_> = reply.sessions.iter().map(to_json).collect();
-                println!("{}", serde_json::json!({ "sessions": all }));
-            } else if reply.sessions.is_empty() {
-                println!("no sessions");
+                crate::print_json(&reply)?;
             } else {
-                println!(
-                    "{:<24} {:>7} {:>9} {:>11}  {:<14} LAST USED",
-                    "NAME", "OWNER", "TOKENS", "STATE", "WHERE"
-                );
-                for s in &reply.sessions {
-                    println!(
-                        "{:<24} {:>7} {:>9} {:>11}  {:<14} {}",
-                        s.name,
-                        owner(s),
-                        s.tokens,
-                        size(s.state_bytes),
-                        place(s),
-                        ago(s.last_used)
-                    );
-                }
+                crate::print(&table(&reply.sessions))?;
             }
         }
         Command::Rm { name } => {
@@ -67,20 +50,39 @@ pub async fn run(socket: &SocketPath, command: Command) -> Result<(), Failure> {
                 .await?
                 .into_inner();
             if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "path": reply.path,
-                        "session": reply.session.as_ref().map(to_json),
-                    })
-                );
+                crate::print_json(&reply)?;
             } else {
                 let tokens = reply.session.as_ref().map_or(0, |s| s.tokens);
-                println!("saved session {name} ({tokens} tokens) to {}", reply.path);
+                crate::print(&format!(
+                    "saved session {name} ({tokens} tokens) to {}\n",
+                    reply.path
+                ))?;
             }
         }
     }
     Ok(())
+}
+
+fn table(sessions: &[pb::SessionInfo]) -> String {
+    if sessions.is_empty() {
+        return "no sessions\n".into();
+    }
+    let mut out = format!(
+        "{:<24} {:>7} {:>9} {:>11}  {:<14} LAST USED\n",
+        "NAME", "OWNER", "TOKENS", "STATE", "WHERE"
+    );
+    for s in sessions {
+        out.push_str(&format!(
+            "{:<24} {:>7} {:>9} {:>11}  {:<14} {}\n",
+            s.name,
+            owner(s),
+            s.tokens,
+            size(s.state_bytes),
+            place(s),
+            ago(s.last_used)
+        ));
+    }
+    out
 }
 
 fn owner(s: &pb::SessionInfo) -> String {
@@ -113,12 +115,4 @@ fn ago(when: f64) -> String {
         s if s < 172_800.0 => format!("{:.0} h ago", s / 3600.0),
         s => format!("{:.0} days ago", s / 86_400.0),
     }
-}
-
-fn to_json(s: &pb::SessionInfo) -> serde_json::Value {
-    serde_json::json!({
-        "name": s.name, "owner_uid": s.owner_uid, "tokens": s.tokens,
-        "state_bytes": s.state_bytes, "in_memory": s.in_memory, "on_disk": s.on_disk,
-        "in_use_by": s.in_use_by, "last_used": s.last_used,
-    })
 }

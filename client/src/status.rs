@@ -13,53 +13,67 @@ pub struct Args {
 
 #[derive(clap::Args)]
 pub struct TokenizeArgs {
-    /// The text.
+    /// The text; `-` reads it from stdin.
     text: String,
     /// Recognise special-token strings such as <|open|>.
     #[arg(long)]
     allow_special: bool,
+    /// Print `{"ids": [...]}` instead of space-separated ids.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct DetokenizeArgs {
+    /// Token ids; none reads them from stdin.
+    ids: Vec<String>,
 }
 
 pub async fn status(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     let mut client = connect::connect(socket).await?;
     let s = client.status(pb::StatusRequest {}).await?.into_inner();
     if args.json {
-        println!("{}", json(&s));
+        crate::print_json(&s)
     } else {
-        print!("{}", readable(&s, socket));
+        crate::print(&readable(&s, socket))
     }
-    Ok(())
 }
 
 pub async fn tokenize(socket: &SocketPath, args: TokenizeArgs) -> Result<(), Failure> {
+    let text = crate::argument_or_stdin(args.text)?;
     let mut client = connect::connect(socket).await?;
     let reply = client
         .tokenize(pb::TokenizeRequest {
-            text: args.text,
+            text,
             allow_special: args.allow_special,
         })
         .await?
         .into_inner();
+    if args.json {
+        return crate::print_json(&reply);
+    }
     let ids: Vec<String> = reply.ids.iter().map(u32::to_string).collect();
-    println!("{}", ids.join(" "));
-    Ok(())
+    crate::print(&format!("{}\n", ids.join(" ")))
 }
 
-/// Bytes in the largest binary unit that keeps the number at least 1 (tiny test models read
-/// kilobytes, real ones terabytes).
-pub fn size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
+pub async fn detokenize(socket: &SocketPath, args: DetokenizeArgs) -> Result<(), Failure> {
+    let text = if args.ids.is_empty() {
+        crate::argument_or_stdin("-".into())?
     } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
+        args.ids.join(" ")
+    };
+    let ids = crate::run::parse_ids(&text)?;
+    let mut client = connect::connect(socket).await?;
+    let reply = client
+        .detokenize(pb::DetokenizeRequest { ids })
+        .await?
+        .into_inner();
+    crate::print(&reply.text)
+}
+
+/// Bytes in binary units (tiny test models read kilobytes, real ones terabytes).
+pub fn size(bytes: u64) -> String {
+    bytesize::ByteSize::b(bytes).display().iec().to_string()
 }
 
 fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
@@ -70,7 +84,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         format!("{} on {}", s.state, socket.path.display()),
     );
     if let Some(p) = &s.load_progress {
-        line("loading", format!("{}/{}", p.done, p.total));
+        line("loading", crate::stream::load_step(p));
     }
     if let Some(m) = &s.model {
         line("model", format!("{} ({})", m.name, m.dir));
@@ -154,41 +168,4 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         }
     }
     out
-}
-
-fn json(s: &pb::StatusReply) -> serde_json::Value {
-    serde_json::json!({
-        "state": s.state,
-        "load_progress": s.load_progress.map(|p| serde_json::json!({"done": p.done, "total": p.total})),
-        "model": s.model.as_ref().map(|m| serde_json::json!({
-            "name": m.name, "dir": m.dir, "fingerprint": m.fingerprint, "config": m.config,
-        })),
-        "plan": s.plan,
-        "pinned_layers": s.pinned_layers,
-        "cache": s.cache.map(|c| serde_json::json!({
-            "capacity_bytes": c.capacity_bytes, "used_bytes": c.used_bytes, "hits": c.hits, "misses": c.misses,
-        })),
-        "bytes_read": s.bytes_read,
-        "bytes_avoided": s.bytes_avoided,
-        "rss_bytes": s.rss_bytes,
-        "peak_rss_bytes": s.peak_rss_bytes,
-        "uptime_seconds": s.uptime_seconds,
-        "active_requests": s.active_requests,
-        "queued_requests": s.queued_requests,
-        "max_active": s.max_active,
-        "max_queue": s.max_queue,
-        "requests_completed": s.requests_completed,
-        "requests_cancelled": s.requests_cancelled,
-        "requests_failed": s.requests_failed,
-        "requests_rejected": s.requests_rejected,
-        "threads": s.threads,
-        "max_batch": s.max_batch,
-        "forward_passes": s.forward_passes,
-        "batched_passes": s.batched_passes,
-        "widest_batch": s.widest_batch,
-        "sessions": s.sessions.as_ref().map(|x| serde_json::json!({
-            "count": x.count, "memory_bytes": x.memory_bytes,
-            "allowance_bytes": x.allowance_bytes, "dir": x.dir, "error": x.error,
-        })),
-    })
 }

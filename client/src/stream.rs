@@ -1,8 +1,11 @@
 //! Showing a Generate/Chat event stream: text (or ids, or JSON lines) on stdout; queue
-//! position, progress and the closing rate on stderr — a bar on a terminal, plain lines
-//! otherwise. Ctrl-C cancels the request (Cancel, then dropping the stream), not the program.
+//! position, progress and the closing rate on stderr — a bar with rate and ETA on a terminal
+//! (indicatif), plain lines otherwise. Ctrl-C cancels the request (Cancel, then dropping the
+//! stream), not the program. Colour (dimmed reasoning) only on a terminal and without
+//! `NO_COLOR` (no-color.org); the reasoning is labelled either way.
 
 use crate::failure::{Code, Failure};
+use indicatif::{ProgressBar, ProgressStyle};
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
 use pb::event::Event;
@@ -25,7 +28,8 @@ pub enum Format {
 /// How the reasoning channel is shown (Chat only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reasoning {
-    Dim,
+    /// Labelled, and dimmed where colour is allowed.
+    Show,
     Hide,
 }
 
@@ -47,6 +51,84 @@ pub struct Outcome {
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
+/// Written where the reasoning starts, and where the answer follows it.
+pub const THINKING_LABEL: &str = "[thinking]\n";
+pub const ANSWER_LABEL: &str = "\n[answer]\n";
+
+/// Escape sequences are allowed on stdout: a terminal, and no `NO_COLOR` (any value but empty).
+fn colour(tty_out: bool) -> bool {
+    tty_out && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// "step 1 of 2: checking the checkpoint": the daemon's load phases (it counts phases, not
+/// bytes: checking the checkpoint, then reading the weights it keeps resident).
+pub fn load_step(p: &pb::Progress) -> String {
+    let what = match (p.total, p.done) {
+        (2, 0) => ": checking the checkpoint",
+        (2, 1) => ": reading the resident weights",
+        _ => "",
+    };
+    format!(
+        "step {} of {}{what}",
+        (p.done + 1).min(p.total.max(1)),
+        p.total
+    )
+}
+
+/// The progress shown on a terminal: a spinner while the model loads, a bar with rate and
+/// ETA during prefill. Drawn only when stderr is a terminal.
+#[derive(Default)]
+struct Bar {
+    shown: Option<(i32, ProgressBar)>,
+}
+
+impl Bar {
+    fn update(&mut self, p: &pb::Progress) {
+        if self
+            .shown
+            .as_ref()
+            .is_some_and(|(phase, _)| *phase != p.phase)
+        {
+            self.clear();
+        }
+        let (_, bar) = self.shown.get_or_insert_with(|| (p.phase, new_bar(p)));
+        if p.phase == pb::Phase::Load as i32 {
+            bar.set_message(format!("loading the model, {}", load_step(p)));
+        } else {
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+        }
+    }
+
+    fn clear(&mut self) {
+        if let Some((_, bar)) = self.shown.take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn is_shown(&self) -> bool {
+        self.shown.is_some()
+    }
+}
+
+fn new_bar(p: &pb::Progress) -> ProgressBar {
+    if p.phase == pb::Phase::Load as i32 {
+        let bar = ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("k3: {spinner} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(200));
+        bar
+    } else {
+        ProgressBar::new(p.total).with_style(
+            ProgressStyle::with_template(
+                "k3: prefill [{bar:30}] {pos}/{len} tokens, {per_sec}, ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("#>-"),
+        )
+    }
+}
 
 /// The Ctrl-C listener. Made once, before the request is sent, so a Ctrl-C that comes while the
 /// request is being set up is not lost (a listener only sees signals after its creation).
@@ -64,11 +146,15 @@ pub async fn show(
     let mut stream = stream;
     let tty_out = std::io::stdout().is_terminal();
     let tty_err = std::io::stderr().is_terminal();
+    let colour = colour(tty_out);
     let mut out = std::io::stdout().lock();
     let mut outcome = Outcome::default();
     let mut request_id = None;
     let mut dimmed = false;
-    let mut bar_shown = false;
+    let mut bar = Bar::default();
+    // The channel last written (for labels) and whether the text written so far ends a line.
+    let mut last_channel = None;
+    let mut line_ended = true;
     let started = Instant::now();
     let mut first_token = None;
     loop {
@@ -82,7 +168,9 @@ pub async fn show(
                 if dimmed { let _ = write!(out, "{RESET}"); }
                 let _ = out.flush();
                 outcome.cancelled = true;
-                eprintln!("{}[cancelled]", if bar_shown || tty_out { "\n" } else { "" });
+                let after_bar = bar.is_shown();
+                bar.clear();
+                eprintln!("{}[cancelled]", if after_bar || tty_out { "\n" } else { "" });
                 return Ok(outcome);
             }
         };
@@ -93,16 +181,14 @@ pub async fn show(
                     let _ = write!(out, "{RESET}");
                 }
                 let _ = out.flush();
-                if bar_shown {
-                    eprintln!();
-                }
+                bar.clear();
                 return Err(status.into());
             }
             Some(Ok(pb::Event { event: None })) => continue,
             Some(Ok(pb::Event { event: Some(e) })) => e,
         };
         if how.format == Format::Json {
-            writeln!(out, "{}", json(&event)).map_err(write_failure)?;
+            writeln!(out, "{}", json(&event)).map_err(Failure::output)?;
         }
         match event {
             Event::Accepted(a) => request_id = Some(a.request_id),
@@ -110,23 +196,16 @@ pub async fn show(
                 eprintln!("k3: waiting for a compute slot (position {})", q.position);
             }
             Event::Progress(p) if how.format != Format::Json => {
-                let phase = if p.phase == pb::Phase::Load as i32 {
-                    "loading model"
-                } else {
-                    "prefill"
-                };
                 if tty_err {
-                    eprint!("\r{}", bar(phase, p.done, p.total));
-                    bar_shown = true;
+                    bar.update(&p);
+                } else if p.phase == pb::Phase::Load as i32 {
+                    eprintln!("k3: loading the model, {}", load_step(&p));
                 } else {
-                    eprintln!("k3: {phase} {}/{}", p.done, p.total);
+                    eprintln!("k3: prefill {}/{}", p.done, p.total);
                 }
             }
             Event::Token(t) => {
-                if bar_shown {
-                    eprint!("\r\x1b[K");
-                    bar_shown = false;
-                }
+                bar.clear();
                 first_token.get_or_insert_with(Instant::now);
                 outcome.ids.push(t.id);
                 let channel = pb::Channel::try_from(t.channel).unwrap_or(pb::Channel::Text);
@@ -139,7 +218,7 @@ pub async fn show(
                     Format::Json => {}
                     Format::Ids => {
                         let sep = if outcome.ids.len() > 1 { " " } else { "" };
-                        write!(out, "{sep}{}", t.id).map_err(write_failure)?;
+                        write!(out, "{sep}{}", t.id).map_err(Failure::output)?;
                     }
                     Format::Text => {
                         let shown = match channel {
@@ -149,32 +228,46 @@ pub async fn show(
                             _ => Some(false),
                         };
                         if let Some(dim) = shown {
-                            if tty_out && dim != dimmed {
+                            if colour && dim != dimmed {
                                 write!(out, "{}", if dim { DIM } else { RESET })
-                                    .map_err(write_failure)?;
+                                    .map_err(Failure::output)?;
                                 dimmed = dim;
                             }
-                            write!(out, "{}", t.text).map_err(write_failure)?;
+                            let label = match (last_channel, channel) {
+                                (Some(pb::Channel::Reasoning), pb::Channel::Reasoning) => "",
+                                (_, pb::Channel::Reasoning) => THINKING_LABEL,
+                                (Some(pb::Channel::Reasoning), _) => ANSWER_LABEL,
+                                _ => "",
+                            };
+                            last_channel = Some(channel);
+                            write!(out, "{label}{}", t.text).map_err(Failure::output)?;
+                            if !t.text.is_empty() {
+                                line_ended = t.text.ends_with('\n');
+                            }
                         }
                     }
                 }
-                out.flush().map_err(write_failure)?;
+                out.flush().map_err(Failure::output)?;
             }
             Event::Done(d) => {
                 if dimmed {
-                    write!(out, "{RESET}").map_err(write_failure)?;
+                    write!(out, "{RESET}").map_err(Failure::output)?;
                 }
                 match how.format {
                     Format::Json => {}
-                    Format::Ids => writeln!(out).map_err(write_failure)?,
+                    Format::Ids => writeln!(out).map_err(Failure::output)?,
                     Format::Text => {
-                        write!(out, "{}", d.trailing_text).map_err(write_failure)?;
-                        if tty_out {
-                            writeln!(out).map_err(write_failure)?;
+                        write!(out, "{}", d.trailing_text).map_err(Failure::output)?;
+                        if !d.trailing_text.is_empty() {
+                            line_ended = d.trailing_text.ends_with('\n');
+                        }
+                        // Text ends with a newline, so the next prompt or line starts on its own.
+                        if !line_ended {
+                            writeln!(out).map_err(Failure::output)?;
                         }
                     }
                 }
-                out.flush().map_err(write_failure)?;
+                out.flush().map_err(Failure::output)?;
                 if how.stats && how.format != Format::Json {
                     eprintln!("{}", summary(&d, started, first_token));
                 }
@@ -183,20 +276,6 @@ pub async fn show(
         }
     }
     Ok(outcome)
-}
-
-fn write_failure(e: std::io::Error) -> Failure {
-    Failure::new(Code::Other, format!("writing the output: {e}"))
-}
-
-fn bar(phase: &str, done: u64, total: u64) -> String {
-    const WIDTH: u64 = 30;
-    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(0) as usize;
-    format!(
-        "k3: {phase} [{}{}] {done}/{total}",
-        "#".repeat(filled),
-        "-".repeat(WIDTH as usize - filled)
-    )
 }
 
 fn summary(d: &pb::Done, started: Instant, first_token: Option<Instant>) -> String {

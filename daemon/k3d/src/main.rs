@@ -5,9 +5,11 @@
 
 mod cmd;
 mod exit;
+mod notify;
 mod server;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +42,10 @@ enum Command {
     Verify(cmd::verify::Args),
     /// The standard decode benchmark: budgets × runs, medians, against the plan and the drive.
     Bench(cmd::bench::Args),
+    /// Print a shell completion script (e.g. `k3d completions bash > /etc/bash_completion.d/k3d`).
+    Completions { shell: clap_complete::Shell },
+    /// Write man pages (k3d.1 and one per subcommand) into DIR.
+    Man { dir: PathBuf },
 }
 
 fn main() {
@@ -54,6 +60,12 @@ fn main() {
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "k3d", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => clap_mangen::generate_to(Cli::command(), &dir)
+            .map_err(|e| anyhow::anyhow!("writing man pages to {}: {e}", dir.display()).into()),
     };
     if let Err(e) = result {
         eprintln!("k3d: error: {:#}", e.error);

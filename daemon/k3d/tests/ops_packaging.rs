@@ -1,5 +1,6 @@
 //! packaging/: the systemd units pass `systemd-analyze verify` without a single warning, and
-//! `install.sh --root` lays every file with the right mode (and `uninstall.sh` removes them).
+//! `install.sh --root` lays every file with the right mode — binaries, units, config, shell
+//! completions and man pages — (and `uninstall.sh` removes them).
 //! Without systemd-analyze the test fails, unless K3_SKIP_SYSTEMD_ANALYZE=1 says to skip that
 //! half on purpose.
 
@@ -85,6 +86,12 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
         ("etc/k3d/k3d.toml", 0o644),
         ("var/lib/k3d/models", 0o755),
         ("var/lib/k3d/sessions", 0o750),
+        ("opt/k3/share/bash-completion/completions/k3d", 0o644),
+        ("opt/k3/share/bash-completion/completions/k3", 0o644),
+        ("opt/k3/share/zsh/site-functions/_k3d", 0o644),
+        ("opt/k3/share/fish/vendor_completions.d/k3d.fish", 0o644),
+        ("opt/k3/share/man/man1/k3d.1", 0o644),
+        ("opt/k3/share/man/man1/k3d-serve.1", 0o644),
     ];
     for (path, want) in expect {
         assert_eq!(mode(&root.join(path)), *want, "mode of {path}");
@@ -101,6 +108,19 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
     assert!(
         unit.contains("ExecStart=/opt/k3/bin/k3d serve"),
         "ExecStart follows --prefix:\n{unit}"
+    );
+    // The completions are the binary's own and a shell accepts them.
+    let completion = root.join("opt/k3/share/bash-completion/completions/k3d");
+    assert!(
+        std::fs::read_to_string(&completion)
+            .unwrap()
+            .contains("serve")
+    );
+    run(Command::new("bash").arg("-n").arg(&completion));
+    let page = std::fs::read_to_string(root.join("opt/k3/share/man/man1/k3d-serve.1")).unwrap();
+    assert!(
+        page.contains("\\-\\-socket"),
+        "the serve page documents --socket:\n{page}"
     );
     // Installing again keeps an edited config and ships the new one beside it.
     std::fs::write(root.join("etc/k3d/k3d.toml"), "ram_gb = 7\n").unwrap();
@@ -121,6 +141,12 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
         "opt/k3/bin/k3",
         "etc/systemd/system/k3d.service",
         "etc/systemd/system/k3d.socket",
+        "opt/k3/share/bash-completion/completions/k3d",
+        "opt/k3/share/bash-completion/completions/k3",
+        "opt/k3/share/zsh/site-functions/_k3d",
+        "opt/k3/share/fish/vendor_completions.d/k3d.fish",
+        "opt/k3/share/man/man1/k3d.1",
+        "opt/k3/share/man/man1/k3d-serve.1",
     ] {
         assert!(!root.join(gone).exists(), "{gone} left behind");
     }
@@ -216,8 +242,10 @@ fn units_carry_activation_hardening_and_memory_settings() {
         assert!(socket.lines().any(|l| l == line), "k3d.socket lacks {line}");
     }
     for line in [
+        "Type=notify",
         "User=k3d",
-        "RuntimeDirectory=k3d",
+        // install.sh makes `k3` the k3d user's group; a `k3d` group does not exist (216/GROUP).
+        "Group=k3",
         "ProtectSystem=strict",
         "ProtectHome=yes",
         "NoNewPrivileges=yes",
@@ -233,6 +261,13 @@ fn units_carry_activation_hardening_and_memory_settings() {
             "k3d.service lacks {line}"
         );
     }
+    // systemd removes a service's RuntimeDirectory when it stops or restarts: /run/k3d is the
+    // socket unit's, so the service must not claim it.
+    assert!(
+        !service.lines().any(|l| l.starts_with("RuntimeDirectory")),
+        "k3d.service must not own /run/k3d (the socket lives there)"
+    );
+    assert!(socket.lines().any(|l| l == "DirectoryMode=0755"));
     // MemoryMax = ram_gb of the shipped config + 2 GiB (documented in both files).
     let toml = std::fs::read_to_string(repo().join("packaging/k3d.toml")).unwrap();
     let ram_gb: u64 = toml

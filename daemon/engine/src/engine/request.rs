@@ -113,6 +113,17 @@ pub enum StopReason {
     StopString(String),
 }
 
+/// For logs: "max tokens reached", "stop id 7", "stop string \"\\n\"".
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::MaxTokens => write!(f, "max tokens reached"),
+            StopReason::StopId(id) => write!(f, "stop id {id}"),
+            StopReason::StopString(s) => write!(f, "stop string {s:?}"),
+        }
+    }
+}
+
 /// The end-of-generation report.
 #[derive(Debug, Clone)]
 pub struct Summary {

@@ -13,7 +13,9 @@ pub struct Args {
     /// Checkpoint directory (config.json, shards, tokenizer files). Required here or in --config.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Where to create the socket. Ignored when systemd passes one (socket activation).
+    /// Where to create the socket. Ignored when systemd passes one (socket activation)
+    /// [default: $K3_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock, else /run/k3d/k3d.sock — where
+    /// `k3` looks].
     #[arg(long)]
     socket: Option<PathBuf>,
     /// Compute threads (default: all cores).
@@ -100,18 +102,57 @@ fn usage(message: String) -> CliError {
 
 /// `$XDG_STATE_HOME/k3d/sessions`, else `$HOME/.local/state/k3d/sessions` (XDG base dirs).
 fn default_session_dir() -> Result<PathBuf, CliError> {
-    let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
-    if let Some(state) = nonempty("XDG_STATE_HOME") {
-        return Ok(PathBuf::from(state).join("k3d/sessions"));
+    use etcetera::BaseStrategy;
+    etcetera::base_strategy::Xdg::new()
+        .ok()
+        .and_then(|xdg| xdg.state_dir())
+        .map(|state| state.join("k3d/sessions"))
+        .ok_or_else(|| {
+            usage(
+                "no session directory: pass --session-dir DIR or set `session_dir` in --config \
+                 (there is no home directory for the XDG state directory)"
+                    .into(),
+            )
+        })
+}
+
+/// The files every checkpoint directory has (spec §3; the shards the index names are checked
+/// when the model loads).
+const MODEL_FILES: [&str; 4] = [
+    "config.json",
+    k3_engine::checkpoint::safetensors::INDEX_FILE_NAME,
+    "tiktoken.model",
+    "tokenizer_config.json",
+];
+
+/// Refuses a directory that is not a checkpoint before anything starts, naming what is
+/// missing, rather than failing later on whichever file is read first.
+fn check_model_dir(dir: &Path) -> Result<(), CliError> {
+    let refuse = |what: String| CliError::new(Exit::Checkpoint, anyhow::anyhow!(what));
+    if !dir.is_dir() {
+        return Err(refuse(format!(
+            "--model {}: not a directory (a checkpoint directory holds {})",
+            dir.display(),
+            MODEL_FILES.join(", ")
+        )));
     }
-    match nonempty("HOME") {
-        Some(home) => Ok(PathBuf::from(home).join(".local/state/k3d/sessions")),
-        None => Err(usage(
-            "no session directory: pass --session-dir DIR or set `session_dir` in --config \
-             (neither XDG_STATE_HOME nor HOME is set)"
-                .into(),
-        )),
+    let missing: Vec<&str> = MODEL_FILES
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
     }
+    let what = if missing.len() == MODEL_FILES.len() {
+        "is not a checkpoint directory"
+    } else {
+        "is not a complete checkpoint directory"
+    };
+    Err(refuse(format!(
+        "--model {} {what}: missing {}",
+        dir.display(),
+        missing.join(", ")
+    )))
 }
 
 fn read_config(path: &Path) -> Result<ConfigFile, CliError> {
@@ -128,9 +169,12 @@ pub fn run(args: Args) -> CliResult {
     let model = args.model.or(file.model).ok_or_else(|| {
         usage("no model directory: pass --model DIR or set `model` in --config".into())
     })?;
-    let socket = args.socket.or(file.socket).ok_or_else(|| {
-        usage("no socket path: pass --socket PATH or set `socket` in --config".into())
-    })?;
+    // The client's rule when neither says (K3_SOCKET, $XDG_RUNTIME_DIR, /run/k3d), so a
+    // plain `k3d serve` and a plain `k3` meet.
+    let socket = args
+        .socket
+        .or(file.socket)
+        .unwrap_or_else(|| k3proto::socket::default_path().0);
     let shutdown_grace = args.shutdown_grace.or(file.shutdown_grace).unwrap_or(10.0);
     if !shutdown_grace.is_finite() || !(0.0..=3600.0).contains(&shutdown_grace) {
         return Err(usage(
@@ -203,6 +247,7 @@ pub fn run(args: Args) -> CliResult {
             },
         )?);
     }
+    check_model_dir(&model)?;
     server::run(server::Config {
         model,
         socket: server::SocketSpec {

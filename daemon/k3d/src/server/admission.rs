@@ -223,11 +223,15 @@ impl Shared {
     }
 
     /// 1-based position of the job at queue index `index` among those that must wait for a
-    /// compute slot, or 0 if it will start at once.
+    /// compute slot, or 0 if it will get one at once (while the model loads, a request that
+    /// will start as soon as it is loaded waits for the load, which it is told about, not for
+    /// a slot).
     fn position(&self, st: &State, index: usize) -> u32 {
         let free = match st.phase {
-            Phase::Ready => self.limits.max_active.saturating_sub(st.running.len()),
-            _ => 0,
+            Phase::Ready | Phase::Loading { .. } => {
+                self.limits.max_active.saturating_sub(st.running.len())
+            }
+            Phase::Failed(_) => 0,
         };
         u32::try_from((index + 1).saturating_sub(free)).unwrap_or(u32::MAX)
     }

@@ -108,7 +108,7 @@ pub fn run(cfg: Config) -> CliResult {
         std::thread::sleep(Duration::from_millis(10));
     }
     if scheduler.is_finished() && scheduler.join().is_err() {
-        log!("error: the scheduler thread panicked");
+        log_err!("the scheduler thread panicked");
     }
     log!("stopped");
     Ok(result?)
@@ -152,6 +152,7 @@ async fn serve(
             };
         }
     };
+    crate::notify::send("STOPPING=1\nSTATUS=shutting down");
     let snap = shared.snapshot();
     log!(
         "{name}: shutting down ({} running, {} queued; grace {:.1}s)",
@@ -175,7 +176,7 @@ async fn serve(
         Ok(Ok(Err(e))) => Err(e).context("serving"),
         Ok(Err(e)) => Err(e).context("the server task"),
         Err(_) => {
-            log!("connections still open {UNWIND_LIMIT:?} after cancelling; exiting anyway");
+            log_warn!("connections still open {UNWIND_LIMIT:?} after cancelling; exiting anyway");
             Ok(())
         }
     }

@@ -72,8 +72,14 @@ pub fn spawn(
             // The engine reports phases, not bytes: progress counts phases (checking the
             // checkpoint, then loading resident weights), so done/total = 0/2, then 1/2.
             let mut report = |p: LoadProgress| match p {
-                LoadProgress::Checking => shared.set_loading(0, 2),
-                LoadProgress::Weights => shared.set_loading(1, 2),
+                LoadProgress::Checking => {
+                    crate::notify::status("loading: checking the checkpoint (step 1 of 2)");
+                    shared.set_loading(0, 2)
+                }
+                LoadProgress::Weights => {
+                    crate::notify::status("loading: reading the resident weights (step 2 of 2)");
+                    shared.set_loading(1, 2)
+                }
                 // Published with the engine's info right after `open` returns.
                 LoadProgress::Ready => {}
             };
@@ -82,7 +88,8 @@ pub fn spawn(
             let engine = match Engine::open(&model, options, &mut report) {
                 Ok(engine) => engine,
                 Err(e) => {
-                    log!("error: loading {} failed: {e}", model.display());
+                    log_err!("loading {} failed: {e}", model.display());
+                    crate::notify::status(&format!("loading failed: {e}"));
                     shared.set_failed(e.to_string());
                     return;
                 }
@@ -92,6 +99,11 @@ pub fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             );
+            crate::notify::ready(&format!(
+                "serving {} (loaded in {:.1} s)",
+                engine.info().name,
+                started.elapsed().as_secs_f64()
+            ));
             sessions.open(&engine.info().fingerprint, engine.model().plan());
             shared.set_ready(engine.info().clone(), engine.stats());
             run(&shared, &sessions, &engine);
@@ -271,7 +283,7 @@ fn deliver(
         Ok(Step::Finished(summary)) => {
             let queued = a.started.duration_since(a.job.admitted).as_secs_f64();
             log!(
-                "request {} done: {} tokens, {:?}, {:.3}s",
+                "request {} done: {} tokens, {}, {:.3}s",
                 a.job.id,
                 summary.generated_tokens,
                 summary.stop_reason,
@@ -297,14 +309,16 @@ fn deliver(
             false
         }
         Err(EngineError::Cancelled) => {
-            let status = if a.job.cancel.load(Ordering::Relaxed) {
-                Status::cancelled(format!("request {} cancelled", a.job.id))
+            let (why, status) = if a.job.cancel.load(Ordering::Relaxed) {
+                let status = Status::cancelled(format!("request {} cancelled", a.job.id));
+                ("by a Cancel call", status)
             } else if shared.stopping_all() {
-                shutdown_status()
+                ("at shutdown, after the grace period", shutdown_status())
             } else {
-                Status::cancelled("the client went away")
+                let status = Status::cancelled("the client went away");
+                ("the client went away", status)
             };
-            log!("request {} cancelled: {}", a.job.id, status.message());
+            log!("request {} cancelled: {why}", a.job.id);
             if let Some(run) = a.session.take() {
                 sessions.release(&run.name);
             }
@@ -313,7 +327,7 @@ fn deliver(
             false
         }
         Err(e) => {
-            log!("request {} failed: {e}", a.job.id);
+            log_err!("request {} failed: {e}", a.job.id);
             if let Some(run) = a.session.take() {
                 sessions.release(&run.name);
             }

@@ -59,7 +59,7 @@ fn info(s: &SessionInfo) -> pb::SessionInfo {
 
 fn log_failures(what: &str, failures: &[FileError]) {
     for f in failures {
-        log!("sessions: {what}: {f}");
+        log_warn!("sessions: {what}: {f}");
     }
 }
 
@@ -102,7 +102,7 @@ impl Sessions {
                 Phase::Open(store)
             }
             Err(e) => {
-                log!("error: sessions unavailable: {e}");
+                log_err!("sessions unavailable: {e}");
                 Phase::Failed(e.to_string())
             }
         };

@@ -28,7 +28,7 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
             name: i.name.clone(),
             dir: i.dir.display().to_string(),
             fingerprint: i.fingerprint.clone(),
-            config: format!("{}\n{}", i.summary, i.plan),
+            config: i.summary.clone(),
         }),
         plan: info.map(|i| i.plan.clone()).unwrap_or_default(),
         pinned_layers: info
