@@ -52,8 +52,10 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
 
 fn read_meta(dir: &Path) -> Value {
     let path = dir.join("meta.json");
-    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .expect("meta.json is JSON")
+    serde_json::from_slice(
+        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .expect("meta.json is JSON")
 }
 
 /// A tiny synth shape, written afresh (the fixtures name its seed and fingerprint).
@@ -81,8 +83,15 @@ fn trained_matches_mlx() {
     for entry in std::fs::read_dir(&model_dir).expect("trained model dir") {
         let path = entry.expect("dir entry").path();
         let bytes = std::fs::read(&path).expect("model file");
-        let digest: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-        let name = path.file_name().expect("file name").to_string_lossy().into_owned();
+        let digest: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let name = path
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
         files.push((name, digest));
     }
     assert_eq!(
