@@ -18,7 +18,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use k3_engine::engine::{Engine, EngineOptions, Feed, GenerateRequest, Generation, PREFILL_CHUNK, Step};
+use k3_engine::engine::{
+    Engine, EngineOptions, Feed, GenerateRequest, Generation, PREFILL_CHUNK, Step,
+};
 use k3_engine::model::LoadOptions;
 use k3_engine::store::StoreStats;
 use k3_engine::store::plan::Budget;

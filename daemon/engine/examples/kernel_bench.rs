@@ -19,7 +19,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use k3_engine::kernels::{Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with};
+use k3_engine::kernels::{
+    Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with,
+};
 use k3_engine::rng::splitmix64;
 
 /// splitmix64 steps, to fill buffers quickly and reproducibly.

@@ -34,7 +34,13 @@ fn checkpoint_dir(arg: &str) -> Result<PathBuf, Error> {
     let dir = std::env::temp_dir().join(format!("k3d-model-speed-{arg}"));
     if !dir.join("config.json").exists() {
         eprintln!("writing the {arg} checkpoint to {}", dir.display());
-        k3_engine::synth::write(&k3_engine::synth::plan(&shape)?, &dir, 0, false, &mut |_| {})?;
+        k3_engine::synth::write(
+            &k3_engine::synth::plan(&shape)?,
+            &dir,
+            0,
+            false,
+            &mut |_| {},
+        )?;
     }
     Ok(dir)
 }

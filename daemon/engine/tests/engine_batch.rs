@@ -79,14 +79,15 @@ fn minimum_budget(dir: &Path) -> Budget {
 /// expert, and the routing lookahead's slots for every member (plan rule 4).
 fn trunk_resident_budget(dir: &Path) -> Budget {
     let ck = k3_engine::checkpoint::Checkpoint::open(dir).expect("open checkpoint");
-    let max = k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
-        .expect("max plan");
+    let max =
+        k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
+            .expect("max plan");
     let budget = Budget {
         ram: Some(max.total() - 4096),
         ..Budget::default()
     };
-    let plan =
-        k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model).expect("plan");
+    let plan = k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model)
+        .expect("plan");
     assert_eq!(
         plan.lookahead_slots,
         MEMBERS * ck.config.num_experts_per_token,
