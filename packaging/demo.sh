@@ -4,16 +4,16 @@
 #   ./packaging/demo.sh [PROMPT]
 #
 # 1. builds release binaries (cargo does nothing if they are up to date);
-# 2. on first use writes the random-weight `tiny` checkpoint (released layout, ~1 MB) to
-#    ${XDG_DATA_HOME:-$HOME/.local/share}/k3/models/tiny and keeps it for next time;
+# 2. uses the trained tiny model committed in tests/fixtures/trained/model (released layout,
+#    2 MB, trained on the CPython standard library: it continues Python code as Python code);
 # 3. starts `k3d serve` on a socket in a temporary directory, in the background;
-# 4. streams a generation through `k3 run` (the tiny model's weights are random: expect
-#    fluent-looking nonsense, not an answer);
+# 4. streams a generation through `k3 run` (a 2 MB model: expect Python-shaped text that
+#    repeats itself, not a correct program);
 # 5. stops the daemon (SIGTERM) and removes the socket, also on Ctrl-C or failure; the daemon's
 #    log is kept and its path printed, with the next steps (a daemon of your own, `k3 chat`).
 set -euo pipefail
 
-prompt=${1:-"The quick brown fox"}
+prompt=${1:-$'def fibonacci(n):\n'}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 started=$(date +%s)
@@ -25,14 +25,8 @@ cargo build --release -p k3d -p k3
 k3d="$repo/target/release/k3d"
 k3="$repo/target/release/k3"
 
-model="${XDG_DATA_HOME:-$HOME/.local/share}/k3/models/tiny"
-if [[ -f "$model/config.json" ]]; then
-    say "using the tiny model in $model"
-else
-    say "first use: writing the tiny model to $model"
-    mkdir -p "$(dirname "$model")"
-    "$k3d" synth --shape tiny "$model" >/dev/null
-fi
+model="$repo/tests/fixtures/trained/model"
+say "using the trained tiny model in $model"
 
 rundir=$(mktemp -d "${TMPDIR:-/tmp}/k3-demo.XXXXXX")
 socket="$rundir/k3d.sock"
@@ -66,7 +60,7 @@ for _ in $(seq 1 600); do
 done
 "$k3" --socket "$socket" status >/dev/null || { say "daemon not ready after 60 s:"; cat "$log" >&2; exit 1; }
 
-say "k3 run \"$prompt\" (random tiny weights: the text is noise, the streaming is the point)"
+say "k3 run \"$prompt\" (a 2 MB model trained on Python sources)"
 "$k3" --socket "$socket" run --max-tokens 24 "$prompt"
 echo
 cleanup

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Reference fixtures from mlx-lm 0.32.2 (CPU, float32) for the tiny synthetic checkpoints.
 
-Usage: make_fixtures.py CKPT_DIR OUT_DIR --shape NAME --seed N --fingerprint HEX
+Usage: make_fixtures.py CKPT_DIR OUT_DIR --shape NAME --seed N --fingerprint HEX [--prompts FILE]
+
+--prompts: a JSON list of prompts (lists of ids) to use instead of the seeded random ones (the
+trained model's in-domain prompts, tools/train/make_trained.sh).
 
 For each prompt: greedy continuation computed incrementally with mlx's KV/state cache and
 checked against full-recompute argmax, and teacher-forced logits of the full pass over
@@ -116,6 +119,7 @@ def main():
     ap.add_argument("--shape", required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--fingerprint", required=True)
+    ap.add_argument("--prompts", type=Path)
     a = ap.parse_args()
 
     if mx.__version__ != MLX_VERSION or mlx_lm.__version__ != MLX_LM_VERSION:
@@ -142,7 +146,8 @@ def main():
     for old in a.out.glob("prompt*.f32"):
         old.unlink()
     records, margins = [], []
-    for i, prompt in enumerate(prompts(vocab, n_ranks)):
+    chosen = json.loads(a.prompts.read_text()) if a.prompts else prompts(vocab, n_ranks)
+    for i, prompt in enumerate(chosen):
         gen, cached = greedy(model, prompt)
         fed = prompt + gen[:-1]
         full = np.array(model(mx.array([fed]))[0], dtype=np.float32)

@@ -1,18 +1,18 @@
-//! The reference gate (spec §6.2): for each tiny synth shape, the engine's teacher-forced logits
-//! and greedy continuation against mlx-lm 0.32.2 f32 fixtures (`tests/fixtures/reference/`).
+//! The reference gate (spec §6.2): for each tiny synth shape and for the trained fixture model,
+//! the engine's teacher-forced logits and greedy continuation against mlx-lm 0.32.2 f32
+//! fixtures (`tests/fixtures/reference/`, `tests/fixtures/trained/reference/`).
 
 mod model_support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use k3_engine::model::{Logits, Model};
 use model_support::*;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
-fn fixture_dir(shape: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/reference")
-        .join(shape)
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 fn ids(v: &Value, key: &str) -> Vec<u32> {
@@ -50,13 +50,18 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
-fn gate(shape: &str) {
-    let dir = fixture_dir(shape);
-    let meta: Value = serde_json::from_slice(
-        &std::fs::read(dir.join("meta.json"))
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.join("meta.json").display())),
+fn read_meta(dir: &Path) -> Value {
+    let path = dir.join("meta.json");
+    serde_json::from_slice(
+        &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
     )
-    .expect("meta.json is JSON");
+    .expect("meta.json is JSON")
+}
+
+/// A tiny synth shape, written afresh (the fixtures name its seed and fingerprint).
+fn gate(shape: &str) {
+    let dir = fixtures().join("reference").join(shape);
+    let meta = read_meta(&dir);
     let seed = meta["seed"].as_u64().expect("seed");
     let ck = synth(shape, seed);
     assert_eq!(
@@ -64,7 +69,40 @@ fn gate(shape: &str) {
         meta["fingerprint"].as_str().expect("fingerprint"),
         "{shape}: fixtures stale: regenerate with tests/reference/make_fixtures.sh"
     );
-    let model = load(&ck.dir);
+    compare(shape, &load(&ck.dir), &dir, &meta);
+}
+
+/// The committed trained checkpoint (`tests/fixtures/trained/model`), fingerprinted the way
+/// `k3d synth` and make_fixtures.py do (sha256 of the sorted sha256sum manifest).
+#[test]
+fn trained_matches_mlx() {
+    let model_dir = fixtures().join("trained/model");
+    let dir = fixtures().join("trained/reference");
+    let meta = read_meta(&dir);
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&model_dir).expect("trained model dir") {
+        let path = entry.expect("dir entry").path();
+        let bytes = std::fs::read(&path).expect("model file");
+        let digest: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let name = path
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        files.push((name, digest));
+    }
+    assert_eq!(
+        k3_engine::synth::fingerprint(&files),
+        meta["fingerprint"].as_str().expect("fingerprint"),
+        "trained: fixtures stale: regenerate with tools/train/make_trained.sh"
+    );
+    compare("trained", &load(&model_dir), &dir, &meta);
+}
+
+fn compare(shape: &str, model: &Model, dir: &Path, meta: &Value) {
     let vocab = model.config().vocab_size;
     assert_eq!(meta["vocab_size"].as_u64(), Some(vocab as u64));
     let n_gen = meta["gen_tokens"].as_u64().expect("gen_tokens") as usize;
@@ -111,7 +149,7 @@ fn gate(shape: &str) {
             );
         }
         assert_eq!(
-            greedy(&model, &prompt, n_gen),
+            greedy(model, &prompt, n_gen),
             generated,
             "{shape} prompt {i}: greedy continuation differs"
         );
