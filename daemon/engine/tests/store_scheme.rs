@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use k3_engine::model::{LoadOptions, Model, ModelError};
+use k3_engine::plan::{Budget, PlanInputs, StreamScheme};
 use k3_engine::store::StoreError;
-use k3_engine::store::plan::{Budget, StreamScheme};
 
 mod synth_support;
 use synth_support::synth;
@@ -17,13 +17,16 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
     synth("tiny", &dir);
     let checkpoint = k3_engine::checkpoint::Checkpoint::open(&dir).expect("checkpoint");
     let streaming = |scheme| LoadOptions {
-        // A trunk cap of one byte pins nothing: every trunk layer streams.
-        budget: Budget {
-            ram: Some(2 << 30),
-            trunk: Some(1),
-            ..Budget::default()
+        plan: PlanInputs {
+            // A trunk cap of one byte pins nothing: every trunk layer streams.
+            budget: Budget {
+                ram: Some(2 << 30),
+                trunk: Some(1),
+                ..Budget::default()
+            },
+            scheme,
+            ..PlanInputs::default()
         },
-        scheme,
         ..LoadOptions::default()
     };
     match Model::load(&checkpoint, streaming(StreamScheme::default_chunks())) {
@@ -34,7 +37,10 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
     Model::load(&checkpoint, streaming(StreamScheme::default())).expect("the ring plan loads");
     // Nothing streams at max: the scheme does not matter.
     let max = LoadOptions {
-        scheme: StreamScheme::default_chunks(),
+        plan: PlanInputs {
+            scheme: StreamScheme::default_chunks(),
+            ..PlanInputs::default()
+        },
         ..LoadOptions::default()
     };
     Model::load(&checkpoint, max).expect("a plan that streams nothing loads");
