@@ -14,7 +14,7 @@ use super::mlp::{Mlp, Situ};
 use super::moe::{Expert, MoeDims, MoeMatrices, MoeParams};
 use super::router::RouterConfig;
 use crate::checkpoint::config::{MixerKind, ModelConfig};
-use crate::checkpoint::inventory::names as n;
+use crate::checkpoint::inventory::{VECTOR_DTYPES, names as n};
 use crate::checkpoint::layout::{
     FfnLayout, KdaLayout, LayerLayout, MixerLayout, MlaLayout, MlpLayout, ModelLayout, ModelTensor,
     MoeLayout, Slice,
@@ -120,24 +120,30 @@ pub fn bf16_matrix<'a>(
     Ok(Bf16Matrix::new(b, rows, cols))
 }
 
-/// A BF16 tensor of the given shape, widened exactly to f32 (small vectors only).
-pub fn bf16_values(
+/// A small vector of the given shape, widened exactly to f32 from whichever of
+/// [`VECTOR_DTYPES`] it is stored in (the inventory's [`crate::checkpoint::inventory::Want::vector`]
+/// entries): BF16 and F16 widen exactly, F32 is read as is, so equal values give equal bits.
+pub fn vector_values(
     run: &[u8],
     s: &Slice,
     shape: &[usize],
     t: TensorName,
 ) -> Result<Vec<f32>, ModelError> {
-    Ok(bf16_vector(checked(run, s, Dtype::Bf16, shape, t)?))
-}
-
-/// An F32 tensor of the given shape.
-pub fn f32_values(
-    run: &[u8],
-    s: &Slice,
-    shape: &[usize],
-    t: TensorName,
-) -> Result<Vec<f32>, ModelError> {
-    Ok(f32_vector(checked(run, s, Dtype::F32, shape, t)?))
+    if !VECTOR_DTYPES.contains(&s.dtype) {
+        return Err(problem(
+            t,
+            format!("dtype {}, expected one of F32, BF16, F16", s.dtype),
+        ));
+    }
+    let bytes = checked(run, s, s.dtype, shape, t)?;
+    Ok(match s.dtype {
+        Dtype::Bf16 => bf16_vector(bytes),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => f32_vector(bytes),
+    })
 }
 
 /// An MXFP4 matrix `[rows, cols]` from its packed `[rows, cols/2]` and scale `[rows, cols/32]`
@@ -286,7 +292,7 @@ impl Binder<'_> {
         let h = self.config.hidden_size;
         let layout = store.layout();
         let vector = |t: &ModelTensor, which, shape: &[usize], name| {
-            bf16_values(
+            vector_values(
                 store.model_tensor(which),
                 &t.slice,
                 shape,
@@ -500,8 +506,8 @@ fn layer_params(
     let h = config.hidden_size;
     let t = |name| TensorName::layer(l, name);
     let v = &ll.vectors;
-    let vec_h = |s, name| bf16_values(run, s, &[h], t(name));
-    let proj = |s, name| bf16_values(run, s, &[1, h], t(name));
+    let vec_h = |s, name| vector_values(run, s, &[h], t(name));
+    let proj = |s, name| vector_values(run, s, &[1, h], t(name));
     let vectors = LayerVectors {
         input_norm: vec_h(&v.input_layernorm, n::INPUT_LAYERNORM)?,
         post_norm: vec_h(&v.post_attention_layernorm, n::POST_ATTENTION_LAYERNORM)?,
@@ -530,14 +536,14 @@ fn layer_params(
     let ffn = match (&ll.ffn, config.is_moe_layer(l)) {
         (FfnLayout::Dense(_), false) => FfnParams::Dense,
         (FfnLayout::Moe(m), true) => {
-            let score_bias = f32_values(
+            let score_bias = vector_values(
                 run,
                 &m.e_score_correction_bias,
                 &[config.num_experts],
                 t(n::MOE_BIAS),
             )?;
             let routed_norm = match (&m.routed_expert_norm, config.latent_moe_use_norm) {
-                (Some(s), true) => Some(bf16_values(
+                (Some(s), true) => Some(vector_values(
                     run,
                     s,
                     &[config.routed_expert_hidden_size],
@@ -573,7 +579,7 @@ fn layer_params(
 fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaParams, ModelError> {
     let pw = d.width();
     let t = |name| TensorName::layer(l, name);
-    let conv = |s, name| f32_values(run, s, &[pw, 1, d.conv], t(name));
+    let conv = |s, name| vector_values(run, s, &[pw, 1, d.conv], t(name));
     // A_log is stored padded (spec §3.3): any length ≥ heads; only the first `heads` are used.
     let a_log_len = k.a_log.shape.first().copied().unwrap_or(0);
     if k.a_log.shape.len() != 1 || a_log_len < d.heads {
@@ -585,7 +591,7 @@ fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaPar
             ),
         });
     }
-    let a_log = f32_values(run, &k.a_log, &[a_log_len], t(n::A_LOG))?;
+    let a_log = vector_values(run, &k.a_log, &[a_log_len], t(n::A_LOG))?;
     Ok(KdaParams::new(
         d,
         [
@@ -594,16 +600,16 @@ fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaPar
             conv(&k.v_conv1d, n::V_CONV1D)?,
         ],
         &a_log,
-        f32_values(run, &k.dt_bias, &[pw], t(n::DT_BIAS))?,
-        f32_values(run, &k.o_norm, &[d.head_dim], t(n::O_NORM))?,
+        vector_values(run, &k.dt_bias, &[pw], t(n::DT_BIAS))?,
+        vector_values(run, &k.o_norm, &[d.head_dim], t(n::O_NORM))?,
     ))
 }
 
 fn mla_params(d: &MlaDims, a: &MlaLayout, run: &[u8], l: usize) -> Result<MlaParams, ModelError> {
     let t = |name| TensorName::layer(l, name);
     Ok(MlaParams {
-        q_a_norm: bf16_values(run, &a.q_a_layernorm, &[d.q_lora], t(n::Q_A_LAYERNORM))?,
-        kv_a_norm: bf16_values(run, &a.kv_a_layernorm, &[d.kv_lora], t(n::KV_A_LAYERNORM))?,
+        q_a_norm: vector_values(run, &a.q_a_layernorm, &[d.q_lora], t(n::Q_A_LAYERNORM))?,
+        kv_a_norm: vector_values(run, &a.kv_a_layernorm, &[d.kv_lora], t(n::KV_A_LAYERNORM))?,
     })
 }
 
