@@ -492,7 +492,7 @@ fn reused_counts(log: &str) -> Vec<u64> {
 #[tokio::test]
 async fn chat_session_continues_across_client_runs() {
     let dir = scratch("client-resume");
-    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &[]);
+    let d = Daemon::start(tiny_model(), &dir.path().join("k3d.sock"), &[]);
     wait_ready(&mut client(&d.socket).await).await;
     let first = Repl::start(
         &d,
@@ -617,21 +617,21 @@ fn completions_and_man_pages_are_generated() {
         "{script}"
     );
     let dir = scratch("client-completions");
-    std::fs::write(dir.join("k3.bash"), &script).expect("write");
+    std::fs::write(dir.path().join("k3.bash"), &script).expect("write");
     let check = Command::new("bash")
         .arg("-n")
-        .arg(dir.join("k3.bash"))
+        .arg(dir.path().join("k3.bash"))
         .output()
         .expect("bash");
     assert!(check.status.success(), "bash -n: {}", text(&check.stderr));
     let man = Command::new(bin("k3"))
         .arg("man")
-        .arg(&dir)
+        .arg(dir.path())
         .output()
         .expect("k3");
     assert!(man.status.success(), "{}", text(&man.stderr));
     for page in ["k3.1", "k3-chat.1", "k3-run.1", "k3-sessions-list.1"] {
-        assert!(dir.join(page).is_file(), "{page} written");
+        assert!(dir.path().join(page).is_file(), "{page} written");
     }
 }
 

@@ -563,7 +563,7 @@ fn permission_advice_fits_each_way_the_socket_is_closed() {
     };
     let private = Daemon::start(
         tiny_model(),
-        &dir.join("private.sock"),
+        &dir.path().join("private.sock"),
         &["--socket-mode", "0600"],
     );
     let msg = advice(&private.socket);
@@ -574,7 +574,7 @@ fn permission_advice_fits_each_way_the_socket_is_closed() {
     );
     drop(private);
 
-    let root_group = Daemon::start(tiny_model(), &dir.join("rootgroup.sock"), &[]);
+    let root_group = Daemon::start(tiny_model(), &dir.path().join("rootgroup.sock"), &[]);
     let msg = advice(&root_group.socket);
     assert!(
         msg.contains("belongs to group root")
@@ -584,7 +584,7 @@ fn permission_advice_fits_each_way_the_socket_is_closed() {
     );
     drop(root_group);
 
-    let closed = dir.join("closed");
+    let closed = dir.path().join("closed");
     std::fs::create_dir(&closed).expect("mkdir");
     let in_closed = Daemon::start(
         tiny_model(),
@@ -877,7 +877,7 @@ async fn log_lines_carry_journald_priorities_and_follow_rust_log() {
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let log = dir.join("info.log");
+    let log = dir.path().join("info.log");
     let mut child = start(&log, "");
     let text = wait_for(&log, "sessions unavailable");
     assert!(
@@ -898,7 +898,7 @@ async fn log_lines_carry_journald_priorities_and_follow_rust_log() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
 
-    let log = dir.join("errors.log");
+    let log = dir.path().join("errors.log");
     let mut child = start(&log, "error");
     let text = wait_for(&log, "sessions unavailable");
     assert!(
@@ -913,12 +913,12 @@ async fn log_lines_carry_journald_priorities_and_follow_rust_log() {
 #[test]
 fn a_directory_that_is_not_a_model_says_which_files_are_missing() {
     let dir = scratch("notmodel");
-    std::fs::write(dir.join("config.json"), "{}").expect("write");
+    std::fs::write(dir.path().join("config.json"), "{}").expect("write");
     let out = std::process::Command::new(bin("k3d"))
         .args(["serve", "--model"])
-        .arg(&dir)
+        .arg(dir.path())
         .arg("--socket")
-        .arg(dir.join("k3d.sock"))
+        .arg(dir.path().join("k3d.sock"))
         .output()
         .expect("run k3d");
     assert_eq!(out.status.code(), Some(3));

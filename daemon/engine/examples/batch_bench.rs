@@ -22,8 +22,8 @@ use k3_engine::engine::{
     Engine, EngineOptions, Feed, GenerateRequest, Generation, PREFILL_CHUNK, Step,
 };
 use k3_engine::model::LoadOptions;
+use k3_engine::plan::{Budget, PlanInputs};
 use k3_engine::store::StoreStats;
-use k3_engine::store::plan::Budget;
 
 struct Args {
     model: PathBuf,
@@ -76,7 +76,7 @@ fn args() -> Args {
                     Some(Budget::gib("--ram-gb", g).unwrap_or_else(|e| usage(&e.to_string())));
             }
             "--ram-bytes" => a.budget.ram = Some(parse(&arg, it.next())),
-            "--no-lookahead" => a.budget.lookahead = k3_engine::store::plan::Lookahead::Off,
+            "--no-lookahead" => a.budget.lookahead = k3_engine::plan::Lookahead::Off,
             s if s.starts_with("--") => usage(&format!("unknown flag {s}")),
             _ => model = Some(PathBuf::from(arg)),
         }
@@ -114,9 +114,12 @@ fn main() {
     let mut options = EngineOptions {
         prefill_chunk: chunk,
         model: LoadOptions {
-            budget: a.budget,
-            max_tokens_per_call: PREFILL_CHUNK as u64,
-            sequences: a.sequences.unwrap_or(a.concurrent) as u64,
+            plan: PlanInputs {
+                budget: a.budget,
+                max_tokens_per_call: PREFILL_CHUNK as u64,
+                sequences: a.sequences.unwrap_or(a.concurrent) as u64,
+                ..PlanInputs::default()
+            },
             ..LoadOptions::default()
         },
         ..EngineOptions::default()

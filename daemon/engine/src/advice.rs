@@ -1,6 +1,6 @@
 //! Which `--ram-gb` to run a checkpoint with on this machine, and the decode speed to expect.
 //!
-//! The budget is planned by the engine's own memory planner ([`crate::store::plan`]), so the
+//! The budget is planned by the engine's own memory planner ([`crate::plan`]), so the
 //! advice pins exactly the trunk layers the engine would pin. The largest budget that leaves
 //! [`headroom`] of the usable memory free is recommended, capped at what the model needs with
 //! every byte resident (more would be unused). The speed estimate is the planner's disk bytes
@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::store::plan::{Budget, Census, GIB, Plan, PlanError, StreamScheme};
+use crate::plan::{Budget, Census, GIB, Plan, PlanError, StreamScheme};
 
 /// Memory left to the OS, other processes and allocator slack: a tenth of what is usable, and
 /// at least 1 GiB (engine-lessons §8.1: plans understated peak RSS by up to 1.84 GB).

@@ -8,14 +8,16 @@
 //! Data flows one way:
 //!
 //! ```text
-//! checkpoint ──► store ──► model ──► engine ──► (transports, in k3d) ──► client
-//!  files,          bytes      the        generation,
-//!  config,         in RAM     forward    sampling,
-//!  layout          or read    pass       sessions
+//! checkpoint ──► plan ──► store ──► model ──► engine ──► (transports, in k3d) ──► client
+//!  files,        what is    bytes      the        generation,
+//!  config,       resident   in RAM     forward    sampling,
+//!  layout                   or read    pass       sessions
 //! ```
 //!
 //! * [`checkpoint`] — safetensors headers, `config.json`, the layout binding (which bytes are
 //!   which tensor) and the byte census. Reads headers only.
+//! * [`plan`] — the memory plan: from the checkpoint's sizes, the budget and what must be held
+//!   at once (context, batch, speculation, sessions), what is resident and what streams.
 //! * [`store`] — where weight bytes live: direct-I/O reads, pinned trunk layers, the expert cache.
 //! * [`kernels`] — the numerics contract (spec §6): fixed f64 reduction trees, bf16 / MXFP4
 //!   matvecs, norms and elementwise functions; SIMD paths bit-identical to the portable one.
@@ -34,6 +36,7 @@ pub mod checkpoint;
 pub mod engine;
 pub mod kernels;
 pub mod model;
+pub mod plan;
 pub mod rng;
 pub mod session;
 pub mod store;

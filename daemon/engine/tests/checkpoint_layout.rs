@@ -169,25 +169,55 @@ fn shape_disagreeing_with_the_config_is_refused_not_reshaped() {
     );
 }
 
+/// A matrix must be stored as the release stores it (BF16): F16 and F32 matrices are refused
+/// in one line naming the tensor, its dtype and what is supported.
 #[test]
-fn dtype_disagreeing_with_the_inventory_is_refused() {
-    let dir = temp_dir("dtype");
-    let name = format!("{L1}self_attn.A_log");
-    write_edited(&dir, |shards| {
-        let t = shards[1].iter_mut().find(|t| t.name == name).unwrap();
-        t.dtype = Dtype::Bf16;
-    });
-    match layout_error(&dir) {
-        LayoutError::Tensors { issues, .. } => assert!(
-            matches!(
-                &issues[0].kind,
-                IssueKind::Dtype {
-                    expected: Dtype::F32,
-                    found: Dtype::Bf16
-                }
-            ) && issues[0].tensor == name
-        ),
-        other => panic!("expected a dtype issue, got {other}"),
+fn a_matrix_in_another_dtype_is_refused_naming_what_is_supported() {
+    for dtype in [Dtype::F16, Dtype::F32] {
+        let dir = temp_dir("dtype");
+        let name = format!("{L1}self_attn.o_proj.weight");
+        write_edited(&dir, |shards| {
+            let t = shards[1].iter_mut().find(|t| t.name == name).unwrap();
+            t.dtype = dtype;
+        });
+        match layout_error(&dir) {
+            LayoutError::Tensors { issues, total } => {
+                assert_eq!(total, 1);
+                assert!(
+                    matches!(
+                        &issues[0].kind,
+                        IssueKind::Dtype { expected: Dtype::Bf16, found, .. } if *found == dtype
+                    ) && issues[0].tensor == name
+                );
+                let line = LayoutError::Tensors { issues, total }.to_string();
+                assert!(!line.contains('\n'), "{line}");
+                assert!(
+                    line.contains(&format!("{name} ("))
+                        && line.contains(&format!("is {dtype}; supported: BF16 only")),
+                    "{line}"
+                );
+            }
+            other => panic!("expected a dtype issue, got {other}"),
+        }
+    }
+}
+
+/// Small vectors hold the same numbers in F32, BF16 or F16 (spec §3.3; mlx-lm and the C engine
+/// load them): `A_log` (F32 in the release) stored BF16 or F16 binds, as the stored dtype.
+#[test]
+fn a_small_vector_in_another_float_dtype_binds() {
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        let dir = temp_dir("vector-dtype");
+        let name = format!("{L1}self_attn.A_log");
+        write_edited(&dir, |shards| {
+            let t = shards[1].iter_mut().find(|t| t.name == name).unwrap();
+            t.dtype = dtype;
+        });
+        let ck = k3_engine::checkpoint::Checkpoint::open(dir.path()).expect("binds");
+        match &ck.layout.layers[1].mixer {
+            k3_engine::checkpoint::layout::MixerLayout::Kda(k) => assert_eq!(k.a_log.dtype, dtype),
+            _ => panic!("layer 1 of the fixture is KDA"),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use k3_engine::engine::{
     Engine, EngineError, EngineOptions, Feed, GenerateRequest, Generation, Step, Summary,
 };
 use k3_engine::model::{LoadOptions, Logits, ModelError, Sequence};
-use k3_engine::store::plan::{Budget, PlanError};
+use k3_engine::plan::{Budget, Plan, PlanError, PlanInputs};
 use model_support::*;
 
 /// Prompt tokens per prefill step: small, so the long prompts take several steps and overlap
@@ -46,9 +46,12 @@ fn options(threads: usize, budget: Budget) -> EngineOptions {
         threads,
         prefill_chunk: CHUNK,
         model: LoadOptions {
-            budget,
-            max_tokens_per_call: (CHUNK * MEMBERS) as u64,
-            sequences: MEMBERS as u64,
+            plan: PlanInputs {
+                budget,
+                max_tokens_per_call: (CHUNK * MEMBERS) as u64,
+                sequences: MEMBERS as u64,
+                ..PlanInputs::default()
+            },
             ..LoadOptions::default()
         },
     }
@@ -66,7 +69,7 @@ fn minimum_budget(dir: &Path) -> Budget {
         ram: Some(1),
         ..Budget::default()
     };
-    match k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, tiny).model) {
+    match Plan::for_model(&ck.config, &ck.layout, &options(1, tiny).model.plan) {
         Err(PlanError::BudgetTooSmall { needed, .. }) => Budget {
             ram: Some(needed),
             ..Budget::default()
@@ -79,15 +82,18 @@ fn minimum_budget(dir: &Path) -> Budget {
 /// expert, and the routing lookahead's slots for every member (plan rule 4).
 fn trunk_resident_budget(dir: &Path) -> Budget {
     let ck = k3_engine::checkpoint::Checkpoint::open(dir).expect("open checkpoint");
-    let max =
-        k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
-            .expect("max plan");
+    let max = Plan::for_model(
+        &ck.config,
+        &ck.layout,
+        &options(1, Budget::default()).model.plan,
+    )
+    .expect("max plan");
     let budget = Budget {
         ram: Some(max.total() - 4096),
         ..Budget::default()
     };
-    let plan = k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model)
-        .expect("plan");
+    let plan =
+        Plan::for_model(&ck.config, &ck.layout, &options(1, budget).model.plan).expect("plan");
     assert_eq!(
         plan.lookahead_slots,
         MEMBERS * ck.config.num_experts_per_token,
@@ -405,11 +411,11 @@ fn the_plan_reserves_a_state_per_sequence() {
     let ck = synth("small", 6);
     let c = k3_engine::checkpoint::Checkpoint::open(&ck.dir).expect("open checkpoint");
     let plan = |sequences: u64| {
-        let options = LoadOptions {
+        let inputs = PlanInputs {
             sequences,
-            ..LoadOptions::default()
+            ..PlanInputs::default()
         };
-        k3_engine::model::plan_for(&c.config, &c.layout, &options).expect("plan at max")
+        Plan::for_model(&c.config, &c.layout, &inputs).expect("plan at max")
     };
     let (one, four) = (plan(1), plan(4));
     assert!(one.state_bytes > 0);
@@ -422,14 +428,14 @@ fn the_plan_reserves_a_speculation_journal_per_sequence() {
     let ck = synth("small", 6);
     let c = k3_engine::checkpoint::Checkpoint::open(&ck.dir).expect("open checkpoint");
     let plan = |speculate: u64| {
-        let options = LoadOptions {
+        let inputs = PlanInputs {
             sequences: 3,
             speculate,
-            ..LoadOptions::default()
+            ..PlanInputs::default()
         };
-        k3_engine::model::plan_for(&c.config, &c.layout, &options).expect("plan at max")
+        Plan::for_model(&c.config, &c.layout, &inputs).expect("plan at max")
     };
-    let shape = k3_engine::store::plan::StateShape::of(&c.config);
+    let shape = k3_engine::plan::StateShape::of(&c.config);
     let journal = shape.journal_bytes(1 + 4).expect("journal size");
     // Per KDA layer: S and the histories, then 6 P-wide rows and β per fed token.
     let p = shape.kda_heads * shape.kda_head_dim;

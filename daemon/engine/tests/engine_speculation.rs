@@ -9,6 +9,7 @@ mod model_support;
 use k3_engine::engine::request::MAX_SPECULATE;
 use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, Step, StopReason, Summary};
 use k3_engine::model::LoadOptions;
+use k3_engine::plan::PlanInputs;
 use model_support::{Rng, bits, synth};
 
 fn engine(dir: &std::path::Path, threads: usize) -> Engine {
@@ -16,7 +17,10 @@ fn engine(dir: &std::path::Path, threads: usize) -> Engine {
     let options = EngineOptions {
         threads,
         model: LoadOptions {
-            speculate: MAX_SPECULATE as u64,
+            plan: PlanInputs {
+                speculate: MAX_SPECULATE as u64,
+                ..PlanInputs::default()
+            },
             ..LoadOptions::default()
         },
         ..EngineOptions::default()

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::checkpoint::layout::FfnLayout;
-use k3_engine::model::{LoadOptions, plan_for};
-use k3_engine::store::plan::{Budget, Lookahead};
+use k3_engine::plan::{Budget, Lookahead, Plan, PlanInputs};
 use k3_engine::store::{StoreError, StoreOptions, WeightStore};
 
 mod synth_support;
@@ -18,16 +17,16 @@ use synth_support::synth;
 /// A store under the largest budget below `max`: the whole trunk resident, a cache that cannot
 /// hold every expert, and (unless `lookahead` is off) top-k lookahead slots.
 fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
-    let max = plan_for(&c.config, &c.layout, &LoadOptions::default()).expect("max plan");
-    let options = LoadOptions {
+    let max = Plan::for_model(&c.config, &c.layout, &PlanInputs::default()).expect("max plan");
+    let inputs = PlanInputs {
         budget: Budget {
             ram: Some(max.total() - 4096),
             lookahead,
             ..Budget::default()
         },
-        ..LoadOptions::default()
+        ..PlanInputs::default()
     };
-    let plan = plan_for(&c.config, &c.layout, &options).expect("plan");
+    let plan = Plan::for_model(&c.config, &c.layout, &inputs).expect("plan");
     let shards: Vec<PathBuf> = c.shards.iter().map(|s| s.path.clone()).collect();
     WeightStore::open(c.layout.clone(), &shards, plan, StoreOptions::default()).expect("store")
 }

@@ -3,8 +3,8 @@
 //! through buffers the plan never counted.
 
 use k3_engine::model::{LoadOptions, Model, ModelError};
+use k3_engine::plan::{Budget, PlanInputs, StreamScheme};
 use k3_engine::store::StoreError;
-use k3_engine::store::plan::{Budget, StreamScheme};
 
 mod synth_support;
 use synth_support::synth;
@@ -15,13 +15,16 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
     synth("tiny", dir.path());
     let checkpoint = k3_engine::checkpoint::Checkpoint::open(dir.path()).expect("checkpoint");
     let streaming = |scheme| LoadOptions {
-        // A trunk cap of one byte pins nothing: every trunk layer streams.
-        budget: Budget {
-            ram: Some(2 << 30),
-            trunk: Some(1),
-            ..Budget::default()
+        plan: PlanInputs {
+            // A trunk cap of one byte pins nothing: every trunk layer streams.
+            budget: Budget {
+                ram: Some(2 << 30),
+                trunk: Some(1),
+                ..Budget::default()
+            },
+            scheme,
+            ..PlanInputs::default()
         },
-        scheme,
         ..LoadOptions::default()
     };
     match Model::load(&checkpoint, streaming(StreamScheme::default_chunks())) {
@@ -32,7 +35,10 @@ fn a_chunk_streaming_plan_is_refused_not_overspent() {
     Model::load(&checkpoint, streaming(StreamScheme::default())).expect("the ring plan loads");
     // Nothing streams at max: the scheme does not matter.
     let max = LoadOptions {
-        scheme: StreamScheme::default_chunks(),
+        plan: PlanInputs {
+            scheme: StreamScheme::default_chunks(),
+            ..PlanInputs::default()
+        },
         ..LoadOptions::default()
     };
     Model::load(&checkpoint, max).expect("a plan that streams nothing loads");

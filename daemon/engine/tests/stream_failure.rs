@@ -4,7 +4,8 @@
 //! maps this engine error, `EngineError::Model`, to exit 4.)
 
 use k3_engine::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step};
-use k3_engine::model::{ModelError, plan_for};
+use k3_engine::model::ModelError;
+use k3_engine::plan::Plan;
 use k3_engine::store::StoreError;
 
 mod synth_support;
@@ -14,7 +15,7 @@ use synth_support::tiny_at_minimum_budget;
 fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
     // The minimum budget: every trunk layer but the largest streams.
     let (dir, checkpoint, model) = tiny_at_minimum_budget("stream-fail");
-    let plan = plan_for(&checkpoint.config, &checkpoint.layout, &model).expect("plan");
+    let plan = Plan::for_model(&checkpoint.config, &checkpoint.layout, &model.plan).expect("plan");
     let streamed: Vec<usize> = (0..plan.layer_count)
         .filter(|l| !plan.pinned_layers.contains(l))
         .collect();

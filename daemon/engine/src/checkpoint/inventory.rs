@@ -114,8 +114,34 @@ impl std::fmt::Display for ShapeRule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Want {
     pub name: &'static str,
+    /// The dtype the release stores it in (spec §3.3), which writers use.
     pub dtype: Dtype,
     pub shape: ShapeRule,
+    /// A small vector (norm gains, AttnRes projections, conv taps, `A_log`, `dt_bias`, the
+    /// router bias): read once at load and widened exactly to f32, so any of
+    /// [`VECTOR_DTYPES`] holds the same numbers. Re-saved and converted checkpoints commonly
+    /// store these F32 or BF16 whatever the release did; mlx-lm and the C engine load them.
+    /// Matrices and the MXFP4 experts must be stored as the release stores them.
+    pub vector: bool,
+}
+
+/// The dtypes a small vector ([`Want::vector`]) may be stored in: each widens exactly to f32.
+pub const VECTOR_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
+
+impl Want {
+    /// Whether a tensor stored as `dtype` satisfies this entry.
+    pub fn accepts_dtype(&self, dtype: Dtype) -> bool {
+        dtype == self.dtype || (self.vector && VECTOR_DTYPES.contains(&dtype))
+    }
+
+    /// What this entry accepts, for messages: `BF16 only` or `F32, BF16 or F16`.
+    pub fn supported(&self) -> String {
+        if self.vector {
+            "F32, BF16 or F16 (a small vector)".into()
+        } else {
+            format!("{} only", self.dtype)
+        }
+    }
 }
 
 /// A configuration dimension product does not fit in 64 bits.
@@ -138,6 +164,15 @@ fn want(name: &'static str, dtype: Dtype, shape: &[u64]) -> Want {
         name,
         dtype,
         shape: ShapeRule::Exact(shape.to_vec()),
+        vector: false,
+    }
+}
+
+/// A small vector entry ([`Want::vector`]).
+fn vector(name: &'static str, dtype: Dtype, shape: &[u64]) -> Want {
+    Want {
+        vector: true,
+        ..want(name, dtype, shape)
     }
 }
 
@@ -147,12 +182,12 @@ pub fn trunk(c: &ModelConfig, l: usize) -> Result<Vec<Want>, DimOverflow> {
     use names::*;
     let h = c.hidden_size as u64;
     let mut w = vec![
-        want(INPUT_LAYERNORM, Bf16, &[h]),
-        want(POST_ATTENTION_LAYERNORM, Bf16, &[h]),
-        want(SELF_ATTENTION_RES_NORM, Bf16, &[h]),
-        want(SELF_ATTENTION_RES_PROJ, Bf16, &[1, h]),
-        want(MLP_RES_NORM, Bf16, &[h]),
-        want(MLP_RES_PROJ, Bf16, &[1, h]),
+        vector(INPUT_LAYERNORM, Bf16, &[h]),
+        vector(POST_ATTENTION_LAYERNORM, Bf16, &[h]),
+        vector(SELF_ATTENTION_RES_NORM, Bf16, &[h]),
+        vector(SELF_ATTENTION_RES_PROJ, Bf16, &[1, h]),
+        vector(MLP_RES_NORM, Bf16, &[h]),
+        vector(MLP_RES_PROJ, Bf16, &[1, h]),
     ];
     match c.layer_kinds.get(l) {
         Some(MixerKind::Kda) => {
@@ -170,19 +205,18 @@ pub fn trunk(c: &ModelConfig, l: usize) -> Result<Vec<Want>, DimOverflow> {
                 want(V_PROJ, Bf16, &[p, h]),
                 want(G_PROJ, Bf16, &[p, h]),
                 want(O_PROJ, Bf16, &[h, p]),
-                want(Q_CONV1D, F32, &conv),
-                want(K_CONV1D, F32, &conv),
-                want(V_CONV1D, F32, &conv),
+                vector(Q_CONV1D, F32, &conv),
+                vector(K_CONV1D, F32, &conv),
+                vector(V_CONV1D, F32, &conv),
                 want(F_A_PROJ, Bf16, &[d, h]),
                 want(F_B_PROJ, Bf16, &[p, d]),
                 want(B_PROJ, Bf16, &[k.num_heads as u64, h]),
                 Want {
-                    name: A_LOG,
-                    dtype: F32,
                     shape: ShapeRule::AtLeast(k.num_heads as u64),
+                    ..vector(A_LOG, F32, &[])
                 },
-                want(DT_BIAS, F32, &[p]),
-                want(O_NORM, F32, &[d]),
+                vector(DT_BIAS, F32, &[p]),
+                vector(O_NORM, F32, &[d]),
             ]);
         }
         Some(MixerKind::Mla) => {
@@ -200,10 +234,10 @@ pub fn trunk(c: &ModelConfig, l: usize) -> Result<Vec<Want>, DimOverflow> {
             let (ql, kvl) = (c.q_lora_rank as u64, c.kv_lora_rank as u64);
             w.extend([
                 want(Q_A_PROJ, Bf16, &[ql, h]),
-                want(Q_A_LAYERNORM, Bf16, &[ql]),
+                vector(Q_A_LAYERNORM, Bf16, &[ql]),
                 want(Q_B_PROJ, Bf16, &[q_rows, ql]),
                 want(KV_A_PROJ_WITH_MQA, Bf16, &[kv_a_rows, h]),
-                want(KV_A_LAYERNORM, Bf16, &[kvl]),
+                vector(KV_A_LAYERNORM, Bf16, &[kvl]),
                 want(KV_B_PROJ, Bf16, &[kv_rows, kvl]),
                 want(O_PROJ, Bf16, &[h, out]),
             ]);
@@ -223,7 +257,7 @@ pub fn trunk(c: &ModelConfig, l: usize) -> Result<Vec<Want>, DimOverflow> {
         )?;
         w.extend([
             want(MOE_GATE, Bf16, &[e, h]),
-            want(MOE_BIAS, F32, &[e]),
+            vector(MOE_BIAS, F32, &[e]),
             want(ROUTED_DOWN_PROJ, Bf16, &[latent, h]),
             want(ROUTED_UP_PROJ, Bf16, &[h, latent]),
             want(SHARED_GATE_PROJ, Bf16, &[shared, h]),
@@ -231,7 +265,7 @@ pub fn trunk(c: &ModelConfig, l: usize) -> Result<Vec<Want>, DimOverflow> {
             want(SHARED_DOWN_PROJ, Bf16, &[h, shared]),
         ]);
         if c.latent_moe_use_norm {
-            w.push(want(ROUTED_NORM, Bf16, &[latent]));
+            w.push(vector(ROUTED_NORM, Bf16, &[latent]));
         }
     } else {
         let i = c.intermediate_size as u64;
@@ -269,9 +303,9 @@ pub fn model_level(c: &ModelConfig) -> Vec<Want> {
     vec![
         want(EMBED_TOKENS, Bf16, &[v, h]),
         want(LM_HEAD, Bf16, &[v, h]),
-        want(NORM, Bf16, &[h]),
-        want(OUTPUT_ATTN_RES_NORM, Bf16, &[h]),
-        want(OUTPUT_ATTN_RES_PROJ, Bf16, &[1, h]),
+        vector(NORM, Bf16, &[h]),
+        vector(OUTPUT_ATTN_RES_NORM, Bf16, &[h]),
+        vector(OUTPUT_ATTN_RES_PROJ, Bf16, &[1, h]),
     ]
 }
 

@@ -174,9 +174,11 @@ pub enum IssueKind {
     Missing,
     /// A shard holds it; the config does not imply it (config and files disagree).
     Unexpected,
+    /// Stored in a dtype the entry does not accept; `supported` says what it does.
     Dtype {
         expected: Dtype,
         found: Dtype,
+        supported: String,
     },
     Shape {
         expected: ShapeRule,
@@ -201,9 +203,9 @@ impl fmt::Display for TensorIssue {
         match &self.kind {
             IssueKind::Missing => write!(f, " missing"),
             IssueKind::Unexpected => write!(f, " unexpected for this config"),
-            IssueKind::Dtype { expected, found } => {
-                write!(f, " dtype {found}, config implies {expected}")
-            }
+            IssueKind::Dtype {
+                found, supported, ..
+            } => write!(f, " is {found}; supported: {supported}"),
             IssueKind::Shape { expected, found } => {
                 write!(f, " shape {found:?}, config implies {expected}")
             }
@@ -447,10 +449,11 @@ impl<'a> Binder<'a> {
         self.covered[pos] = true;
         let t = self.index.at(pos);
         let mut ok = true;
-        if t.dtype != want.dtype {
+        if !want.accepts_dtype(t.dtype) {
             let kind = IssueKind::Dtype {
                 expected: want.dtype,
                 found: t.dtype,
+                supported: want.supported(),
             };
             self.issue(name, Some(self.file(t.shard)), kind);
             ok = false;

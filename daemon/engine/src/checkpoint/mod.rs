@@ -8,6 +8,13 @@
 //! * [`census`] — the byte census of a bound model (spec §1.2).
 //!
 //! [`Checkpoint::open`] does all of it for a model directory.
+//!
+//! Accepted variants of the released layout: the small vectors of the inventory
+//! ([`inventory::Want::vector`]: norms, AttnRes projections, conv taps, `A_log`, `dt_bias`,
+//! the router bias) may be stored in any of [`inventory::VECTOR_DTYPES`] (F32, BF16, F16); the
+//! model widens them exactly to f32, so the same values compute the same bits. Matrices must be
+//! BF16 and experts MXFP4 as released; anything else is refused naming the tensor, its dtype
+//! and what is supported.
 
 pub mod census;
 pub mod config;

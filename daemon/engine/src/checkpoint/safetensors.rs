@@ -25,6 +25,8 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dtype {
     Bf16,
+    /// IEEE half: accepted for the small vectors only (see [`super::inventory::Want::vector`]).
+    F16,
     F32,
     U8,
 }
@@ -32,7 +34,7 @@ pub enum Dtype {
 impl Dtype {
     pub fn size(self) -> usize {
         match self {
-            Dtype::Bf16 => 2,
+            Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 => 4,
             Dtype::U8 => 1,
         }
@@ -42,6 +44,7 @@ impl Dtype {
     pub fn name(self) -> &'static str {
         match self {
             Dtype::Bf16 => "BF16",
+            Dtype::F16 => "F16",
             Dtype::F32 => "F32",
             Dtype::U8 => "U8",
         }
@@ -50,6 +53,7 @@ impl Dtype {
     fn from_name(name: &str) -> Option<Dtype> {
         match name {
             "BF16" => Some(Dtype::Bf16),
+            "F16" => Some(Dtype::F16),
             "F32" => Some(Dtype::F32),
             "U8" => Some(Dtype::U8),
             _ => None,
@@ -944,12 +948,13 @@ impl TensorSpec {
 }
 
 /// A tensor's place in the release's data order (spec §3.2): F32, then BF16, then U8, each
-/// group by bytewise name. Sorting by this key gives the order [`encode_header`] lays out.
+/// group by bytewise name (F16, absent from the release, after BF16). Sorting by this key gives the order [`encode_header`] lays out.
 pub fn data_order(t: &TensorSpec) -> (u8, &[u8]) {
     let group = match t.dtype {
         Dtype::F32 => 0,
         Dtype::Bf16 => 1,
-        Dtype::U8 => 2,
+        Dtype::F16 => 2,
+        Dtype::U8 => 3,
     };
     (group, t.name.as_bytes())
 }

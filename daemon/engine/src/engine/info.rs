@@ -145,7 +145,7 @@ impl EngineStats {
         EngineStats {
             bytes_read: s.bytes_read,
             bytes_avoided: s.bytes_avoided,
-            peak_rss_bytes: peak_rss_bytes(),
+            peak_rss_bytes: crate::system::ProcessMemory::now().peak_rss,
             forward_passes: batches.passes.load(Ordering::Relaxed),
             batched_passes: batches.batched.load(Ordering::Relaxed),
             widest_batch: batches.widest.load(Ordering::Relaxed),
@@ -154,12 +154,4 @@ impl EngineStats {
             cache_misses: s.cache.requests - s.cache.hits,
         }
     }
-}
-
-/// The process's peak resident set size (getrusage), in bytes.
-pub fn peak_rss_bytes() -> u64 {
-    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
-        // Linux reports ru_maxrss in KiB.
-        .map(|u| u.max_rss().max(0) as u64 * 1024)
-        .unwrap_or(0)
 }

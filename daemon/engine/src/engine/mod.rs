@@ -21,7 +21,7 @@ pub mod speculate;
 use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
 use info::BatchCounters;
-pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
+pub use info::{EngineInfo, EngineStats, LoadProgress};
 pub use request::{GenerateRequest, Sampling, StopReason, Summary};
 
 use std::path::Path;
@@ -176,10 +176,10 @@ impl Engine {
     }
 
     /// Validates `request` and clamps its `speculate` to the drafts the memory plan reserved a
-    /// rollback journal for ([`LoadOptions::speculate`]); the output is the same either way.
+    /// rollback journal for ([`crate::plan::PlanInputs::speculate`]); the output is the same either way.
     fn admit(&self, mut request: GenerateRequest) -> Result<GenerateRequest, EngineError> {
         request.validate(self.model.config().vocab_size)?;
-        let reserved = usize::try_from(self.options.model.speculate).unwrap_or(usize::MAX);
+        let reserved = usize::try_from(self.options.model.plan.speculate).unwrap_or(usize::MAX);
         request.speculate = request.speculate.min(reserved);
         Ok(request)
     }

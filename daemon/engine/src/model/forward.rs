@@ -23,106 +23,32 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::attn_res::{aggregate, fold_query, is_block_start};
-use super::bind::{TensorName, bf16_matrix, bf16_values, f32_values, mxfp4_matrix};
-use super::kda::{self, KdaDims, KdaMatrices, KdaParams, KdaState};
-use super::mla::{self, MlaCache, MlaDims, MlaMatrices, MlaParams};
-use super::mlp::{Mlp, Situ, apply};
-use super::moe::{self, Expert, MoeDims, MoeMatrices, MoeParams};
-use super::router::RouterConfig;
+use super::attn_res::{aggregate, is_block_start};
+use super::bind::{
+    Binder, FfnParams, LayerParams, MixerMatrices, MixerParams, ModelDims, TensorName, bf16_matrix,
+};
+use super::kda::{self, KdaState};
+use super::mla::{self, MlaCache};
+use super::mlp::apply;
+use super::moe::{self, MoeMatrices, MoeParams};
 use super::state::{LayerState, State};
 use super::{ModelError, grain};
 use crate::checkpoint::config::{MixerKind, ModelConfig};
-use crate::checkpoint::layout::{
-    FfnLayout, KdaLayout, LayerLayout, MixerLayout, MlaLayout, MlpLayout, ModelLayout, ModelTensor,
-    MoeLayout, Slice,
-};
+use crate::checkpoint::inventory::names;
+use crate::checkpoint::layout::{FfnLayout, ModelLayout, Slice};
 use crate::checkpoint::safetensors::Dtype;
-use crate::kernels::Bf16Matrix;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
-use crate::store::plan::{Budget, Census, Plan, PlanError, StateShape, StreamScheme};
-use crate::store::{ExpertPrefetch, ExpertView, ModelTensorId, StoreOptions, WeightStore};
+use crate::plan::{Plan, PlanInputs};
+use crate::store::{ExpertPrefetch, StoreOptions, WeightStore};
 
-/// How the model is loaded: the memory budget and how streamed weights pass through memory
-/// (issue 4). The default is the `max` budget: everything resident.
-#[derive(Debug, Clone, Copy)]
+/// How the model is loaded: what the memory plan must hold ([`PlanInputs`]: budget, stream
+/// scheme, context, batch, speculation) and how the store reads. The default is the `max`
+/// budget: everything resident.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
-    pub budget: Budget,
-    pub scheme: StreamScheme,
-    /// Positions of conversation state the plan reserves memory for.
-    pub max_context: u64,
-    /// Prompt tokens per forward the plan reserves scratch memory for (all rows of a batched
-    /// pass).
-    pub max_tokens_per_call: u64,
-    /// Sequences whose states are held at once (a daemon's active requests, a batch's
-    /// members): the plan reserves a full-context state for each.
-    pub sequences: u64,
-    /// Drafted ids per speculative step the plan reserves a rollback journal for, per sequence
-    /// (0 = none: speculation is unavailable). The journal holds a copy of every KDA layer's
-    /// state plus the recurrence inputs of the step's tokens — 465 MB and up per sequence at
-    /// K3's sizes, so it is budgeted, never assumed. The engine clamps each request's
-    /// `speculate` to this.
-    pub speculate: u64,
+    pub plan: PlanInputs,
     pub store: StoreOptions,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions {
-            budget: Budget::default(),
-            scheme: StreamScheme::default(),
-            max_context: 4096,
-            max_tokens_per_call: 32,
-            sequences: 1,
-            speculate: 0,
-            store: StoreOptions::default(),
-        }
-    }
-}
-
-/// The memory plan for loading `config`/`layout` with `options`, computed before anything is
-/// allocated.
-pub fn plan_for(
-    config: &ModelConfig,
-    layout: &ModelLayout,
-    options: &LoadOptions,
-) -> Result<Plan, PlanError> {
-    let mut census = Census::from_layout(
-        layout,
-        config,
-        options.max_context,
-        scratch_bytes(config, options.max_tokens_per_call),
-    )?;
-    let journal = match options.speculate {
-        0 => 0,
-        k => StateShape::of(config)
-            .journal_bytes(1 + k)
-            .ok_or_else(|| PlanError::BadCensus("speculation journal size overflows".into()))?,
-    };
-    census.state_bytes = census
-        .state_bytes
-        .saturating_add(journal)
-        .saturating_mul(options.sequences.max(1));
-    census.sequences = usize::try_from(options.sequences.max(1)).unwrap_or(usize::MAX);
-    Plan::new(&census, options.budget, options.scheme)
-}
-
-/// f32 activations of one call of `t` tokens: the widest live set is a handful of `[t, width]`
-/// buffers per op plus the logits; eight of the widest per token bounds it.
-fn scratch_bytes(c: &ModelConfig, t: u64) -> u64 {
-    let widest = [
-        c.hidden_size,
-        c.intermediate_size,
-        c.num_shared_experts * c.moe_intermediate_size,
-        c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim),
-        c.kda.num_heads * c.kda.head_dim,
-        c.num_experts,
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0) as u64;
-    t * 4 * (8 * widest + c.vocab_size as u64)
 }
 
 /// Which positions' logits a forward returns.
@@ -143,40 +69,11 @@ pub struct Sequence<'a> {
     pub want: Logits,
 }
 
-/// A layer's AttnRes and norm vectors, decoded once.
-struct LayerVectors {
-    input_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    /// `self_attention_res_norm ⊙ self_attention_res_proj`.
-    attn_res: Vec<f32>,
-    /// `mlp_res_norm ⊙ mlp_res_proj`.
-    mlp_res: Vec<f32>,
-}
-
-enum MixerParams {
-    Kda(KdaParams),
-    Mla(MlaParams),
-}
-
-enum FfnParams {
-    Dense,
-    Moe(MoeParams),
-}
-
-struct LayerParams {
-    vectors: LayerVectors,
-    mixer: MixerParams,
-    ffn: FfnParams,
-}
-
 /// The loaded Kimi K3 text model.
 pub struct Model {
     config: ModelConfig,
     store: WeightStore,
-    kda: KdaDims,
-    mla: MlaDims,
-    moe: MoeDims,
-    act: Situ,
+    dims: ModelDims,
     layers: Vec<LayerParams>,
     final_norm: Vec<f32>,
     /// `output_attn_res_norm ⊙ output_attn_res_proj`.
@@ -219,53 +116,14 @@ impl Model {
                 config.layer_kinds.len()
             )));
         }
-        let kda_rank = layout
-            .layers
-            .iter()
-            .find_map(|l| match &l.mixer {
-                MixerLayout::Kda(k) => k.f_a_proj.shape.first().copied(),
-                MixerLayout::Mla(_) => None,
-            })
-            .unwrap_or(0);
-        let act = Situ {
-            beta1: config.activation_situ_beta,
-            beta2: config.activation_situ_linear_beta,
-        };
-        let h = config.hidden_size;
-        let model_dims = ModelDims {
-            kda: KdaDims {
-                hidden: h,
-                heads: config.kda.num_heads,
-                head_dim: config.kda.head_dim,
-                conv: config.kda.short_conv_kernel_size,
-                rank: kda_rank,
-                lower_bound: config.kda.gate_lower_bound,
-                eps: config.rms_norm_eps,
-            },
-            mla: MlaDims {
-                hidden: h,
-                heads: config.num_attention_heads,
-                q_lora: config.q_lora_rank,
-                kv_lora: config.kv_lora_rank,
-                nope: config.qk_nope_head_dim,
-                rope: config.qk_rope_head_dim,
-                v: config.v_head_dim,
-            },
-            moe: MoeDims {
-                hidden: h,
-                latent: config.routed_expert_hidden_size,
-                act,
-                router: RouterConfig {
-                    top_k: config.num_experts_per_token,
-                    renormalize: config.moe_renormalize,
-                    scaling_factor: config.routed_scaling_factor,
-                },
-                eps: config.rms_norm_eps,
-            },
-        };
-        let plan = plan_for(&config, &layout, &options)?;
+        let dims = ModelDims::of(&config, &layout);
+        let plan = Plan::for_model(&config, &layout, &options.plan)?;
         let store = WeightStore::open(layout, &shards, plan, options.store)?;
 
+        let binder = Binder {
+            config: &config,
+            dims: &dims,
+        };
         let mut layers = Vec::with_capacity(n);
         for (l, ll) in store.layout().layers.iter().enumerate() {
             if ll.index != l {
@@ -274,63 +132,20 @@ impl Model {
                     ll.index
                 )));
             }
-            let trunk = store.trunk(l)?;
-            let params = layer_params(&config, &model_dims, ll, &trunk)?;
-            // Bind every matrix once so that a bad shape fails the load, not a later forward.
-            let binder = Binder {
-                config: &config,
-                dims: &model_dims,
-            };
-            binder.mixer(ll, &trunk)?;
-            match &ll.ffn {
-                FfnLayout::Dense(d) => {
-                    binder.dense(l, d, &trunk)?;
-                }
-                FfnLayout::Moe(m) => {
-                    binder.moe(l, m, &trunk)?;
-                }
-            }
-            layers.push(params);
+            layers.push(binder.layer(ll, &store.trunk(l)?)?);
         }
-        let layout = store.layout();
-        let model_vector = |t: &ModelTensor, which, name| {
-            bf16_values(
-                store.model_tensor(which),
-                &t.slice,
-                &[h],
-                TensorName::model(name),
-            )
-        };
-        let final_norm = model_vector(&layout.norm, ModelTensorId::Norm, "norm.weight")?;
-        let out_norm = model_vector(
-            &layout.output_attn_res_norm,
-            ModelTensorId::OutputAttnResNorm,
-            "output_attn_res_norm.weight",
-        )?;
-        let out_proj = bf16_values(
-            store.model_tensor(ModelTensorId::OutputAttnResProj),
-            &layout.output_attn_res_proj.slice,
-            &[1, h],
-            TensorName::model("output_attn_res_proj.weight"),
-        )?;
+        let vectors = binder.model_vectors(&store)?;
+        binder.tables(store.layout())?;
         let model = Model {
-            kda: model_dims.kda,
-            mla: model_dims.mla,
-            moe: model_dims.moe,
-            act,
+            dims,
             layers,
-            final_norm,
-            output_res: fold_query(&out_norm, &out_proj),
+            final_norm: vectors.final_norm,
+            output_res: vectors.output_res,
             load_io_seconds: store.stats().io_seconds,
             store,
             config,
             forward_nanos: AtomicU64::new(0),
         };
-        let table = |t: &ModelTensor, name| {
-            table_shape(t, model.config.vocab_size, h, TensorName::model(name))
-        };
-        table(&model.store.layout().embed_tokens, "embed_tokens.weight")?;
-        table(&model.store.layout().lm_head, "lm_head.weight")?;
         Ok(model)
     }
 
@@ -368,7 +183,7 @@ impl Model {
                 .layer_kinds
                 .iter()
                 .map(|k| match k {
-                    MixerKind::Kda => LayerState::Kda(KdaState::new(&self.kda)),
+                    MixerKind::Kda => LayerState::Kda(KdaState::new(&self.dims.kda)),
                     MixerKind::Mla => LayerState::Mla(MlaCache::default()),
                 })
                 .collect(),
@@ -483,7 +298,7 @@ impl Model {
 
     /// Refuses a state made for another model: layer kinds and every carried size must match.
     fn check_state(&self, state: &State) -> Result<(), ModelError> {
-        let d = &self.kda;
+        let d = &self.dims.kda;
         let kda_state = d.heads * d.head_dim * d.head_dim;
         let kda_history = d.conv.saturating_sub(1) * d.width();
         let fits = |s: &LayerState, k: &MixerKind| match (s, k) {
@@ -491,7 +306,7 @@ impl Model {
                 s.s.len() == kda_state && s.history.iter().all(|h| h.len() == kda_history)
             }
             (LayerState::Mla(c), MixerKind::Mla) => {
-                c.rows.len() == state.positions * self.mla.cache_width()
+                c.rows.len() == state.positions * self.dims.mla.cache_width()
             }
             _ => false,
         };
@@ -527,11 +342,7 @@ impl Model {
         let eps = self.config.rms_norm_eps;
         let binder = Binder {
             config: &self.config,
-            dims: &ModelDims {
-                kda: self.kda,
-                mla: self.mla,
-                moe: self.moe,
-            },
+            dims: &self.dims,
         };
         let mut blocks: Vec<Vec<f32>> = Vec::new();
         for (l, lp) in self.layers.iter().enumerate() {
@@ -581,7 +392,7 @@ impl Model {
                         LayerState::Mla(_) => None,
                     })
                     .ok_or_else(mismatch)?;
-                    kda::forward_batch(&self.kda, m, p, &x, &mut members, &mut a)
+                    kda::forward_batch(&self.dims.kda, m, p, &x, &mut members, &mut a)
                 }
                 (MixerParams::Mla(p), MixerMatrices::Mla(m)) => {
                     let mut members = mixer_states(seqs, l, |s| match s {
@@ -589,7 +400,7 @@ impl Model {
                         LayerState::Kda(_) => None,
                     })
                     .ok_or_else(mismatch)?;
-                    mla::forward_batch(&self.mla, m, p, &x, &mut members, &mut a)
+                    mla::forward_batch(&self.dims.mla, m, p, &x, &mut members, &mut a)
                 }
                 _ => return Err(mismatch()),
             }
@@ -605,10 +416,12 @@ impl Model {
             let mut f = vec![0.0f32; x2.len()];
             match (&lp.ffn, &ll.ffn, &moe_parts) {
                 (FfnParams::Dense, FfnLayout::Dense(d), _) => {
-                    binder.dense(l, d, &trunk)?.forward(self.act, &x2, &mut f)
+                    binder
+                        .dense(l, d, &trunk)?
+                        .forward(self.dims.moe.act, &x2, &mut f)
                 }
                 (_, _, Some((p, m))) => {
-                    let plan = moe::plan(&self.moe, m, p, &x2);
+                    let plan = moe::plan(&self.dims.moe, m, p, &x2);
                     // As many experts at a time as the cache can hold at once; each expert's
                     // output is independent and `combine` sums in top-k order, so the grouping
                     // does not change a bit. The shared MLP runs once, while the first group's
@@ -622,7 +435,7 @@ impl Model {
                             &group,
                             ahead.take(),
                             || {
-                                shared.get_or_insert_with(|| moe::shared(&self.moe, m, &x2));
+                                shared.get_or_insert_with(|| moe::shared(&self.dims.moe, m, &x2));
                             },
                             |views| {
                                 let ids: Vec<usize> = views.iter().map(|v| v.expert).collect();
@@ -630,13 +443,18 @@ impl Model {
                                     .iter()
                                     .map(|v| binder.expert(l, v))
                                     .collect::<Result<Vec<_>, _>>()?;
-                                outputs.extend(moe::run_experts(&self.moe, &plan, &ids, &experts));
+                                outputs.extend(moe::run_experts(
+                                    &self.dims.moe,
+                                    &plan,
+                                    &ids,
+                                    &experts,
+                                ));
                                 Ok::<(), ModelError>(())
                             },
                         )?;
                     }
-                    let shared = shared.unwrap_or_else(|| moe::shared(&self.moe, m, &x2));
-                    f = moe::combine(&self.moe, m, p, &plan, &outputs, shared);
+                    let shared = shared.unwrap_or_else(|| moe::shared(&self.dims.moe, m, &x2));
+                    f = moe::combine(&self.dims.moe, m, p, &plan, &outputs, shared);
                 }
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(
@@ -671,7 +489,7 @@ impl Model {
         rows: usize,
     ) -> Result<Option<ExpertPrefetch<'_>>, ModelError> {
         let slots = self.store.plan().lookahead_slots;
-        if slots == 0 || rows * self.moe.router.top_k > slots {
+        if slots == 0 || rows * self.dims.moe.router.top_k > slots {
             return Ok(None);
         }
         let (h, eps) = (self.config.hidden_size, self.config.rms_norm_eps);
@@ -687,7 +505,7 @@ impl Model {
         let mix = aggregate_rows(blocks, partial, &vectors.mlp_res, eps, h);
         let x = norm_rows(&mix, &vectors.post_norm, eps, h);
         let (p, m) = moe;
-        let guess = moe::predict(&self.moe, m, p, &x);
+        let guess = moe::predict(&self.dims.moe, m, p, &x);
         Ok(self.store.prefetch_experts(l, &guess)?)
     }
 
@@ -734,7 +552,7 @@ impl Model {
                 dtype: Dtype::Bf16,
                 shape: vec![n, h],
             };
-            let block = bf16_matrix(bytes, &s, n, h, TensorName::model("lm_head.weight"))?;
+            let block = bf16_matrix(bytes, &s, n, h, TensorName::model(names::LM_HEAD))?;
             let ys = apply(&block, &normed);
             for (dst, src) in logits
                 .chunks_exact_mut(vocab)
@@ -763,30 +581,6 @@ impl Model {
         }
         Ok(out)
     }
-}
-
-/// Checks a `[vocab, hidden]` BF16 table's slice without reading it (it may stream).
-fn table_shape(
-    t: &ModelTensor,
-    vocab: usize,
-    h: usize,
-    name: TensorName,
-) -> Result<(), ModelError> {
-    let s = &t.slice;
-    let fits = s
-        .start
-        .checked_add(s.len)
-        .is_some_and(|e| e as u64 <= t.run.len);
-    if s.dtype != Dtype::Bf16 || s.shape != [vocab, h] || s.len != vocab * h * 2 || !fits {
-        return Err(ModelError::Tensor {
-            tensor: name,
-            problem: format!(
-                "{:?} {:?} at {}..+{} of a {}-byte run, expected BF16 [{vocab}, {h}]",
-                s.dtype, s.shape, s.start, s.len, t.run.len
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// Layer `l`'s mixer state of each sequence, as `pick` finds it, with the sequence's row
@@ -830,327 +624,4 @@ fn add_into(acc: &mut [f32], x: &[f32]) {
     for (a, &b) in acc.iter_mut().zip(x) {
         *a += b;
     }
-}
-
-/// The op dimensions derived from the config.
-struct ModelDims {
-    kda: KdaDims,
-    mla: MlaDims,
-    moe: MoeDims,
-}
-
-enum MixerMatrices<'a> {
-    Kda(KdaMatrices<'a>),
-    Mla(MlaMatrices<'a>),
-}
-
-/// Binds a layer's matrices in its trunk bytes, checking every shape against the config.
-struct Binder<'c> {
-    config: &'c ModelConfig,
-    dims: &'c ModelDims,
-}
-
-impl Binder<'_> {
-    fn mixer<'a>(&self, ll: &LayerLayout, run: &'a [u8]) -> Result<MixerMatrices<'a>, ModelError> {
-        let l = ll.index;
-        let h = self.config.hidden_size;
-        let m = |s, rows, cols, name| bf16_matrix(run, s, rows, cols, TensorName::layer(l, name));
-        Ok(match &ll.mixer {
-            MixerLayout::Kda(k) => {
-                let d = &self.dims.kda;
-                let pw = d.width();
-                MixerMatrices::Kda(KdaMatrices {
-                    q_proj: m(&k.q_proj, pw, h, "self_attn.q_proj.weight")?,
-                    k_proj: m(&k.k_proj, pw, h, "self_attn.k_proj.weight")?,
-                    v_proj: m(&k.v_proj, pw, h, "self_attn.v_proj.weight")?,
-                    g_proj: m(&k.g_proj, pw, h, "self_attn.g_proj.weight")?,
-                    o_proj: m(&k.o_proj, h, pw, "self_attn.o_proj.weight")?,
-                    f_a_proj: m(&k.f_a_proj, d.rank, h, "self_attn.f_a_proj.weight")?,
-                    f_b_proj: m(&k.f_b_proj, pw, d.rank, "self_attn.f_b_proj.weight")?,
-                    b_proj: m(&k.b_proj, d.heads, h, "self_attn.b_proj.weight")?,
-                })
-            }
-            MixerLayout::Mla(a) => {
-                let d = &self.dims.mla;
-                let g_proj = match (&a.g_proj, self.config.mla_use_output_gate) {
-                    (Some(g), true) => Some(m(g, d.heads * d.v, h, "self_attn.g_proj.weight")?),
-                    (None, false) => None,
-                    (g, _) => {
-                        return Err(ModelError::LayoutMismatch(format!(
-                            "layer {l}: mla_use_output_gate is {} but g_proj is {}",
-                            self.config.mla_use_output_gate,
-                            if g.is_some() { "present" } else { "absent" }
-                        )));
-                    }
-                };
-                MixerMatrices::Mla(MlaMatrices {
-                    q_a_proj: m(&a.q_a_proj, d.q_lora, h, "self_attn.q_a_proj.weight")?,
-                    q_b_proj: m(
-                        &a.q_b_proj,
-                        d.heads * d.qk(),
-                        d.q_lora,
-                        "self_attn.q_b_proj.weight",
-                    )?,
-                    kv_a_proj: m(
-                        &a.kv_a_proj_with_mqa,
-                        d.kv_lora + d.rope,
-                        h,
-                        "self_attn.kv_a_proj_with_mqa.weight",
-                    )?,
-                    kv_b_proj: m(
-                        &a.kv_b_proj,
-                        d.heads * (d.nope + d.v),
-                        d.kv_lora,
-                        "self_attn.kv_b_proj.weight",
-                    )?,
-                    o_proj: m(&a.o_proj, h, d.heads * d.v, "self_attn.o_proj.weight")?,
-                    g_proj,
-                })
-            }
-        })
-    }
-
-    fn dense<'a>(
-        &self,
-        l: usize,
-        d: &MlpLayout,
-        run: &'a [u8],
-    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
-        self.mlp(l, d, self.config.intermediate_size, run, DENSE_NAMES)
-    }
-
-    fn mlp<'a>(
-        &self,
-        l: usize,
-        d: &MlpLayout,
-        width: usize,
-        run: &'a [u8],
-        names: [&'static str; 3],
-    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
-        let h = self.config.hidden_size;
-        let t = |name| TensorName::layer(l, name);
-        Ok(Mlp {
-            gate: bf16_matrix(run, &d.gate_proj, width, h, t(names[0]))?,
-            up: bf16_matrix(run, &d.up_proj, width, h, t(names[1]))?,
-            down: bf16_matrix(run, &d.down_proj, h, width, t(names[2]))?,
-        })
-    }
-
-    fn moe<'a>(
-        &self,
-        l: usize,
-        m: &MoeLayout,
-        run: &'a [u8],
-    ) -> Result<MoeMatrices<'a>, ModelError> {
-        let c = self.config;
-        let h = c.hidden_size;
-        let latent = c.routed_expert_hidden_size;
-        let t = |name| TensorName::layer(l, name);
-        Ok(MoeMatrices {
-            router: bf16_matrix(
-                run,
-                &m.gate,
-                c.num_experts,
-                h,
-                t("block_sparse_moe.gate.weight"),
-            )?,
-            latent_down: bf16_matrix(
-                run,
-                &m.routed_expert_down_proj,
-                latent,
-                h,
-                t("block_sparse_moe.routed_expert_down_proj.weight"),
-            )?,
-            latent_up: bf16_matrix(
-                run,
-                &m.routed_expert_up_proj,
-                h,
-                latent,
-                t("block_sparse_moe.routed_expert_up_proj.weight"),
-            )?,
-            shared: self.mlp(
-                l,
-                &m.shared,
-                c.num_shared_experts * c.moe_intermediate_size,
-                run,
-                SHARED_NAMES,
-            )?,
-        })
-    }
-
-    fn expert<'a>(&self, l: usize, v: &'a ExpertView<'_>) -> Result<Expert<'a>, ModelError> {
-        let latent = self.config.routed_expert_hidden_size;
-        let width = self.config.moe_intermediate_size;
-        let e = v.expert;
-        let x = &v.layout;
-        let t = |a, b| (TensorName::expert(l, e, a), TensorName::expert(l, e, b));
-        Ok(Mlp {
-            gate: mxfp4_matrix(
-                v.bytes(),
-                &x.w1_packed,
-                &x.w1_scale,
-                width,
-                latent,
-                t("w1.weight_packed", "w1.weight_scale"),
-            )?,
-            up: mxfp4_matrix(
-                v.bytes(),
-                &x.w3_packed,
-                &x.w3_scale,
-                width,
-                latent,
-                t("w3.weight_packed", "w3.weight_scale"),
-            )?,
-            down: mxfp4_matrix(
-                v.bytes(),
-                &x.w2_packed,
-                &x.w2_scale,
-                latent,
-                width,
-                t("w2.weight_packed", "w2.weight_scale"),
-            )?,
-        })
-    }
-}
-
-const DENSE_NAMES: [&str; 3] = [
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-];
-const SHARED_NAMES: [&str; 3] = [
-    "block_sparse_moe.shared_experts.gate_proj.weight",
-    "block_sparse_moe.shared_experts.up_proj.weight",
-    "block_sparse_moe.shared_experts.down_proj.weight",
-];
-
-/// Decodes a layer's small tensors (vectors, conv taps, decay parameters, biases) once.
-fn layer_params(
-    config: &ModelConfig,
-    dims: &ModelDims,
-    ll: &LayerLayout,
-    run: &[u8],
-) -> Result<LayerParams, ModelError> {
-    let l = ll.index;
-    let h = config.hidden_size;
-    let t = |name| TensorName::layer(l, name);
-    let v = &ll.vectors;
-    let vec_h = |s, name| bf16_values(run, s, &[h], t(name));
-    let proj = |s, name| bf16_values(run, s, &[1, h], t(name));
-    let vectors = LayerVectors {
-        input_norm: vec_h(&v.input_layernorm, "input_layernorm.weight")?,
-        post_norm: vec_h(
-            &v.post_attention_layernorm,
-            "post_attention_layernorm.weight",
-        )?,
-        attn_res: fold_query(
-            &vec_h(&v.self_attention_res_norm, "self_attention_res_norm.weight")?,
-            &proj(&v.self_attention_res_proj, "self_attention_res_proj.weight")?,
-        ),
-        mlp_res: fold_query(
-            &vec_h(&v.mlp_res_norm, "mlp_res_norm.weight")?,
-            &proj(&v.mlp_res_proj, "mlp_res_proj.weight")?,
-        ),
-    };
-    let kind_matches = matches!(
-        (&ll.mixer, config.layer_kinds.get(l)),
-        (MixerLayout::Kda(_), Some(MixerKind::Kda)) | (MixerLayout::Mla(_), Some(MixerKind::Mla))
-    );
-    if !kind_matches {
-        return Err(ModelError::LayoutMismatch(format!(
-            "layer {l}: the layout's mixer differs from the config's layer map"
-        )));
-    }
-    let mixer = match &ll.mixer {
-        MixerLayout::Kda(k) => MixerParams::Kda(kda_params(&dims.kda, k, run, l)?),
-        MixerLayout::Mla(a) => MixerParams::Mla(mla_params(&dims.mla, a, run, l)?),
-    };
-    let ffn = match (&ll.ffn, config.is_moe_layer(l)) {
-        (FfnLayout::Dense(_), false) => FfnParams::Dense,
-        (FfnLayout::Moe(m), true) => {
-            let score_bias = f32_values(
-                run,
-                &m.e_score_correction_bias,
-                &[config.num_experts],
-                t("block_sparse_moe.gate.e_score_correction_bias"),
-            )?;
-            let routed_norm = match (&m.routed_expert_norm, config.latent_moe_use_norm) {
-                (Some(s), true) => Some(bf16_values(
-                    run,
-                    s,
-                    &[config.routed_expert_hidden_size],
-                    t("block_sparse_moe.routed_expert_norm.weight"),
-                )?),
-                (None, false) => None,
-                _ => {
-                    return Err(ModelError::LayoutMismatch(format!(
-                        "layer {l}: latent_moe_use_norm disagrees with the presence of \
-                         routed_expert_norm"
-                    )));
-                }
-            };
-            FfnParams::Moe(MoeParams {
-                score_bias,
-                routed_norm,
-            })
-        }
-        _ => {
-            return Err(ModelError::LayoutMismatch(format!(
-                "layer {l}: the layout's feed-forward kind differs from first_k_dense_replace / \
-                 moe_layer_freq"
-            )));
-        }
-    };
-    Ok(LayerParams {
-        vectors,
-        mixer,
-        ffn,
-    })
-}
-
-fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaParams, ModelError> {
-    let pw = d.width();
-    let t = |name| TensorName::layer(l, name);
-    let conv = |s, name| f32_values(run, s, &[pw, 1, d.conv], t(name));
-    // A_log is stored padded (spec §3.3): any length ≥ heads; only the first `heads` are used.
-    let a_log_len = k.a_log.shape.first().copied().unwrap_or(0);
-    if k.a_log.shape.len() != 1 || a_log_len < d.heads {
-        return Err(ModelError::Tensor {
-            tensor: t("self_attn.A_log"),
-            problem: format!(
-                "shape {:?}, expected [n] with n ≥ {}",
-                k.a_log.shape, d.heads
-            ),
-        });
-    }
-    let a_log = f32_values(run, &k.a_log, &[a_log_len], t("self_attn.A_log"))?;
-    Ok(KdaParams::new(
-        d,
-        [
-            conv(&k.q_conv1d, "self_attn.q_conv1d.weight")?,
-            conv(&k.k_conv1d, "self_attn.k_conv1d.weight")?,
-            conv(&k.v_conv1d, "self_attn.v_conv1d.weight")?,
-        ],
-        &a_log,
-        f32_values(run, &k.dt_bias, &[pw], t("self_attn.dt_bias"))?,
-        f32_values(run, &k.o_norm, &[d.head_dim], t("self_attn.o_norm.weight"))?,
-    ))
-}
-
-fn mla_params(d: &MlaDims, a: &MlaLayout, run: &[u8], l: usize) -> Result<MlaParams, ModelError> {
-    let t = |name| TensorName::layer(l, name);
-    Ok(MlaParams {
-        q_a_norm: bf16_values(
-            run,
-            &a.q_a_layernorm,
-            &[d.q_lora],
-            t("self_attn.q_a_layernorm.weight"),
-        )?,
-        kv_a_norm: bf16_values(
-            run,
-            &a.kv_a_layernorm,
-            &[d.kv_lora],
-            t("self_attn.kv_a_layernorm.weight"),
-        )?,
-    })
 }

@@ -5,8 +5,10 @@
 //! * [`router`] — sigmoid top-k routing (§4.7); [`moe`] — Stable LatentMoE (§4.8).
 //! * [`mlp`] — the SiTU-GLU MLP: layer-0 dense, shared experts, routed experts (§4.8–§4.9).
 //! * [`state`] — what is carried between calls (§5.1).
-//! * [`forward`] — the top-level loop: embedding → layers → model-level AR → norm → lm_head.
-//! * [`bind`] — turning a run's bytes into checked weight views.
+//! * [`forward`] — the top-level loop: embedding → layers → model-level AR → norm → lm_head,
+//!   and the routing lookahead.
+//! * [`bind`] — binding weights by their inventory names into checked views and decoded
+//!   vectors.
 //!
 //! Every op takes `T` token rows at once (prefill and decode share one code path) and computes
 //! each output element with the same reduction as a one-token call would (spec §6.1 rule 5).
@@ -22,7 +24,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model, Sequence, plan_for};
+pub use forward::{LoadOptions, Logits, Model, Sequence};
 pub use state::State;
 
 use crate::store::StoreError;
@@ -43,7 +45,7 @@ pub enum ModelError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("memory plan: {0}")]
-    Plan(#[from] crate::store::plan::PlanError),
+    Plan(#[from] crate::plan::PlanError),
     #[error("{tensor}: {problem}")]
     Tensor { tensor: TensorName, problem: String },
     #[error("layout and config disagree: {0}")]

@@ -15,16 +15,9 @@ use std::sync::Arc;
 
 use memmap2::MmapMut;
 
-/// Alignment of every buffer, file offset and read length on the direct path.
-pub const ALIGN: usize = 4096;
+pub use crate::plan::buffers::{ALIGN, round_up};
 /// Buffers at least this large ask for transparent huge pages.
 pub const HUGE: usize = 2 << 20;
-
-/// `n` rounded up to a multiple of [`ALIGN`], or `None` on overflow.
-pub fn round_up(n: u64) -> Option<u64> {
-    let a = ALIGN as u64;
-    n.checked_add(a - 1).map(|v| v & !(a - 1))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllocError {

@@ -23,9 +23,7 @@ use crate::checkpoint::layout::ByteRun;
 /// Largest single `pread`: macOS fails above `INT_MAX` bytes (engine-lessons §2.4), so every
 /// platform clamps to 1 GiB and loops.
 pub const MAX_SINGLE_READ: usize = 1 << 30;
-/// Bounds of one request when a long run is split for several reader threads (§2.2).
-pub const MIN_CHUNK: usize = 8 << 20;
-pub const MAX_CHUNK: usize = 64 << 20;
+pub use crate::plan::buffers::{MAX_CHUNK, MIN_CHUNK};
 
 /// How a shard is actually being read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,10 +138,10 @@ impl Window {
         })
     }
 
-    /// Buffer bytes that hold the window of *any* run of `len` bytes, whatever its offset:
-    /// `round_up(len) + 4096` (17,551,360 for one K3 expert, whose length is 4,284 pages).
+    /// Buffer bytes that hold the window of *any* run of `len` bytes, whatever its offset
+    /// ([`crate::plan::buffers::window_capacity`], which the plan prices).
     pub fn capacity_for(len: u64) -> Option<u64> {
-        round_up(len).and_then(|l| l.checked_add(ALIGN as u64))
+        crate::plan::buffers::window_capacity(len)
     }
 
     /// The window's requests of at most `chunk` bytes, in file order. Each names the bytes it

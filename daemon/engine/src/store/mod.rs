@@ -3,7 +3,7 @@
 //! The model never touches a file: it asks the [`WeightStore`] for the bytes of one layer's
 //! trunk run ([`WeightStore::trunk`]), for a *set* of routed experts right after routing
 //! ([`WeightStore::experts_each`]), for embedding rows and for the model-level tensors. The
-//! [`plan::Plan`] decides, before anything is allocated, what is resident:
+//! [`Plan`] (computed by [`crate::plan`]) decides, before anything is allocated, what is resident:
 //!
 //! * pinned trunk layers are read once at load into aligned buffers; the others stream through
 //!   a ring of ≥ 2 whole-layer slots, the next streamed layer read while the current computes;
@@ -20,7 +20,6 @@
 pub mod aligned;
 pub mod direct_io;
 pub mod expert_cache;
-pub mod plan;
 pub mod reader;
 
 use std::path::PathBuf;
@@ -28,12 +27,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use crate::plan::{self, Plan, Residency};
 use aligned::AlignedBuf;
 use direct_io::{DirectPolicy, LoadedRun, ReadError, ReadFailure, ShardSet, Window};
 use expert_cache::{
     Acquired, CacheCounters, CacheError, ExpertCache, ExpertId, PolicyKind, Ticket,
 };
-use plan::{Plan, Residency};
 use reader::{Batch, Priority, ReaderConfig, ReaderPool};
 
 use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, ModelLayout, MoeLayout, Slice};

@@ -23,14 +23,7 @@ use super::aligned::{AlignedBuf, BufPart, Lender};
 use super::direct_io::{Chunk, LoadedRun, ReadError, ReadFailure, ShardSet, Window, check_chunk};
 use crate::checkpoint::layout::ByteRun;
 
-/// Requests in flight by default. On this project's (virtual) disk, `examples/read_bench.rs`
-/// (medians of 3 cold runs, two sweeps) gave 17.5 MB expert reads 1.5–2.3 GB/s at depth 1 and
-/// 2.0–2.7 GB/s at depths 4, 8 and 16 with no consistent winner among those three; 8 matches
-/// what engine-lessons §2.2 found on NVMe, and idle reader threads cost nothing.
-pub const DEFAULT_QUEUE_DEPTH: usize = 8;
-/// Request size for long runs by default: 32 and 64 MiB requests were within noise of each
-/// other (2.5–3.0 GB/s at depth 8, same sweeps); 32 halves a chunk stream's memory.
-pub const DEFAULT_CHUNK: usize = 32 << 20;
+pub use crate::plan::buffers::{DEFAULT_CHUNK, DEFAULT_QUEUE_DEPTH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderConfig {

@@ -62,6 +62,7 @@ fn push_float(dtype: Dtype, v: f64, out: &mut Vec<u8>) {
     match dtype {
         Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
         Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
         // Unreachable for inventories: U8 tensors always carry byte inits (tested in
         // inventory.rs). Kept total so that every element still yields exactly one byte.
         Dtype::U8 => out.push(v as u8),

@@ -1,6 +1,7 @@
 //! Facts about the machine that decide how a model can run on it: CPU features the kernels
 //! use, cores, RAM (and the cgroup limit that may cap it), free disk, and the measured read rate
-//! of the model's drive ([`read_probe`]). `k3d doctor` reports them; nothing here changes state.
+//! of the model's drive ([`read_probe`]), and this process's resident memory
+//! ([`ProcessMemory`]). `k3d doctor` reports them; nothing here changes state.
 
 pub mod read_probe;
 
@@ -139,7 +140,38 @@ impl Memory {
     }
 }
 
-/// One `Name:   123 kB` line of /proc/meminfo, in bytes.
+/// This process's resident memory (engine-lessons §8.1: report the real peak RSS), from
+/// `VmRSS` and `VmHWM` of /proc/self/status. The one reader of it: `Status`, `k3d run` and
+/// `k3d bench` all report these figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    /// Resident set now, in bytes.
+    pub rss: u64,
+    /// Largest resident set so far, in bytes.
+    pub peak_rss: u64,
+}
+
+impl ProcessMemory {
+    pub fn read() -> Result<ProcessMemory, SystemError> {
+        Self::parse(Path::new("/proc/self/status"))
+    }
+
+    /// [`ProcessMemory::read`], or zeros where /proc cannot say (the figures are reports,
+    /// never decisions).
+    pub fn now() -> ProcessMemory {
+        Self::read().unwrap_or_default()
+    }
+
+    fn parse(path: &Path) -> Result<ProcessMemory, SystemError> {
+        let text = read_text(path)?;
+        Ok(ProcessMemory {
+            rss: meminfo_field(path, &text, "VmRSS")?,
+            peak_rss: meminfo_field(path, &text, "VmHWM")?,
+        })
+    }
+}
+
+/// One `Name:   123 kB` line of /proc/meminfo (or /proc/self/status), in bytes.
 fn meminfo_field(path: &Path, text: &str, field: &'static str) -> Result<u64, SystemError> {
     let line = text
         .lines()
@@ -263,6 +295,25 @@ mod tests {
             meminfo_field(p, "MemTotal: lots kB\n", "MemTotal"),
             Err(SystemError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn process_memory_is_read_from_proc_status() {
+        let dir = tree(
+            "status",
+            &[(
+                "status",
+                "Name:\tk3d\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n",
+            )],
+        );
+        let m = ProcessMemory::parse(&dir.path().join("status")).unwrap();
+        assert_eq!((m.rss, m.peak_rss), (1024 * 1024, 2048 * 1024));
+        assert!(matches!(
+            ProcessMemory::parse(&dir.path().join("missing")),
+            Err(SystemError::Read { .. })
+        ));
+        let live = ProcessMemory::read().unwrap();
+        assert!(live.rss > 0 && live.peak_rss >= live.rss);
     }
 
     fn tree(label: &str, files: &[(&str, &str)]) -> tempfile::TempDir {

@@ -19,11 +19,14 @@ pub fn synth(shape: &str, dir: &Path) -> String {
 /// Default load options with a RAM budget of `ram` bytes.
 pub fn ram_budget(ram: u64) -> k3_engine::model::LoadOptions {
     use k3_engine::model::LoadOptions;
-    use k3_engine::store::plan::Budget;
+    use k3_engine::plan::{Budget, PlanInputs};
     LoadOptions {
-        budget: Budget {
-            ram: Some(ram),
-            ..Budget::default()
+        plan: PlanInputs {
+            budget: Budget {
+                ram: Some(ram),
+                ..Budget::default()
+            },
+            ..PlanInputs::default()
         },
         ..LoadOptions::default()
     }
@@ -32,9 +35,8 @@ pub fn ram_budget(ram: u64) -> k3_engine::model::LoadOptions {
 /// The smallest RAM budget the plan accepts for `checkpoint` with default load options, in
 /// bytes (from the refusal of a 1-byte budget).
 pub fn minimum_budget(checkpoint: &k3_engine::checkpoint::Checkpoint) -> u64 {
-    use k3_engine::model::plan_for;
-    use k3_engine::store::plan::PlanError;
-    match plan_for(&checkpoint.config, &checkpoint.layout, &ram_budget(1)) {
+    use k3_engine::plan::{Plan, PlanError};
+    match Plan::for_model(&checkpoint.config, &checkpoint.layout, &ram_budget(1).plan) {
         Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
         other => panic!("a 1-byte budget must be refused, got {other:?}"),
     }

@@ -22,11 +22,12 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::engine::measure::{Measured, PhaseCost, measure};
-use k3_engine::engine::{Engine, EngineOptions, peak_rss_bytes};
+use k3_engine::engine::{Engine, EngineOptions};
+use k3_engine::plan::{Census, GIB, Plan, StreamScheme};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::expert_cache::{PolicyKind, replay};
-use k3_engine::store::plan::{Census, GIB, Plan, StreamScheme};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
+use k3_engine::system::ProcessMemory;
 use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -174,7 +175,7 @@ impl Args {
         }
         options.model.store.record_trace = !self.policy_slots.is_empty();
         if let Some(slots) = self.ring_slots {
-            options.model.scheme = StreamScheme::Ring { slots };
+            options.model.plan.scheme = StreamScheme::Ring { slots };
         }
         Ok(options)
     }
@@ -201,9 +202,12 @@ pub fn run(args: Args) -> CliResult {
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
         let options = args.engine_options(ram)?;
-        let plan =
-            k3_engine::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
-                .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
+        let plan = k3_engine::plan::Plan::for_model(
+            &checkpoint.config,
+            &checkpoint.layout,
+            &options.model.plan,
+        )
+        .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
         plans.push(plan);
     }
     drop(checkpoint);
@@ -326,7 +330,7 @@ fn child(args: &Args) -> CliResult {
         generated: measured.generated,
         prefill: measured.prefill.into(),
         decode: measured.decode.into(),
-        peak_rss_bytes: peak_rss_bytes(),
+        peak_rss_bytes: ProcessMemory::now().peak_rss,
         threads: engine.options().threads,
         policies,
     };

@@ -4,7 +4,7 @@
 //! models need budgets of a few MiB).
 
 use k3_engine::model::LoadOptions;
-use k3_engine::store::plan::{Budget, Lookahead, Preset};
+use k3_engine::plan::{Budget, Lookahead, PlanInputs, Preset};
 
 use crate::exit::{CliError, Exit};
 
@@ -103,7 +103,10 @@ impl BudgetArgs {
     /// Load options with this budget.
     pub fn load_options(&self) -> Result<LoadOptions, CliError> {
         Ok(LoadOptions {
-            budget: self.budget()?,
+            plan: PlanInputs {
+                budget: self.budget()?,
+                ..PlanInputs::default()
+            },
             ..LoadOptions::default()
         })
     }

@@ -4,8 +4,8 @@
 use crate::exit::{CliError, CliResult, Exit};
 use k3_engine::advice::{self, Advice};
 use k3_engine::checkpoint::{Checkpoint, CheckpointError};
+use k3_engine::plan::{Census, GIB};
 use k3_engine::store::direct_io::DirectPolicy;
-use k3_engine::store::plan::{Census, GIB};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
 use k3_engine::system::{Cpu, Disk, Memory};

@@ -8,7 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, Step, peak_rss_bytes};
+use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, Step};
+use k3_engine::system::ProcessMemory;
 
 use super::budget::BudgetArgs;
 use crate::exit::{CliError, CliResult, Exit};
@@ -55,8 +56,8 @@ pub struct Args {
 pub fn run(args: Args) -> CliResult {
     let mut model = args.budget.load_options()?;
     // A speculative step feeds the last token and its drafts in one call.
-    model.max_tokens_per_call = args.prefill_chunk.max(1 + args.speculate) as u64;
-    model.speculate = args.speculate as u64;
+    model.plan.max_tokens_per_call = args.prefill_chunk.max(1 + args.speculate) as u64;
+    model.plan.speculate = args.speculate as u64;
     let mut options = EngineOptions {
         prefill_chunk: args.prefill_chunk,
         model,
@@ -65,8 +66,12 @@ pub fn run(args: Args) -> CliResult {
     // The plan, before anything is allocated: printed, or the budget refused (exit 5).
     let checkpoint = k3_engine::checkpoint::Checkpoint::open(&args.model_dir)
         .map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
-    let plan = k3_engine::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
-        .map_err(|e| CliError::new(Exit::Resources, e))?;
+    let plan = k3_engine::plan::Plan::for_model(
+        &checkpoint.config,
+        &checkpoint.layout,
+        &options.model.plan,
+    )
+    .map_err(|e| CliError::new(Exit::Resources, e))?;
     drop(checkpoint);
     eprintln!("{plan}");
     if let Some(t) = args.threads {
@@ -125,7 +130,7 @@ pub fn run(args: Args) -> CliResult {
             "seconds_per_token": seconds_per_token,
             "prefill_seconds": summary.prefill_seconds,
             "decode_seconds": summary.decode_seconds,
-            "peak_rss_bytes": peak_rss_bytes(),
+            "peak_rss_bytes": ProcessMemory::now().peak_rss,
             "bytes_read": summary.bytes_read,
             "bytes_avoided": summary.bytes_avoided,
             "speculate": args.speculate,
@@ -148,8 +153,8 @@ pub fn run(args: Args) -> CliResult {
                 "allocated_bytes": plan.total(),
                 "pinned_layers": plan.pinned_layers,
                 "layers": plan.layer_count,
-                "lm_head_resident": plan.lm_head == k3_engine::store::plan::Residency::Resident,
-                "embedding_resident": plan.embedding == k3_engine::store::plan::Residency::Resident,
+                "lm_head_resident": plan.lm_head == k3_engine::plan::Residency::Resident,
+                "embedding_resident": plan.embedding == k3_engine::plan::Residency::Resident,
                 "cache_slots": plan.cache_slots,
                 "lookahead_slots": plan.lookahead_slots,
                 "predicted_bytes_per_token": plan.reads.total(),
@@ -168,7 +173,7 @@ pub fn run(args: Args) -> CliResult {
             summary.prompt_tokens,
             summary.generated_tokens,
             seconds_per_token,
-            peak_rss_bytes() as f64 / 1e6
+            ProcessMemory::now().peak_rss as f64 / 1e6
         );
     }
     Ok(())

@@ -5,6 +5,7 @@
 //! given on the command line overrides the file; unknown keys in the file are refused.
 use crate::exit::{CliError, CliResult, Exit};
 use crate::server;
+use k3_engine::plan::{Budget, Serving};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -217,7 +218,7 @@ pub fn run(args: Args) -> CliResult {
     let session_bytes = args
         .session_gb
         .or(file.session_gb)
-        .map(|g| k3_engine::store::plan::Budget::gib("--session-gb", g))
+        .map(|g| Budget::gib("--session-gb", g))
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
     let mut model_options = args
@@ -231,22 +232,16 @@ pub fn run(args: Args) -> CliResult {
             file.cache_gb,
         )
         .load_options()?;
-    // A batched pass carries up to one prefill chunk per member: plan its activations.
-    model_options.max_tokens_per_call = (k3_engine::engine::PREFILL_CHUNK * max_batch) as u64;
-    // Every active request holds its own state, and with `--speculate` its rollback journal:
-    // requests may ask for at most that many drafts (the engine clamps to what is planned).
-    model_options.sequences = max_active as u64;
-    model_options.speculate = speculate as u64;
-    // Sessions count against the budget: the model is planned in what they leave.
-    if let (Some(ram), Some(sessions)) = (model_options.budget.ram, session_bytes) {
-        model_options.budget.ram = Some(ram.checked_sub(sessions).filter(|r| *r > 0).ok_or_else(
-            || {
-                usage(format!(
-                    "--session-gb ({sessions} B) leaves nothing of the RAM budget ({ram} B)"
-                ))
-            },
-        )?);
-    }
+    model_options.plan = model_options
+        .plan
+        .serving(Serving {
+            max_active,
+            max_batch,
+            tokens_per_member: k3_engine::engine::PREFILL_CHUNK,
+            speculate,
+            session_bytes,
+        })
+        .map_err(|e| usage(e.to_string()))?;
     check_model_dir(&model)?;
     server::run(server::Config {
         model,

@@ -4,8 +4,8 @@
 
 use super::scheduler::uid_text;
 use k3_engine::model::State;
+use k3_engine::plan::Plan;
 use k3_engine::session::{FileError, SessionInfo, SessionStore, Snapshot, StoreError};
-use k3_engine::store::plan::Plan;
 use k3proto::v1 as pb;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};

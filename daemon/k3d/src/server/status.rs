@@ -1,5 +1,5 @@
 //! The `Status` reply: the scheduler's published snapshot plus process figures read here
-//! (resident memory from /proc, engine-lessons §8.1: report real peak RSS).
+//! (resident memory: `system::ProcessMemory`, engine-lessons §8.1: report real peak RSS).
 
 use super::admission::{Phase, Shared};
 use k3proto::v1 as pb;
@@ -19,7 +19,7 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
         (Phase::Ready, true) => ("ready".to_string(), None),
         (Phase::Failed(msg), true) => (format!("failed: {msg}"), None),
     };
-    let (rss_bytes, peak_rss_bytes) = memory();
+    let memory = k3_engine::system::ProcessMemory::now();
     let info = snap.info.as_ref();
     pb::StatusReply {
         state,
@@ -47,8 +47,8 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
         }),
         bytes_read: snap.stats.bytes_read,
         bytes_avoided: snap.stats.bytes_avoided,
-        rss_bytes,
-        peak_rss_bytes,
+        rss_bytes: memory.rss,
+        peak_rss_bytes: memory.peak_rss,
         uptime_seconds: shared.started.elapsed().as_secs_f64(),
         active_requests: super::convert::count(snap.active),
         queued_requests: super::convert::count(snap.queued),
@@ -65,19 +65,4 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
         widest_batch: u32::try_from(snap.stats.widest_batch).unwrap_or(u32::MAX),
         sessions: Some(sessions),
     }
-}
-
-/// Current and peak resident set (VmRSS, VmHWM) in bytes; 0 where /proc does not say.
-fn memory() -> (u64, u64) {
-    let Ok(text) = std::fs::read_to_string("/proc/self/status") else {
-        return (0, 0);
-    };
-    let field = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().strip_suffix("kB"))
-            .and_then(|kb| kb.trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }

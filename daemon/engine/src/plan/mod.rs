@@ -41,43 +41,34 @@
 //! A streamed lm_head passes through the same buffers in row blocks of at most 64 MiB: its rows
 //! are independent. A single whole-layer slot is unrepresentable: the C engine's prefetcher
 //! overwrote the layer being computed and emitted wrong tokens without an error (§3.1).
+//!
+//! Submodules: [`census`] (the bytes the plan is computed from), [`state`] (the state
+//! geometry), [`budget`] (what the user asks), [`inputs`] (what a loader or a daemon must hold
+//! at once: context, batch, speculation, sessions) and [`buffers`] (the store's buffer sizes).
+//!
+//! The plan sits between the checkpoint and the store (checkpoint → plan → store → model →
+//! engine): it is computed from the checkpoint's layout and configuration alone, before
+//! anything is opened, and the store allocates exactly what it says.
+
+pub mod budget;
+pub mod buffers;
+pub mod census;
+pub mod inputs;
+pub mod state;
 
 use std::fmt;
 
-use super::direct_io::{MAX_CHUNK, Window};
-use super::reader::{DEFAULT_CHUNK, DEFAULT_QUEUE_DEPTH};
-use crate::checkpoint::config::{MixerKind, ModelConfig};
-use crate::checkpoint::layout::{FfnLayout, ModelLayout};
+pub use budget::{Budget, Lookahead, Preset, StreamScheme};
+pub use census::Census;
+pub use inputs::{PlanInputs, Serving};
+pub use state::StateShape;
+
+use buffers::{MAX_CHUNK, window_capacity};
 
 pub const GIB: u64 = 1 << 30;
 /// Below this much memory left after the trunk, a bigger expert cache retained nothing on K3
 /// (engine-lessons §4.1: first retention at a 36.4 GB cache).
 pub const CACHE_WORTHWHILE: u64 = 36_000_000_000;
-
-/// The byte census the plan needs (spec §1.2, §5.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Census {
-    /// Trunk run length of every layer, by layer index.
-    pub trunk_layers: Vec<u64>,
-    /// One routed expert's run (17,547,264 for K3).
-    pub expert_bytes: u64,
-    pub experts_per_layer: usize,
-    pub moe_layers: usize,
-    /// Routed experts per token and MoE layer.
-    pub top_k: usize,
-    pub embedding_bytes: u64,
-    pub embedding_row_bytes: u64,
-    pub lm_head_bytes: u64,
-    /// Final norm and output AttnRes vectors: always resident.
-    pub model_vectors_bytes: u64,
-    /// KDA and conv state plus the MLA cache at the maximum context.
-    pub state_bytes: u64,
-    /// Activations, logits and kernel workspaces (supplied by the forward pass).
-    pub scratch_bytes: u64,
-    /// Sequences one forward pass may decode together (a daemon's batch): the routing
-    /// lookahead wants top-k slots for each (rule 4).
-    pub sequences: usize,
-}
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
@@ -103,291 +94,8 @@ pub enum PlanError {
     BadBudget { what: &'static str, value: String },
     #[error("unknown memory preset {0:?} (laptop, desktop, workstation, server, max)")]
     UnknownPreset(String),
-}
-
-/// The dimensions that size the conversation state (spec §5.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StateShape {
-    pub kda_layers: u64,
-    pub kda_heads: u64,
-    pub kda_head_dim: u64,
-    pub conv_kernel: u64,
-    pub mla_layers: u64,
-    /// Values per MLA cache row in latent form: kv_lora_rank + qk_rope_head_dim.
-    pub mla_row_values: u64,
-}
-
-impl StateShape {
-    pub fn of(cfg: &ModelConfig) -> Self {
-        let count = |k| cfg.layer_kinds.iter().filter(|&&x| x == k).count() as u64;
-        Self {
-            kda_layers: count(MixerKind::Kda),
-            kda_heads: cfg.kda.num_heads as u64,
-            kda_head_dim: cfg.kda.head_dim as u64,
-            conv_kernel: cfg.kda.short_conv_kernel_size as u64,
-            mla_layers: count(MixerKind::Mla),
-            mla_row_values: (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u64,
-        }
-    }
-
-    /// f32 KDA state and conv histories (fixed) plus the f32 latent MLA cache for
-    /// `max_context` positions: 464,633,856 + 55,296 × `max_context` for the released model.
-    pub fn bytes(&self, max_context: u64) -> Option<u64> {
-        let width = self.kda_heads.checked_mul(self.kda_head_dim)?;
-        let kda_layer = width
-            .checked_mul(self.kda_head_dim)?
-            .checked_add(3 * self.conv_kernel.saturating_sub(1) * width)?
-            .checked_mul(4)?;
-        let mla = (self.mla_row_values * 4)
-            .checked_mul(self.mla_layers)?
-            .checked_mul(max_context)?;
-        kda_layer.checked_mul(self.kda_layers)?.checked_add(mla)
-    }
-
-    /// The rollback journal of one speculative step of `tokens` fed ids (spec §5.2): per KDA
-    /// layer a copy of S and the conv histories, plus per token the pre-conv q, k, v, the
-    /// post-conv k, v and α (`P` values each) and β (one per head), all f32. MLA needs nothing
-    /// (its rows are truncated).
-    pub fn journal_bytes(&self, tokens: u64) -> Option<u64> {
-        let width = self.kda_heads.checked_mul(self.kda_head_dim)?;
-        let copy = width
-            .checked_mul(self.kda_head_dim)?
-            .checked_add(3 * self.conv_kernel.saturating_sub(1) * width)?;
-        let per_token = width.checked_mul(6)?.checked_add(self.kda_heads)?;
-        copy.checked_add(per_token.checked_mul(tokens)?)?
-            .checked_mul(4)?
-            .checked_mul(self.kda_layers)
-    }
-}
-
-impl Census {
-    /// The census of a bound checkpoint.
-    pub fn from_layout(
-        layout: &ModelLayout,
-        cfg: &ModelConfig,
-        max_context: u64,
-        scratch_bytes: u64,
-    ) -> Result<Self, PlanError> {
-        let mut expert_bytes = 0;
-        let mut experts_per_layer = 0;
-        let mut moe_layers = 0;
-        for l in &layout.layers {
-            if let FfnLayout::Moe(m) = &l.ffn {
-                moe_layers += 1;
-                experts_per_layer = experts_per_layer.max(m.experts.len());
-                expert_bytes = m
-                    .experts
-                    .iter()
-                    .fold(expert_bytes, |a, (r, _)| a.max(r.len));
-            }
-        }
-        let rows = layout
-            .embed_tokens
-            .slice
-            .shape
-            .first()
-            .copied()
-            .unwrap_or(0) as u64;
-        let embedding_bytes = layout.embed_tokens.run.len;
-        let state = StateShape::of(cfg)
-            .bytes(max_context)
-            .ok_or_else(|| PlanError::BadCensus("state size overflows".into()))?;
-        let census = Self {
-            trunk_layers: layout.layers.iter().map(|l| l.trunk.len).collect(),
-            expert_bytes,
-            experts_per_layer,
-            moe_layers,
-            top_k: cfg.num_experts_per_token,
-            embedding_bytes,
-            embedding_row_bytes: embedding_bytes.checked_div(rows).unwrap_or(0),
-            lm_head_bytes: layout.lm_head.run.len,
-            model_vectors_bytes: layout.norm.run.len
-                + layout.output_attn_res_norm.run.len
-                + layout.output_attn_res_proj.run.len,
-            state_bytes: state,
-            scratch_bytes,
-            sequences: 1,
-        };
-        census.validate()?;
-        Ok(census)
-    }
-
-    fn validate(&self) -> Result<(), PlanError> {
-        let bad = |m: &str| Err(PlanError::BadCensus(m.into()));
-        if self.trunk_layers.is_empty() {
-            return bad("no layers");
-        }
-        if self.moe_layers > 0 && (self.expert_bytes == 0 || self.top_k == 0) {
-            return bad("MoE layers without expert size or top-k");
-        }
-        if self.top_k > self.experts_per_layer {
-            return bad("top-k exceeds the experts per layer");
-        }
-        // Totals in u64 must not overflow anywhere below.
-        let total = self
-            .trunk_layers
-            .iter()
-            .try_fold(0u64, |a, &b| a.checked_add(b))
-            .and_then(|t| t.checked_add(self.embedding_bytes))
-            .and_then(|t| t.checked_add(self.lm_head_bytes))
-            .and_then(|t| t.checked_add(self.state_bytes))
-            .and_then(|t| t.checked_add(self.scratch_bytes))
-            .and_then(|t| t.checked_add(self.model_vectors_bytes))
-            .and_then(|t| t.checked_add(self.expert_slot_bytes().checked_mul(self.pool() as u64)?));
-        if total.is_none() {
-            return bad("sizes overflow");
-        }
-        Ok(())
-    }
-
-    /// Buffer bytes of one expert cache slot: the aligned window of an expert at any offset.
-    pub fn expert_slot_bytes(&self) -> u64 {
-        Window::capacity_for(self.expert_bytes).unwrap_or(u64::MAX)
-    }
-
-    /// All routed experts of the model.
-    pub fn pool(&self) -> usize {
-        self.moe_layers * self.experts_per_layer
-    }
-
-    /// Expert bytes one token routes to (25,829,572,608 for K3).
-    pub fn expert_bytes_per_token(&self) -> u64 {
-        (self.moe_layers * self.top_k) as u64 * self.expert_bytes
-    }
-
-    pub fn trunk_bytes(&self) -> u64 {
-        self.trunk_layers.iter().sum()
-    }
-}
-
-/// How unpinned trunk (and a streamed lm_head) passes through memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum StreamScheme {
-    /// Fixed requests consumed in order as they land: `in_flight` reads plus the one being
-    /// consumed. Needs the forward pass to consume weights by row ranges.
-    Chunks { chunk: u64, in_flight: usize },
-    /// Whole runs in `slots` ≥ 2 slots, each sized for the largest streamed run.
-    Ring { slots: usize },
-}
-
-impl Default for StreamScheme {
-    fn default() -> Self {
-        Self::Ring { slots: 2 }
-    }
-}
-
-impl StreamScheme {
-    /// The chunk stream with the reader pool's default request size and depth.
-    pub fn default_chunks() -> Self {
-        Self::Chunks {
-            chunk: DEFAULT_CHUNK as u64,
-            in_flight: DEFAULT_QUEUE_DEPTH,
-        }
-    }
-}
-
-impl StreamScheme {
-    fn validate(self) -> Result<Self, PlanError> {
-        match self {
-            Self::Ring { slots } if slots < 2 => Err(PlanError::RingNeedsTwoSlots { slots }),
-            Self::Chunks { chunk, in_flight } if chunk < 4096 || in_flight == 0 => {
-                Err(PlanError::BadChunks { chunk, in_flight })
-            }
-            s => Ok(s),
-        }
-    }
-
-    /// Buffer bytes when `largest` is the largest streamed run (0: nothing streams).
-    fn bytes(self, largest: u64) -> u64 {
-        if largest == 0 {
-            return 0;
-        }
-        match self {
-            Self::Chunks { chunk, in_flight } => (in_flight as u64 + 1) * chunk,
-            Self::Ring { slots } => {
-                slots as u64 * Window::capacity_for(largest).unwrap_or(u64::MAX / 4)
-            }
-        }
-    }
-}
-
-/// Named budgets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Preset {
-    Laptop,
-    Desktop,
-    Workstation,
-    Server,
-    /// Everything resident: trunk, both tables and every expert.
-    Max,
-}
-
-impl Preset {
-    /// The budget in GiB; `None` for [`Preset::Max`].
-    pub fn ram_gib(self) -> Option<u64> {
-        match self {
-            Self::Laptop => Some(8),
-            Self::Desktop => Some(32),
-            Self::Workstation => Some(96),
-            Self::Server => Some(128),
-            Self::Max => None,
-        }
-    }
-}
-
-impl std::str::FromStr for Preset {
-    type Err = PlanError;
-    fn from_str(s: &str) -> Result<Self, PlanError> {
-        Ok(match s {
-            "laptop" => Self::Laptop,
-            "desktop" => Self::Desktop,
-            "workstation" => Self::Workstation,
-            "server" => Self::Server,
-            "max" => Self::Max,
-            _ => return Err(PlanError::UnknownPreset(s.into())),
-        })
-    }
-}
-
-/// Whether the plan may reserve cache slots for expert reads issued on a predicted routing
-/// ([`Plan::lookahead_slots`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Lookahead {
-    /// When the rules allow it (the default).
-    #[default]
-    Auto,
-    /// Never (`--no-lookahead`: for comparisons).
-    Off,
-}
-
-/// The user's budget: `--ram-gb` (GiB; `None` = max) and optional caps for trunk and cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Budget {
-    pub ram: Option<u64>,
-    pub trunk: Option<u64>,
-    pub cache: Option<u64>,
-    pub lookahead: Lookahead,
-}
-
-impl Budget {
-    pub fn preset(p: Preset) -> Self {
-        Self {
-            ram: p.ram_gib().map(|g| g * GIB),
-            ..Self::default()
-        }
-    }
-
-    /// Bytes from a GiB figure given on the command line.
-    pub fn gib(what: &'static str, value: f64) -> Result<u64, PlanError> {
-        if value.is_finite() && value > 0.0 && value * (GIB as f64) < u64::MAX as f64 {
-            Ok((value * GIB as f64) as u64)
-        } else {
-            Err(PlanError::BadBudget {
-                what,
-                value: value.to_string(),
-            })
-        }
-    }
+    #[error("--session-gb ({sessions} B) leaves nothing of the RAM budget ({ram} B)")]
+    SessionsTakeBudget { sessions: u64, ram: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -478,7 +186,7 @@ impl Plan {
             0
         };
         let slot = census.expert_slot_bytes();
-        let row_window = Window::capacity_for(census.embedding_row_bytes).unwrap_or(u64::MAX);
+        let row_window = window_capacity(census.embedding_row_bytes).unwrap_or(u64::MAX);
         let base = census.state_bytes + census.scratch_bytes + census.model_vectors_bytes;
 
         let Some(ram) = budget.ram else {
@@ -809,10 +517,7 @@ mod tests {
         // Largest first: layer 0 (2.34 GB), then KDA+MoE layers in index order while they fit
         // beside two 1.27 GB ring slots, then a smaller MLA+MoE layer (3) that still fits.
         assert_eq!(p.pinned_layers, vec![0, 1, 3]);
-        assert_eq!(
-            p.stream_bytes,
-            2 * Window::capacity_for(1_267_744_256).unwrap()
-        );
+        assert_eq!(p.stream_bytes, 2 * window_capacity(1_267_744_256).unwrap());
         // The chunk stream needs 0.30 GB instead of 2.54 and pins one layer more.
         let chunks = Plan::new(
             &c,
@@ -937,8 +642,8 @@ mod tests {
             + c.scratch_bytes
             + 43_008
             + 17 * 17_551_360
-            + 2 * Window::capacity_for(2_341_213_184).unwrap()
-            + Window::capacity_for(14_336).unwrap();
+            + 2 * window_capacity(2_341_213_184).unwrap()
+            + window_capacity(14_336).unwrap();
         assert_eq!(needed, min);
         assert!(
             Plan::new(
@@ -974,10 +679,7 @@ mod tests {
         // them in 64 MiB row blocks and does not widen them.
         assert_eq!(p.pinned_layers[0], 0);
         assert_eq!(p.lm_head, Residency::Streamed);
-        assert_eq!(
-            p.stream_bytes,
-            3 * Window::capacity_for(1_267_744_256).unwrap()
-        );
+        assert_eq!(p.stream_bytes, 3 * window_capacity(1_267_744_256).unwrap());
     }
 
     fn tiny() -> Census {
@@ -1075,30 +777,5 @@ mod tests {
         let p = Plan::new(&c, b, TINY_SCHEME).unwrap();
         assert_eq!(p.cache_slots, 3);
         assert_eq!(p.reads.experts, 0);
-    }
-
-    #[test]
-    fn released_state_matches_spec() {
-        let k3 = StateShape {
-            kda_layers: 69,
-            kda_heads: 96,
-            kda_head_dim: 128,
-            conv_kernel: 4,
-            mla_layers: 24,
-            mla_row_values: 576,
-        };
-        assert_eq!(k3.bytes(0), Some(464_633_856));
-        assert_eq!(k3.bytes(8192), Some(464_633_856 + 55_296 * 8192));
-        assert_eq!(k3.bytes(u64::MAX), None);
-    }
-
-    #[test]
-    fn presets_parse() {
-        assert_eq!("laptop".parse::<Preset>().unwrap().ram_gib(), Some(8));
-        assert_eq!("max".parse::<Preset>().unwrap().ram_gib(), None);
-        assert!("huge".parse::<Preset>().is_err());
-        assert_eq!(Budget::gib("ram", 1.5).unwrap(), 3 * GIB / 2);
-        assert!(Budget::gib("ram", -1.0).is_err());
-        assert!(Budget::gib("ram", f64::NAN).is_err());
     }
 }

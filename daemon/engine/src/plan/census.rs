@@ -1,0 +1,132 @@
+//! The byte census the plan is computed from: run sizes of the bound checkpoint (spec §1.2),
+//! the state for the planned context (spec §5.1) and the forward pass's scratch.
+
+use super::buffers::window_capacity;
+use super::{PlanError, StateShape};
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::layout::{FfnLayout, ModelLayout};
+
+/// The byte census the plan needs (spec §1.2, §5.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Census {
+    /// Trunk run length of every layer, by layer index.
+    pub trunk_layers: Vec<u64>,
+    /// One routed expert's run (17,547,264 for K3).
+    pub expert_bytes: u64,
+    pub experts_per_layer: usize,
+    pub moe_layers: usize,
+    /// Routed experts per token and MoE layer.
+    pub top_k: usize,
+    pub embedding_bytes: u64,
+    pub embedding_row_bytes: u64,
+    pub lm_head_bytes: u64,
+    /// Final norm and output AttnRes vectors: always resident.
+    pub model_vectors_bytes: u64,
+    /// KDA and conv state plus the MLA cache at the maximum context.
+    pub state_bytes: u64,
+    /// Activations, logits and kernel workspaces (supplied by the forward pass).
+    pub scratch_bytes: u64,
+    /// Sequences one forward pass may decode together (a daemon's batch): the routing
+    /// lookahead wants top-k slots for each (rule 4).
+    pub sequences: usize,
+}
+
+impl Census {
+    /// The census of a bound checkpoint.
+    pub fn from_layout(
+        layout: &ModelLayout,
+        cfg: &ModelConfig,
+        max_context: u64,
+        scratch_bytes: u64,
+    ) -> Result<Self, PlanError> {
+        let mut expert_bytes = 0;
+        let mut experts_per_layer = 0;
+        let mut moe_layers = 0;
+        for l in &layout.layers {
+            if let FfnLayout::Moe(m) = &l.ffn {
+                moe_layers += 1;
+                experts_per_layer = experts_per_layer.max(m.experts.len());
+                expert_bytes = m
+                    .experts
+                    .iter()
+                    .fold(expert_bytes, |a, (r, _)| a.max(r.len));
+            }
+        }
+        let rows = layout
+            .embed_tokens
+            .slice
+            .shape
+            .first()
+            .copied()
+            .unwrap_or(0) as u64;
+        let embedding_bytes = layout.embed_tokens.run.len;
+        let state = StateShape::of(cfg)
+            .bytes(max_context)
+            .ok_or_else(|| PlanError::BadCensus("state size overflows".into()))?;
+        let census = Self {
+            trunk_layers: layout.layers.iter().map(|l| l.trunk.len).collect(),
+            expert_bytes,
+            experts_per_layer,
+            moe_layers,
+            top_k: cfg.num_experts_per_token,
+            embedding_bytes,
+            embedding_row_bytes: embedding_bytes.checked_div(rows).unwrap_or(0),
+            lm_head_bytes: layout.lm_head.run.len,
+            model_vectors_bytes: layout.norm.run.len
+                + layout.output_attn_res_norm.run.len
+                + layout.output_attn_res_proj.run.len,
+            state_bytes: state,
+            scratch_bytes,
+            sequences: 1,
+        };
+        census.validate()?;
+        Ok(census)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), PlanError> {
+        let bad = |m: &str| Err(PlanError::BadCensus(m.into()));
+        if self.trunk_layers.is_empty() {
+            return bad("no layers");
+        }
+        if self.moe_layers > 0 && (self.expert_bytes == 0 || self.top_k == 0) {
+            return bad("MoE layers without expert size or top-k");
+        }
+        if self.top_k > self.experts_per_layer {
+            return bad("top-k exceeds the experts per layer");
+        }
+        // Totals in u64 must not overflow anywhere below.
+        let total = self
+            .trunk_layers
+            .iter()
+            .try_fold(0u64, |a, &b| a.checked_add(b))
+            .and_then(|t| t.checked_add(self.embedding_bytes))
+            .and_then(|t| t.checked_add(self.lm_head_bytes))
+            .and_then(|t| t.checked_add(self.state_bytes))
+            .and_then(|t| t.checked_add(self.scratch_bytes))
+            .and_then(|t| t.checked_add(self.model_vectors_bytes))
+            .and_then(|t| t.checked_add(self.expert_slot_bytes().checked_mul(self.pool() as u64)?));
+        if total.is_none() {
+            return bad("sizes overflow");
+        }
+        Ok(())
+    }
+
+    /// Buffer bytes of one expert cache slot: the aligned window of an expert at any offset.
+    pub fn expert_slot_bytes(&self) -> u64 {
+        window_capacity(self.expert_bytes).unwrap_or(u64::MAX)
+    }
+
+    /// All routed experts of the model.
+    pub fn pool(&self) -> usize {
+        self.moe_layers * self.experts_per_layer
+    }
+
+    /// Expert bytes one token routes to (25,829,572,608 for K3).
+    pub fn expert_bytes_per_token(&self) -> u64 {
+        (self.moe_layers * self.top_k) as u64 * self.expert_bytes
+    }
+
+    pub fn trunk_bytes(&self) -> u64 {
+        self.trunk_layers.iter().sum()
+    }
+}

@@ -1,0 +1,171 @@
+//! What the plan must hold at once besides the weights: the context every state is sized for,
+//! the rows of one forward pass, the sequences held together, the drafts a speculative step
+//! journals, and (for a daemon) the memory kept for sessions.
+
+use super::{Budget, Census, Plan, PlanError, StateShape, StreamScheme};
+use crate::checkpoint::config::ModelConfig;
+use crate::checkpoint::layout::ModelLayout;
+
+/// The plan's inputs beyond the checkpoint. The default is the `max` budget (everything
+/// resident) for one sequence of 4,096 positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanInputs {
+    pub budget: Budget,
+    pub scheme: StreamScheme,
+    /// Positions of conversation state the plan reserves memory for.
+    pub max_context: u64,
+    /// Prompt tokens per forward the plan reserves scratch memory for (all rows of a batched
+    /// pass).
+    pub max_tokens_per_call: u64,
+    /// Sequences whose states are held at once (a daemon's active requests, a batch's
+    /// members): the plan reserves a full-context state for each.
+    pub sequences: u64,
+    /// Drafted ids per speculative step the plan reserves a rollback journal for, per sequence
+    /// (0 = none: speculation is unavailable). The journal holds a copy of every KDA layer's
+    /// state plus the recurrence inputs of the step's tokens — 465 MB and up per sequence at
+    /// K3's sizes, so it is budgeted, never assumed. The engine clamps each request's
+    /// `speculate` to this.
+    pub speculate: u64,
+}
+
+impl Default for PlanInputs {
+    fn default() -> Self {
+        PlanInputs {
+            budget: Budget::default(),
+            scheme: StreamScheme::default(),
+            max_context: 4096,
+            max_tokens_per_call: 32,
+            sequences: 1,
+            speculate: 0,
+        }
+    }
+}
+
+/// What a serving daemon holds at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// Requests computed at once, each with its own state (and journal).
+    pub max_active: usize,
+    /// Requests stepped together through one forward pass.
+    pub max_batch: usize,
+    /// Prompt tokens one member feeds per pass at most (the engine's prefill chunk).
+    pub tokens_per_member: usize,
+    /// Drafts per speculative step any request may get.
+    pub speculate: usize,
+    /// Bytes of the budget kept for in-memory sessions (`--session-gb`); the model is planned
+    /// in the rest.
+    pub session_bytes: Option<u64>,
+}
+
+impl PlanInputs {
+    /// These inputs for a daemon: a batched pass carries up to one prefill chunk per member,
+    /// every active request holds its own state and, with speculation, its rollback journal,
+    /// and sessions count against the budget.
+    pub fn serving(self, s: Serving) -> Result<Self, PlanError> {
+        let mut inputs = PlanInputs {
+            max_tokens_per_call: s.tokens_per_member.saturating_mul(s.max_batch) as u64,
+            sequences: s.max_active as u64,
+            speculate: s.speculate as u64,
+            ..self
+        };
+        if let (Some(ram), Some(sessions)) = (inputs.budget.ram, s.session_bytes) {
+            inputs.budget.ram = Some(
+                ram.checked_sub(sessions)
+                    .filter(|r| *r > 0)
+                    .ok_or(PlanError::SessionsTakeBudget { sessions, ram })?,
+            );
+        }
+        Ok(inputs)
+    }
+}
+
+impl Plan {
+    /// The memory plan for loading `config`/`layout` with `inputs`, computed before anything is
+    /// allocated.
+    pub fn for_model(
+        config: &ModelConfig,
+        layout: &ModelLayout,
+        inputs: &PlanInputs,
+    ) -> Result<Plan, PlanError> {
+        let mut census = Census::from_layout(
+            layout,
+            config,
+            inputs.max_context,
+            scratch_bytes(config, inputs.max_tokens_per_call),
+        )?;
+        let journal = match inputs.speculate {
+            0 => 0,
+            k => StateShape::of(config)
+                .journal_bytes(1 + k)
+                .ok_or_else(|| PlanError::BadCensus("speculation journal size overflows".into()))?,
+        };
+        census.state_bytes = census
+            .state_bytes
+            .saturating_add(journal)
+            .saturating_mul(inputs.sequences.max(1));
+        census.sequences = usize::try_from(inputs.sequences.max(1)).unwrap_or(usize::MAX);
+        Plan::new(&census, inputs.budget, inputs.scheme)
+    }
+}
+
+/// f32 activations of one call of `t` tokens: the widest live set is a handful of `[t, width]`
+/// buffers per op plus the logits; eight of the widest per token bounds it.
+fn scratch_bytes(c: &ModelConfig, t: u64) -> u64 {
+    let widest = [
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_shared_experts * c.moe_intermediate_size,
+        c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim),
+        c.kda.num_heads * c.kda.head_dim,
+        c.num_experts,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0) as u64;
+    t * 4 * (8 * widest + c.vocab_size as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::GIB;
+
+    fn daemon(ram: Option<u64>, session_bytes: Option<u64>) -> Result<PlanInputs, PlanError> {
+        let base = PlanInputs {
+            budget: Budget {
+                ram,
+                ..Budget::default()
+            },
+            ..PlanInputs::default()
+        };
+        base.serving(Serving {
+            max_active: 4,
+            max_batch: 2,
+            tokens_per_member: 512,
+            speculate: 3,
+            session_bytes,
+        })
+    }
+
+    #[test]
+    fn serving_reserves_every_active_request_and_the_batch_rows() {
+        let i = daemon(Some(8 * GIB), Some(GIB)).unwrap();
+        assert_eq!(i.max_tokens_per_call, 1024);
+        assert_eq!(i.sequences, 4);
+        assert_eq!(i.speculate, 3);
+        assert_eq!(i.budget.ram, Some(7 * GIB));
+        // The max budget has nothing to take sessions from: it plans everything.
+        assert_eq!(daemon(None, Some(GIB)).unwrap().budget.ram, None);
+    }
+
+    #[test]
+    fn sessions_that_take_the_whole_budget_are_refused() {
+        assert_eq!(
+            daemon(Some(GIB), Some(GIB)),
+            Err(PlanError::SessionsTakeBudget {
+                sessions: GIB,
+                ram: GIB
+            })
+        );
+    }
+}
