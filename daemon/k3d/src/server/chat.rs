@@ -56,6 +56,7 @@ pub fn render(tokenizer: &Tokenizer, req: &pb::ChatRequest) -> Result<Rendered, 
             Thinking::Off
         },
         generation_prompt: true,
+        ..Conversation::default()
     };
     let ids = chat::render(tokenizer, &conversation)
         .map_err(|e| Status::invalid_argument(format!("cannot render the conversation: {e}")))?;
@@ -78,9 +79,8 @@ fn message(index: usize, m: &pb::ChatMessage) -> Result<Message, Status> {
     };
     let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
     Ok(Message {
-        role,
-        content: m.content.clone(),
         reasoning: nonempty(&m.reasoning),
         name: nonempty(&m.name),
+        ..Message::new(role, m.content.clone())
     })
 }
