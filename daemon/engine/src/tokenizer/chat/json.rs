@@ -81,6 +81,12 @@ pub fn quoted(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
+/// The body of a JSON string literal (no quotes), for text streamed piece by piece.
+pub fn escaped(s: &str) -> String {
+    let q = quoted(s);
+    q[1..q.len() - 1].to_owned()
+}
+
 /// Compact JSON with keys sorted (a `Value`'s maps are sorted), non-ASCII kept.
 pub fn compact_sorted(value: &serde_json::Value) -> String {
     value.to_string()
@@ -165,6 +171,11 @@ mod tests {
         let j = Json::parse(r#"[[], {}, "q\"", -7]"#).unwrap();
         assert_eq!(j.spaced(), r#"[[], {}, "q\"", -7]"#);
         assert_eq!(j.type_name(), "array");
+    }
+
+    #[test]
+    fn escaped_is_a_literal_body() {
+        assert_eq!(escaped("a\"b\\c\nd"), r#"a\"b\\c\nd"#);
     }
 
     #[test]

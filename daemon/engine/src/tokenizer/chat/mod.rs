@@ -1,13 +1,15 @@
 //! The K3 chat template, XTML (spec §8), and the reader of its replies (§8.4).
 //!
-//! * [`model`]: the typed request — messages (system, user, assistant with reasoning and tool
+//! * the typed request — messages (system, user, assistant with reasoning and tool
 //!   calls, tool results), tools, `tool_choice`, `response_format`, thinking and effort — onto
 //!   which an OpenAI chat-completions request maps field for field;
-//! * [`render`](render()): the request as segments (spec §8.1), each encoded on its own —
+//! * [`render`](render()) and [`segments`]: the request as segments (spec §8.1), each encoded on its own —
 //!   control segments with added tokens recognised, text segments never — and the ids
 //!   concatenated, in the order of spec §8.2: tool declaration, effort note, the conversation,
 //!   the one-shot notes (`tool_choice`, `response_format`), the generation prompt;
-//! * [`reply`]: the parsed reply of an assistant turn (spec §8.4).
+//! * [`ReplyReader`]: the one reader of generated replies (spec §8.4), id by id: classified
+//!   ids, streamed events (reasoning, content, tool-call starts and argument fragments, end)
+//!   and the final [`Reply`]; malformed output is reported with its raw text, never repaired.
 //!
 //! Choices where the spec is silent (docs/chat.md explains each):
 //! * `tool_choice: auto` renders no note (§8.2 step 4 has notes for `required` and `none`
@@ -34,4 +36,6 @@ pub use model::{
     ToolChoice,
 };
 pub use render::{Segment, render, segments};
-pub use reply::{Reply, ReplyError, parse_reply};
+pub use reply::{
+    Channel, MalformedReply, Pushed, Reply, ReplyError, ReplyEvent, ReplyReader, parse_reply,
+};
