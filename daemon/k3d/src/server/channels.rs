@@ -58,6 +58,7 @@ impl<'t> Channels<'t> {
         let (reply, malformed) = match self.reader.finish() {
             Ok(reply) => (reply, None),
             Err(m) => {
+                let m = *m;
                 let report = (!matches!(m.error, ReplyError::Truncated { .. })).then(|| {
                     pb::MalformedReply {
                         error: m.error.to_string(),

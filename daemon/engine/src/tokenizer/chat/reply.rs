@@ -327,7 +327,7 @@ impl<'t> ReplyReader<'t> {
     }
 
     /// The reply, once every id is pushed: well-formed only if it reached its end id.
-    pub fn finish(mut self) -> Result<Reply, MalformedReply> {
+    pub fn finish(mut self) -> Result<Reply, Box<MalformedReply>> {
         let error = match (&self.state, self.error.take()) {
             (State::Ended, _) => return Ok(self.reply),
             (_, Some(error)) => error,
@@ -348,11 +348,11 @@ impl<'t> ReplyReader<'t> {
         };
         // Unknown ids have no bytes; that one is then the error itself.
         let raw = String::from_utf8_lossy(&self.bytes_of(&self.ids)).into_owned();
-        Err(MalformedReply {
+        Err(Box::new(MalformedReply {
             error,
             partial: self.reply,
             raw,
-        })
+        }))
     }
 
     fn is_control(&self, id: u32) -> bool {
@@ -729,7 +729,7 @@ pub fn parse_reply(
     tokenizer: &Tokenizer,
     ids: &[u32],
     thinking: bool,
-) -> Result<Reply, MalformedReply> {
+) -> Result<Reply, Box<MalformedReply>> {
     let mut reader = ReplyReader::new(tokenizer, thinking);
     for &id in ids {
         reader.push(id);
