@@ -701,6 +701,7 @@ async fn chat_labels_each_token_with_its_channel() {
             ..Default::default()
         }),
         session: String::new(),
+        ..Default::default()
     };
     for thinking in [pb::Thinking::On, pb::Thinking::Off] {
         let r = collect(
@@ -929,4 +930,132 @@ fn a_directory_that_is_not_a_model_says_which_files_are_missing() {
             && !err.contains("missing config.json"),
         "{err}"
     );
+}
+
+/// Chat with tools: tools, tool_choice, response_format, an assistant's tool calls and tool
+/// results all reach the template (each adds to the rendered prompt), mistakes in them are
+/// INVALID_ARGUMENT naming the message and field, and a reply's streamed tool-call deltas add
+/// up to Done's tool calls.
+#[tokio::test]
+async fn chat_renders_tools_and_names_bad_fields() {
+    let (_d, mut c) = ready_daemon("chat-tools", &[]).await;
+    let message = |role: pb::Role, content: &str| pb::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+        ..Default::default()
+    };
+    let history = || {
+        let mut assistant = message(pb::Role::Assistant, "");
+        assistant.tool_calls = vec![
+            pb::ToolCall {
+                id: "a".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city": "Paris"}"#.into(),
+            },
+            pb::ToolCall {
+                id: "b".into(),
+                name: "now".into(),
+                arguments: "{}".into(),
+            },
+        ];
+        let result = |id: &str, content: &str| pb::ChatMessage {
+            tool_call_id: id.into(),
+            ..message(pb::Role::Tool, content)
+        };
+        vec![
+            message(pb::Role::User, "weather?"),
+            assistant,
+            result("b", "noon"),
+            result("a", "sunny"),
+        ]
+    };
+    let base = pb::ChatRequest {
+        messages: history(),
+        thinking: pb::Thinking::Off.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens: 8,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let tools = pb::ChatRequest {
+        tools: vec![pb::Tool {
+            name: "get_weather".into(),
+            description: "Weather of a city".into(),
+            parameters: r#"{"type": "object", "properties": {"city": {"type": "string"}}}"#.into(),
+        }],
+        ..base.clone()
+    };
+    let required = pb::ChatRequest {
+        tool_choice: pb::ToolChoice::Required.into(),
+        ..tools.clone()
+    };
+    let schema = pb::ChatRequest {
+        response_format: pb::ResponseFormat::JsonSchema.into(),
+        json_schema: r#"{"type": "object"}"#.into(),
+        ..required.clone()
+    };
+    let mut prompt_tokens = Vec::new();
+    for request in [base.clone(), tools.clone(), required.clone(), schema] {
+        let r = collect(c.chat(request).await.expect("chat accepted").into_inner()).await;
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let accepted = r.events.iter().find_map(|e| match e {
+            pb::event::Event::Accepted(a) => Some(a.prompt_tokens),
+            _ => None,
+        });
+        prompt_tokens.push(accepted.expect("accepted"));
+        let done = r.done.expect("done");
+        for (i, call) in done.tool_calls.iter().enumerate() {
+            let streamed: String = r
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    pb::event::Event::Token(pb::Token {
+                        tool_call: Some(d), ..
+                    }) if d.index as usize == i => Some(d.arguments.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(streamed, call.arguments);
+        }
+    }
+    assert!(
+        prompt_tokens.windows(2).all(|w| w[0] < w[1]),
+        "each construct adds to the prompt: {prompt_tokens:?}"
+    );
+
+    let refused = |request: pb::ChatRequest| {
+        let mut c = c.clone();
+        async move {
+            let status = match c.chat(request).await {
+                Err(status) => status,
+                Ok(stream) => collect(stream.into_inner()).await.error.expect("refused"),
+            };
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+            status.message().to_owned()
+        }
+    };
+    let mut unknown = base.clone();
+    unknown.messages[3].tool_call_id = "zz".into();
+    assert!(refused(unknown).await.contains("messages[3].tool_call_id"));
+    let mut named = base.clone();
+    named.messages[1].name = "bot".into();
+    assert!(refused(named).await.contains("messages[1].name"));
+    let nothing = pb::ChatRequest {
+        tool_choice: pb::ToolChoice::Required.into(),
+        ..base.clone()
+    };
+    assert!(refused(nothing).await.contains("tool_choice"));
+    let mut bad_parameters = tools.clone();
+    bad_parameters.tools[0].parameters = "{oops".into();
+    assert!(
+        refused(bad_parameters)
+            .await
+            .contains("tools[0].parameters is not JSON")
+    );
+    let no_schema = pb::ChatRequest {
+        response_format: pb::ResponseFormat::JsonSchema.into(),
+        ..base
+    };
+    assert!(refused(no_schema).await.contains("json_schema"));
 }

@@ -168,6 +168,7 @@ async fn a_two_turn_chat_through_a_session_equals_the_long_request() {
                 ..Default::default()
             }),
             session: session.to_string(),
+            ..Default::default()
         };
         let mut messages = vec![user("Hello there")];
         let first = collect(

@@ -306,6 +306,7 @@ fn converse(
             effort: effort(&args.effort).into(),
             options: Some(args.options.to_wire()),
             session: session.name.clone(),
+            ..Default::default()
         };
         let reply = rt.block_on(async {
             let events = client.chat(request).await?.into_inner();

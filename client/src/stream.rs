@@ -212,7 +212,9 @@ pub async fn show(
                 match channel {
                     pb::Channel::Reasoning => outcome.reasoning.push_str(&t.text),
                     pb::Channel::Response | pb::Channel::Text => outcome.response.push_str(&t.text),
-                    pb::Channel::Control => {}
+                    // The client declares no tools, so a tool-call block is the model's own
+                    // structure here: shown only with --json, like the other structure ids.
+                    pb::Channel::Control | pb::Channel::ToolCall => {}
                 }
                 match how.format {
                     Format::Json => {}
@@ -222,7 +224,7 @@ pub async fn show(
                     }
                     Format::Text => {
                         let shown = match channel {
-                            pb::Channel::Control => None,
+                            pb::Channel::Control | pb::Channel::ToolCall => None,
                             pb::Channel::Reasoning if how.reasoning == Reasoning::Hide => None,
                             pb::Channel::Reasoning => Some(true),
                             _ => Some(false),

@@ -1,4 +1,4 @@
-//! The XTML chat template (spec §8) and reply parsing (§8.4).
+//! The XTML chat template (spec §8); the reply reader (§8.4) is tested in tokenizer_reply.rs.
 //!
 //! The §8.3 ids come from the official K3 vocabulary, which is not available. The honest check
 //! used here: a 163,584-rank vocabulary that agrees with K3 on exactly the tokens the worked
@@ -12,8 +12,8 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    Conversation, Effort, Message, ReplyError, Role, Segment, Thinking, parse_reply, render,
-    segments,
+    ChatError, Conversation, Effort, Message, ResponseFormat, Role, Segment, Thinking, Tool,
+    ToolCall, ToolChoice, parse_reply, render, segments,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::{fixtures, gpt2_byte_order, k3_config, scratch, write_model};
@@ -71,6 +71,7 @@ fn worked_example(thinking: Thinking) -> Conversation {
         ],
         thinking,
         generation_prompt: true,
+        ..Conversation::default()
     }
 }
 
@@ -118,7 +119,7 @@ fn worked_example_thinking_off_segments() {
         C("<|open|>"), t("message"), t(" role=\"assistant\""), C("<|sep|>"),
         C("<|open|>"), t("response"), C("<|sep|>"),
     ];
-    assert_eq!(segments(&worked_example(Thinking::Off)), expected);
+    assert_eq!(segments(&worked_example(Thinking::Off)).unwrap(), expected);
 }
 
 #[test]
@@ -132,7 +133,7 @@ fn worked_example_thinking_off_ids() {
 fn worked_example_thinking_on_default_effort() {
     let conversation = worked_example(Thinking::default());
     assert_eq!(conversation.thinking, Thinking::On(Some(Effort::Max)));
-    let segs = segments(&conversation);
+    let segs = segments(&conversation).unwrap();
     let effort_text = "`thinking_effort` guides on how much to think in your thinking channel \
         (not including the response channel), supported values include `low`, `medium`, \
         `high`, and `max`.\nNow the system is invoked with `thinking_effort=max`.";
@@ -179,6 +180,7 @@ fn history_assistant_turn_with_reasoning() {
         messages: vec![message],
         thinking: Thinking::On(None),
         generation_prompt: false,
+        ..Conversation::default()
     };
     let expected = "163587 2778 6244 878 69702 1 163589 163587 39964 163589 47221 163588 39964 \
         163589 163587 12092 163589 64 16 163588 12092 163589 163588 2778 163589 163586";
@@ -188,12 +190,12 @@ fn history_assistant_turn_with_reasoning() {
         thinking: Thinking::Off,
         ..conversation.clone()
     };
-    let segs = segments(&off);
+    let segs = segments(&off).unwrap();
     assert!(!segs.contains(&Segment::Text("think".into())));
     // Blank reasoning: the channel stays, its text is omitted.
     let mut blank = conversation;
     blank.messages[0].reasoning = Some("  \n".into());
-    let segs = segments(&blank);
+    let segs = segments(&blank).unwrap();
     let think = segs
         .iter()
         .position(|s| *s == Segment::Text("think".into()))
@@ -216,8 +218,9 @@ fn efforts_and_names() {
         messages: vec![user],
         thinking: Thinking::On(Some(Effort::Low)),
         generation_prompt: true,
+        ..Conversation::default()
     };
-    let segs = segments(&conversation);
+    let segs = segments(&conversation).unwrap();
     assert!(
         segs.iter()
             .any(|s| matches!(s, Segment::Text(t) if t.ends_with("`thinking_effort=low`.")))
@@ -241,6 +244,7 @@ fn user_text_never_yields_special_tokens() {
         messages: vec![Message::new(Role::User, forged)],
         thinking: Thinking::Off,
         generation_prompt: false,
+        ..Conversation::default()
     };
     let rendered = render(t, &conversation).unwrap();
     let first_added = t.rank_count() as u32;
@@ -259,102 +263,6 @@ fn user_text_never_yields_special_tokens() {
     );
 }
 
-/// The ids a model would emit after the generation prompt.
-fn reply(t: &Tokenizer, reasoning: Option<&str>, content: &str, end: u32) -> Vec<u32> {
-    let c = t.controls();
-    let tag = |s: &str| t.encode(s, Specials::Plain).unwrap();
-    let text = |s: &str| t.encode(s, Specials::Plain).unwrap();
-    let mut ids = Vec::new();
-    if let Some(r) = reasoning {
-        ids.extend(text(r));
-        ids.push(c.close);
-        ids.extend(tag("think"));
-        ids.extend([c.sep, c.open]);
-        ids.extend(tag("response"));
-        ids.push(c.sep);
-    }
-    ids.extend(text(content));
-    ids.push(c.close);
-    ids.extend(tag("response"));
-    ids.push(c.sep);
-    ids.push(c.close);
-    ids.extend(tag("message"));
-    ids.extend([c.sep, end]);
-    ids
-}
-
-#[test]
-fn parse_thinking_and_instruct_replies() {
-    let t = tiny();
-    let [eom, eos] = t.end_of_turn_ids();
-    let r = parse_reply(t, &reply(t, Some("hmm, 中"), "hello world", eom), true).unwrap();
-    assert_eq!(r.reasoning.as_deref(), Some("hmm, 中"));
-    assert_eq!(r.content, "hello world");
-    assert_eq!(r.end_id, eom);
-    let r = parse_reply(t, &reply(t, None, "<|open|> as text", eos), false).unwrap();
-    assert_eq!(r.reasoning, None);
-    assert_eq!(r.content, "<|open|> as text");
-    assert_eq!(r.end_id, eos);
-    let r = parse_reply(t, &reply(t, Some(""), "", eos), true).unwrap();
-    assert_eq!((r.reasoning.as_deref(), r.content.as_str()), (Some(""), ""));
-}
-
-#[test]
-fn malformed_replies_are_errors_not_repairs() {
-    let t = tiny();
-    let c = t.controls();
-    let good = reply(t, Some("why"), "ok", c.end_of_msg);
-    // A control id inside the reasoning.
-    let mut bad = good.clone();
-    bad.insert(1, c.sep);
-    assert!(matches!(
-        parse_reply(t, &bad, true),
-        Err(ReplyError::ControlInPayload { position: 1, .. })
-    ));
-    // Missing end id.
-    let bad = &good[..good.len() - 1];
-    assert!(matches!(
-        parse_reply(t, bad, true),
-        Err(ReplyError::Truncated { .. })
-    ));
-    // Stopped mid-reasoning.
-    assert!(matches!(
-        parse_reply(t, &good[..2], true),
-        Err(ReplyError::Truncated { .. })
-    ));
-    // Anything after the end id.
-    let mut bad = good.clone();
-    bad.push(5);
-    assert!(matches!(
-        parse_reply(t, &bad, true),
-        Err(ReplyError::Trailing { count: 1, .. })
-    ));
-    // A wrong end id.
-    let mut bad = good.clone();
-    *bad.last_mut().unwrap() = c.open;
-    assert!(matches!(
-        parse_reply(t, &bad, true),
-        Err(ReplyError::Unexpected { .. })
-    ));
-    // A thinking reply parsed as instruct: the think close tag is not `response`.
-    assert!(matches!(
-        parse_reply(t, &good, false),
-        Err(ReplyError::Unexpected { .. })
-    ));
-    // A tool-call block.
-    let tag = |s: &str| t.encode(s, Specials::Plain).unwrap();
-    let mut bad = tag("x");
-    bad.push(c.close);
-    bad.extend(tag("response"));
-    bad.extend([c.sep, c.open]);
-    bad.extend(tag("tools"));
-    bad.push(c.sep);
-    assert!(matches!(
-        parse_reply(t, &bad, false),
-        Err(ReplyError::ToolCalls { .. })
-    ));
-}
-
 #[test]
 fn rendered_history_round_trips_through_the_parser() {
     let t = tiny();
@@ -366,6 +274,7 @@ fn rendered_history_round_trips_through_the_parser() {
             messages: vec![],
             thinking: Thinking::On(None),
             generation_prompt: true,
+            ..Conversation::default()
         },
     )
     .unwrap();
@@ -375,6 +284,7 @@ fn rendered_history_round_trips_through_the_parser() {
             messages: vec![message],
             thinking: Thinking::On(None),
             generation_prompt: false,
+            ..Conversation::default()
         },
     )
     .unwrap();
@@ -385,4 +295,384 @@ fn rendered_history_round_trips_through_the_parser() {
         (r.reasoning.as_deref(), r.content.as_str()),
         (Some("hmm"), "hello world")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tools, tool calls and results, notes (spec §8.2 steps 1, 3 and 4)
+
+fn text_of(segs: &[Segment]) -> Vec<String> {
+    segs.iter()
+        .map(|s| match s {
+            Segment::Control(c) => (*c).to_owned(),
+            Segment::Text(t) => t.clone(),
+        })
+        .collect()
+}
+
+/// The segments of `open("message", attrs)` + text + close + eom.
+fn message_segments(attrs: &[&str], body: &str) -> Vec<String> {
+    let mut out = vec!["<|open|>".to_owned(), "message".to_owned()];
+    out.extend(attrs.iter().map(|a| (*a).to_owned()));
+    out.push("<|sep|>".into());
+    if !body.is_empty() {
+        out.push(body.into());
+    }
+    out.extend(["<|close|>", "message", "<|sep|>", "<|end_of_msg|>"].map(String::from));
+    out
+}
+
+fn weather_tool() -> Tool {
+    Tool {
+        name: "get_weather".into(),
+        description: Some("Weather of a city, ünïcode kept".into()),
+        parameters: Some(serde_json::json!({
+            "type": "object",
+            "required": ["city"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}
+        })),
+    }
+}
+
+fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
+#[test]
+fn tools_are_declared_first_as_compact_sorted_json() {
+    let conversation = Conversation {
+        messages: vec![Message::new(Role::User, "hi")],
+        thinking: Thinking::On(Some(Effort::High)),
+        generation_prompt: true,
+        tools: vec![weather_tool()],
+        ..Conversation::default()
+    };
+    let segs = text_of(&segments(&conversation).unwrap());
+    let declared = "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n\
+        [{\"function\":{\"description\":\"Weather of a city, ünïcode kept\",\"name\":\"get_weather\",\
+        \"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\
+        \"required\":[\"city\"],\"type\":\"object\"}},\"type\":\"function\"}]\n```";
+    let first = message_segments(&[" role=\"system\"", " type=\"tool-declare\""], declared);
+    assert_eq!(segs[..first.len()], first[..]);
+    // Then the effort note (step 2), then the conversation.
+    assert_eq!(segs[first.len() + 3], " type=\"thinking-effort\"");
+    // Absent description and parameters are left out, not null.
+    let bare = Conversation {
+        tools: vec![Tool {
+            name: "now".into(),
+            description: None,
+            parameters: None,
+        }],
+        ..Conversation::default()
+    };
+    let segs = text_of(&segments(&bare).unwrap());
+    assert!(segs[5].contains("\n[{\"function\":{\"name\":\"now\"},\"type\":\"function\"}]\n"));
+}
+
+#[test]
+fn tool_choice_and_response_format_notes_come_after_the_conversation() {
+    let schema = serde_json::json!({"type": "object", "properties": {"b": {}, "a": {}}});
+    let conversation = Conversation {
+        messages: vec![Message::new(Role::User, "hi")],
+        thinking: Thinking::Off,
+        generation_prompt: true,
+        tools: vec![weather_tool()],
+        tool_choice: ToolChoice::Required,
+        response_format: ResponseFormat::JsonSchema(schema),
+    };
+    let segs = text_of(&segments(&conversation).unwrap());
+    let mut tail = message_segments(&[" role=\"user\""], "hi");
+    tail.extend(message_segments(
+        &[" role=\"system\"", " type=\"tool-choice\""],
+        "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.",
+    ));
+    tail.extend(message_segments(
+        &[" role=\"system\"", " type=\"response-format\""],
+        "The system is invoked with `response_format=json_schema`.\nYour response must be raw JSON \
+         data without markdown code blocks (```json) or any additional formatting.\nThe JSON data \
+         must match the following schema:\n```json\n\
+         {\"properties\":{\"a\":{},\"b\":{}},\"type\":\"object\"}\n```",
+    ));
+    tail.extend(
+        ["<|open|>", "message", " role=\"assistant\"", "<|sep|>"]
+            .into_iter()
+            .chain(["<|open|>", "response", "<|sep|>"])
+            .map(String::from),
+    );
+    assert_eq!(segs[segs.len() - tail.len()..], tail[..]);
+
+    let none = Conversation {
+        tool_choice: ToolChoice::None,
+        response_format: ResponseFormat::JsonObject,
+        ..conversation.clone()
+    };
+    let segs = text_of(&segments(&none).unwrap());
+    assert!(segs.contains(
+        &"The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message."
+            .to_owned()
+    ));
+    assert!(segs.contains(
+        &"The system is invoked with `response_format=json_object`.\nYour response must be raw JSON \
+          data without markdown code blocks (```json) or any additional formatting."
+            .to_owned()
+    ));
+    // Tools stay declared under `none`.
+    assert_eq!(segs[3], " type=\"tool-declare\"");
+    // Auto and text: no note at all.
+    let plain = Conversation {
+        tool_choice: ToolChoice::Auto,
+        response_format: ResponseFormat::Text,
+        ..conversation.clone()
+    };
+    let segs = text_of(&segments(&plain).unwrap());
+    assert!(
+        !segs
+            .iter()
+            .any(|s| s.contains("tool-choice") || s.contains("response-format"))
+    );
+    // Required with nothing to call is refused.
+    let nothing = Conversation {
+        tools: vec![],
+        ..conversation
+    };
+    assert!(matches!(
+        segments(&nothing),
+        Err(ChatError::RequiredWithoutTools)
+    ));
+}
+
+fn tool_history() -> Vec<Message> {
+    let mut assistant = Message::new(Role::Assistant, "");
+    assistant.reasoning = Some("need data".into());
+    assistant.tool_calls = vec![
+        call(
+            "c1",
+            "get_weather",
+            r#"{"city": "Paris", "days": 3, "metric": true, "when": null, "opts": {"z": 1, "a": [1, "é"]}, "list": []}"#,
+        ),
+        call("c2", "now", "not json"),
+        call("c3", "now", "[1,2]"),
+    ];
+    vec![
+        Message::new(Role::User, "weather?"),
+        assistant,
+        // Out of call order: rendered in call order.
+        Message::tool("c3", "r3"),
+        Message::tool("c1", "sunny"),
+        Message::tool("c2", "noon"),
+    ]
+}
+
+#[test]
+fn assistant_tool_calls_render_argument_by_argument() {
+    let conversation = Conversation {
+        messages: tool_history(),
+        thinking: Thinking::On(None),
+        ..Conversation::default()
+    };
+    let segs = text_of(&segments(&conversation).unwrap());
+    let response = segs.iter().position(|s| s == "response").unwrap();
+    let arg = |key: &str, ty: &str, value: &str| -> Vec<String> {
+        let mut v = vec![
+            "<|open|>".to_owned(),
+            "argument".into(),
+            format!(" key=\"{key}\""),
+            format!(" type=\"{ty}\""),
+            "<|sep|>".into(),
+        ];
+        if !value.is_empty() {
+            v.push(value.into());
+        }
+        v.extend(["<|close|>", "argument", "<|sep|>"].map(String::from));
+        v
+    };
+    let open = |tag: &str, attrs: &[&str]| -> Vec<String> {
+        let mut v = vec!["<|open|>".to_owned(), tag.into()];
+        v.extend(attrs.iter().map(|a| (*a).to_owned()));
+        v.push("<|sep|>".into());
+        v
+    };
+    let close = |tag: &str| vec!["<|close|>".to_owned(), tag.into(), "<|sep|>".into()];
+    let mut expected = close("response");
+    expected.extend(open("tools", &[]));
+    expected.extend(open("call", &[" tool=\"get_weather\"", " index=\"1\""]));
+    expected.extend(arg("city", "string", "Paris"));
+    expected.extend(arg("days", "number", "3"));
+    expected.extend(arg("metric", "boolean", "true"));
+    expected.extend(arg("when", "null", "null"));
+    expected.extend(arg("opts", "object", r#"{"z": 1, "a": [1, "é"]}"#));
+    expected.extend(arg("list", "array", "[]"));
+    expected.extend(close("call"));
+    expected.extend(open("call", &[" tool=\"now\"", " index=\"2\""]));
+    expected.extend(open("json", &[" type=\"object\""]));
+    expected.push("not json".into());
+    expected.extend(close("json"));
+    expected.extend(close("call"));
+    expected.extend(open("call", &[" tool=\"now\"", " index=\"3\""]));
+    expected.extend(open("json", &[" type=\"object\""]));
+    expected.push("[1,2]".into());
+    expected.extend(close("json"));
+    expected.extend(close("call"));
+    expected.extend(close("tools"));
+    expected.extend(close("message"));
+    expected.push("<|end_of_msg|>".into());
+    // The empty content still has its response channel: open, sep, then straight to close.
+    assert_eq!(segs[response + 1], "<|sep|>");
+    assert_eq!(
+        segs[response + 2..response + 2 + expected.len()],
+        expected[..]
+    );
+    // Results in call order, indexed from 1, named by their call's function.
+    let results = &segs[response + 2 + expected.len()..];
+    let mut want = message_segments(
+        &[" role=\"tool\"", " tool=\"get_weather\"", " index=\"1\""],
+        "sunny",
+    );
+    want.extend(message_segments(
+        &[" role=\"tool\"", " tool=\"now\"", " index=\"2\""],
+        "noon",
+    ));
+    want.extend(message_segments(
+        &[" role=\"tool\"", " tool=\"now\"", " index=\"3\""],
+        "r3",
+    ));
+    assert_eq!(results, &want[..]);
+}
+
+#[test]
+fn tool_structure_uses_the_published_tag_ids() {
+    // Spec §8.3 anchors: `tools` 25385, `call` 10257, `argument` 47185.
+    let conversation = Conversation {
+        messages: tool_history(),
+        thinking: Thinking::Off,
+        ..Conversation::default()
+    };
+    let rendered = render(anchored(), &conversation).unwrap();
+    let find = |needle: &[u32]| rendered.windows(needle.len()).any(|w| w == needle);
+    assert!(find(&[163_587, 25_385, 163_589]), "<|open|> tools <|sep|>");
+    assert!(find(&[163_588, 25_385, 163_589]), "<|close|> tools <|sep|>");
+    assert!(find(&[163_587, 10_257]), "<|open|> call");
+    assert!(find(&[163_588, 10_257, 163_589]), "<|close|> call <|sep|>");
+    assert!(find(&[163_587, 47_185]), "<|open|> argument");
+    assert!(
+        find(&[163_588, 47_185, 163_589]),
+        "<|close|> argument <|sep|>"
+    );
+}
+
+#[test]
+fn malformed_requests_name_the_message_and_field() {
+    let render_with = |messages: Vec<Message>| {
+        segments(&Conversation {
+            messages,
+            ..Conversation::default()
+        })
+    };
+    let field_of = |r: Result<Vec<Segment>, ChatError>| match r {
+        Err(ChatError::Message { index, field, .. }) => (index, field),
+        other => panic!("expected a message error, got {other:?}"),
+    };
+    let history = tool_history();
+
+    let mut unknown = history.clone();
+    unknown[3].tool_call_id = Some("c9".into());
+    assert_eq!(field_of(render_with(unknown)), (3, "tool_call_id".into()));
+
+    let mut twice = history.clone();
+    twice[4].tool_call_id = Some("c1".into());
+    assert_eq!(field_of(render_with(twice)), (4, "tool_call_id".into()));
+
+    let mut missing = history.clone();
+    missing[2].tool_call_id = None;
+    assert_eq!(field_of(render_with(missing)), (2, "tool_call_id".into()));
+
+    // A tool result after a user message, or with no call to answer.
+    let orphan = vec![Message::new(Role::User, "hi"), Message::tool("c1", "x")];
+    assert_eq!(field_of(render_with(orphan)), (1, "role".into()));
+    let mut interrupted = history.clone();
+    interrupted.insert(3, Message::new(Role::User, "wait"));
+    assert_eq!(field_of(render_with(interrupted)), (4, "role".into()));
+
+    let mut named = history.clone();
+    named[1].name = Some("bot".into());
+    assert_eq!(field_of(render_with(named)), (1, "name".into()));
+
+    let mut reasoning = history.clone();
+    reasoning[0].reasoning = Some("x".into());
+    assert_eq!(
+        field_of(render_with(reasoning)),
+        (0, "reasoning_content".into())
+    );
+
+    let mut calls = history.clone();
+    calls[0].tool_calls = vec![call("c1", "f", "{}")];
+    assert_eq!(field_of(render_with(calls)), (0, "tool_calls".into()));
+
+    let mut id_on_user = history.clone();
+    id_on_user[0].tool_call_id = Some("c1".into());
+    assert_eq!(
+        field_of(render_with(id_on_user)),
+        (0, "tool_call_id".into())
+    );
+
+    let mut same_id = history.clone();
+    same_id[1].tool_calls[2].id = "c1".into();
+    assert_eq!(
+        field_of(render_with(same_id)),
+        (1, "tool_calls[2].id".into())
+    );
+
+    let mut no_name = history;
+    no_name[1].tool_calls[1].name.clear();
+    assert_eq!(
+        field_of(render_with(no_name)),
+        (1, "tool_calls[1].function.name".into())
+    );
+
+    let twice_declared = Conversation {
+        tools: vec![weather_tool(), weather_tool()],
+        ..Conversation::default()
+    };
+    assert!(matches!(
+        segments(&twice_declared),
+        Err(ChatError::Tool {
+            index: 1,
+            field: "name",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn openai_reasoning_effort_maps_onto_thinking() {
+    let on = |e| Thinking::On(Some(e));
+    for (thinking, effort, want) in [
+        (None, None, on(Effort::Max)),
+        (Some(true), None, on(Effort::Max)),
+        (None, Some("minimal"), on(Effort::Low)),
+        (None, Some("low"), on(Effort::Low)),
+        (None, Some("medium"), on(Effort::High)),
+        (Some(true), Some("high"), on(Effort::High)),
+        (None, Some("max"), on(Effort::Max)),
+        (None, Some("none"), Thinking::Off),
+        (Some(false), None, Thinking::Off),
+        (Some(false), Some("none"), Thinking::Off),
+    ] {
+        assert_eq!(Thinking::from_openai(thinking, effort).unwrap(), want);
+    }
+    assert!(matches!(
+        Thinking::from_openai(Some(false), Some("low")),
+        Err(ChatError::ThinkingConflict { .. })
+    ));
+    assert!(matches!(
+        Thinking::from_openai(Some(true), Some("none")),
+        Err(ChatError::ThinkingConflict { .. })
+    ));
+    assert!(matches!(
+        Thinking::from_openai(None, Some("extreme")),
+        Err(ChatError::BadOpenAiEffort(_))
+    ));
 }

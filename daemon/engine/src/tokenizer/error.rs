@@ -94,7 +94,4 @@ pub enum TokenizerError {
         position: usize,
         vocab_size: usize,
     },
-
-    #[error("thinking effort {0:?} is not one of low, high, max")]
-    BadEffort(String),
 }

@@ -112,6 +112,9 @@ pub fn done(
         draft_tokens_proposed: count(s.drafts_proposed),
         draft_tokens_accepted: count(s.drafts_accepted),
         reused_prompt_tokens: count(s.reused_tokens),
+        // A Chat's reply reader fills these (scheduler, from `Channels::finish`).
+        tool_calls: Vec::new(),
+        malformed: None,
     }
 }
 

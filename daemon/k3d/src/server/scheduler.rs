@@ -38,7 +38,7 @@ struct Active<'e> {
     job: Job,
     generation: Generation,
     text: StreamDecoder<'e>,
-    channels: Option<Channels>,
+    channels: Option<Channels<'e>>,
     started: Instant,
     session: Option<SessionRun>,
 }
@@ -194,7 +194,7 @@ fn begin<'e>(
 ) -> Option<Active<'e>> {
     let channels = match job.kind {
         Kind::Text => None,
-        Kind::Chat { thinking } => Some(Channels::new(engine.tokenizer().controls(), thinking)),
+        Kind::Chat { thinking } => Some(Channels::new(engine.tokenizer(), thinking)),
     };
     let request = job.request.clone();
     let started = match &job.session {
@@ -262,10 +262,9 @@ fn deliver(
             true
         }
         Ok(Step::Token { id }) => {
-            let tokenizer = engine.tokenizer();
-            let channel = match a.channels.as_mut() {
-                Some(c) => c.classify(tokenizer, id),
-                None => pb::Channel::Text,
+            let (channel, tool_call) = match a.channels.as_mut() {
+                Some(c) => c.classify(id),
+                None => (pb::Channel::Text, None),
             };
             // The engine emits only ids of its own vocabulary; were one unknown, show U+FFFD
             // rather than fail a request whose ids are all still correct.
@@ -277,6 +276,7 @@ fn deliver(
                 id,
                 text,
                 channel: channel.into(),
+                tool_call,
             }));
             true
         }
@@ -300,12 +300,13 @@ fn deliver(
                 sessions.finish(&run.name, run.prefill.into_iter().chain([end]).collect());
             }
             shared.finish(a.job.id, Outcome::Completed);
-            a.job.offer(pb::event::Event::Done(convert::done(
-                &summary,
-                &end_of_turn,
-                queued,
-                trailing,
-            )));
+            let mut done = convert::done(&summary, &end_of_turn, queued, trailing);
+            if let Some(channels) = a.channels.take() {
+                let end_id =
+                    (done.stop_reason == pb::StopReason::EndOfTurn as i32).then_some(done.stop_id);
+                (done.tool_calls, done.malformed) = channels.finish(end_id);
+            }
+            a.job.offer(pb::event::Event::Done(done));
             false
         }
         Err(EngineError::Cancelled) => {

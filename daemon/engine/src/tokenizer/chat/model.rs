@@ -1,0 +1,253 @@
+//! The typed request a chat is rendered from: an OpenAI chat-completions request maps onto it
+//! field for field (roles system/user/assistant/tool, `tool_calls`, `tool_call_id`, `tools`,
+//! `tool_choice`, `response_format`, `reasoning_effort`), and every rule the template imposes on
+//! it is checked by [`super::segments`] with an error naming the message index and field.
+
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use crate::tokenizer::TokenizerError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    /// A tool result (OpenAI `role: "tool"`), answering one call of the assistant message it
+    /// follows.
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One function call of an assistant turn (OpenAI `tool_calls[i]`, `type: "function"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// What `tool_call_id` of the result refers to.
+    pub id: String,
+    pub name: String,
+    /// The arguments as a JSON string, exactly as OpenAI carries them. An object is rendered
+    /// argument by argument; anything else goes raw into a `json` block (spec §8.2).
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+    /// Rendered as a `name` attribute; user and system messages only (spec §8.2).
+    pub name: Option<String>,
+    /// An assistant turn's thinking-channel text (`reasoning_content`); rendered only with
+    /// thinking on.
+    pub reasoning: Option<String>,
+    /// An assistant turn's function calls, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool result's call id; tool messages only, and required there.
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            name: None,
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A tool result answering the call `tool_call_id`.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::new(Role::Tool, content)
+        }
+    }
+}
+
+/// A function the model may call (OpenAI `tools[i]` with `type: "function"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON schema of the arguments.
+    pub parameters: Option<Value>,
+}
+
+/// OpenAI `tool_choice`. A named function (`{"type": "function", ...}`) has no counterpart in
+/// the template (spec §8.2 step 4 has notes for `required` and `none` only), so it is not
+/// representable: a transport refuses it rather than render something weaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// No note: the model decides (OpenAI's default when tools are given).
+    #[default]
+    Auto,
+    /// The `tool_choice=none` note; the tools are still declared, as OpenAI keeps them too.
+    None,
+    /// The `tool_choice=required` note; needs at least one tool.
+    Required,
+}
+
+/// OpenAI `response_format`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ResponseFormat {
+    /// No note.
+    #[default]
+    Text,
+    /// The `json_object` note.
+    JsonObject,
+    /// The `json_schema` note with this schema (OpenAI `json_schema.schema`).
+    JsonSchema(Value),
+}
+
+/// Thinking effort (spec §8.2 step 2). `medium` is mentioned by the model's own note but is
+/// not accepted by the official renderer, so it is not a value here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effort {
+    Low,
+    High,
+    Max,
+}
+
+impl Effort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::High => "high",
+            Effort::Max => "max",
+        }
+    }
+
+    /// OpenAI's `reasoning_effort` names (besides `none`, see [`Thinking::from_openai`]):
+    /// `minimal` and `low` are `low`; `medium` (OpenAI's default, which the template refuses)
+    /// rounds up to `high` so a client's ordinary request never thinks less than the level it
+    /// asked for; `high`; `max` is accepted as K3's own top level.
+    pub fn from_openai(s: &str) -> Result<Effort, ChatError> {
+        match s {
+            "minimal" | "low" => Ok(Effort::Low),
+            "medium" | "high" => Ok(Effort::High),
+            "max" => Ok(Effort::Max),
+            _ => Err(ChatError::BadOpenAiEffort(s.to_owned())),
+        }
+    }
+}
+
+/// The template's own names only: `low`, `high`, `max`.
+impl FromStr for Effort {
+    type Err = ChatError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "low" => Ok(Effort::Low),
+            "high" => Ok(Effort::High),
+            "max" => Ok(Effort::Max),
+            _ => Err(ChatError::BadEffort(s.to_owned())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thinking {
+    Off,
+    /// With an effort, an effort note is rendered first (spec §8.2 step 2).
+    On(Option<Effort>),
+}
+
+/// The official renderer's default: thinking on, effort `max`.
+impl Default for Thinking {
+    fn default() -> Self {
+        Thinking::On(Some(Effort::Max))
+    }
+}
+
+impl Thinking {
+    /// Thinking from an OpenAI-shaped request: the `thinking` switch (a K3 extension; absent =
+    /// on, the template's default) and `reasoning_effort` (absent = `max`, the template's
+    /// default; `none` = thinking off). Asking for thinking off and an effort is a
+    /// contradiction, refused rather than resolved either way.
+    pub fn from_openai(
+        thinking: Option<bool>,
+        reasoning_effort: Option<&str>,
+    ) -> Result<Thinking, ChatError> {
+        match (thinking, reasoning_effort) {
+            (Some(false), None | Some("none")) | (None, Some("none")) => Ok(Thinking::Off),
+            (Some(true), Some("none")) | (Some(false), Some(_)) => {
+                Err(ChatError::ThinkingConflict {
+                    thinking: thinking.unwrap_or_default(),
+                    effort: reasoning_effort.unwrap_or_default().to_owned(),
+                })
+            }
+            (_, Some(effort)) => Ok(Thinking::On(Some(Effort::from_openai(effort)?))),
+            (_, None) => Ok(Thinking::default()),
+        }
+    }
+
+    pub fn is_on(self) -> bool {
+        matches!(self, Thinking::On(_))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Conversation {
+    pub messages: Vec<Message>,
+    pub thinking: Thinking,
+    /// End with an open assistant message (spec §8.2 step 5).
+    pub generation_prompt: bool,
+    /// Declared in the tool-declare message (spec §8.2 step 1).
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
+    pub response_format: ResponseFormat,
+}
+
+/// A request the template cannot render, naming what is wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// `field` is the OpenAI field name, e.g. `tool_call_id` or `tool_calls[1].function.name`.
+    #[error("messages[{index}].{field}: {reason}")]
+    Message {
+        index: usize,
+        field: String,
+        reason: String,
+    },
+    #[error("tools[{index}].function.{field}: {reason}")]
+    Tool {
+        index: usize,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("tool_choice \"required\" needs at least one tool in `tools`")]
+    RequiredWithoutTools,
+    #[error("thinking effort {0:?} is not one of low, high, max")]
+    BadEffort(String),
+    #[error("reasoning_effort {0:?} is not one of none, minimal, low, medium, high, max")]
+    BadOpenAiEffort(String),
+    #[error("thinking {thinking} contradicts reasoning_effort {effort:?}")]
+    ThinkingConflict { thinking: bool, effort: String },
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+impl ChatError {
+    pub(super) fn message(
+        index: usize,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        ChatError::Message {
+            index,
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Rendering a [`Conversation`] to segments and ids (spec §8.1–§8.2), checking on the way every
+//! rule the template relies on.
+
+use serde_json::json;
+
+use super::json::{Json, compact_sorted};
+use super::model::{ChatError, Conversation, Effort, Message, ResponseFormat, Role, ToolCall};
+use super::model::{Tool, ToolChoice};
+use crate::tokenizer::{CLOSE, END_OF_MSG, OPEN, SEP, Specials, Tokenizer};
+
+/// One unit of rendering (spec §8.1): encoded separately, never merged with its neighbours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// An added token's string, encoded with specials recognised.
+    Control(&'static str),
+    /// Text, encoded with specials off so typed control strings stay text.
+    Text(String),
+}
+
+// The data constants of spec §8.2, byte-exact.
+
+fn effort_text(effort: Effort) -> String {
+    format!(
+        "`thinking_effort` guides on how much to think in your thinking channel (not including \
+         the response channel), supported values include `low`, `medium`, `high`, and `max`.\n\
+         Now the system is invoked with `thinking_effort={}`.",
+        effort.as_str()
+    )
+}
+
+fn tool_declare_text(tools: &str) -> String {
+    format!(
+        "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{tools}\n```"
+    )
+}
+
+const TOOL_CHOICE_REQUIRED: &str =
+    "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.";
+const TOOL_CHOICE_NONE: &str = "The system is invoked with `tool_choice=none`.\nYou MUST NOT \
+     call any tools in the next message.";
+const JSON_OBJECT: &str = "The system is invoked with `response_format=json_object`.\nYour \
+     response must be raw JSON data without markdown code blocks (```json) or any additional \
+     formatting.";
+
+fn json_schema_text(schema: &str) -> String {
+    format!(
+        "The system is invoked with `response_format=json_schema`.\nYour response must be raw \
+         JSON data without markdown code blocks (```json) or any additional formatting.\nThe \
+         JSON data must match the following schema:\n```json\n{schema}\n```"
+    )
+}
+
+/// `&` first, then `"` (spec §8.1); `<` and `>` stay.
+pub(super) fn escape(value: &str) -> String {
+    value.replace('&', "&amp;").replace('"', "&quot;")
+}
+
+#[derive(Default)]
+struct Segments(Vec<Segment>);
+
+impl Segments {
+    fn ctrl(&mut self, name: &'static str) {
+        self.0.push(Segment::Control(name));
+    }
+
+    /// Empty texts give no segment (spec §8).
+    fn txt(&mut self, text: impl Into<String>) {
+        let text = text.into();
+        if !text.is_empty() {
+            self.0.push(Segment::Text(text));
+        }
+    }
+
+    fn open(&mut self, tag: &str, attrs: &[(&str, &str)]) {
+        self.ctrl(OPEN);
+        self.txt(tag);
+        for (key, value) in attrs {
+            self.txt(format!(" {key}=\"{}\"", escape(value)));
+        }
+        self.ctrl(SEP);
+    }
+
+    fn close(&mut self, tag: &str) {
+        self.ctrl(CLOSE);
+        self.txt(tag);
+        self.ctrl(SEP);
+    }
+
+    fn message(&mut self, attrs: &[(&str, &str)], body: impl FnOnce(&mut Self)) {
+        self.open("message", attrs);
+        body(self);
+        self.close("message");
+        self.ctrl(END_OF_MSG);
+    }
+
+    fn system_note(&mut self, kind: &str, text: &str) {
+        self.message(&[("role", "system"), ("type", kind)], |s| s.txt(text));
+    }
+
+    fn block(&mut self, tag: &str, attrs: &[(&str, &str)], text: &str) {
+        self.open(tag, attrs);
+        self.txt(text);
+        self.close(tag);
+    }
+
+    /// A tools block (spec §8.2): per call its arguments, each with its JSON type, or the raw
+    /// text in a `json` block when the arguments are not a JSON object.
+    fn tool_calls(&mut self, calls: &[ToolCall]) {
+        self.open("tools", &[]);
+        for (i, call) in calls.iter().enumerate() {
+            let index = (i + 1).to_string();
+            self.open("call", &[("tool", &call.name), ("index", &index)]);
+            match Json::parse(&call.arguments) {
+                Ok(Json::Object(arguments)) => {
+                    for (key, value) in &arguments {
+                        let text = match value {
+                            Json::String(s) => s.clone(),
+                            other => other.spaced(),
+                        };
+                        self.block(
+                            "argument",
+                            &[("key", key), ("type", value.type_name())],
+                            &text,
+                        );
+                    }
+                }
+                _ => self.block("json", &[("type", "object")], &call.arguments),
+            }
+            self.close("call");
+        }
+        self.close("tools");
+    }
+}
+
+/// The function list of the tool-declare message, in OpenAI's `tools` shape.
+fn tool_list(tools: &[Tool]) -> Result<String, ChatError> {
+    let mut list = Vec::with_capacity(tools.len());
+    for (index, tool) in tools.iter().enumerate() {
+        if tool.name.is_empty() {
+            return Err(ChatError::Tool {
+                index,
+                field: "name",
+                reason: "is empty".into(),
+            });
+        }
+        if tools[..index].iter().any(|t| t.name == tool.name) {
+            return Err(ChatError::Tool {
+                index,
+                field: "name",
+                reason: format!("{:?} is declared twice", tool.name),
+            });
+        }
+        let mut function = json!({ "name": tool.name });
+        if let Some(description) = &tool.description {
+            function["description"] = json!(description);
+        }
+        if let Some(parameters) = &tool.parameters {
+            function["parameters"] = parameters.clone();
+        }
+        list.push(json!({ "type": "function", "function": function }));
+    }
+    Ok(compact_sorted(&serde_json::Value::Array(list)))
+}
+
+/// The fields each role may carry (spec §8.2 renders `name` for user and system only).
+fn check_fields(index: usize, m: &Message) -> Result<(), ChatError> {
+    let misplaced = |field: &str, allowed: &str| {
+        ChatError::message(
+            index,
+            field,
+            format!(
+                "a {} message cannot carry it ({allowed} only)",
+                m.role.as_str()
+            ),
+        )
+    };
+    if m.name.is_some() && !matches!(m.role, Role::System | Role::User) {
+        return Err(misplaced("name", "system and user"));
+    }
+    if m.reasoning.is_some() && m.role != Role::Assistant {
+        return Err(misplaced("reasoning_content", "assistant"));
+    }
+    if !m.tool_calls.is_empty() && m.role != Role::Assistant {
+        return Err(misplaced("tool_calls", "assistant"));
+    }
+    match (m.role, &m.tool_call_id) {
+        (Role::Tool, None) => Err(ChatError::message(
+            index,
+            "tool_call_id",
+            "a tool message must name the call it answers",
+        )),
+        (Role::Tool, Some(id)) if id.is_empty() => {
+            Err(ChatError::message(index, "tool_call_id", "is empty"))
+        }
+        (Role::Tool, Some(_)) | (_, None) => Ok(()),
+        (_, Some(_)) => Err(misplaced("tool_call_id", "tool")),
+    }?;
+    for (i, call) in m.tool_calls.iter().enumerate() {
+        if call.name.is_empty() {
+            return Err(ChatError::message(
+                index,
+                format!("tool_calls[{i}].function.name"),
+                "is empty",
+            ));
+        }
+        if !call.id.is_empty() && m.tool_calls[..i].iter().any(|c| c.id == call.id) {
+            return Err(ChatError::message(
+                index,
+                format!("tool_calls[{i}].id"),
+                format!("{:?} is used by an earlier call of this message", call.id),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The run of tool messages at `start`, paired with the call each answers (by `tool_call_id`
+/// among `calls`, the preceding assistant message's), in the calls' order (spec §8.2: results
+/// are reordered to the assistant's call order).
+fn tool_results<'c>(
+    messages: &[Message],
+    start: usize,
+    calls: &'c [ToolCall],
+) -> Result<Vec<(usize, &'c ToolCall)>, ChatError> {
+    let mut run: Vec<(usize, usize)> = Vec::new(); // (message index, call position)
+    for (index, m) in messages.iter().enumerate().skip(start) {
+        if m.role != Role::Tool {
+            break;
+        }
+        let id = m.tool_call_id.as_deref().unwrap_or_default();
+        let position = calls.iter().position(|c| c.id == id).ok_or_else(|| {
+            ChatError::message(
+                index,
+                "tool_call_id",
+                format!("{id:?} is not a call of the preceding assistant message"),
+            )
+        })?;
+        if run.iter().any(|&(_, p)| p == position) {
+            return Err(ChatError::message(
+                index,
+                "tool_call_id",
+                format!("call {id:?} already has a result"),
+            ));
+        }
+        run.push((index, position));
+    }
+    run.sort_by_key(|&(_, position)| position);
+    Ok(run
+        .into_iter()
+        .map(|(index, position)| (index, &calls[position]))
+        .collect())
+}
+
+/// The segment list of a conversation (spec §8.2).
+pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> {
+    let mut out = Segments::default();
+    let thinking = conversation.thinking.is_on();
+    let messages = &conversation.messages;
+    if !conversation.tools.is_empty() {
+        out.system_note(
+            "tool-declare",
+            &tool_declare_text(&tool_list(&conversation.tools)?),
+        );
+    }
+    if conversation.tool_choice == ToolChoice::Required && conversation.tools.is_empty() {
+        return Err(ChatError::RequiredWithoutTools);
+    }
+    if let super::Thinking::On(Some(effort)) = conversation.thinking {
+        out.system_note("thinking-effort", &effort_text(effort));
+    }
+    // The calls of the last assistant message, while only tool messages have followed it.
+    let mut calls: Option<&[ToolCall]> = None;
+    let mut index = 0;
+    while let Some(message) = messages.get(index) {
+        check_fields(index, message)?;
+        let role = message.role.as_str();
+        match message.role {
+            Role::System | Role::User => {
+                let mut attrs = vec![("role", role)];
+                if let Some(name) = &message.name {
+                    attrs.push(("name", name));
+                }
+                out.message(&attrs, |s| s.txt(message.content.as_str()));
+                calls = None;
+            }
+            Role::Assistant => {
+                out.message(&[("role", role)], |s| {
+                    if thinking {
+                        let reasoning = message.reasoning.as_deref().unwrap_or_default();
+                        // Blank reasoning is omitted, but the think channel is still rendered.
+                        let reasoning = if reasoning.trim().is_empty() {
+                            ""
+                        } else {
+                            reasoning
+                        };
+                        s.block("think", &[], reasoning);
+                    }
+                    s.block("response", &[], &message.content);
+                    if !message.tool_calls.is_empty() {
+                        s.tool_calls(&message.tool_calls);
+                    }
+                });
+                calls = Some(&message.tool_calls);
+            }
+            Role::Tool => {
+                let Some(answered) = calls.filter(|c| !c.is_empty()) else {
+                    return Err(ChatError::message(
+                        index,
+                        "role",
+                        "a tool message must follow an assistant message with tool_calls",
+                    ));
+                };
+                let run = tool_results(messages, index, answered)?;
+                for (i, &(at, call)) in run.iter().enumerate() {
+                    check_fields(at, &messages[at])?;
+                    let position = (i + 1).to_string();
+                    let attrs = [("role", role), ("tool", &call.name), ("index", &position)];
+                    out.message(&attrs, |s| s.txt(messages[at].content.as_str()));
+                }
+                index += run.len();
+                calls = None;
+                continue;
+            }
+        }
+        index += 1;
+    }
+    match conversation.tool_choice {
+        ToolChoice::Auto => {}
+        ToolChoice::None => out.system_note("tool-choice", TOOL_CHOICE_NONE),
+        ToolChoice::Required => out.system_note("tool-choice", TOOL_CHOICE_REQUIRED),
+    }
+    match &conversation.response_format {
+        ResponseFormat::Text => {}
+        ResponseFormat::JsonObject => out.system_note("response-format", JSON_OBJECT),
+        ResponseFormat::JsonSchema(schema) => out.system_note(
+            "response-format",
+            &json_schema_text(&compact_sorted(schema)),
+        ),
+    }
+    if conversation.generation_prompt {
+        out.open("message", &[("role", "assistant")]);
+        out.open(if thinking { "think" } else { "response" }, &[]);
+    }
+    Ok(out.0)
+}
+
+/// Renders a conversation to prompt ids (spec §8): each segment encoded on its own.
+pub fn render(tokenizer: &Tokenizer, conversation: &Conversation) -> Result<Vec<u32>, ChatError> {
+    let mut ids = Vec::new();
+    for segment in segments(conversation)? {
+        let encoded = match &segment {
+            Segment::Control(name) => tokenizer.encode(name, Specials::Recognised)?,
+            Segment::Text(text) => tokenizer.encode(text, Specials::Plain)?,
+        };
+        ids.extend(encoded);
+    }
+    Ok(ids)
+}
