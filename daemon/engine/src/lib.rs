@@ -23,6 +23,8 @@
 //!   matvecs, norms and elementwise functions; SIMD paths bit-identical to the portable one.
 //! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
+//! * [`input_file`] — opens input files so that a FIFO or device in their place is refused,
+//!   never blocked on.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
 //! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
 //! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
@@ -34,6 +36,7 @@
 pub mod advice;
 pub mod checkpoint;
 pub mod engine;
+pub mod input_file;
 pub mod kernels;
 pub mod model;
 pub mod plan;

@@ -75,7 +75,7 @@ impl ModelConfig {
 
     /// Read and validate `path` (normally `MODEL_DIR/config.json`).
     pub fn from_file(path: &Path) -> Result<ModelConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
+        let text = crate::input_file::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.to_path_buf(),
             error,
         })?;

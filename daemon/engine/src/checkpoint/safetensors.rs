@@ -448,7 +448,7 @@ impl TensorIndex {
     /// shard that holds it, and it lists every tensor exactly once. Only `weight_map` is read.
     pub fn check_index_file(&self, path: &Path) -> Result<(), SafetensorsError> {
         let file = file_name(path);
-        let text = std::fs::read_to_string(path).map_err(|error| SafetensorsError::Io {
+        let text = crate::input_file::read_to_string(path).map_err(|error| SafetensorsError::Io {
             path: path.to_path_buf(),
             error,
         })?;
@@ -518,7 +518,7 @@ fn read_shard(path: &Path) -> Result<ParsedShard, SafetensorsError> {
         path: path.to_path_buf(),
         error,
     };
-    let file = File::open(path).map_err(io)?;
+    let file = crate::input_file::open(path).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
     let mut len_bytes = [0u8; 8];
     if size >= 8 {

@@ -114,7 +114,7 @@ pub fn hash_file(path: &Path, progress: &Progress) -> Result<[u8; 32], VerifyErr
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(err)?;
+    let mut file = crate::input_file::open(path).map_err(err)?;
     use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
     // Advice only; a filesystem that ignores it changes nothing but cache use.
     let _ = posix_fadvise(&file, 0, 0, PosixFadviseAdvice::POSIX_FADV_SEQUENTIAL);

@@ -411,7 +411,7 @@ fn read_preamble(
 }
 
 fn open(path: &Path) -> Result<(File, u64), FileError> {
-    let file = File::open(path).map_err(io_err(path))?;
+    let file = crate::input_file::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();
     Ok((file, len))
 }

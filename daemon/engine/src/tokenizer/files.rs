@@ -18,7 +18,7 @@ pub struct Ranks {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TokenizerError> {
-    std::fs::read(path).map_err(|source| TokenizerError::Io {
+    crate::input_file::read(path).map_err(|source| TokenizerError::Io {
         path: path.to_path_buf(),
         source,
     })

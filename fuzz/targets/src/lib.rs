@@ -1,0 +1,280 @@
+//! # k3-fuzz — the bodies of k3's fuzz targets
+//!
+//! One function per untrusted input the engine and daemon read (issue #19 item 2). Each takes
+//! arbitrary bytes and must return without panicking: every malformed input is refused with a
+//! typed error. The same functions are driven two ways:
+//!
+//! * by libFuzzer (`fuzz/libfuzzer`, outside the workspace; see `fuzz/README.md`), coverage
+//!   guided, to find new inputs;
+//! * by `cargo test` (`tests/corpora.rs`), over every committed seed and crash-regression input
+//!   in `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/`, without any fuzzer installed.
+//!
+//! Inputs that live in files (tokenizer files, session files, the shard index) go through the
+//! real path-based readers: the bytes are written to a private scratch file first, so what is
+//! fuzzed is exactly what `k3d` runs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
+use k3_engine::checkpoint::{ModelConfig, TensorIndex};
+use k3_engine::session::file as session_file;
+use k3_engine::synth::tokenizer_files::Vocab;
+use k3_engine::tokenizer::Tokenizer;
+use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
+use k3proto::v1 as pb;
+use prost::Message as _;
+use sha2::{Digest, Sha256};
+
+/// Every target by name: the name is its corpus directory and the driver's `K3_FUZZ_TARGET`.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("safetensors_header", safetensors_header),
+    ("safetensors_index", safetensors_index),
+    ("config_json", config_json),
+    ("tiktoken_model", tiktoken_model),
+    ("tokenizer_config", tokenizer_config),
+    ("session_file", session_file),
+    ("chat_template", chat_template),
+    ("chat_reply", chat_reply),
+    ("grpc_request", grpc_request),
+];
+
+/// The target called `name`.
+pub fn target(name: &str) -> Option<fn(&[u8])> {
+    TARGETS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
+}
+
+/// A scratch directory private to this process and thread (tests run targets in parallel).
+fn scratch(file: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "k3-fuzz-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    fs::create_dir_all(&dir).expect("scratch directory for fuzz inputs");
+    dir.join(file)
+}
+
+fn write_scratch(file: &str, data: &[u8]) -> PathBuf {
+    let path = scratch(file);
+    fs::write(&path, data).expect("scratch file for a fuzz input");
+    path
+}
+
+/// One shard's bytes (8-byte length, JSON header, data): validated as a file of exactly that
+/// size, as `k3d check` validates each shard's header (spec §3.2).
+pub fn safetensors_header(data: &[u8]) {
+    let shard = (
+        PathBuf::from("model-00001-of-00001.safetensors"),
+        data.len() as u64,
+        data.to_vec(),
+    );
+    let _ = TensorIndex::from_header_bytes(vec![shard]);
+}
+
+/// `model.safetensors.index.json` cross-checked against a fixed, valid two-shard index.
+pub fn safetensors_index(data: &[u8]) {
+    static INDEX: OnceLock<TensorIndex> = OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let shard = |name: &str, tensors: &[(&str, Dtype, &[u64])]| {
+            let specs: Vec<TensorSpec> = tensors
+                .iter()
+                .map(|&(n, dtype, shape)| TensorSpec {
+                    name: n.into(),
+                    dtype,
+                    shape: shape.to_vec(),
+                })
+                .collect();
+            let (header, data_len) = encode_header(&specs).expect("fixed header encodes");
+            let size = header.len() as u64 + data_len;
+            (PathBuf::from(name), size, header)
+        };
+        TensorIndex::from_header_bytes(vec![
+            shard(
+                "model-00001-of-00002.safetensors",
+                &[("a.weight", Dtype::Bf16, &[2, 4]), ("b.norm", Dtype::F32, &[4])],
+            ),
+            shard(
+                "model-00002-of-00002.safetensors",
+                &[("c.weight_packed", Dtype::U8, &[8])],
+            ),
+        ])
+        .expect("fixed index is valid")
+    });
+    let path = write_scratch("model.safetensors.index.json", data);
+    let _ = index.check_index_file(&path);
+}
+
+/// `config.json` (spec §2): any text, then every accessor a loaded config offers.
+pub fn config_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(config) = ModelConfig::from_json(text) {
+        for l in 0..config.num_hidden_layers.min(4096) {
+            let _ = config.is_moe_layer(l);
+        }
+    }
+}
+
+/// The synthetic checkpoints' tokenizer files: the valid counterpart of a fuzzed one.
+fn valid_tokenizer_files() -> &'static (String, Vec<u8>) {
+    static FILES: OnceLock<(String, Vec<u8>)> = OnceLock::new();
+    FILES.get_or_init(|| {
+        let vocab = Vocab::learn(64);
+        let config = serde_json::to_vec(&vocab.tokenizer_config()).expect("config serialises");
+        (vocab.tiktoken_model(), config)
+    })
+}
+
+fn load_tokenizer(model: &[u8], config: &[u8]) -> Option<Tokenizer> {
+    let model = write_scratch("tiktoken.model", model);
+    let config = write_scratch("tokenizer_config.json", config);
+    Tokenizer::from_files(&model, &config).ok()
+}
+
+/// A tokenizer that loads is used: every id decodes, and text round-trips through it.
+fn exercise(tokenizer: &Tokenizer) {
+    for id in 0..tokenizer.vocab_size().min(1 << 16) as u32 {
+        let _ = tokenizer.decode(&[id]);
+    }
+    let text = "Hello, world! 123 <|im_end|>";
+    for specials in [
+        k3_engine::tokenizer::Specials::Plain,
+        k3_engine::tokenizer::Specials::Recognised,
+    ] {
+        if let Ok(ids) = tokenizer.encode(text, specials) {
+            let _ = tokenizer.decode_text(&ids);
+        }
+    }
+}
+
+/// `tiktoken.model` (spec §7.1) beside a valid `tokenizer_config.json`.
+pub fn tiktoken_model(data: &[u8]) {
+    let (_, config) = valid_tokenizer_files();
+    if let Some(tokenizer) = load_tokenizer(data, config) {
+        exercise(&tokenizer);
+    }
+}
+
+/// `tokenizer_config.json` (spec §7.1) beside a valid `tiktoken.model`.
+pub fn tokenizer_config(data: &[u8]) {
+    let (model, _) = valid_tokenizer_files();
+    if let Some(tokenizer) = load_tokenizer(model.as_bytes(), data) {
+        exercise(&tokenizer);
+    }
+}
+
+/// Session files (`*.k3s`): the listing reader and the full loader. With the first byte odd
+/// the last 32 bytes are replaced by the checksum of the rest, so that the fuzzer reaches the
+/// payload decoder behind the checksum.
+pub fn session_file(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = rest.to_vec();
+    if mode & 1 == 1 && bytes.len() >= 32 {
+        let body = bytes.len() - 32;
+        let digest = Sha256::digest(&bytes[..body]);
+        bytes[body..].copy_from_slice(&digest);
+    }
+    let path = write_scratch("fuzz.k3s", &bytes);
+    if let Ok(header) = session_file::read_header(&path) {
+        let _ = session_file::load(&path, &header.fingerprint);
+    }
+    let _ = session_file::load(&path, "fingerprint-of-another-model");
+}
+
+/// A small real tokenizer (the synthetic checkpoints') for the chat targets.
+fn chat_tokenizer() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let (model, config) = valid_tokenizer_files();
+        load_tokenizer(model.as_bytes(), config).expect("the synthetic tokenizer loads")
+    })
+}
+
+/// The chat template renderer (spec §8.2): byte 0 picks thinking and the generation prompt,
+/// then messages separated by 0xFF, each a role byte and `content 0xFE reasoning 0xFD name`.
+pub fn chat_template(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let thinking = match flags % 5 {
+        0 => Thinking::Off,
+        1 => Thinking::On(None),
+        2 => Thinking::On(Some(Effort::Low)),
+        3 => Thinking::On(Some(Effort::High)),
+        _ => Thinking::On(Some(Effort::Max)),
+    };
+    let messages = rest
+        .split(|&b| b == 0xFF)
+        .filter_map(|m| {
+            let (&role, body) = m.split_first()?;
+            let role = [Role::System, Role::User, Role::Assistant][role as usize % 3];
+            let mut parts = body.split(|&b| b == 0xFE || b == 0xFD);
+            let text = |p: Option<&[u8]>| p.map(|p| String::from_utf8_lossy(p).into_owned());
+            let mut message = Message::new(role, text(parts.next()).unwrap_or_default());
+            message.reasoning = text(parts.next());
+            message.name = text(parts.next());
+            Some(message)
+        })
+        .collect();
+    let conversation = Conversation {
+        messages,
+        thinking,
+        generation_prompt: flags & 0x80 != 0,
+    };
+    let _ = chat::render(chat_tokenizer(), &conversation);
+}
+
+/// The reply parser (spec §8.4): byte 0 says whether the prompt opened the think channel, the
+/// rest are little-endian u16 ids (any id, in range or not).
+pub fn chat_reply(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let ids: Vec<u32> = rest
+        .chunks_exact(2)
+        .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+        .collect();
+    let _ = chat::parse_reply(chat_tokenizer(), &ids, flags & 1 == 1);
+}
+
+/// Decodes `data` as a `k3.v1` message; a message that decodes re-encodes to bytes that
+/// decode to the same message (what the daemon acts on is what the client sent).
+fn decode_round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
+    if let Ok(message) = M::decode(data) {
+        let again = M::decode(message.encode_to_vec().as_slice());
+        assert_eq!(again.as_ref(), Ok(&message), "re-decoded message differs");
+    }
+}
+
+/// The gRPC request bodies of every `k3.v1` RPC. Byte 0 picks the message type. The server's
+/// conversion (`daemon/k3d/src/server/convert.rs`) lives in the binary crate, which a library
+/// cannot depend on, and is being rewritten: it is not fuzzed here yet.
+pub fn grpc_request(data: &[u8]) {
+    let Some((&kind, body)) = data.split_first() else {
+        return;
+    };
+    match kind % 9 {
+        0 => decode_round_trip::<pb::GenerateRequest>(body),
+        1 => decode_round_trip::<pb::ChatRequest>(body),
+        2 => decode_round_trip::<pb::TokenizeRequest>(body),
+        3 => decode_round_trip::<pb::DetokenizeRequest>(body),
+        4 => decode_round_trip::<pb::StatusRequest>(body),
+        5 => decode_round_trip::<pb::CancelRequest>(body),
+        6 => decode_round_trip::<pb::ListSessionsRequest>(body),
+        7 => decode_round_trip::<pb::DeleteSessionRequest>(body),
+        _ => decode_round_trip::<pb::SaveSessionRequest>(body),
+    }
+}
+
+/// Corpus directories of `target` under the repository's `fuzz/`: seeds, then regressions.
+pub fn corpus_dirs(fuzz_dir: &Path, target: &str) -> [PathBuf; 2] {
+    [
+        fuzz_dir.join("corpus").join(target),
+        fuzz_dir.join("regressions").join(target),
+    ]
+}
