@@ -69,19 +69,17 @@ mod tests {
 
     #[test]
     fn a_fifo_is_refused_without_blocking() {
-        let dir = std::env::temp_dir().join(format!("k3-input-file-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let fifo = dir.join("shard.safetensors");
-        let _ = std::fs::remove_file(&fifo);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let err = open(&fifo).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert_eq!(err.to_string(), "a FIFO, not a regular file");
-        let err = read(&dir).unwrap_err();
+        let err = read(dir).unwrap_err();
         assert_eq!(err.to_string(), "a directory, not a regular file");
         let regular = dir.join("config.json");
         std::fs::write(&regular, b"{}").unwrap();
         assert_eq!(read_to_string(&regular).unwrap(), "{}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

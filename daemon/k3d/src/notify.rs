@@ -50,15 +50,12 @@ mod tests {
     /// A datagram socket standing in for systemd's receives exactly what was sent.
     #[test]
     fn messages_reach_the_notify_socket() {
-        let dir = std::env::temp_dir().join(format!("k3d-notify-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = dir.join("notify.sock");
-        let _ = std::fs::remove_file(&path);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("notify.sock");
         let receiver = UnixDatagram::bind(&path).expect("bind the stand-in socket");
         send_to(path.as_os_str(), &ready_message("serving tiny\n(2 layers)"));
         let mut buf = [0u8; 256];
         let n = receiver.recv(&mut buf).expect("a datagram");
-        let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(&buf[..n], b"READY=1\nSTATUS=serving tiny (2 layers)");
     }
 }

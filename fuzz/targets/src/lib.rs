@@ -24,7 +24,6 @@ use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
 use k3proto::v1 as pb;
-use prost::Message as _;
 use sha2::{Digest, Sha256};
 
 /// Every target by name: the name is its corpus directory and the driver's `K3_FUZZ_TARGET`.
@@ -225,6 +224,7 @@ pub fn chat_template(data: &[u8]) {
         messages,
         thinking,
         generation_prompt: flags & 0x80 != 0,
+        ..Conversation::default()
     };
     let _ = chat::render(chat_tokenizer(), &conversation);
 }

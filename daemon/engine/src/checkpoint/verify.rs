@@ -4,7 +4,6 @@
 //! skips what it already checked when the file has not changed since.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
