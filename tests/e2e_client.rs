@@ -222,8 +222,10 @@ async fn every_error_has_its_exit_code_and_an_actionable_message() {
     drop(running);
 }
 
-#[tokio::test]
-async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
+/// A daemon whose model cannot load exits (exit 3, see `e2e_lifecycle`) instead of staying up
+/// in a failed state; the client then says the daemon is not running, exit 3.
+#[test]
+fn a_model_that_fails_to_load_ends_the_daemon_and_the_client_says_so() {
     let dir = scratch("client-broken");
     let model = dir.join("broken");
     std::fs::create_dir_all(&model).expect("mkdir");
@@ -239,27 +241,26 @@ async fn a_model_that_fails_to_load_is_reported_as_a_model_error() {
             std::fs::copy(entry.path(), &to).expect("copy");
         }
     }
-    let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = status(&mut client(&d.socket).await).await;
-        if s.state.starts_with("failed") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the broken model never failed: {}",
-            s.state
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let out = k3(&d.socket, &["run", "--ids", "1 2"]);
-    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let socket = dir.join("k3d.sock");
+    let out = Command::new(bin("k3d"))
+        .args(["serve", "--threads", "1", "--model"])
+        .arg(&model)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--session-dir")
+        .arg(dir.join("sessions"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run k3d serve");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("failed to load"),
+        text(&out.stderr).contains("k3d: error: loading"),
         "{}",
         text(&out.stderr)
     );
+    let out = k3(&socket, &["run", "--ids", "1 2"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("not running"), "{}", text(&out.stderr));
 }
 
 /// `k3 ARGS` in a detached tmux session (a real terminal) against daemon `d`, ended with the

@@ -35,6 +35,7 @@ pub mod engine;
 pub mod kernels;
 pub mod model;
 pub mod rng;
+pub mod serve;
 pub mod session;
 pub mod store;
 pub mod synth;

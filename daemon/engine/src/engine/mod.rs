@@ -22,7 +22,7 @@ use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress, peak_rss_bytes};
-pub use request::{GenerateRequest, Sampling, StopReason, Summary};
+pub use request::{GenerateRequest, RequestError, Sampling, StopReason, Summary};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -178,7 +178,9 @@ impl Engine {
     /// Validates `request` and clamps its `speculate` to the drafts the memory plan reserved a
     /// rollback journal for ([`LoadOptions::speculate`]); the output is the same either way.
     fn admit(&self, mut request: GenerateRequest) -> Result<GenerateRequest, EngineError> {
-        request.validate(self.model.config().vocab_size)?;
+        request
+            .validate(self.model.config().vocab_size)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let reserved = usize::try_from(self.options.model.speculate).unwrap_or(usize::MAX);
         request.speculate = request.speculate.min(reserved);
         Ok(request)
