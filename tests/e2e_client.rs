@@ -260,7 +260,11 @@ fn a_model_that_fails_to_load_ends_the_daemon_and_the_client_says_so() {
     );
     let out = k3(&socket, &["run", "--ids", "1 2"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("not running"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not running"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// `k3 ARGS` in a detached tmux session (a real terminal) against daemon `d`, ended with the

@@ -86,7 +86,11 @@ fn a_budget_below_the_minimum_ends_the_daemon_with_exit_5() {
     let dir = scratch("life-budget");
     let socket = dir.join("k3d.sock");
     let (code, log) = serve_until_exit(tiny_model(), &socket, &["--ram-gb", "0.0001"]);
-    assert_eq!(code, Some(5), "a budget too small is a resource error:\n{log}");
+    assert_eq!(
+        code,
+        Some(5),
+        "a budget too small is a resource error:\n{log}"
+    );
     let line = last_line(&log);
     assert!(
         line.starts_with("k3d: error: loading") && line.contains("budget"),
@@ -171,12 +175,12 @@ async fn collect_rest(stream: &mut tonic::Streaming<pb::Event>) -> Option<tonic:
 
 #[test]
 fn sigterm_while_the_model_loads_exits_0_at_once() {
-    let dir = scratch("life-loading");
+    let dir = scratch("life-sigterm-load");
     // The `small` shape takes seconds to load: long enough for a signal to land during it.
     let model = synth_model("small", &dir.join("small"));
     let socket = dir.join("k3d.sock");
     let mut d = Daemon::start(&model, &socket, &["--shutdown-grace", "2"]);
-    d.wait_for_log("loading", Duration::from_secs(30));
+    d.wait_for_log("] loading ", Duration::from_secs(30));
     assert!(
         !d.log_text().contains("loaded "),
         "the model loaded before the signal:\n{}",

@@ -305,7 +305,11 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
         .await
         .expect_err("max_tokens over the daemon's cap is an error");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("--max-tokens-cap"), "{}", err.message());
+    assert!(
+        err.message().contains("--max-tokens-cap"),
+        "{}",
+        err.message()
+    );
 
     let mut bad = ids_request(prompt(0), 5);
     bad.options.as_mut().expect("options").sampling = Some(pb::Sampling {

@@ -8,7 +8,7 @@
 //! Data flows one way:
 //!
 //! ```text
-//! checkpoint ──► store ──► model ──► engine ──► (transports, in k3d) ──► client
+//! checkpoint ──► store ──► model ──► engine ──► serve ──► (transports, in k3d) ──► client
 //!  files,          bytes      the        generation,
 //!  config,         in RAM     forward    sampling,
 //!  layout          or read    pass       sessions
@@ -23,6 +23,8 @@
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
 //! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
+//! * [`serve`] — the transport-neutral serve core: validation, the admission queue, session
+//!   leases, the batch loop and the scheduler thread; transports (in k3d) map onto it.
 //! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
 //!   synthesis: identical on every platform.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).

@@ -13,6 +13,7 @@ use k3_engine::engine::{
     Engine, EngineError, EngineOptions, Feed, GenerateRequest, Generation, Step, Summary,
 };
 use k3_engine::model::{LoadOptions, Logits, ModelError, Sequence};
+use k3_engine::serve::batch::{Batch, Cancel, Member, Never};
 use k3_engine::store::plan::{Budget, PlanError};
 use model_support::*;
 
@@ -79,14 +80,15 @@ fn minimum_budget(dir: &Path) -> Budget {
 /// expert, and the routing lookahead's slots for every member (plan rule 4).
 fn trunk_resident_budget(dir: &Path) -> Budget {
     let ck = k3_engine::checkpoint::Checkpoint::open(dir).expect("open checkpoint");
-    let max = k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
-        .expect("max plan");
+    let max =
+        k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, Budget::default()).model)
+            .expect("max plan");
     let budget = Budget {
         ram: Some(max.total() - 4096),
         ..Budget::default()
     };
-    let plan =
-        k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model).expect("plan");
+    let plan = k3_engine::model::plan_for(&ck.config, &ck.layout, &options(1, budget).model)
+        .expect("plan");
     assert_eq!(
         plan.lookahead_slots,
         MEMBERS * ck.config.num_experts_per_token,
@@ -114,26 +116,45 @@ struct Seen {
     mixed: bool,
 }
 
-/// Runs the requests through `step_batch`, request i joining at round `JOIN[i]` and leaving
-/// when it finishes; returns each one's summary.
+/// Request `index` being computed.
+struct Indexed {
+    index: usize,
+    generation: Generation,
+}
+
+impl Member for Indexed {
+    fn split(&mut self) -> (&mut Generation, &(dyn Cancel + Sync)) {
+        (&mut self.generation, &Never)
+    }
+    fn generation(&self) -> &Generation {
+        &self.generation
+    }
+}
+
+/// Runs the requests through the serve core's batch loop ([`Batch`], the one the daemon
+/// uses), request i joining at round `JOIN[i]` and leaving when it finishes; returns each
+/// one's summary.
 fn run_batched(engine: &Engine, requests: &[GenerateRequest]) -> (Vec<Summary>, Seen) {
     let mut waiting: Vec<(usize, GenerateRequest)> = requests.iter().cloned().enumerate().collect();
-    let mut active: Vec<(usize, Generation)> = Vec::new();
+    let mut batch: Batch<Indexed> = Batch::new(MEMBERS);
     let mut done: Vec<Option<Summary>> = vec![None; requests.len()];
     let mut seen = Seen::default();
     for round in 0.. {
         let (joining, rest): (Vec<_>, Vec<_>) =
             waiting.into_iter().partition(|(i, _)| JOIN[*i] <= round);
         waiting = rest;
-        for (i, r) in joining {
-            active.push((i, engine.start(r).expect("start")));
+        for (index, r) in joining {
+            batch.push(Indexed {
+                index,
+                generation: engine.start(r).expect("start"),
+            });
         }
-        if active.is_empty() && waiting.is_empty() {
+        if batch.is_empty() && waiting.is_empty() {
             break;
         }
-        let feeds: Vec<Feed> = active
+        let feeds: Vec<Feed> = batch
             .iter()
-            .map(|(_, g)| g.next_feed(CHUNK).expect("feed"))
+            .map(|m| m.generation.next_feed(CHUNK).expect("feed"))
             .collect();
         let prompt = feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
         let token = feeds.iter().any(|f| matches!(f, Feed::Token { .. }));
@@ -141,21 +162,12 @@ fn run_batched(engine: &Engine, requests: &[GenerateRequest]) -> (Vec<Summary>, 
         seen.widest = seen
             .widest
             .max(feeds.iter().filter(|f| f.forward().is_some()).count());
-        let never = || false;
-        let cancels = vec![&never as &(dyn Fn() -> bool + Sync); active.len()];
-        let mut gens: Vec<&mut Generation> = active.iter_mut().map(|(_, g)| g).collect();
-        let results = engine.step_batch(&mut gens, &cancels);
-        let mut finished = Vec::new();
-        for (k, r) in results.into_iter().enumerate() {
+        for (m, r) in batch.round(engine) {
             match r {
-                Ok(Step::Finished(s)) => finished.push((k, s)),
-                Ok(_) => {}
+                Ok(Step::Finished(s)) => done[m.index] = Some(s),
+                Ok(_) => batch.push(m),
                 Err(e) => panic!("batched step: {e}"),
             }
-        }
-        for (k, s) in finished.into_iter().rev() {
-            let (i, _) = active.remove(k);
-            done[i] = Some(s);
         }
     }
     let summaries = done

@@ -174,7 +174,10 @@ impl Done {
 #[derive(Debug, Clone)]
 pub enum Health {
     /// Loading: `done` of `total` phases.
-    Loading { done: u64, total: u64 },
+    Loading {
+        done: u64,
+        total: u64,
+    },
     Ready,
     /// The model could not be loaded; nothing will be generated.
     Failed(Arc<EngineError>),
@@ -371,7 +374,8 @@ impl Core {
     pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
         self.admission.check_open()?;
         let session = request.session.clone();
-        let validated = validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
+        let validated =
+            validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
         let id = self.admission.next_id();
         let lease = match &session {
             Some(name) => {

@@ -196,7 +196,10 @@ pub fn validate(
             given: stop_strings.len(),
         });
     }
-    if let Some(s) = stop_strings.iter().find(|s| s.len() > MAX_STOP_STRING_BYTES) {
+    if let Some(s) = stop_strings
+        .iter()
+        .find(|s| s.len() > MAX_STOP_STRING_BYTES)
+    {
         return Err(Invalid::StopStringTooLong { bytes: s.len() });
     }
     let request = GenerateRequest {
@@ -238,7 +241,6 @@ fn render_chat(
     }
     conversation.generation_prompt = true;
     let thinking = matches!(conversation.thinking, Thinking::On(_));
-    let ids =
-        chat::render(tokenizer, &conversation).map_err(|e| Invalid::Render(e.to_string()))?;
+    let ids = chat::render(tokenizer, &conversation).map_err(|e| Invalid::Render(e.to_string()))?;
     Ok((ids, thinking))
 }

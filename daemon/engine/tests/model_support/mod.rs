@@ -209,8 +209,8 @@ impl Drop for TempCheckpoint {
 pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
-    let s =
-        k3_engine::synth::shape::Shape::named(shape).unwrap_or_else(|| panic!("no synth shape {shape}"));
+    let s = k3_engine::synth::shape::Shape::named(shape)
+        .unwrap_or_else(|| panic!("no synth shape {shape}"));
     let plan = k3_engine::synth::plan(&s).unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
     let dir = std::env::temp_dir().join(format!(
         "k3d-model-test-{shape}-{seed}-{}-{}",

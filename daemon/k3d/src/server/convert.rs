@@ -1,9 +1,7 @@
 //! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
 //! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
-use k3_engine::serve::{
-    Channel, Done, Event, Finish, Prompt, Request, ServeError, SessionFigures,
-};
+use k3_engine::serve::{Channel, Done, Event, Finish, Prompt, Request, ServeError, SessionFigures};
 use k3_engine::session::{FileError, SessionInfo, StoreError};
 use k3_engine::tokenizer::chat::{Conversation, Effort, Message, Role, Thinking};
 use k3proto::v1 as pb;

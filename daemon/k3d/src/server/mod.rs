@@ -98,7 +98,6 @@ pub fn run(cfg: Config) -> CliResult {
         cfg.capacity.max_queue,
         std::process::id()
     );
-    core.start().context("starting the scheduler")?;
     // Two workers are plenty for socket I/O; compute threads belong to the engine.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -106,11 +105,20 @@ pub fn run(cfg: Config) -> CliResult {
         .enable_all()
         .build()
         .context("starting the RPC runtime")?;
+    // Before the model starts loading: a signal that lands during the load must find its
+    // handler installed (tokio keeps it until `recv`), not kill the process.
+    let signals = runtime.block_on(async {
+        anyhow::Ok(Signals {
+            terminate: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            interrupt: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
+    })?;
+    core.start().context("starting the scheduler")?;
     let service = service::Service {
         core: Arc::clone(&core),
         threads: cfg.threads,
     };
-    let result = runtime.block_on(serve(&listener, service, &core, cfg.grace));
+    let result = runtime.block_on(serve(&listener, service, &core, signals, cfg.grace));
     listener.remove();
     if !core.join(UNWIND_LIMIT) && !matches!(core.health(), Health::Loading { .. }) {
         log!("the scheduler did not stop within {UNWIND_LIMIT:?}; exiting anyway");
@@ -130,6 +138,12 @@ pub fn run(cfg: Config) -> CliResult {
     }
 }
 
+/// The shutdown signals, installed before the model starts loading.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
 /// Resolves once the model's load has failed.
 async fn load_failure(core: &Core) -> Arc<k3_engine::engine::EngineError> {
     loop {
@@ -144,6 +158,7 @@ async fn serve(
     listener: &Listener,
     service: service::Service,
     core: &Arc<Core>,
+    mut signals: Signals,
     grace: Duration,
 ) -> anyhow::Result<Ended> {
     let socket = listener
@@ -153,8 +168,6 @@ async fn serve(
     let incoming = UnixListenerStream::new(
         tokio::net::UnixListener::from_std(socket).context("registering the socket")?,
     );
-    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let svc = EngineServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -167,8 +180,8 @@ async fn serve(
             }),
     );
     let ended = tokio::select! {
-        _ = terminate.recv() => Ended::Signal("SIGTERM"),
-        _ = interrupt.recv() => Ended::Signal("SIGINT"),
+        _ = signals.terminate.recv() => Ended::Signal("SIGTERM"),
+        _ = signals.interrupt.recv() => Ended::Signal("SIGINT"),
         failed = load_failure(core) => Ended::LoadFailed(failed),
         finished = &mut server => {
             // The server never ends on its own unless it failed.

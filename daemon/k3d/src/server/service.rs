@@ -149,7 +149,10 @@ impl pb::engine_server::Engine for Service {
         &self,
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusReply>, Status> {
-        Ok(Response::new(status::reply(&self.core.status(), self.threads)))
+        Ok(Response::new(status::reply(
+            &self.core.status(),
+            self.threads,
+        )))
     }
 
     async fn cancel(
