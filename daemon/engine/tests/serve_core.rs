@@ -158,6 +158,16 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
     assert_eq!(m.timings.first_tokens, 3);
 }
 
+/// Waits until `job` computes (its first step's event).
+fn computing(job: &JobHandle) {
+    while let Some(e) = job.events.recv() {
+        if matches!(e, Event::Prefill { .. } | Event::Token { .. }) {
+            return;
+        }
+    }
+    panic!("job {} ended before it computed", job.id);
+}
+
 /// The session's next job is leased (not refused as in use).
 fn usable(core: &Core, name: &str, what: &str) {
     let mut r = ids(vec![1, 2, 3], 2);
@@ -199,6 +209,7 @@ fn a_session_lease_is_released_however_the_job_ends() {
     let blocker = core
         .submit(Some(7), ids(vec![4, 4, 4], 4000))
         .expect("blocker");
+    computing(&blocker);
     // Cancelled while queued.
     let queued = core.submit(Some(7), on_session("s", 3)).expect("queued");
     let r = on_session("s", 3);
@@ -224,7 +235,8 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
         .expect("the abandoned job's lease was released");
     // Cancelled while running.
     blocker.cancel();
-    assert!(matches!(drain(blocker).1, Err(ServeError::Cancelled(_))));
+    let end = drain(blocker).1;
+    assert!(matches!(end, Err(ServeError::Cancelled(_))), "{end:?}");
     again.cancel();
     let _ = drain(&again);
     usable(core, name, "cancelled while running");
@@ -232,6 +244,7 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
     let running = core
         .submit(Some(7), on_session(name, 4000))
         .expect("running");
+    computing(&running);
     let other = core.submit(Some(7), on_session("t", 3)).expect("queued");
     core.close();
     core.stop_all();
