@@ -158,6 +158,22 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
     assert_eq!(m.timings.first_tokens, 3);
 }
 
+/// A core over a fresh tiny model (seed `seed`) computing one job at a time, `max_queue`
+/// waiting; the checkpoint is removed when the first value is dropped.
+fn one_slot(seed: u64, max_queue: usize) -> (TempCheckpoint, Core) {
+    let ck = synth("tiny", seed);
+    let core = core(
+        &ck.dir,
+        &ck.dir.join("sessions"),
+        Capacity {
+            max_active: 1,
+            max_batch: 1,
+            max_queue,
+        },
+    );
+    (ck, core)
+}
+
 /// Waits until `job` computes (its first step's event).
 fn computing(job: &JobHandle) {
     while let Some(e) = job.events.recv() {
@@ -189,17 +205,7 @@ fn on_session(name: &str, max_tokens: usize) -> Request {
 
 #[test]
 fn a_session_lease_is_released_however_the_job_ends() {
-    let ck = synth("tiny", 6);
-    let sessions = ck.dir.join("sessions");
-    let core = core(
-        &ck.dir,
-        &sessions,
-        Capacity {
-            max_active: 1,
-            max_batch: 1,
-            max_queue: 4,
-        },
-    );
+    let (_ck, core) = one_slot(6, 4);
     // Done.
     let job = core.submit(Some(7), on_session("s", 3)).expect("submit");
     assert!(drain(&job).1.is_ok());
@@ -260,17 +266,7 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
 
 #[test]
 fn every_refusal_names_its_rule() {
-    let ck = synth("tiny", 7);
-    let sessions = ck.dir.join("sessions");
-    let core = core(
-        &ck.dir,
-        &sessions,
-        Capacity {
-            max_active: 1,
-            max_batch: 1,
-            max_queue: 0,
-        },
-    );
+    let (_ck, core) = one_slot(7, 0);
     let vocab = core.tokenizer().vocab_size() as u32;
     let refused = |r: Request| match core.submit(None, r) {
         Err(ServeError::Invalid(i)) => i,
