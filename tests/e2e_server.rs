@@ -285,25 +285,41 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
         .expect_err("no prompt");
     assert_eq!(none.code(), tonic::Code::InvalidArgument);
 
-    // An id beyond the vocabulary: refused before any compute.
-    let out_of_range = generate(&mut c, ids_request(vec![1, u32::MAX - 1], 5)).await;
-    let err = out_of_range.error.expect("id out of range is an error");
+    // An id beyond the vocabulary: refused at submission, before any compute (the serve core
+    // validates every rule before queueing).
+    let err = c
+        .generate(ids_request(vec![1, u32::MAX - 1], 5))
+        .await
+        .expect_err("id out of range is an error");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(out_of_range.ids.is_empty());
+    assert!(err.message().contains("vocabulary"), "{}", err.message());
 
-    let absurd = generate(&mut c, ids_request(prompt(0), u32::MAX)).await;
-    let err = absurd.error.expect("absurd max_tokens is an error");
+    let err = c
+        .generate(ids_request(prompt(0), u32::MAX))
+        .await
+        .expect_err("absurd max_tokens is an error");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    // Over the daemon's cap though far below the context: refused too.
+    let err = c
+        .generate(ids_request(prompt(0), 1_000_000))
+        .await
+        .expect_err("max_tokens over the daemon's cap is an error");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("--max-tokens-cap"),
+        "{}",
+        err.message()
+    );
 
     let mut bad = ids_request(prompt(0), 5);
     bad.options.as_mut().expect("options").sampling = Some(pb::Sampling {
         temperature: f32::NAN,
         ..Default::default()
     });
-    let err = generate(&mut c, bad)
+    let err = c
+        .generate(bad)
         .await
-        .error
-        .expect("NaN temperature is an error");
+        .expect_err("NaN temperature is an error");
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("temperature"), "{}", err.message());
 

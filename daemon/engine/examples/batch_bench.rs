@@ -23,6 +23,7 @@ use k3_engine::engine::{
 };
 use k3_engine::model::LoadOptions;
 use k3_engine::plan::{Budget, PlanInputs};
+use k3_engine::serve::Batch;
 use k3_engine::store::StoreStats;
 
 struct Args {
@@ -135,7 +136,7 @@ fn main() {
     });
     let load_seconds = loaded.elapsed().as_secs_f64();
     let vocab = engine.model().config().vocab_size;
-    let mut gens: Vec<Generation> = (0..a.concurrent)
+    let gens: Vec<Generation> = (0..a.concurrent)
         .map(|i| {
             engine
                 .start(GenerateRequest {
@@ -149,41 +150,37 @@ fn main() {
                 })
         })
         .collect();
-    let never = || false;
-    let cancels = vec![&never as &(dyn Fn() -> bool + Sync); a.concurrent];
+    let mut batch: Batch<Generation> = Batch::new(a.concurrent);
+    for g in gens {
+        batch.push(g);
+    }
     let mut decode: Option<(Instant, StoreStats, u64)> = None;
     let mut tokens = 0u64;
     let mut passes = 0u64;
     let mut ids: Vec<Vec<u32>> = vec![Vec::new(); a.concurrent];
     let prefill = Instant::now();
     let mut prefill_seconds = 0.0;
-    loop {
-        let live: Vec<usize> = (0..gens.len())
-            .filter(|&i| !gens[i].is_finished())
-            .collect();
-        if live.is_empty() {
-            break;
-        }
-        let all_decoding = live
+    // The batch keeps its members in turn order; each is tagged with its request index by
+    // the order it was pushed, tracked here through the rounds.
+    let mut order: std::collections::VecDeque<usize> = (0..a.concurrent).collect();
+    while !batch.is_empty() {
+        let all_decoding = batch
             .iter()
-            .all(|&i| matches!(gens[i].next_feed(chunk), Ok(Feed::Token { .. })));
-        if decode.is_none() && all_decoding && live.len() == a.concurrent {
+            .all(|g| matches!(g.next_feed(chunk), Ok(Feed::Token { .. })));
+        if decode.is_none() && all_decoding && batch.len() == a.concurrent {
             prefill_seconds = prefill.elapsed().as_secs_f64();
             decode = Some((Instant::now(), engine.model().store_stats(), 0));
         }
-        let computes = live.iter().any(|&i| {
-            gens[i]
-                .next_feed(chunk)
-                .is_ok_and(|f| f.forward().is_some())
-        });
-        let mut members: Vec<&mut Generation> =
-            gens.iter_mut().filter(|g| !g.is_finished()).collect();
-        let n = members.len();
-        let results = engine.step_batch(&mut members, &cancels[..n]);
+        let computes = batch
+            .iter()
+            .any(|g| g.next_feed(chunk).is_ok_and(|f| f.forward().is_some()));
+        let stepped = batch.round(&engine);
         if decode.is_some() && computes {
             passes += 1;
         }
-        for (&i, r) in live.iter().zip(results) {
+        // Every member is ready and the cap is the member count: all are stepped, in order.
+        let round: Vec<usize> = order.drain(..).collect();
+        for (i, (g, r)) in round.into_iter().zip(stepped) {
             match r {
                 Ok(Step::Token { id }) => {
                     ids[i].push(id);
@@ -191,12 +188,15 @@ fn main() {
                         tokens += 1;
                     }
                 }
+                Ok(Step::Finished(_)) => continue,
                 Ok(_) => {}
                 Err(e) => {
                     eprintln!("batch_bench: request {i}: {e}");
                     std::process::exit(1)
                 }
             }
+            batch.push(g);
+            order.push_back(i);
         }
     }
     let Some((started, before, _)) = decode else {

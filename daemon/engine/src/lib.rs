@@ -8,10 +8,10 @@
 //! Data flows one way:
 //!
 //! ```text
-//! checkpoint ──► plan ──► store ──► model ──► engine ──► (transports, in k3d) ──► client
-//!  files,        what is    bytes      the        generation,
-//!  config,       resident   in RAM     forward    sampling,
-//!  layout                   or read    pass       sessions
+//! checkpoint ──► plan ──► store ──► model ──► engine ──► serve ──► (transports, in k3d) ──► client
+//!  files,        what is    bytes      the        generation,  admission,
+//!  config,       resident   in RAM     forward    sampling,    batching,
+//!  layout                   or read    pass       sessions     leases
 //! ```
 //!
 //! * [`checkpoint`] — safetensors headers, `config.json`, the layout binding (which bytes are
@@ -27,6 +27,8 @@
 //!   never blocked on.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
 //! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
+//! * [`serve`] — the transport-neutral serve core: validation, the admission queue, session
+//!   leases, the batch loop and the scheduler thread; transports (in k3d) map onto it.
 //! * [`rng`] — small deterministic random streams (SplitMix64, xoshiro) shared by sampling and
 //!   synthesis: identical on every platform.
 //! * [`synth`] — writes random-weight checkpoints in exactly the released layout (tests, benches).
@@ -41,6 +43,7 @@ pub mod kernels;
 pub mod model;
 pub mod plan;
 pub mod rng;
+pub mod serve;
 pub mod session;
 pub mod store;
 pub mod synth;

@@ -1,4 +1,5 @@
-//! The engine library must not depend on the RPC stack: the data flow is
+//! The engine library must not depend on the RPC stack, and inside it no module reaches above
+//! its floor (store below model below engine below the serve core). The data flow is
 //! checkpoint → store → model → engine → server → client, and the server lives in the binary.
 //! This test reads the library's sources and fails on any import of tokio, tonic, prost or
 //! k3proto outside `src/bin`.
@@ -50,4 +51,101 @@ fn engine_library_imports_no_rpc_crates() {
         "engine library imports RPC crates:\n{}",
         offences.join("\n")
     );
+}
+
+/// The library's internal floors: a module may not reach up the data flow. Each entry is
+/// (the files under `src/<module>`, the paths they must not use).
+const FLOORS: [(&str, &[&str]); 3] = [
+    // Where weight bytes live knows nothing of the forward pass over them.
+    ("store", &["crate::model", "crate::engine", "crate::serve"]),
+    // The forward pass knows nothing of generations, sampling or serving.
+    ("model", &["crate::engine", "crate::serve"]),
+    // Generation knows nothing of the serve core built on it.
+    ("engine", &["crate::serve"]),
+];
+
+/// Lines of `text` (a source file) that use one of `forbidden` (`crate::x` paths, in `use`
+/// statements or inline), comments excluded.
+fn floor_breaches(text: &str, forbidden: &[&str]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let compact: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        // `use crate::{model::X, ..}` names the module inside braces.
+        let braced = |path: &str| {
+            let module = path.trim_start_matches("crate::");
+            compact.contains("crate::{")
+                && compact
+                    .split("crate::{")
+                    .nth(1)
+                    .is_some_and(|rest| rest.split([',', '{', ' ']).any(|p| p.starts_with(module)))
+        };
+        if forbidden.iter().any(|path| {
+            compact.contains(&format!("{path}::"))
+                || compact.contains(&format!("{path};"))
+                || braced(path)
+        }) {
+            out.push((n + 1, line.trim().to_string()));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_library_floors_hold() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offences = Vec::new();
+    for (module, forbidden) in FLOORS {
+        let mut files = Vec::new();
+        rust_files(&src.join(module), &mut files);
+        assert!(!files.is_empty(), "no sources under src/{module}");
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("read source");
+            for (n, line) in floor_breaches(&text, forbidden) {
+                offences.push(format!("{}:{n}: {line}", file.display()));
+            }
+        }
+    }
+    // Nothing in the library but the serve core itself uses the serve core: it is for
+    // transports (the k3d crate), which sit above the library.
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let serve = src.join("serve");
+    for file in files.iter().filter(|f| !f.starts_with(&serve)) {
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (n, line) in floor_breaches(&text, &["crate::serve"]) {
+            offences.push(format!("{}:{n}: {line}", file.display()));
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "modules reach above their floor:\n{}",
+        offences.join("\n")
+    );
+}
+
+/// The check itself fails on a broken floor, in each form an import can take.
+#[test]
+fn a_broken_floor_is_found() {
+    let forbidden = &["crate::model"];
+    for breach in [
+        "use crate::model::State;",
+        "use crate::model;",
+        "use crate::{checkpoint::Checkpoint, model::Model};",
+        "    let s = crate::model::State::new();",
+    ] {
+        let text = format!("//! a store file\n{breach}\nfn f() {{}}\n");
+        assert_eq!(
+            floor_breaches(&text, forbidden),
+            vec![(2, breach.trim().to_string())],
+            "{breach}"
+        );
+    }
+    for fine in [
+        "use crate::checkpoint::Checkpoint;",
+        "// use crate::model::State; (a comment)",
+        "use crate::modelling::X;",
+    ] {
+        assert!(floor_breaches(fine, forbidden).is_empty(), "{fine}");
+    }
 }

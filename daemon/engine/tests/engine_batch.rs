@@ -14,6 +14,7 @@ use k3_engine::engine::{
 };
 use k3_engine::model::{LoadOptions, Logits, ModelError, Sequence};
 use k3_engine::plan::{Budget, Plan, PlanError, PlanInputs};
+use k3_engine::serve::batch::{Batch, Cancel, Member, Never};
 use model_support::*;
 
 /// Prompt tokens per prefill step: small, so the long prompts take several steps and overlap
@@ -121,26 +122,45 @@ struct Seen {
     mixed: bool,
 }
 
-/// Runs the requests through `step_batch`, request i joining at round `JOIN[i]` and leaving
-/// when it finishes; returns each one's summary.
+/// Request `index` being computed.
+struct Indexed {
+    index: usize,
+    generation: Generation,
+}
+
+impl Member for Indexed {
+    fn split(&mut self) -> (&mut Generation, &(dyn Cancel + Sync)) {
+        (&mut self.generation, &Never)
+    }
+    fn generation(&self) -> &Generation {
+        &self.generation
+    }
+}
+
+/// Runs the requests through the serve core's batch loop ([`Batch`], the one the daemon
+/// uses), request i joining at round `JOIN[i]` and leaving when it finishes; returns each
+/// one's summary.
 fn run_batched(engine: &Engine, requests: &[GenerateRequest]) -> (Vec<Summary>, Seen) {
     let mut waiting: Vec<(usize, GenerateRequest)> = requests.iter().cloned().enumerate().collect();
-    let mut active: Vec<(usize, Generation)> = Vec::new();
+    let mut batch: Batch<Indexed> = Batch::new(MEMBERS);
     let mut done: Vec<Option<Summary>> = vec![None; requests.len()];
     let mut seen = Seen::default();
     for round in 0.. {
         let (joining, rest): (Vec<_>, Vec<_>) =
             waiting.into_iter().partition(|(i, _)| JOIN[*i] <= round);
         waiting = rest;
-        for (i, r) in joining {
-            active.push((i, engine.start(r).expect("start")));
+        for (index, r) in joining {
+            batch.push(Indexed {
+                index,
+                generation: engine.start(r).expect("start"),
+            });
         }
-        if active.is_empty() && waiting.is_empty() {
+        if batch.is_empty() && waiting.is_empty() {
             break;
         }
-        let feeds: Vec<Feed> = active
+        let feeds: Vec<Feed> = batch
             .iter()
-            .map(|(_, g)| g.next_feed(CHUNK).expect("feed"))
+            .map(|m| m.generation.next_feed(CHUNK).expect("feed"))
             .collect();
         let prompt = feeds.iter().any(|f| matches!(f, Feed::Prompt { .. }));
         let token = feeds.iter().any(|f| matches!(f, Feed::Token { .. }));
@@ -148,21 +168,12 @@ fn run_batched(engine: &Engine, requests: &[GenerateRequest]) -> (Vec<Summary>, 
         seen.widest = seen
             .widest
             .max(feeds.iter().filter(|f| f.forward().is_some()).count());
-        let never = || false;
-        let cancels = vec![&never as &(dyn Fn() -> bool + Sync); active.len()];
-        let mut gens: Vec<&mut Generation> = active.iter_mut().map(|(_, g)| g).collect();
-        let results = engine.step_batch(&mut gens, &cancels);
-        let mut finished = Vec::new();
-        for (k, r) in results.into_iter().enumerate() {
+        for (m, r) in batch.round(engine) {
             match r {
-                Ok(Step::Finished(s)) => finished.push((k, s)),
-                Ok(_) => {}
+                Ok(Step::Finished(s)) => done[m.index] = Some(s),
+                Ok(_) => batch.push(m),
                 Err(e) => panic!("batched step: {e}"),
             }
-        }
-        for (k, s) in finished.into_iter().rev() {
-            let (i, _) = active.remove(k);
-            done[i] = Some(s);
         }
     }
     let summaries = done

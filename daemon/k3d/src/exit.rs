@@ -50,20 +50,24 @@ impl From<anyhow::Error> for CliError {
 
 pub type CliResult = Result<(), CliError>;
 
-/// Engine failures, by class: bad requests and configs are usage errors, broken files are
-/// checkpoint errors, and a failure while computing invalidates the run.
+/// The exit class of an engine failure: bad requests and configs are usage errors, broken
+/// files are checkpoint errors, a budget too small is a resource error, and a failure while
+/// computing invalidates the run.
+pub fn engine_exit(e: &k3_engine::engine::EngineError) -> Exit {
+    use k3_engine::engine::EngineError as E;
+    match e {
+        E::Checkpoint(c) if c.is_config() => Exit::Usage,
+        E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
+        E::InvalidRequest(_) => Exit::Usage,
+        E::Model(k3_engine::model::ModelError::Plan(_)) => Exit::Resources,
+        E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
+            Exit::RunInvalid
+        }
+    }
+}
+
 impl From<k3_engine::engine::EngineError> for CliError {
     fn from(e: k3_engine::engine::EngineError) -> Self {
-        use k3_engine::engine::EngineError as E;
-        let exit = match &e {
-            E::Checkpoint(c) if c.is_config() => Exit::Usage,
-            E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
-            E::InvalidRequest(_) => Exit::Usage,
-            E::Model(k3_engine::model::ModelError::Plan(_)) => Exit::Resources,
-            E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
-                Exit::RunInvalid
-            }
-        };
-        CliError::new(exit, e)
+        CliError::new(engine_exit(&e), e)
     }
 }

@@ -39,6 +39,20 @@ pub fn ready(text: &str) {
     send(&ready_message(text));
 }
 
+/// The serve core's state changes (`k3_engine::serve::OnHealth`) as systemd status lines.
+pub fn health(health: &k3_engine::serve::Health, info: Option<&k3_engine::engine::EngineInfo>) {
+    use k3_engine::serve::Health;
+    match health {
+        Health::Loading { done: 0, .. } => status("loading: checking the checkpoint (step 1 of 2)"),
+        Health::Loading { .. } => status("loading: reading the resident weights (step 2 of 2)"),
+        Health::Ready => ready(&format!(
+            "serving {}",
+            info.map_or("the model", |i| i.name.as_str())
+        )),
+        Health::Failed(e) => status(&format!("loading failed: {e}")),
+    }
+}
+
 fn ready_message(text: &str) -> String {
     format!("READY=1\nSTATUS={}", text.replace('\n', " "))
 }

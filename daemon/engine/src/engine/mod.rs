@@ -22,7 +22,7 @@ use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
-pub use request::{GenerateRequest, Sampling, StopReason, Summary};
+pub use request::{GenerateRequest, RequestError, Sampling, StopReason, Summary};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -99,7 +99,8 @@ impl From<ModelError> for EngineError {
 /// A loaded model ready to generate.
 pub struct Engine {
     model: Model,
-    tokenizer: Tokenizer,
+    /// Shared with whoever loaded it first (the serve core tokenises while the model loads).
+    tokenizer: Arc<Tokenizer>,
     pool: rayon::ThreadPool,
     options: EngineOptions,
     info: EngineInfo,
@@ -113,10 +114,21 @@ impl Engine {
         options: EngineOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Engine, EngineError> {
+        let tokenizer = Arc::new(Tokenizer::load(dir)?);
+        Engine::open_with_tokenizer(dir, options, tokenizer, progress)
+    }
+
+    /// [`Engine::open`] with the checkpoint's tokenizer already loaded (by the caller, from
+    /// the same `dir`), so it is read and held once.
+    pub fn open_with_tokenizer(
+        dir: &Path,
+        options: EngineOptions,
+        tokenizer: Arc<Tokenizer>,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Engine, EngineError> {
         progress(LoadProgress::Checking);
         let checkpoint = Checkpoint::open(dir)?;
         let info = EngineInfo::describe(&checkpoint)?;
-        let tokenizer = Tokenizer::load(dir)?;
         if tokenizer.vocab_size() > checkpoint.config.vocab_size {
             return Err(EngineError::InvalidRequest(format!(
                 "tokenizer has {} ids but config.json vocab_size is {}",
@@ -178,7 +190,9 @@ impl Engine {
     /// Validates `request` and clamps its `speculate` to the drafts the memory plan reserved a
     /// rollback journal for ([`crate::plan::PlanInputs::speculate`]); the output is the same either way.
     fn admit(&self, mut request: GenerateRequest) -> Result<GenerateRequest, EngineError> {
-        request.validate(self.model.config().vocab_size)?;
+        request
+            .validate(self.model.config().vocab_size)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let reserved = usize::try_from(self.options.model.plan.speculate).unwrap_or(usize::MAX);
         request.speculate = request.speculate.min(reserved);
         Ok(request)

@@ -1,7 +1,5 @@
 //! What a caller asks for, and what it gets back at the end.
 
-use super::EngineError;
-
 /// Longest generation one request may ask for; larger values are refused, not clamped.
 pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
 
@@ -57,47 +55,67 @@ pub struct GenerateRequest {
     pub speculate: usize,
 }
 
+/// Why a request cannot be served: one variant per rule of [`GenerateRequest::validate`], so
+/// callers can tell them apart (the serve core wraps them in its own refusals).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("prompt id {id} at position {position} is outside the vocabulary (0..{vocab_size})")]
+    IdOutsideVocabulary {
+        id: u32,
+        position: usize,
+        vocab_size: usize,
+    },
+    #[error("max_tokens {asked} exceeds the limit {MAX_TOKENS_LIMIT}")]
+    MaxTokens { asked: usize },
+    #[error("speculate {asked} exceeds the limit {MAX_SPECULATE}")]
+    Speculate { asked: usize },
+    #[error("temperature {0} must be a finite number ≥ 0")]
+    Temperature(f32),
+    #[error("top_p {0} must be in (0, 1]")]
+    TopP(f32),
+    #[error("stop strings must not be empty")]
+    EmptyStopString,
+}
+
 impl GenerateRequest {
     /// Refuses what cannot be served, with a message that says what is wrong.
-    pub fn validate(&self, vocab_size: usize) -> Result<(), EngineError> {
-        let invalid = |m: String| Err(EngineError::InvalidRequest(m));
+    pub fn validate(&self, vocab_size: usize) -> Result<(), RequestError> {
         if self.prompt.is_empty() {
-            return invalid("the prompt is empty".into());
+            return Err(RequestError::EmptyPrompt);
         }
-        if let Some((pos, id)) = self
+        if let Some((position, &id)) = self
             .prompt
             .iter()
             .enumerate()
             .find(|(_, id)| **id as usize >= vocab_size)
         {
-            return invalid(format!(
-                "prompt id {id} at position {pos} is outside the vocabulary (0..{vocab_size})"
-            ));
+            return Err(RequestError::IdOutsideVocabulary {
+                id,
+                position,
+                vocab_size,
+            });
         }
         if self.max_tokens > MAX_TOKENS_LIMIT {
-            return invalid(format!(
-                "max_tokens {} exceeds the limit {MAX_TOKENS_LIMIT}",
-                self.max_tokens
-            ));
+            return Err(RequestError::MaxTokens {
+                asked: self.max_tokens,
+            });
         }
         if self.speculate > MAX_SPECULATE {
-            return invalid(format!(
-                "speculate {} exceeds the limit {MAX_SPECULATE}",
-                self.speculate
-            ));
+            return Err(RequestError::Speculate {
+                asked: self.speculate,
+            });
         }
         let s = &self.sampling;
         if !(s.temperature.is_finite() && s.temperature >= 0.0) {
-            return invalid(format!(
-                "temperature {} must be a finite number ≥ 0",
-                s.temperature
-            ));
+            return Err(RequestError::Temperature(s.temperature));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return invalid(format!("top_p {} must be in (0, 1]", s.top_p));
+            return Err(RequestError::TopP(s.top_p));
         }
         if self.stop_strings.iter().any(|s| s.is_empty()) {
-            return invalid("stop strings must not be empty".into());
+            return Err(RequestError::EmptyStopString);
         }
         Ok(())
     }

@@ -54,6 +54,10 @@ pub struct Args {
     /// for N drafts.
     #[arg(long)]
     speculate: Option<usize>,
+    /// Most new tokens one request may ask for (`max_tokens`); more is refused as invalid, so
+    /// one request cannot hold the machine for hours [default: 4096].
+    #[arg(long)]
+    max_tokens_cap: Option<usize>,
     /// Directory where sessions are saved, spilled and found again after a restart
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
@@ -85,6 +89,7 @@ struct ConfigFile {
     trunk_gb: Option<f64>,
     cache_gb: Option<f64>,
     speculate: Option<usize>,
+    max_tokens_cap: Option<usize>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
 }
@@ -198,6 +203,16 @@ pub fn run(args: Args) -> CliResult {
             k3_engine::engine::request::MAX_SPECULATE
         )));
     }
+    let max_tokens_cap = args
+        .max_tokens_cap
+        .or(file.max_tokens_cap)
+        .unwrap_or(k3_engine::serve::validate::DEFAULT_MAX_TOKENS_CAP);
+    if max_tokens_cap == 0 || max_tokens_cap > k3_engine::engine::request::MAX_TOKENS_LIMIT {
+        return Err(usage(format!(
+            "max_tokens_cap must be between 1 and {}",
+            k3_engine::engine::request::MAX_TOKENS_LIMIT
+        )));
+    }
     let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
     if max_batch == 0 {
         return Err(usage("max_batch must be at least 1".into()));
@@ -252,13 +267,16 @@ pub fn run(args: Args) -> CliResult {
         },
         threads,
         model_options,
-        limits: server::Limits {
+        capacity: k3_engine::serve::Capacity {
             max_active,
             max_batch,
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
         },
+        limits: k3_engine::serve::Limits {
+            max_tokens_cap,
+            speculate,
+        },
         grace: Duration::from_secs_f64(shutdown_grace),
-        speculate,
         session_dir,
         session_bytes,
     })

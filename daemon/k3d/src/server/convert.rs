@@ -1,100 +1,251 @@
-//! Between the wire (`k3.v1`) and the engine's types: request options in, summaries and errors
-//! out. The engine validates requests (prompt, ids, max_tokens, sampling values); the limits
-//! here only bound what one request may make the daemon hold (stop lists).
+//! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
+//! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
-use k3_engine::engine::{EngineError, GenerateRequest, Sampling, StopReason, Summary};
+use k3_engine::serve::{Channel, Done, Event, Finish, Prompt, Request, ServeError, SessionFigures};
+use k3_engine::session::{FileError, SessionInfo, StoreError};
+use k3_engine::tokenizer::chat::{
+    Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+};
 use k3proto::v1 as pb;
+use std::time::UNIX_EPOCH;
 use tonic::Status;
 
-/// `max_tokens` when the request leaves it 0.
-pub const DEFAULT_MAX_TOKENS: usize = 256;
-/// Stop strings beyond this many, or longer than this, are refused (each is matched against
-/// the output after every token).
-const MAX_STOP_STRINGS: usize = 16;
-const MAX_STOP_STRING_BYTES: usize = 256;
-const MAX_STOP_IDS: usize = 256;
-
-/// `default_speculate` is the daemon's `--speculate`, used when the request leaves it 0.
-pub fn request(
-    prompt: Vec<u32>,
-    options: Option<pb::GenerationOptions>,
-    default_speculate: usize,
-) -> Result<GenerateRequest, Status> {
-    let options = options.unwrap_or_default();
-    if options.stop_ids.len() > MAX_STOP_IDS {
-        return Err(Status::invalid_argument(format!(
-            "{} stop ids given; at most {MAX_STOP_IDS} are accepted",
-            options.stop_ids.len()
-        )));
-    }
-    if options.stop_strings.len() > MAX_STOP_STRINGS {
-        return Err(Status::invalid_argument(format!(
-            "{} stop strings given; at most {MAX_STOP_STRINGS} are accepted",
-            options.stop_strings.len()
-        )));
-    }
-    if let Some(s) = options
-        .stop_strings
-        .iter()
-        .find(|s| s.len() > MAX_STOP_STRING_BYTES)
-    {
-        return Err(Status::invalid_argument(format!(
-            "a stop string of {} bytes: at most {MAX_STOP_STRING_BYTES} are accepted",
-            s.len()
-        )));
-    }
-    Ok(GenerateRequest {
+/// A core request from the wire's options; `0` on the wire means "the default".
+pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: String) -> Request {
+    let o = options.unwrap_or_default();
+    let s = o.sampling.unwrap_or_default();
+    Request {
         prompt,
-        max_tokens: match options.max_tokens {
-            0 => DEFAULT_MAX_TOKENS,
-            n => n as usize,
+        max_tokens: (o.max_tokens != 0).then_some(o.max_tokens as usize),
+        sampling: k3_engine::engine::Sampling {
+            temperature: s.temperature,
+            top_p: if s.top_p == 0.0 { 1.0 } else { s.top_p },
+            top_k: s.top_k as usize,
+            seed: s.seed,
         },
-        sampling: sampling(options.sampling.unwrap_or_default()),
-        record_logits: false,
-        speculate: match options.speculate {
-            0 => default_speculate,
-            n => n as usize,
+        stop_ids: o.stop_ids,
+        stop_strings: o.stop_strings,
+        speculate: (o.speculate != 0).then_some(o.speculate as usize),
+        session: (!session.is_empty()).then_some(session),
+    }
+}
+
+/// The wire's conversation, tools, tool choice and response format as the chat layer's typed
+/// request, thinking on with effort `max` by default. Errors name the message index and field.
+pub fn conversation(req: &pb::ChatRequest) -> Result<Conversation, Status> {
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let thinking_on = match pb::Thinking::try_from(req.thinking) {
+        Ok(pb::Thinking::Default | pb::Thinking::On) => true,
+        Ok(pb::Thinking::Off) => false,
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown thinking value {}",
+                req.thinking
+            )));
+        }
+    };
+    let effort = match pb::Effort::try_from(req.effort) {
+        Ok(pb::Effort::Default | pb::Effort::Max) => Effort::Max,
+        Ok(pb::Effort::Low) => Effort::Low,
+        Ok(pb::Effort::High) => Effort::High,
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown effort {} (low, high or max)",
+                req.effort
+            )));
+        }
+    };
+    Ok(Conversation {
+        messages,
+        thinking: if thinking_on {
+            Thinking::On(Some(effort))
+        } else {
+            Thinking::Off
         },
-        stop_ids: options.stop_ids,
-        stop_strings: options.stop_strings,
+        generation_prompt: true,
+        tools: req
+            .tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool(i, t))
+            .collect::<Result<_, _>>()?,
+        tool_choice: match pb::ToolChoice::try_from(req.tool_choice) {
+            Ok(pb::ToolChoice::Auto) => ToolChoice::Auto,
+            Ok(pb::ToolChoice::None) => ToolChoice::None,
+            Ok(pb::ToolChoice::Required) => ToolChoice::Required,
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown tool_choice {}",
+                    req.tool_choice
+                )));
+            }
+        },
+        response_format: response_format(req)?,
     })
 }
 
-/// The engine validates the values; only the wire's "0 = off" for top_p needs translating.
-fn sampling(s: pb::Sampling) -> Sampling {
-    Sampling {
-        temperature: s.temperature,
-        top_p: if s.top_p == 0.0 { 1.0 } else { s.top_p },
-        top_k: s.top_k as usize,
-        seed: s.seed,
-    }
-}
-
-/// The gRPC status a client gets for an engine error.
-pub fn engine_error(e: &EngineError) -> Status {
-    match e {
-        EngineError::Cancelled => Status::cancelled(e.to_string()),
-        EngineError::InvalidRequest(why) => Status::invalid_argument(why.clone()),
-        _ => Status::internal(format!("the model failed: {e}")),
-    }
-}
-
-/// The Done event. `end_of_turn` lists the ids the server itself made stop ids (Chat's
-/// end-of-turn ids): stopping on one of those is the model ending its turn.
-pub fn done(
-    s: &Summary,
-    end_of_turn: &[u32],
-    queued_seconds: f64,
-    trailing_text: String,
-) -> pb::Done {
-    let (reason, stop_id, stop_string) = match &s.stop_reason {
-        StopReason::MaxTokens => (pb::StopReason::MaxTokens, 0, String::new()),
-        StopReason::StopId(id) if end_of_turn.contains(id) => {
-            (pb::StopReason::EndOfTurn, *id, String::new())
+fn message(index: usize, m: &pb::ChatMessage) -> Result<Message, Status> {
+    let role = match pb::Role::try_from(m.role) {
+        Ok(pb::Role::System) => Role::System,
+        Ok(pb::Role::User) => Role::User,
+        Ok(pb::Role::Assistant) => Role::Assistant,
+        Ok(pb::Role::Tool) => Role::Tool,
+        Ok(pb::Role::Unspecified) | Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "message {index} has no role (system, user, assistant or tool)"
+            )));
         }
-        StopReason::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
-        StopReason::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
     };
+    let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    Ok(Message {
+        reasoning: nonempty(&m.reasoning),
+        name: nonempty(&m.name),
+        tool_calls: m
+            .tool_calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+        tool_call_id: nonempty(&m.tool_call_id),
+        ..Message::new(role, m.content.clone())
+    })
+}
+
+/// JSON text from the wire; `field` names it in the error.
+fn json(field: &str, text: &str) -> Result<serde_json::Value, Status> {
+    serde_json::from_str(text)
+        .map_err(|e| Status::invalid_argument(format!("{field} is not JSON: {e}")))
+}
+
+fn tool(index: usize, t: &pb::Tool) -> Result<Tool, Status> {
+    Ok(Tool {
+        name: t.name.clone(),
+        description: (!t.description.is_empty()).then(|| t.description.clone()),
+        parameters: if t.parameters.is_empty() {
+            None
+        } else {
+            Some(json(&format!("tools[{index}].parameters"), &t.parameters)?)
+        },
+    })
+}
+
+fn response_format(req: &pb::ChatRequest) -> Result<ResponseFormat, Status> {
+    let format = match pb::ResponseFormat::try_from(req.response_format) {
+        Ok(pb::ResponseFormat::Text) => ResponseFormat::Text,
+        Ok(pb::ResponseFormat::JsonObject) => ResponseFormat::JsonObject,
+        Ok(pb::ResponseFormat::JsonSchema) if req.json_schema.is_empty() => {
+            return Err(Status::invalid_argument(
+                "response_format JSON_SCHEMA needs json_schema",
+            ));
+        }
+        Ok(pb::ResponseFormat::JsonSchema) => {
+            ResponseFormat::JsonSchema(json("json_schema", &req.json_schema)?)
+        }
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown response_format {}",
+                req.response_format
+            )));
+        }
+    };
+    if !req.json_schema.is_empty() && !matches!(format, ResponseFormat::JsonSchema(_)) {
+        return Err(Status::invalid_argument(
+            "json_schema is given but response_format is not JSON_SCHEMA",
+        ));
+    }
+    Ok(format)
+}
+
+/// The gRPC status of a core refusal or failure.
+pub fn status(e: &ServeError) -> Status {
+    let text = e.to_string();
+    match e {
+        ServeError::Invalid(_) => Status::invalid_argument(text),
+        ServeError::Busy(_) => Status::resource_exhausted(text),
+        ServeError::ShuttingDown | ServeError::ModelFailed(_) | ServeError::SessionsLoading => {
+            Status::unavailable(text)
+        }
+        ServeError::Cancelled(_)
+        | ServeError::CancelledQueued(_)
+        | ServeError::Abandoned
+        | ServeError::Shutdown => Status::cancelled(text),
+        ServeError::Session(s) => session_status(s, text),
+        ServeError::SessionsUnavailable(_) => Status::failed_precondition(text),
+        ServeError::Model(_) => Status::internal(text),
+        ServeError::UnknownRequest(_) => Status::not_found(text),
+    }
+}
+
+fn session_status(e: &StoreError, text: String) -> Status {
+    match e {
+        StoreError::InvalidName(_) => Status::invalid_argument(text),
+        StoreError::NotFound(_) => Status::not_found(text),
+        StoreError::PermissionDenied { .. } => Status::permission_denied(text),
+        StoreError::Busy { .. } => Status::aborted(text),
+        StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. } => Status::internal(text),
+        StoreError::File(_) => Status::failed_precondition(format!(
+            "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
+        )),
+    }
+}
+
+/// One core event on the wire: an event, or the status that ends the stream.
+pub fn event(e: Event) -> Result<pb::Event, Status> {
+    let event = match e {
+        Event::Queued { position } => pb::event::Event::Queued(pb::Queued { position }),
+        Event::Loading { done, total } => progress(pb::Phase::Load, done, total),
+        Event::Prefill { done, total } => progress(pb::Phase::Prefill, done as u64, total as u64),
+        Event::Token { id, piece } => pb::event::Event::Token(pb::Token {
+            id,
+            text: piece.text,
+            channel: channel(piece.channel).into(),
+            tool_call: piece.tool_call.map(|d| pb::ToolCallDelta {
+                index: count(d.index),
+                id: d.start.as_ref().map(|s| s.id.clone()).unwrap_or_default(),
+                name: d.start.map(|s| s.name).unwrap_or_default(),
+                arguments: d.arguments,
+            }),
+        }),
+        Event::Done(d) => pb::event::Event::Done(done(&d)),
+        Event::Failed(e) => return Err(status(&e)),
+    };
+    Ok(pb::Event { event: Some(event) })
+}
+
+fn progress(phase: pb::Phase, done: u64, total: u64) -> pb::event::Event {
+    pb::event::Event::Progress(pb::Progress {
+        phase: phase.into(),
+        done,
+        total,
+    })
+}
+
+fn channel(c: Channel) -> pb::Channel {
+    match c {
+        Channel::Text => pb::Channel::Text,
+        Channel::Reasoning => pb::Channel::Reasoning,
+        Channel::Response => pb::Channel::Response,
+        Channel::ToolCall => pb::Channel::ToolCall,
+        Channel::Control => pb::Channel::Control,
+    }
+}
+
+fn done(d: &Done) -> pb::Done {
+    let (reason, stop_id, stop_string) = match &d.finish {
+        Finish::Length => (pb::StopReason::MaxTokens, 0, String::new()),
+        Finish::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
+        Finish::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
+        Finish::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
+    };
+    let s = &d.summary;
     pb::Done {
         stop_reason: reason.into(),
         stop_id,
@@ -102,19 +253,55 @@ pub fn done(
         prompt_tokens: count(s.prompt_tokens),
         generated_tokens: count(s.generated_tokens),
         timings: Some(pb::Timings {
-            queued_seconds,
+            queued_seconds: d.queued_seconds,
             prefill_seconds: s.prefill_seconds,
             decode_seconds: s.decode_seconds,
         }),
         bytes_read: s.bytes_read,
         bytes_avoided: s.bytes_avoided,
-        trailing_text,
+        trailing_text: d.trailing_text.clone(),
         draft_tokens_proposed: count(s.drafts_proposed),
         draft_tokens_accepted: count(s.drafts_accepted),
         reused_prompt_tokens: count(s.reused_tokens),
-        // A Chat's reply reader fills these (scheduler, from `Channels::finish`).
-        tool_calls: Vec::new(),
-        malformed: None,
+        tool_calls: d
+            .tool_calls
+            .iter()
+            .map(|c| pb::ToolCall {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            })
+            .collect(),
+        malformed: d.malformed.as_ref().map(|m| pb::MalformedReply {
+            error: m.error.clone(),
+            raw: m.raw.clone(),
+        }),
+    }
+}
+
+pub fn session_info(s: &SessionInfo) -> pb::SessionInfo {
+    pb::SessionInfo {
+        name: s.name.clone(),
+        owner_uid: s.owner,
+        tokens: s.tokens,
+        state_bytes: s.state_bytes,
+        in_memory: s.in_memory,
+        on_disk: s.on_disk,
+        in_use_by: s.in_use.unwrap_or(0),
+        last_used: s
+            .last_used
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    }
+}
+
+pub fn session_figures(f: &SessionFigures) -> pb::SessionFigures {
+    pb::SessionFigures {
+        count: count(f.count),
+        memory_bytes: f.memory_bytes,
+        allowance_bytes: f.allowance_bytes,
+        dir: f.dir.display().to_string(),
+        error: f.error.clone().unwrap_or_default(),
     }
 }
 

@@ -102,6 +102,16 @@ fn priority(level: Level) -> u8 {
     }
 }
 
+/// The serve core's log (`k3_engine::serve::Log`): its lines at their levels, with the
+/// daemon's own.
+pub fn core_line(level: k3_engine::serve::Level, line: fmt::Arguments<'_>) {
+    match level {
+        k3_engine::serve::Level::Info => tracing::info!("{line}"),
+        k3_engine::serve::Level::Warn => tracing::warn!("{line}"),
+        k3_engine::serve::Level::Error => tracing::error!("{line}"),
+    }
+}
+
 /// `log!("request {id} started")`: an info line in the daemon's log.
 macro_rules! log {
     ($($arg:tt)*) => {

@@ -1,44 +1,44 @@
-//! `k3d serve`: the daemon. The engine runs on its own thread (`scheduler`), which alone owns
-//! it; tokio serves only the gRPC layer (`service`) on a Unix socket (`listener`); the two
-//! meet in `admission` (bounded queue, cancel registry, status figures).
+//! `k3d serve`: the daemon. The serve core (`k3_engine::serve`) owns the engine on its
+//! scheduler thread, the admission queue, sessions and every request rule; this module is the
+//! gRPC transport onto it: tokio serves the `k3.v1` service (`service`, `convert`, `status`) on
+//! a Unix socket (`listener`).
 //!
-//! Shutdown (SIGTERM/SIGINT): stop accepting connections and requests, let admitted requests
-//! finish for up to the grace period, then cancel the rest (each stops within one layer),
-//! remove the socket and return so the process exits 0.
+//! Lifecycle: a model that cannot be loaded ends the daemon with its one-line error and the
+//! exit code of its class (so systemd's `Restart=` and `systemctl status` see it). On
+//! SIGTERM/SIGINT: stop accepting connections and requests, let admitted requests finish for up
+//! to the grace period, then cancel the rest (each stops within one layer), let the scheduler
+//! write every session, remove the socket and return so the process exits 0. A signal during
+//! the model load exits at once: nothing is running and no session is open yet.
 
 #[macro_use]
 pub mod logging;
-mod admission;
-mod channels;
-mod chat;
 mod convert;
 mod listener;
-mod scheduler;
 mod service;
-mod sessions;
 mod status;
 
-pub use admission::Limits;
 pub use listener::SocketSpec;
 
 use crate::exit::{CliError, CliResult, Exit};
-use admission::Shared;
 use anyhow::Context;
 use k3_engine::engine::EngineOptions;
-use k3_engine::tokenizer::Tokenizer;
+use k3_engine::serve::{Capacity, Core, Health, Limits};
 use k3proto::v1::engine_server::EngineServer;
 use listener::Listener;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
 /// Largest gRPC message either way. Prompts are at most a few MB of text; anything larger is
 /// refused by tonic with a status naming both sizes.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
-/// After the grace period, how long cancelled requests get to unwind before we exit anyway.
+/// After the grace period, how long cancelled requests get to unwind (and the scheduler to
+/// write sessions) before we exit anyway.
 const UNWIND_LIMIT: Duration = Duration::from_secs(5);
+/// How often the model's state is checked for a failed load.
+const HEALTH_POLL: Duration = Duration::from_millis(20);
 
 pub struct Config {
     pub model: PathBuf,
@@ -46,46 +46,59 @@ pub struct Config {
     pub threads: usize,
     /// Memory plan options (`--ram-gb` etc.).
     pub model_options: k3_engine::model::LoadOptions,
+    pub capacity: Capacity,
+    /// Request limits: `--max-tokens-cap`, `--speculate`.
     pub limits: Limits,
     pub grace: Duration,
-    /// Default draft ids per speculative step (0 = off), see `k3d serve --speculate`.
-    pub speculate: usize,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
 }
 
+/// How the serving loop ended.
+enum Ended {
+    /// SIGTERM or SIGINT (its name).
+    Signal(&'static str),
+    /// The model could not be loaded.
+    LoadFailed(Arc<k3_engine::engine::EngineError>),
+}
+
 pub fn run(cfg: Config) -> CliResult {
     logging::start();
-    let tokenizer = Tokenizer::load(&cfg.model).map_err(|e| {
-        CliError::new(
-            Exit::Checkpoint,
-            anyhow::anyhow!("loading the tokenizer of {}: {e}", cfg.model.display()),
-        )
+    let core = Core::new(k3_engine::serve::Config {
+        model: cfg.model.clone(),
+        engine: EngineOptions {
+            threads: cfg.threads,
+            model: cfg.model_options,
+            ..EngineOptions::default()
+        },
+        capacity: cfg.capacity,
+        limits: cfg.limits,
+        session_dir: cfg.session_dir,
+        session_bytes: cfg.session_bytes,
+        log: k3_engine::serve::Log(logging::core_line),
+        on_health: crate::notify::health,
+    })
+    .map_err(|e| {
+        let exit = match &e {
+            k3_engine::serve::StartError::Config(c) if !c.is_io() => Exit::Usage,
+            k3_engine::serve::StartError::Thread(_)
+            | k3_engine::serve::StartError::AlreadyStarted => Exit::Failure,
+            _ => Exit::Checkpoint,
+        };
+        CliError::new(exit, e)
     })?;
+    let core = Arc::new(core);
     // Before any thread starts: binding changes the process umask for an instant.
     let listener = Listener::open(&cfg.socket)?;
     log!(
         "listening on {} (max {} active, {} queued; pid {})",
         listener.describe(),
-        cfg.limits.max_active,
-        cfg.limits.max_queue,
+        cfg.capacity.max_active,
+        cfg.capacity.max_queue,
         std::process::id()
     );
-    let shared = Arc::new(Shared::new(cfg.limits));
-    let sessions = Arc::new(sessions::Sessions::new(cfg.session_dir, cfg.session_bytes));
-    let scheduler = scheduler::spawn(
-        Arc::clone(&shared),
-        Arc::clone(&sessions),
-        cfg.model.clone(),
-        EngineOptions {
-            threads: cfg.threads,
-            model: cfg.model_options,
-            ..EngineOptions::default()
-        },
-    )
-    .context("starting the scheduler thread")?;
     // Two workers are plenty for socket I/O; compute threads belong to the engine.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -93,33 +106,62 @@ pub fn run(cfg: Config) -> CliResult {
         .enable_all()
         .build()
         .context("starting the RPC runtime")?;
+    // Before the model starts loading: a signal that lands during the load must find its
+    // handler installed (tokio keeps it until `recv`), not kill the process.
+    let signals = runtime.block_on(async {
+        anyhow::Ok(Signals {
+            terminate: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            interrupt: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
+    })?;
+    core.start().context("starting the scheduler")?;
     let service = service::Service {
-        shared: Arc::clone(&shared),
-        tokenizer,
+        core: Arc::clone(&core),
         threads: cfg.threads,
-        speculate: cfg.speculate,
-        sessions,
     };
-    let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));
+    let result = runtime.block_on(serve(&listener, service, &core, signals, cfg.grace));
     listener.remove();
-    // A scheduler still loading the model cannot be interrupted; exiting the process ends it.
-    let deadline = Instant::now() + UNWIND_LIMIT;
-    while !scheduler.is_finished() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
+    if !core.join(UNWIND_LIMIT) && !matches!(core.health(), Health::Loading { .. }) {
+        log!("the scheduler did not stop within {UNWIND_LIMIT:?}; exiting anyway");
     }
-    if scheduler.is_finished() && scheduler.join().is_err() {
-        log_err!("the scheduler thread panicked");
+    match result? {
+        Ended::Signal(_) => {
+            log!("stopped");
+            Ok(())
+        }
+        Ended::LoadFailed(e) => {
+            log_err!("exiting: the model could not be loaded");
+            Err(CliError::new(
+                crate::exit::engine_exit(&e),
+                anyhow::anyhow!("loading {}: {e}", cfg.model.display()),
+            ))
+        }
     }
-    log!("stopped");
-    Ok(result?)
+}
+
+/// The shutdown signals, installed before the model starts loading.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+/// Resolves once the model's load has failed.
+async fn load_failure(core: &Core) -> Arc<k3_engine::engine::EngineError> {
+    loop {
+        if let Health::Failed(e) = core.health() {
+            return e;
+        }
+        tokio::time::sleep(HEALTH_POLL).await;
+    }
 }
 
 async fn serve(
     listener: &Listener,
     service: service::Service,
-    shared: &Arc<Shared>,
+    core: &Arc<Core>,
+    mut signals: Signals,
     grace: Duration,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     let socket = listener
         .socket
         .try_clone()
@@ -127,8 +169,6 @@ async fn serve(
     let incoming = UnixListenerStream::new(
         tokio::net::UnixListener::from_std(socket).context("registering the socket")?,
     );
-    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let svc = EngineServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -140,44 +180,48 @@ async fn serve(
                 let _ = stop_rx.wait_for(|stop| *stop).await;
             }),
     );
-    let name = tokio::select! {
-        _ = terminate.recv() => "SIGTERM",
-        _ = interrupt.recv() => "SIGINT",
+    let ended = tokio::select! {
+        _ = signals.terminate.recv() => Ended::Signal("SIGTERM"),
+        _ = signals.interrupt.recv() => Ended::Signal("SIGINT"),
+        failed = load_failure(core) => Ended::LoadFailed(failed),
         finished = &mut server => {
             // The server never ends on its own unless it failed.
             return match finished {
-                Ok(Ok(())) => Ok(()),
+                Ok(Ok(())) => Ok(Ended::Signal("the server ended")),
                 Ok(Err(e)) => Err(e).context("serving"),
                 Err(e) => Err(e).context("the server task"),
             };
         }
     };
     crate::notify::send("STOPPING=1\nSTATUS=shutting down");
-    let snap = shared.snapshot();
-    log!(
-        "{name}: shutting down ({} running, {} queued; grace {:.1}s)",
-        snap.active,
-        snap.queued,
-        grace.as_secs_f64()
-    );
-    shared.close();
+    let status = core.status();
+    match &ended {
+        Ended::Signal(name) => log!(
+            "{name}: shutting down ({} running, {} queued; grace {:.1}s)",
+            status.active,
+            status.queued,
+            grace.as_secs_f64()
+        ),
+        Ended::LoadFailed(_) => log_err!("the model failed to load: shutting down"),
+    }
+    core.close();
     listener.remove();
     let _ = stop_tx.send(true);
     let deadline = tokio::time::Instant::now() + grace;
-    while !shared.drained() && tokio::time::Instant::now() < deadline {
+    while !core.drained() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    if !shared.drained() {
+    if !core.drained() {
         log!("grace period over: cancelling what is still running");
-        shared.stop_all();
+        core.stop_all();
     }
     match tokio::time::timeout(UNWIND_LIMIT, server).await {
-        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Ok(()))) => Ok(ended),
         Ok(Ok(Err(e))) => Err(e).context("serving"),
         Ok(Err(e)) => Err(e).context("the server task"),
         Err(_) => {
             log_warn!("connections still open {UNWIND_LIMIT:?} after cancelling; exiting anyway");
-            Ok(())
+            Ok(ended)
         }
     }
 }

@@ -1,37 +1,55 @@
-//! The `k3.v1.Engine` gRPC service: turns requests into jobs for the scheduler and answers the
-//! cheap calls (tokenizer, status, cancel) directly. Runs on tokio; never computes.
+//! The `k3.v1.Engine` gRPC service: protobuf ↔ the serve core's types, the caller's peer
+//! credentials, status codes. Runs on tokio; never computes and holds no rule of its own.
 
-use super::admission::{Job, Kind, Shared};
-use super::scheduler::uid_text;
-use super::sessions::Sessions;
-use super::{chat, convert, status};
+use super::{convert, status};
+use k3_engine::serve::{Core, JobHandle, Prompt, Request as CoreRequest, ServeError};
 use k3_engine::tokenizer::Specials;
-use k3_engine::tokenizer::Tokenizer;
 use k3proto::v1 as pb;
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use std::task::{Context, Poll};
+use tokio_stream::Stream;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
-/// Events buffered per stream: small, so a client that stops reading is noticed quickly and
-/// holds little memory (rust-stack §3).
-const STREAM_BUFFER: usize = 8;
-/// Largest prompt accepted, in tokens (text is tokenised first). The gRPC message size limit
-/// (`MAX_MESSAGE_BYTES`) bounds it too.
-const MAX_PROMPT_TOKENS: usize = 1 << 20;
-
-pub type EventStream = ReceiverStream<Result<pb::Event, Status>>;
-
 pub struct Service {
-    pub shared: Arc<Shared>,
-    /// The model's tokenizer, loaded before serving so tokenizer calls and text prompts work
-    /// while the engine is still loading.
-    pub tokenizer: Tokenizer,
+    pub core: Arc<Core>,
     pub threads: usize,
-    /// Draft ids per speculative step for requests that leave it 0 (`--speculate`).
-    pub speculate: usize,
-    pub sessions: Arc<Sessions>,
+}
+
+/// A job's events on the wire: Accepted first, then the core's events; a failure ends the
+/// stream with its status. Dropping it (the client went away) drops the core's receiver, which
+/// abandons the job.
+pub struct EventStream {
+    accepted: Option<pb::Event>,
+    job: Option<JobHandle>,
+}
+
+impl Stream for EventStream {
+    type Item = Result<pb::Event, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(accepted) = self.accepted.take() {
+            return Poll::Ready(Some(Ok(accepted)));
+        }
+        let Some(job) = self.job.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match job.events.poll_recv(cx) {
+            Poll::Ready(Some(event)) => {
+                let item = convert::event(event);
+                if item.is_err() {
+                    self.job = None;
+                }
+                Poll::Ready(Some(item))
+            }
+            Poll::Ready(None) => {
+                self.job = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
@@ -42,60 +60,26 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 }
 
 impl Service {
-    /// Admit a generation: its stream starts with Accepted, then the scheduler takes over.
+    /// Submits a job; its stream starts with Accepted.
     fn admit(
         &self,
-        rpc: &str,
         uid: Option<u32>,
-        prompt: Vec<u32>,
-        options: Option<pb::GenerationOptions>,
-        kind: Kind,
-        session: String,
+        request: CoreRequest,
     ) -> Result<Response<EventStream>, Status> {
-        if prompt.is_empty() {
-            return Err(Status::invalid_argument("the prompt is empty"));
-        }
-        if prompt.len() > MAX_PROMPT_TOKENS {
-            return Err(Status::invalid_argument(format!(
-                "the prompt has {} tokens; at most {MAX_PROMPT_TOKENS} are accepted",
-                prompt.len()
-            )));
-        }
-        let request = convert::request(prompt, options, self.speculate)?;
-        let id = self.shared.next_id();
-        let session = (!session.is_empty()).then_some(session);
-        if let Some(name) = &session {
-            // Before Accepted: a session another uid owns, or one in use, is refused outright.
-            self.sessions.reserve(name, uid, id)?;
-        }
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let job = self
+            .core
+            .submit(uid, request)
+            .map_err(|e| convert::status(&e))?;
         let accepted = pb::Event {
             event: Some(pb::event::Event::Accepted(pb::Accepted {
-                request_id: id,
-                prompt_tokens: convert::count(request.prompt.len()),
+                request_id: job.id,
+                prompt_tokens: convert::count(job.prompt_tokens),
             })),
         };
-        // A fresh channel has room: this cannot fail.
-        let _ = tx.try_send(Ok(accepted));
-        log!(
-            "request {id}: {rpc} from uid {} ({} prompt tokens, max {} new{})",
-            uid_text(uid),
-            request.prompt.len(),
-            request.max_tokens,
-            session
-                .as_ref()
-                .map_or_else(String::new, |n| format!(", session {n:?}"))
-        );
-        let mut job = Job::new(id, request, kind, tx, uid);
-        job.session = session.clone();
-        if let Err(status) = self.shared.submit(job) {
-            log!("request {id} refused: {}", status.message());
-            if let Some(name) = &session {
-                self.sessions.release(name);
-            }
-            return Err(status);
-        }
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(EventStream {
+            accepted: Some(accepted),
+            job: Some(job),
+        }))
     }
 }
 
@@ -111,35 +95,21 @@ impl pb::engine_server::Engine for Service {
         let uid = peer_uid(&req);
         let req = req.into_inner();
         let prompt = match req.prompt {
-            Some(pb::generate_request::Prompt::Ids(ids)) => ids.ids,
-            Some(pb::generate_request::Prompt::Text(text)) => {
-                self.tokenizer.encode(&text, Specials::Plain).map_err(|e| {
-                    Status::invalid_argument(format!("cannot tokenise the prompt: {e}"))
-                })?
-            }
+            Some(pb::generate_request::Prompt::Ids(ids)) => Prompt::Ids(ids.ids),
+            Some(pb::generate_request::Prompt::Text(text)) => Prompt::Text(text),
             None => return Err(Status::invalid_argument("no prompt: give text or ids")),
         };
-        self.admit(
-            "Generate",
-            uid,
-            prompt,
-            req.options,
-            Kind::Text,
-            req.session,
-        )
+        self.admit(uid, convert::request(prompt, req.options, req.session))
     }
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<EventStream>, Status> {
         let uid = peer_uid(&req);
         let req = req.into_inner();
-        let rendered = chat::render(&self.tokenizer, &req)?;
-        let kind = Kind::Chat {
-            thinking: rendered.thinking,
-        };
-        // The reply ends where the model ends its turn (spec §8.4).
-        let mut options = req.options.unwrap_or_default();
-        options.stop_ids.extend(self.tokenizer.end_of_turn_ids());
-        self.admit("Chat", uid, rendered.ids, Some(options), kind, req.session)
+        let conversation = convert::conversation(&req)?;
+        self.admit(
+            uid,
+            convert::request(Prompt::Chat(conversation), req.options, req.session),
+        )
     }
 
     async fn tokenize(
@@ -153,7 +123,8 @@ impl pb::engine_server::Engine for Service {
             Specials::Plain
         };
         let ids = self
-            .tokenizer
+            .core
+            .tokenizer()
             .encode(&req.text, specials)
             .map_err(|e| Status::invalid_argument(format!("cannot tokenise: {e}")))?;
         Ok(Response::new(pb::TokenizeReply { ids }))
@@ -165,7 +136,8 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::DetokenizeReply>, Status> {
         let req = req.into_inner();
         let bytes = self
-            .tokenizer
+            .core
+            .tokenizer()
             .decode(&req.ids)
             .map_err(|e| Status::invalid_argument(format!("cannot detokenise: {e}")))?;
         Ok(Response::new(pb::DetokenizeReply {
@@ -178,9 +150,8 @@ impl pb::engine_server::Engine for Service {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusReply>, Status> {
         Ok(Response::new(status::reply(
-            &self.shared,
+            &self.core.status(),
             self.threads,
-            self.sessions.figures(),
         )))
     }
 
@@ -190,14 +161,12 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::CancelReply>, Status> {
         let uid = peer_uid(&req);
         let id = req.into_inner().request_id;
-        if self.shared.cancel(id) {
-            log!("request {id}: cancel from uid {}", uid_text(uid));
-            Ok(Response::new(pb::CancelReply {}))
-        } else {
-            Err(Status::not_found(format!(
-                "no queued or running request {id} (it may have finished)"
-            )))
-        }
+        self.core.cancel(id).map_err(|e| convert::status(&e))?;
+        log!(
+            "request {id}: cancel from uid {}",
+            k3_engine::serve::uid_text(uid)
+        );
+        Ok(Response::new(pb::CancelReply {}))
     }
 
     async fn list_sessions(
@@ -205,8 +174,17 @@ impl pb::engine_server::Engine for Service {
         req: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsReply>, Status> {
         let uid = peer_uid(&req);
-        let sessions = Arc::clone(&self.sessions);
-        blocking(move || sessions.list(uid)).await
+        self.blocking(move |core| {
+            Ok(pb::ListSessionsReply {
+                sessions: core
+                    .sessions()
+                    .list(uid)?
+                    .iter()
+                    .map(convert::session_info)
+                    .collect(),
+            })
+        })
+        .await
     }
 
     async fn delete_session(
@@ -215,9 +193,8 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::DeleteSessionReply>, Status> {
         let uid = peer_uid(&req);
         let name = req.into_inner().name;
-        let sessions = Arc::clone(&self.sessions);
-        blocking(move || {
-            sessions
+        self.blocking(move |core| {
+            core.sessions()
                 .delete(&name, uid)
                 .map(|()| pb::DeleteSessionReply {})
         })
@@ -230,17 +207,27 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::SaveSessionReply>, Status> {
         let uid = peer_uid(&req);
         let name = req.into_inner().name;
-        let sessions = Arc::clone(&self.sessions);
-        blocking(move || sessions.save(&name, uid)).await
+        self.blocking(move |core| {
+            let (info, path) = core.sessions().save(&name, uid)?;
+            Ok(pb::SaveSessionReply {
+                session: Some(convert::session_info(&info)),
+                path: path.display().to_string(),
+            })
+        })
+        .await
     }
 }
 
-/// Runs session bookkeeping that may touch the disk off the RPC workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
-) -> Result<Response<T>, Status> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map(Response::new),
-        Err(e) => Err(Status::internal(format!("session task failed: {e}"))),
+impl Service {
+    /// Runs session bookkeeping that may touch the disk off the RPC workers.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Core) -> Result<T, ServeError> + Send + 'static,
+    ) -> Result<Response<T>, Status> {
+        let core = Arc::clone(&self.core);
+        match tokio::task::spawn_blocking(move || f(&core)).await {
+            Ok(result) => result.map(Response::new).map_err(|e| convert::status(&e)),
+            Err(e) => Err(Status::internal(format!("session task failed: {e}"))),
+        }
     }
 }

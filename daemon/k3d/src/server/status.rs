@@ -1,14 +1,14 @@
-//! The `Status` reply: the scheduler's published snapshot plus process figures read here
-//! (resident memory: `system::ProcessMemory`, engine-lessons §8.1: report real peak RSS).
+//! The `Status` reply: the serve core's status plus process figures read here (resident memory:
+//! `system::ProcessMemory`, engine-lessons §8.1: report real peak RSS).
 
-use super::admission::{Phase, Shared};
+use super::convert::count;
+use k3_engine::serve::{Health, Status};
 use k3proto::v1 as pb;
 
-pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> pb::StatusReply {
-    let snap = shared.snapshot();
-    let (state, load_progress) = match (&snap.phase, snap.accepting) {
+pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
+    let (state, load_progress) = match (&s.health, s.accepting) {
         (_, false) => ("shutting down".to_string(), None),
-        (Phase::Loading { done, total }, true) => (
+        (Health::Loading { done, total }, true) => (
             "loading".to_string(),
             Some(pb::Progress {
                 phase: pb::Phase::Load.into(),
@@ -16,11 +16,11 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
                 total: *total,
             }),
         ),
-        (Phase::Ready, true) => ("ready".to_string(), None),
-        (Phase::Failed(msg), true) => (format!("failed: {msg}"), None),
+        (Health::Ready, true) => ("ready".to_string(), None),
+        (Health::Failed(e), true) => (format!("failed: {e}"), None),
     };
     let memory = k3_engine::system::ProcessMemory::now();
-    let info = snap.info.as_ref();
+    let info = s.info.as_ref();
     pb::StatusReply {
         state,
         load_progress,
@@ -32,37 +32,32 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
         }),
         plan: info.map(|i| i.plan.clone()).unwrap_or_default(),
         pinned_layers: info
-            .map(|i| {
-                i.pinned_layers
-                    .iter()
-                    .map(|&l| super::convert::count(l))
-                    .collect()
-            })
+            .map(|i| i.pinned_layers.iter().map(|&l| count(l)).collect())
             .unwrap_or_default(),
         cache: info.map(|i| pb::CacheFigures {
             capacity_bytes: i.cache_capacity_bytes,
-            used_bytes: snap.stats.cache_resident_bytes,
-            hits: snap.stats.cache_hits,
-            misses: snap.stats.cache_misses,
+            used_bytes: s.stats.cache_resident_bytes,
+            hits: s.stats.cache_hits,
+            misses: s.stats.cache_misses,
         }),
-        bytes_read: snap.stats.bytes_read,
-        bytes_avoided: snap.stats.bytes_avoided,
+        bytes_read: s.stats.bytes_read,
+        bytes_avoided: s.stats.bytes_avoided,
         rss_bytes: memory.rss,
         peak_rss_bytes: memory.peak_rss,
-        uptime_seconds: shared.started.elapsed().as_secs_f64(),
-        active_requests: super::convert::count(snap.active),
-        queued_requests: super::convert::count(snap.queued),
-        max_queue: super::convert::count(shared.limits.max_queue),
-        requests_completed: snap.counters.completed,
-        requests_cancelled: snap.counters.cancelled,
-        requests_failed: snap.counters.failed,
-        requests_rejected: snap.counters.rejected,
-        threads: super::convert::count(threads),
-        max_active: super::convert::count(shared.limits.max_active),
-        max_batch: super::convert::count(shared.limits.max_batch),
-        forward_passes: snap.stats.forward_passes,
-        batched_passes: snap.stats.batched_passes,
-        widest_batch: u32::try_from(snap.stats.widest_batch).unwrap_or(u32::MAX),
-        sessions: Some(sessions),
+        uptime_seconds: s.uptime.as_secs_f64(),
+        active_requests: count(s.active),
+        queued_requests: count(s.queued),
+        max_queue: count(s.capacity.max_queue),
+        requests_completed: s.counters.completed,
+        requests_cancelled: s.counters.cancelled,
+        requests_failed: s.counters.failed,
+        requests_rejected: s.counters.rejected,
+        threads: count(threads),
+        max_active: count(s.capacity.max_active),
+        max_batch: count(s.capacity.max_batch),
+        forward_passes: s.stats.forward_passes,
+        batched_passes: s.stats.batched_passes,
+        widest_batch: u32::try_from(s.stats.widest_batch).unwrap_or(u32::MAX),
+        sessions: Some(super::convert::session_figures(&s.sessions)),
     }
 }

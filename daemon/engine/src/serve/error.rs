@@ -1,0 +1,81 @@
+//! Why the serve core refused or ended a job, typed so each transport maps it to its own status
+//! (gRPC codes now, HTTP statuses next) without reading message text.
+
+use std::sync::Arc;
+
+use super::validate::Invalid;
+use crate::engine::EngineError;
+use crate::session::StoreError;
+
+/// How full the admission queue was when a job was refused ([`ServeError::Busy`]): enough for
+/// a transport to say when to retry (HTTP 429 `Retry-After`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueState {
+    pub running: usize,
+    pub queued: usize,
+    pub max_queue: usize,
+}
+
+/// Every way a job can be refused at submission or end without a [`super::Done`].
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServeError {
+    /// The request itself is wrong (gRPC `INVALID_ARGUMENT`, HTTP 400).
+    #[error("{0}")]
+    Invalid(#[from] Invalid),
+    /// The queue is full (gRPC `RESOURCE_EXHAUSTED`, HTTP 429).
+    #[error(
+        "k3d is busy: {} requests running and {} waiting (--max-queue {}); retry when one finishes",
+        .0.running, .0.queued, .0.max_queue
+    )]
+    Busy(QueueState),
+    /// Shutdown has begun: nothing new is admitted (`UNAVAILABLE`, 503).
+    #[error("k3d is shutting down and accepts no new requests")]
+    ShuttingDown,
+    /// The model could not be loaded (`UNAVAILABLE`, 503).
+    #[error("the model failed to load, so k3d cannot generate: {0}")]
+    ModelFailed(Arc<EngineError>),
+    /// [`super::Core::cancel`] reached the job while it ran (`CANCELLED`).
+    #[error("request {0} cancelled")]
+    Cancelled(u64),
+    /// [`super::Core::cancel`] reached the job while it waited in the queue (`CANCELLED`).
+    #[error("request {0} cancelled before it started")]
+    CancelledQueued(u64),
+    /// The receiver was dropped while the job ran (`CANCELLED`; nobody reads it).
+    #[error("the client went away")]
+    Abandoned,
+    /// The shutdown grace ran out before the job finished (`CANCELLED`).
+    #[error("k3d is shutting down: the request was cancelled after the grace period")]
+    Shutdown,
+    /// A session refusal: not found, another user's, in use, its file damaged.
+    #[error("{0}")]
+    Session(Arc<StoreError>),
+    /// Sessions are not open yet: the model is still loading (`UNAVAILABLE`).
+    #[error("the daemon is loading its model; sessions are available once it is ready")]
+    SessionsLoading,
+    /// The session directory could not be opened (`FAILED_PRECONDITION`).
+    #[error("sessions are unavailable: {0}")]
+    SessionsUnavailable(String),
+    /// The model failed while computing the job (`INTERNAL`, HTTP 500).
+    #[error("the model failed: {0}")]
+    Model(Arc<EngineError>),
+    /// [`super::Core::cancel`] of an id neither queued nor running (`NOT_FOUND`).
+    #[error("no queued or running request {0} (it may have finished)")]
+    UnknownRequest(u64),
+}
+
+impl From<StoreError> for ServeError {
+    fn from(e: StoreError) -> Self {
+        ServeError::Session(Arc::new(e))
+    }
+}
+
+impl ServeError {
+    /// An engine error met while starting or stepping a job: the request's own fault or the
+    /// model's.
+    pub(crate) fn from_engine(e: EngineError) -> ServeError {
+        match e {
+            EngineError::InvalidRequest(why) => Invalid::Engine(why).into(),
+            other => ServeError::Model(Arc::new(other)),
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! # The serve core: one model, many jobs, any transport
+//!
+//! Everything a server needs between "a request arrived" and "its events went out", with no
+//! transport in it: threads and channels, no async runtime. The gRPC service of `k3d` is a thin
+//! mapping onto it (protobuf ↔ these types, peer credentials, status codes); an HTTP server is
+//! another mapping onto the same [`Core`], in the same process.
+//!
+//! ```text
+//!  transport ──submit(uid, Request)──► validate ─► lease session ─► admission queue
+//!      ▲                                                               │ take
+//!      │ Events (Queued, Loading, Prefill, Token, Done | Failed)       ▼
+//!      └──────────────────────────────────────────────────────── scheduler thread
+//!                                                                 (Batch rounds over
+//!                                                                  Engine::step_batch)
+//! ```
+//!
+//! * [`validate`] — every request limit, in one place (prompt length, the daemon's
+//!   `max_tokens` cap, context, stop lists, sampling ranges, speculate) and chat rendering
+//!   through the library's template.
+//! * [`admission`] — the one bounded queue: positions, per-uid accounting, cancel and
+//!   abandon, the model's state, the request counters.
+//! * [`sessions`] — the session store and the [`SessionLease`] a job owns: released exactly
+//!   once however the job ends.
+//! * [`batch`] — the one batch loop (round robin over [`crate::engine::Engine::step_batch`]),
+//!   also used by the batching tests and `batch_bench`.
+//! * [`reply`] — generated ids in, classified text pieces and tool-call deltas out, through
+//!   the chat layer's one reply reader (spec §8.4).
+//! * [`events`] — a job's bounded event channel; dropping the receiver abandons the job.
+//! * [`metrics`] — token and timing sums for a metrics endpoint.
+//!
+//! ## Using it
+//!
+//! ```no_run
+//! use k3_engine::serve::{Config, Core, Event, Prompt, Request};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let core = Core::new(Config::new("/models/k3".into(), "/var/lib/k3d/sessions".into()))?;
+//! core.start()?; // loads the model on the scheduler thread; jobs may be submitted already
+//! let job = core.submit(Some(1000), Request::new(Prompt::Text("Hello".into())))?;
+//! while let Some(event) = job.events.recv() {
+//!     match event {
+//!         Event::Token { piece, .. } => print!("{}", piece.text),
+//!         Event::Done(done) => println!("\n{:?}, {} tokens", done.finish, done.usage().completion_tokens),
+//!         Event::Failed(e) => eprintln!("{e}"),
+//!         _ => {}
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! * **Submit** ([`Core::submit`]) validates at once and either refuses with a [`ServeError`]
+//!   (`Invalid`, `Busy` with the [`QueueState`], `ShuttingDown`, `ModelFailed`, `Session`) or
+//!   returns a [`JobHandle`]: its id, its prompt length, and its [`Events`] receiver.
+//! * **Events** arrive in order: [`Event::Queued`] (position, when it must wait),
+//!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk, one
+//!   [`Event::Token`] per generated id (id + classified [`Piece`]), then exactly one of
+//!   [`Event::Done`] (finish reason, usage, timings) or [`Event::Failed`]. `recv` blocks;
+//!   `poll_recv` serves an async stream with std's `Waker` only.
+//! * **Cancel** ([`JobHandle::cancel`] or [`Core::cancel`] by id): a queued job leaves the queue
+//!   at once; a running one stops within a layer of the forward pass when it computes alone,
+//!   within one batched step when others share its pass. **Dropping the receiver** abandons the
+//!   job the same way. Either way its session lease is released before anything else can see
+//!   the session.
+//! * **Health** ([`Core::health`]): `Loading { done, total }`, `Ready`, `Failed(error)` — readable
+//!   at any time, for a health endpoint and 503s. [`Core::status`] adds the engine's figures,
+//!   queue, counters and sessions; [`Core::metrics`] the counters a metrics endpoint reads.
+//! * **Shutdown**: [`Core::close`] stops admitting; [`Core::drained`] says when every job has
+//!   ended; [`Core::stop_all`] cancels what is left (the grace ran out); [`Core::join`] waits
+//!   for the scheduler thread, which writes every session before it ends.
+//!
+//! A job's tokens depend only on its request (prompt, sampling, seed): never on what else is
+//! batched with it, the thread count or the budget (spec §6).
+
+pub mod admission;
+pub mod batch;
+mod error;
+pub mod events;
+mod log;
+pub mod metrics;
+pub mod reply;
+mod scheduler;
+pub mod sessions;
+pub mod validate;
+
+pub use admission::{Capacity, Counters, UidLoad};
+pub use batch::{Batch, Member};
+pub use error::{QueueState, ServeError};
+pub use events::Events;
+pub use log::{Level, Log, OnHealth, ignore_health};
+pub use metrics::Timings;
+pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, ToolCallStart};
+pub use sessions::{SessionFigures, SessionLease, Sessions};
+pub use validate::{Invalid, Kind, Limits, Prompt, Request};
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::config::{ConfigError, ModelConfig};
+use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, Summary};
+use crate::tokenizer::chat::ToolCall;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use admission::{Admission, Job};
+use metrics::Metrics;
+use validate::ModelLimits;
+
+/// Events buffered per job: small, so a reader that stops reading is noticed quickly and holds
+/// little memory (rust-stack §3).
+pub const STREAM_BUFFER: usize = 8;
+
+/// One event of a job.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The job waits for a compute slot: `position` jobs (this one included) are ahead of the
+    /// slot. Sent when the position changes.
+    Queued { position: u32 },
+    /// The model is still loading: `done` of `total` phases.
+    Loading { done: u64, total: u64 },
+    /// A prefill chunk was fed: `done` of `total` prompt tokens are in the state.
+    Prefill { done: usize, total: usize },
+    /// One generated id and the text it completes, classified.
+    Token { id: u32, piece: Piece },
+    /// The job completed. Last event.
+    Done(Done),
+    /// The job ended without completing (cancelled, abandoned, shut down, refused when it
+    /// started, or the model failed). Last event.
+    Failed(ServeError),
+}
+
+/// Why a completed job stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// It generated `max_tokens` tokens.
+    Length,
+    /// A chat reply ended its turn with this id (spec §8.4), not emitted.
+    EndOfTurn(u32),
+    /// One of the request's stop ids, not emitted.
+    StopId(u32),
+    /// The output now ends with this stop string.
+    StopString(String),
+}
+
+/// Token counts of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens a session already held (not prefilled).
+    pub reused_prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// The end of a completed job.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub finish: Finish,
+    /// Text the reply reader held back at the end (an incomplete UTF-8 sequence, lossily).
+    pub trailing_text: String,
+    /// A chat reply's tool calls (arguments as JSON text, ids `call_<index>`); for a reply cut
+    /// short, the calls completed so far.
+    pub tool_calls: Vec<ToolCall>,
+    /// Set when a chat reply broke the grammar of spec §8.4 (reported, never repaired).
+    pub malformed: Option<Malformed>,
+    /// Seconds between admission and the first step.
+    pub queued_seconds: f64,
+    /// The engine's report: timings, bytes read and avoided, drafts.
+    pub summary: Summary,
+}
+
+impl Done {
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.summary.prompt_tokens,
+            reused_prompt_tokens: self.summary.reused_tokens,
+            completion_tokens: self.summary.generated_tokens,
+        }
+    }
+}
+
+/// The model's state.
+#[derive(Debug, Clone)]
+pub enum Health {
+    /// Loading: `done` of `total` phases.
+    Loading {
+        done: u64,
+        total: u64,
+    },
+    Ready,
+    /// The model could not be loaded; nothing will be generated.
+    Failed(Arc<EngineError>),
+}
+
+/// A submitted job, as its transport holds it.
+pub struct JobHandle {
+    pub id: u64,
+    /// Prompt tokens after rendering and tokenising.
+    pub prompt_tokens: usize,
+    /// The job's events. Dropping it abandons the job.
+    pub events: Events,
+    admission: Arc<Admission>,
+}
+
+impl JobHandle {
+    /// Cancels the job (see [`Core::cancel`]); its stream then ends with [`Event::Failed`].
+    pub fn cancel(&self) {
+        // A job that already ended is no longer known: nothing to cancel.
+        let _ = self.admission.cancel(self.id);
+    }
+}
+
+/// Everything [`Core::status`] reports.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub health: Health,
+    /// False once shutdown began.
+    pub accepting: bool,
+    /// The loaded model (name, fingerprint, plan), once ready.
+    pub info: Option<EngineInfo>,
+    pub stats: EngineStats,
+    pub active: usize,
+    pub queued: usize,
+    pub counters: Counters,
+    pub capacity: Capacity,
+    pub sessions: SessionFigures,
+    pub uptime: Duration,
+}
+
+/// What a metrics endpoint reads ([`Core::metrics`]).
+#[derive(Debug, Clone)]
+pub struct MetricsSnapshot {
+    pub counters: Counters,
+    pub active: usize,
+    pub queue_depth: usize,
+    pub timings: Timings,
+    /// Engine figures: bytes read and avoided, cache hits and misses, forward passes, batched
+    /// passes and the widest batch.
+    pub engine: EngineStats,
+}
+
+/// How a [`Core`] is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The checkpoint directory.
+    pub model: PathBuf,
+    /// Threads, prefill chunk and memory plan of the engine.
+    pub engine: EngineOptions,
+    pub capacity: Capacity,
+    pub limits: Limits,
+    /// Where sessions are saved and spilled.
+    pub session_dir: PathBuf,
+    /// In-memory session allowance in bytes; `None` = the plan's headroom.
+    pub session_bytes: Option<u64>,
+    pub log: Log,
+    /// Told about every change of the model's state (load phases, ready, failed).
+    pub on_health: OnHealth,
+}
+
+impl Config {
+    /// Defaults: all cores, 4 active jobs batched together, 16 queued, quiet.
+    pub fn new(model: PathBuf, session_dir: PathBuf) -> Config {
+        Config {
+            model,
+            engine: EngineOptions::default(),
+            capacity: Capacity {
+                max_active: 4,
+                max_batch: 4,
+                max_queue: 16,
+            },
+            limits: Limits::default(),
+            session_dir,
+            session_bytes: None,
+            log: Log::QUIET,
+            on_health: ignore_health,
+        }
+    }
+}
+
+/// Why a core could not be set up (before anything is loaded).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("loading the tokenizer of {}: {source}", dir.display())]
+    Tokenizer {
+        dir: PathBuf,
+        source: TokenizerError,
+    },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("starting the scheduler thread: {0}")]
+    Thread(std::io::Error),
+    #[error("the core was already started")]
+    AlreadyStarted,
+}
+
+/// The serve core (see the module docs).
+pub struct Core {
+    admission: Arc<Admission>,
+    sessions: Arc<Sessions>,
+    metrics: Arc<Metrics>,
+    /// The model's tokenizer, loaded before anything else so prompts can be validated and
+    /// tokenised while the model loads; the engine shares it.
+    tokenizer: Arc<Tokenizer>,
+    model_limits: ModelLimits,
+    limits: Limits,
+    log: Log,
+    on_health: OnHealth,
+    /// Taken by [`Core::start`].
+    pending: Mutex<Option<(PathBuf, EngineOptions)>>,
+    scheduler: Mutex<Option<JoinHandle<()>>>,
+    started: Instant,
+}
+
+/// The advertised context (`max_position_embeddings`, spec §2.2: informational, NoPE has no
+/// position tables), read beside the validated config. Absent, the engine's absolute
+/// `max_tokens` limit bounds requests instead.
+fn context_of(model: &Path) -> usize {
+    let read = || -> Option<usize> {
+        let text = std::fs::read_to_string(model.join("config.json")).ok()?;
+        let root: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let at = |v: &serde_json::Value| v.get("max_position_embeddings")?.as_u64();
+        let n = root.get("text_config").and_then(at).or_else(|| at(&root))?;
+        usize::try_from(n).ok()
+    };
+    read().unwrap_or(usize::MAX)
+}
+
+impl Core {
+    /// Loads the tokenizer and reads the model's config (no thread yet: a caller may still
+    /// bind sockets, which changes the process umask for an instant).
+    pub fn new(config: Config) -> Result<Core, StartError> {
+        let tokenizer = Tokenizer::load(&config.model).map_err(|source| StartError::Tokenizer {
+            dir: config.model.clone(),
+            source,
+        })?;
+        let tokenizer = Arc::new(tokenizer);
+        let model_config = ModelConfig::from_file(&config.model.join("config.json"))?;
+        let model_limits = ModelLimits {
+            vocab_size: model_config.vocab_size,
+            context: context_of(&config.model),
+        };
+        let mut capacity = config.capacity;
+        capacity.max_active = capacity.max_active.max(1);
+        capacity.max_batch = capacity.max_batch.max(1);
+        Ok(Core {
+            admission: Arc::new(Admission::new(capacity)),
+            sessions: Arc::new(Sessions::new(
+                config.session_dir,
+                config.session_bytes,
+                config.log,
+            )),
+            metrics: Arc::new(Metrics::default()),
+            tokenizer,
+            model_limits,
+            limits: config.limits,
+            log: config.log,
+            on_health: config.on_health,
+            pending: Mutex::new(Some((config.model, config.engine))),
+            scheduler: Mutex::new(None),
+            started: Instant::now(),
+        })
+    }
+
+    /// Starts the scheduler thread, which loads the model and then runs jobs.
+    pub fn start(&self) -> Result<(), StartError> {
+        let (model, options) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or(StartError::AlreadyStarted)?;
+        let handle = scheduler::spawn(
+            scheduler::Shared {
+                admission: Arc::clone(&self.admission),
+                sessions: Arc::clone(&self.sessions),
+                metrics: Arc::clone(&self.metrics),
+                log: self.log,
+                on_health: self.on_health,
+            },
+            model,
+            options,
+            Arc::clone(&self.tokenizer),
+        )
+        .map_err(StartError::Thread)?;
+        *self.scheduler.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(())
+    }
+
+    /// Validates `request` and queues it for `uid` (the caller's peer credentials; `None` when
+    /// unknown). Refusals are immediate and cost nothing.
+    pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
+        self.admission.check_open()?;
+        let session = request.session.clone();
+        let validated =
+            validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
+        let id = self.admission.next_id();
+        let lease = match &session {
+            Some(name) => {
+                // A queued job whose reader is gone must not keep its session in use.
+                self.admission.purge_abandoned();
+                Some(self.sessions.lease(name, uid, id)?)
+            }
+            None => None,
+        };
+        let weak = Arc::downgrade(&self.admission);
+        let (sender, events) = events::channel(
+            STREAM_BUFFER,
+            Box::new(move || {
+                if let Some(admission) = weak.upgrade() {
+                    admission.purge_abandoned();
+                }
+            }),
+        );
+        let prompt_tokens = validated.request.prompt.len();
+        self.log.info(format_args!(
+            "request {id}: {} from uid {} ({prompt_tokens} prompt tokens, max {} new{})",
+            match validated.kind {
+                Kind::Text => "Generate",
+                Kind::Chat { .. } => "Chat",
+            },
+            uid_text(uid),
+            validated.request.max_tokens,
+            session
+                .as_ref()
+                .map_or_else(String::new, |n| format!(", session {n:?}"))
+        ));
+        let job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
+        if let Err(e) = self.admission.submit(job) {
+            self.log.info(format_args!("request {id} refused: {e}"));
+            return Err(e);
+        }
+        Ok(JobHandle {
+            id,
+            prompt_tokens,
+            events,
+            admission: Arc::clone(&self.admission),
+        })
+    }
+
+    /// Cancels job `id`: a queued job ends at once, a running one at its next layer boundary.
+    /// [`ServeError::UnknownRequest`] if it is neither queued nor running.
+    pub fn cancel(&self, id: u64) -> Result<(), ServeError> {
+        self.admission.cancel(id)
+    }
+
+    pub fn health(&self) -> Health {
+        self.admission.health()
+    }
+
+    pub fn status(&self) -> Status {
+        let snap = self.admission.snapshot();
+        Status {
+            health: snap.health,
+            accepting: snap.accepting,
+            info: snap.info,
+            stats: snap.stats,
+            active: snap.active,
+            queued: snap.queued,
+            counters: snap.counters,
+            capacity: self.admission.capacity,
+            sessions: self.sessions.figures(),
+            uptime: self.started.elapsed(),
+        }
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let snap = self.admission.snapshot();
+        MetricsSnapshot {
+            counters: snap.counters,
+            active: snap.active,
+            queue_depth: snap.queued,
+            timings: self.metrics.timings(),
+            engine: snap.stats,
+        }
+    }
+
+    /// One uid's queued and running jobs.
+    pub fn uid_load(&self, uid: Option<u32>) -> UidLoad {
+        self.admission.uid_load(uid)
+    }
+
+    /// The session store (list, save, delete; may touch the disk).
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    /// The model's tokenizer (tokenize and detokenize calls need no engine).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Stops admitting: later submissions get [`ServeError::ShuttingDown`]; admitted jobs run.
+    pub fn close(&self) {
+        self.admission.close();
+    }
+
+    /// No job is queued or running.
+    pub fn drained(&self) -> bool {
+        self.admission.drained()
+    }
+
+    /// Cancels every admitted job (shutdown's grace ran out): queued ones end here, running
+    /// ones at their next layer boundary, with [`ServeError::Shutdown`].
+    pub fn stop_all(&self) {
+        self.admission.stop_all();
+    }
+
+    /// Waits up to `limit` for the scheduler thread to end (after [`Self::close`] and the last
+    /// job; it writes every session first). A thread still loading the model cannot be
+    /// interrupted and is not waited for: it holds nothing that must be saved. True if the
+    /// thread ended (or never started).
+    pub fn join(&self, limit: Duration) -> bool {
+        let mut slot = self.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(handle) = slot.take() else {
+            return true;
+        };
+        let deadline = Instant::now() + limit;
+        while !handle.is_finished()
+            && Instant::now() < deadline
+            && !matches!(self.health(), Health::Loading { .. })
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !handle.is_finished() {
+            *slot = Some(handle);
+            return false;
+        }
+        if handle.join().is_err() {
+            self.log.error(format_args!("the scheduler thread panicked"));
+        }
+        true
+    }
+}
+
+/// A uid for the logs.
+pub fn uid_text(uid: Option<u32>) -> String {
+    uid.map_or_else(|| "unknown".to_string(), |u| u.to_string())
+}

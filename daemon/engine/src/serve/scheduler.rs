@@ -1,0 +1,333 @@
+//! The scheduler thread: the only owner of the engine. It loads the model once, then steps the
+//! active jobs through the [`Batch`] loop: every job whose reader has room for an event (up to
+//! `max_batch`) gets one step — a prefill chunk or a token — per round.
+//!
+//! Events leave through each job's bounded [`super::Events`] channel. A job whose reader is not
+//! keeping up (buffer full) is skipped for that round instead of blocking the thread, so one
+//! slow client cannot stall the others; every step emits at most one event, and a step is taken
+//! only when the buffer has room for it.
+//!
+//! A job's bookkeeping (admission's `finish`, its session lease) is done before its last event
+//! is sent, so a client that has seen its stream end never finds the job still counted as
+//! running, nor its session still in use.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::admission::{Admission, Job, Outcome};
+use super::batch::{Batch, Cancel, Member};
+use super::log::{Log, OnHealth};
+use super::metrics::Metrics;
+use super::reply::ReplyReader;
+use super::sessions::Sessions;
+use super::validate::Kind;
+use super::{Done, Event, Finish, Health, ServeError, uid_text};
+use crate::engine::{
+    Engine, EngineError, EngineOptions, Generation, LoadProgress, Step, StopReason,
+};
+use crate::session::Snapshot;
+use crate::tokenizer::Tokenizer;
+
+/// How long to wait before retrying when every active reader's buffer is full.
+const STALL_WAIT: Duration = Duration::from_millis(2);
+
+/// Everything the scheduler thread shares with the core's handle.
+pub(crate) struct Shared {
+    pub admission: Arc<Admission>,
+    pub sessions: Arc<Sessions>,
+    pub metrics: Arc<Metrics>,
+    pub log: Log,
+    pub on_health: OnHealth,
+}
+
+/// A job being computed.
+struct Active<'e> {
+    job: Job,
+    generation: Generation,
+    reader: ReplyReader<'e>,
+    started: Instant,
+    first_token: Option<Instant>,
+    /// The state at the end of the prompt, kept as a snapshot with the end-of-generation one
+    /// (a chat's next prompt may re-render this turn's reply differently, so only the prompt
+    /// part would match).
+    prefill: Option<Snapshot>,
+    watch: Watch<'e>,
+}
+
+/// A running job's cancel check: its cancel flag, its reader gone, or the shutdown.
+struct Watch<'e> {
+    job_cancel: Arc<std::sync::atomic::AtomicBool>,
+    abandoned: super::events::AbandonProbe,
+    admission: &'e Admission,
+}
+
+impl Cancel for Watch<'_> {
+    fn cancelled(&self) -> bool {
+        self.job_cancel.load(Ordering::Relaxed)
+            || self.abandoned.is_abandoned()
+            || self.admission.stopping_all()
+    }
+}
+
+impl Member for Active<'_> {
+    fn split(&mut self) -> (&mut Generation, &(dyn Cancel + Sync)) {
+        (&mut self.generation, &self.watch)
+    }
+    fn generation(&self) -> &Generation {
+        &self.generation
+    }
+    /// Its reader has buffer room for the step's event (or is gone, or everything is being
+    /// cancelled, so the step only ends it).
+    fn ready(&self) -> bool {
+        self.job.events.has_room() || self.watch.cancelled()
+    }
+}
+
+/// The state a generation holds now, with the ids it consumed.
+fn snapshot(generation: &Generation) -> Snapshot {
+    Snapshot {
+        history: generation.consumed(),
+        state: generation.state().clone(),
+    }
+}
+
+/// Starts the scheduler thread. It exits once admission is closed and nothing is left to run,
+/// after writing every session.
+pub(crate) fn spawn(
+    shared: Shared,
+    model: PathBuf,
+    options: EngineOptions,
+    tokenizer: Arc<Tokenizer>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("k3d-scheduler".into())
+        .spawn(move || {
+            let log = shared.log;
+            let admission = &shared.admission;
+            // The engine reports phases, not bytes: progress counts phases (checking the
+            // checkpoint, then loading resident weights), so done/total = 0/2, then 1/2.
+            let on_health = shared.on_health;
+            let mut report = |p: LoadProgress| {
+                let (done, total) = match p {
+                    LoadProgress::Checking => (0, 2),
+                    LoadProgress::Weights => (1, 2),
+                    // Published with the engine's info right after `open` returns.
+                    LoadProgress::Ready => return,
+                };
+                admission.set_loading(done, total);
+                on_health(&Health::Loading { done, total }, None);
+            };
+            let started = Instant::now();
+            log.info(format_args!("loading {}", model.display()));
+            let engine = match Engine::open_with_tokenizer(&model, options, tokenizer, &mut report) {
+                Ok(engine) => engine,
+                Err(e) => {
+                    log.error(format_args!("loading {} failed: {e}",
+                        model.display()
+                    ));
+                    admission.set_failed(e);
+                    on_health(&admission.health(), None);
+                    return;
+                }
+            };
+            log.info(format_args!(
+                "loaded {} in {:.2}s",
+                engine.info().name,
+                started.elapsed().as_secs_f64()
+            ));
+            shared
+                .sessions
+                .open(&engine.info().fingerprint, engine.model().plan().headroom());
+            admission.set_ready(engine.info().clone(), engine.stats());
+            on_health(&Health::Ready, Some(engine.info()));
+            run(&shared, &engine);
+            shared.sessions.save_all();
+        })
+}
+
+fn run(shared: &Shared, engine: &Engine) {
+    let admission = &shared.admission;
+    let mut batch: Batch<Active<'_>> = Batch::new(admission.capacity.max_batch);
+    loop {
+        let free = admission.capacity.max_active.saturating_sub(batch.len());
+        let taken = admission.take(free, batch.is_empty());
+        for job in taken.jobs {
+            if let Some(a) = begin(shared, engine, job) {
+                batch.push(a);
+            }
+        }
+        if batch.is_empty() {
+            if taken.closed {
+                return;
+            }
+            continue;
+        }
+        let stepped = batch.round(engine);
+        if stepped.is_empty() {
+            admission.idle(STALL_WAIT);
+        }
+        for (mut a, result) in stepped {
+            if deliver(shared, engine, &mut a, result) {
+                batch.push(a);
+            }
+        }
+        admission.publish_stats(engine.stats());
+    }
+}
+
+/// Starts a job's generation, on its session's best snapshot if it has one; a job the engine
+/// refuses ends here with its error.
+fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Active<'e>> {
+    let request = job.request.clone();
+    let started = match &job.lease {
+        None => engine.start(request).map_err(ServeError::from_engine),
+        Some(lease) => match shared.sessions.start(lease, &request.prompt) {
+            Ok((Some(state), _)) => engine
+                .start_from(request, state)
+                .map_err(ServeError::from_engine),
+            Ok((None, _)) => engine.start(request).map_err(ServeError::from_engine),
+            Err(e) => Err(e),
+        },
+    };
+    match started {
+        Ok(generation) => {
+            shared.log.info(format_args!(
+                "request {} started (uid {}, {} prompt tokens, {} from its session, waited {:.3}s)",
+                job.id,
+                uid_text(job.uid),
+                job.request.prompt.len(),
+                generation.state().positions(),
+                job.admitted.elapsed().as_secs_f64()
+            ));
+            let watch = Watch {
+                job_cancel: Arc::clone(&job.cancel),
+                abandoned: job.events.abandon_probe(),
+                admission: &shared.admission,
+            };
+            Some(Active {
+                reader: ReplyReader::new(engine.tokenizer(), job.kind),
+                generation,
+                started: Instant::now(),
+                first_token: None,
+                prefill: None,
+                watch,
+                job,
+            })
+        }
+        Err(error) => {
+            shared.log.info(format_args!("request {} refused: {error}", job.id));
+            drop(job.lease.take());
+            shared.admission.finish(job.id, Outcome::Failed);
+            job.events.send(Event::Failed(error));
+            None
+        }
+    }
+}
+
+/// Sends the outcome of one step of `a` to its reader. Returns whether it is still running.
+fn deliver(
+    shared: &Shared,
+    engine: &Engine,
+    a: &mut Active<'_>,
+    result: Result<Step, EngineError>,
+) -> bool {
+    match result {
+        Ok(Step::Prefill { done, total }) => {
+            if a.job.lease.is_some() && done == total {
+                a.prefill = Some(snapshot(&a.generation));
+            }
+            a.job.events.send(Event::Prefill { done, total });
+            true
+        }
+        Ok(Step::Token { id }) => {
+            if a.first_token.is_none() {
+                a.first_token = Some(Instant::now());
+                shared
+                    .metrics
+                    .first_token(a.first_token_seconds().unwrap_or(0.0));
+            }
+            let piece = a.reader.read(id);
+            a.job.events.send(Event::Token { id, piece });
+            true
+        }
+        Ok(Step::Finished(summary)) => {
+            let queued_seconds = a.started.duration_since(a.job.admitted).as_secs_f64();
+            shared.log.info(format_args!(
+                "request {} done: {} tokens, {:?}, {:.3}s",
+                a.job.id,
+                summary.generated_tokens,
+                summary.stop_reason,
+                a.started.elapsed().as_secs_f64()
+            ));
+            shared.metrics.finished(&summary);
+            let end_of_turn = match a.job.kind {
+                Kind::Chat { .. } => engine.tokenizer().end_of_turn_ids().to_vec(),
+                Kind::Text => Vec::new(),
+            };
+            let finish = match &summary.stop_reason {
+                StopReason::MaxTokens => Finish::Length,
+                StopReason::StopId(id) if end_of_turn.contains(id) => Finish::EndOfTurn(*id),
+                StopReason::StopId(id) => Finish::StopId(*id),
+                StopReason::StopString(s) => Finish::StopString(s.clone()),
+            };
+            if let Some(lease) = a.job.lease.take() {
+                // Before Done: the client's next turn must find the session free.
+                let end = snapshot(&a.generation);
+                lease.finish(a.prefill.take().into_iter().chain([end]).collect());
+            }
+            shared.admission.finish(a.job.id, Outcome::Completed);
+            let end_id = match finish {
+                Finish::EndOfTurn(id) => Some(id),
+                _ => None,
+            };
+            let ending = a.reader.finish(end_id);
+            if let Some(m) = &ending.malformed {
+                shared.log.warn(format_args!(
+                    "request {}: malformed reply: {}",
+                    a.job.id, m.error
+                ));
+            }
+            a.job.events.send(Event::Done(Done {
+                finish,
+                trailing_text: ending.trailing_text,
+                tool_calls: ending.tool_calls,
+                malformed: ending.malformed,
+                queued_seconds,
+                summary,
+            }));
+            false
+        }
+        Err(EngineError::Cancelled) => {
+            let error = if a.job.cancel.load(Ordering::Relaxed) {
+                ServeError::Cancelled(a.job.id)
+            } else if shared.admission.stopping_all() {
+                ServeError::Shutdown
+            } else {
+                ServeError::Abandoned
+            };
+            shared.log.info(format_args!("request {} cancelled: {error}", a.job.id));
+            drop(a.job.lease.take());
+            shared.admission.finish(a.job.id, Outcome::Cancelled);
+            a.job.events.send(Event::Failed(error));
+            false
+        }
+        Err(e) => {
+            shared.log.error(format_args!("request {} failed: {e}", a.job.id));
+            drop(a.job.lease.take());
+            shared.admission.finish(a.job.id, Outcome::Failed);
+            a.job.events.send(Event::Failed(ServeError::from_engine(e)));
+            false
+        }
+    }
+}
+
+impl Active<'_> {
+    /// Seconds from admission to the first generated token.
+    fn first_token_seconds(&self) -> Option<f64> {
+        self.first_token
+            .map(|t| t.duration_since(self.job.admitted).as_secs_f64())
+    }
+}

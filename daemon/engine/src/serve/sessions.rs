@@ -1,0 +1,239 @@
+//! The serve core's sessions: the library's [`SessionStore`] behind a mutex, opened once the
+//! model (and so its fingerprint) is known, and the [`SessionLease`] a job holds on the session
+//! it continues.
+//!
+//! A lease is taken at submission ([`Sessions::lease`]: another uid's session, or one in use,
+//! is refused there and then) and owned by the job. It is released exactly once, by whoever
+//! ends the job: [`SessionLease::finish`] with the job's snapshots when it completes, or its
+//! `Drop` — cancelled, abandoned while queued, refused at start, failed, dropped at shutdown —
+//! which releases the session unchanged. No path can forget it, and none can release twice.
+//!
+//! File I/O happens under the mutex (spilling, loading, saving); async callers run these
+//! methods off their reactor threads.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use super::ServeError;
+use super::log::Log;
+use crate::model::State;
+use crate::session::{Access, FileError, SessionInfo, SessionStore, Snapshot, StoreError};
+
+enum Phase {
+    /// The model is loading; the fingerprint files are checked against is not known yet.
+    Waiting,
+    Open(SessionStore),
+    /// The session directory could not be opened.
+    Failed(String),
+}
+
+/// Figures for a status report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFigures {
+    pub count: usize,
+    pub memory_bytes: u64,
+    pub allowance_bytes: u64,
+    pub dir: PathBuf,
+    /// Why sessions are unavailable, if they are.
+    pub error: Option<String>,
+}
+
+pub struct Sessions {
+    dir: PathBuf,
+    /// `None`: the plan's headroom, decided when the model is loaded (see `open`).
+    allowance: Option<u64>,
+    phase: Mutex<Phase>,
+    log: Log,
+}
+
+/// A job's hold on its session: released exactly once (see the module docs).
+pub struct SessionLease {
+    sessions: Arc<Sessions>,
+    name: String,
+    released: bool,
+}
+
+impl SessionLease {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The job completed: keep `snapshots` as the session's newest states and release it.
+    pub fn finish(mut self, snapshots: Vec<Snapshot>) {
+        self.released = true;
+        self.sessions.finish(&self.name, snapshots);
+    }
+}
+
+impl Drop for SessionLease {
+    fn drop(&mut self) {
+        if !self.released {
+            self.sessions.finish(&self.name, Vec::new());
+        }
+    }
+}
+
+fn log_failures(log: Log, what: &str, failures: &[FileError]) {
+    for f in failures {
+        log.warn(format_args!("sessions: {what}: {f}"));
+    }
+}
+
+impl Sessions {
+    pub(crate) fn new(dir: PathBuf, allowance: Option<u64>, log: Log) -> Sessions {
+        Sessions {
+            dir,
+            allowance,
+            phase: Mutex::new(Phase::Waiting),
+            log,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Phase> {
+        // Every method completes its bookkeeping before returning, so a poisoned lock still
+        // guards a consistent store.
+        self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens the directory for the loaded model. Without an explicit allowance it is the plan's
+    /// unallocated budget and nothing more: the budget bounds everything the engine keeps
+    /// (issue 4). With no headroom, idle sessions wait on disk between turns.
+    pub(crate) fn open(&self, fingerprint: &str, headroom: u64) {
+        let allowance = self.allowance.unwrap_or(headroom);
+        let phase = match SessionStore::open(&self.dir, fingerprint, allowance) {
+            Ok((store, skipped)) => {
+                log_failures(self.log, "not indexed", &skipped);
+                self.log.info(format_args!(
+                    "sessions: {} in {}, in-memory allowance {:.3} GiB{}",
+                    store.len(),
+                    self.dir.display(),
+                    allowance as f64 / (1u64 << 30) as f64,
+                    if self.allowance.is_some() {
+                        " (--session-gb)"
+                    } else {
+                        " (default: the plan's headroom)"
+                    }
+                ));
+                Phase::Open(store)
+            }
+            Err(e) => {
+                self.log.error(format_args!("sessions unavailable: {e}"));
+                Phase::Failed(e.to_string())
+            }
+        };
+        *self.lock() = phase;
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut SessionStore) -> Result<T, StoreError>,
+    ) -> Result<T, ServeError> {
+        match &mut *self.lock() {
+            Phase::Open(store) => f(store).map_err(ServeError::from),
+            Phase::Waiting => Err(ServeError::SessionsLoading),
+            Phase::Failed(why) => Err(ServeError::SessionsUnavailable(why.clone())),
+        }
+    }
+
+    /// Reserves `name` for request `request` of `who`.
+    pub(crate) fn lease(
+        self: &Arc<Self>,
+        name: &str,
+        who: Access,
+        request: u64,
+    ) -> Result<SessionLease, ServeError> {
+        self.with(|s| s.reserve(name, who, request))?;
+        Ok(SessionLease {
+            sessions: Arc::clone(self),
+            name: name.to_string(),
+            released: false,
+        })
+    }
+
+    /// The state a leased session's request starts from and the prompt tokens it holds.
+    pub(crate) fn start(
+        &self,
+        lease: &SessionLease,
+        prompt: &[u32],
+    ) -> Result<(Option<State>, usize), ServeError> {
+        let started = Instant::now();
+        let start = self.with(|s| s.start(&lease.name, prompt))?;
+        // Copying a snapshot (or loading a spilled session) is the whole cost of reuse: logged
+        // so it can be measured against the prefill it saves.
+        self.log.info(format_args!(
+            "session {:?}: {} prompt tokens from its state, ready in {:.3}s",
+            lease.name,
+            start.1,
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(start)
+    }
+
+    fn finish(&self, name: &str, snapshots: Vec<Snapshot>) {
+        let failures = self
+            .with(|s| Ok(s.finish(name, snapshots)))
+            .unwrap_or_default();
+        log_failures(self.log, "spilling failed (kept in memory)", &failures);
+    }
+
+    /// The sessions `who` may see.
+    pub fn list(&self, who: Access) -> Result<Vec<SessionInfo>, ServeError> {
+        self.with(|s| Ok(s.list(who)))
+    }
+
+    /// Writes session `name` to the session directory now; its info and file path.
+    pub fn save(&self, name: &str, who: Access) -> Result<(SessionInfo, PathBuf), ServeError> {
+        let saved = self.with(|s| {
+            let info = s.save(name, who)?;
+            Ok((info, crate::session::file::path_of(s.dir(), name)))
+        })?;
+        self.log.info(format_args!(
+            "session {name:?} saved by uid {}",
+            super::uid_text(who)
+        ));
+        Ok(saved)
+    }
+
+    pub fn delete(&self, name: &str, who: Access) -> Result<(), ServeError> {
+        self.with(|s| s.delete(name, who))?;
+        self.log.info(format_args!(
+            "session {name:?} deleted by uid {}",
+            super::uid_text(who)
+        ));
+        Ok(())
+    }
+
+    /// Writes every session whose file is not current (shutdown).
+    pub(crate) fn save_all(&self) {
+        if let Ok(failures) = self.with(|s| Ok(s.save_all())) {
+            log_failures(self.log, "saving at shutdown failed", &failures);
+        }
+    }
+
+    pub fn figures(&self) -> SessionFigures {
+        let dir = self.dir.clone();
+        match &*self.lock() {
+            Phase::Open(s) => SessionFigures {
+                count: s.len(),
+                memory_bytes: s.memory_bytes(),
+                allowance_bytes: s.allowance(),
+                dir,
+                error: None,
+            },
+            Phase::Waiting => SessionFigures {
+                dir,
+                ..SessionFigures::default()
+            },
+            Phase::Failed(why) => SessionFigures {
+                dir,
+                error: Some(why.clone()),
+                ..SessionFigures::default()
+            },
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}

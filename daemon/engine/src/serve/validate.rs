@@ -1,0 +1,246 @@
+//! Request validation, in one place: every limit a job must meet before it is queued, so a
+//! refused request costs nothing and every transport refuses the same things with the same
+//! words.
+//!
+//! The engine's own rules ([`GenerateRequest::validate`]: ids in the vocabulary, sampling
+//! ranges, speculate, the engine's absolute `max_tokens` limit) run here too, at submission;
+//! on top of them come the limits of a shared daemon: prompt length, the daemon's `max_tokens`
+//! cap (well below the context: one request must not hold the machine for hours), stop lists
+//! (matched after every token), and prompt + `max_tokens` within the model's advertised
+//! context (`max_position_embeddings`, spec §2.2).
+
+use crate::engine::{GenerateRequest, RequestError, Sampling};
+use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
+use crate::tokenizer::{Specials, Tokenizer};
+
+/// Largest prompt accepted, in tokens.
+pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
+/// `max_tokens` when the request leaves it unset (capped by [`Limits::max_tokens_cap`]).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+/// Default daemon-side cap on `max_tokens`: 4,096 new tokens is minutes of decoding on a
+/// streamed model, not the hours the 1,048,576-token context would allow.
+pub const DEFAULT_MAX_TOKENS_CAP: usize = 4096;
+/// Stop strings beyond this many, or longer than this, are refused (each is matched against
+/// the output after every token).
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_STRING_BYTES: usize = 256;
+pub const MAX_STOP_IDS: usize = 256;
+
+/// The daemon's request limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most new tokens one request may ask for (`--max-tokens-cap`).
+    pub max_tokens_cap: usize,
+    /// Draft ids per speculative step for requests that leave it unset (`--speculate`).
+    pub speculate: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
+            speculate: 0,
+        }
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Token ids, continued as they are.
+    Ids(Vec<u32>),
+    /// Text, tokenised with special tokens off (typed control strings stay text).
+    Text(String),
+    /// A conversation rendered with the K3 chat template (spec §8.2); the reply ends where the
+    /// model ends its turn (spec §8.4) and its ids are classified into channels.
+    /// `generation_prompt` is set by the core.
+    Chat(Conversation),
+}
+
+/// One request as a transport hands it to [`super::Core::submit`].
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// New tokens at most; `None` = [`DEFAULT_MAX_TOKENS`] (or the cap, if lower).
+    pub max_tokens: Option<usize>,
+    pub sampling: Sampling,
+    pub stop_ids: Vec<u32>,
+    pub stop_strings: Vec<String>,
+    /// Draft ids per speculative step; `None` = the daemon's default.
+    pub speculate: Option<usize>,
+    /// The session this request continues and updates.
+    pub session: Option<String>,
+}
+
+impl Request {
+    /// A request for `prompt` with every option at its default.
+    pub fn new(prompt: Prompt) -> Request {
+        Request {
+            prompt,
+            max_tokens: None,
+            sampling: Sampling::default(),
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            speculate: None,
+            session: None,
+        }
+    }
+}
+
+/// Why a request was refused: one variant per rule.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Invalid {
+    /// One of the engine's rules (empty prompt, id outside the vocabulary, sampling ranges,
+    /// speculate, the absolute max_tokens limit).
+    #[error("{0}")]
+    Request(#[from] RequestError),
+    #[error("the prompt has {tokens} tokens; at most {MAX_PROMPT_TOKENS} are accepted")]
+    PromptTooLong { tokens: usize },
+    #[error("cannot tokenise the prompt: {0}")]
+    Tokenize(String),
+    #[error("the conversation has no messages")]
+    NoMessages,
+    #[error("the conversation ends with an assistant message; the last must be user, system or tool")]
+    EndsWithAssistant,
+    #[error("cannot render the conversation: {0}")]
+    Render(String),
+    #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
+    TooManyStopIds { given: usize },
+    #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
+    TooManyStopStrings { given: usize },
+    #[error("a stop string of {bytes} bytes: at most {MAX_STOP_STRING_BYTES} are accepted")]
+    StopStringTooLong { bytes: usize },
+    #[error("max_tokens {asked} exceeds this daemon's cap {cap} (--max-tokens-cap)")]
+    MaxTokensOverCap { asked: usize, cap: usize },
+    #[error(
+        "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens"
+    )]
+    ContextExceeded {
+        prompt: usize,
+        max_tokens: usize,
+        context: usize,
+    },
+    /// Refused by the engine when the job started (e.g. a session state the prompt does not
+    /// extend).
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// How a job's generated ids are presented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A plain continuation: every id is [`super::Channel::Text`].
+    Text,
+    /// A chat reply: `thinking` says whether it opens in the reasoning channel (spec §8.4).
+    Chat { thinking: bool },
+}
+
+/// A request that passed every check, ready to queue.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    pub request: GenerateRequest,
+    pub kind: Kind,
+}
+
+/// What validation needs to know about the model.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelLimits {
+    pub vocab_size: usize,
+    /// `max_position_embeddings`.
+    pub context: usize,
+}
+
+/// Turns a transport's request into the engine's, refusing whatever breaks a rule.
+pub fn validate(
+    tokenizer: &Tokenizer,
+    model: ModelLimits,
+    limits: &Limits,
+    request: Request,
+) -> Result<Validated, Invalid> {
+    let Request {
+        prompt,
+        max_tokens,
+        sampling,
+        mut stop_ids,
+        stop_strings,
+        speculate,
+        session: _,
+    } = request;
+    let (prompt, kind) = match prompt {
+        Prompt::Ids(ids) => (ids, Kind::Text),
+        Prompt::Text(text) => (
+            tokenizer
+                .encode(&text, Specials::Plain)
+                .map_err(|e| Invalid::Tokenize(e.to_string()))?,
+            Kind::Text,
+        ),
+        Prompt::Chat(conversation) => {
+            let (ids, thinking) = render_chat(tokenizer, conversation)?;
+            // The reply ends where the model ends its turn (spec §8.4).
+            stop_ids.extend(tokenizer.end_of_turn_ids());
+            (ids, Kind::Chat { thinking })
+        }
+    };
+    if prompt.len() > MAX_PROMPT_TOKENS {
+        return Err(Invalid::PromptTooLong {
+            tokens: prompt.len(),
+        });
+    }
+    if stop_ids.len() > MAX_STOP_IDS {
+        return Err(Invalid::TooManyStopIds {
+            given: stop_ids.len(),
+        });
+    }
+    if stop_strings.len() > MAX_STOP_STRINGS {
+        return Err(Invalid::TooManyStopStrings {
+            given: stop_strings.len(),
+        });
+    }
+    if let Some(s) = stop_strings
+        .iter()
+        .find(|s| s.len() > MAX_STOP_STRING_BYTES)
+    {
+        return Err(Invalid::StopStringTooLong { bytes: s.len() });
+    }
+    let request = GenerateRequest {
+        max_tokens: max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(limits.max_tokens_cap)),
+        sampling,
+        stop_ids,
+        stop_strings,
+        record_logits: false,
+        speculate: speculate.unwrap_or(limits.speculate),
+        prompt,
+    };
+    request.validate(model.vocab_size)?;
+    if request.max_tokens > limits.max_tokens_cap {
+        return Err(Invalid::MaxTokensOverCap {
+            asked: request.max_tokens,
+            cap: limits.max_tokens_cap,
+        });
+    }
+    if request.prompt.len() + request.max_tokens > model.context {
+        return Err(Invalid::ContextExceeded {
+            prompt: request.prompt.len(),
+            max_tokens: request.max_tokens,
+            context: model.context,
+        });
+    }
+    Ok(Validated { request, kind })
+}
+
+/// Renders a conversation with the library's template (spec §8.2), ending with the open
+/// assistant message the reply continues.
+fn render_chat(
+    tokenizer: &Tokenizer,
+    mut conversation: Conversation,
+) -> Result<(Vec<u32>, bool), Invalid> {
+    match conversation.messages.last().map(|m| m.role) {
+        None => return Err(Invalid::NoMessages),
+        Some(Role::Assistant) => return Err(Invalid::EndsWithAssistant),
+        Some(_) => {}
+    }
+    conversation.generation_prompt = true;
+    let thinking = matches!(conversation.thinking, Thinking::On(_));
+    let ids = chat::render(tokenizer, &conversation).map_err(|e| Invalid::Render(e.to_string()))?;
+    Ok((ids, thinking))
+}

@@ -1,0 +1,372 @@
+//! The serve core driven directly, with no transport (issue 14): concurrent jobs batched give
+//! each one's solo output; a session lease is released however its job ends; every refused
+//! request names its rule.
+
+mod model_support;
+
+use std::time::{Duration, Instant};
+
+use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sampling, Step};
+use k3_engine::model::LoadOptions;
+use k3_engine::serve::{
+    Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt, Request,
+    ServeError,
+};
+use k3_engine::session::StoreError;
+use k3_engine::tokenizer::chat::{Conversation, Message, Role};
+use k3_engine::plan::PlanInputs;
+use model_support::*;
+
+const ACTIVE: usize = 3;
+/// The daemon-side max_tokens cap of these cores.
+const CAP: usize = 4096;
+
+fn core(dir: &std::path::Path, sessions: &std::path::Path, capacity: Capacity) -> Core {
+    let mut config = Config::new(dir.to_path_buf(), sessions.to_path_buf());
+    config.engine = EngineOptions {
+        threads: 1,
+        model: LoadOptions {
+            plan: PlanInputs {
+                max_tokens_per_call: (k3_engine::engine::PREFILL_CHUNK * capacity.max_batch)
+                    as u64,
+                sequences: capacity.max_active as u64,
+                ..PlanInputs::default()
+            },
+            ..LoadOptions::default()
+        },
+        ..EngineOptions::default()
+    };
+    config.capacity = capacity;
+    config.limits = Limits {
+        max_tokens_cap: CAP,
+        speculate: 0,
+    };
+    let core = Core::new(config).expect("core");
+    core.start().expect("start");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(core.health(), Health::Ready) {
+        assert!(
+            !matches!(core.health(), Health::Failed(_)),
+            "{:?}",
+            core.health()
+        );
+        assert!(Instant::now() < deadline, "not ready in 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    core
+}
+
+fn ids(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        max_tokens: Some(max_tokens),
+        ..Request::new(Prompt::Ids(prompt))
+    }
+}
+
+/// Every event of a job to its end: the generated ids, and Done or the error.
+fn drain(job: &JobHandle) -> (Vec<u32>, Result<Finish, ServeError>) {
+    let mut out = Vec::new();
+    while let Some(e) = job.events.recv() {
+        match e {
+            Event::Token { id, .. } => out.push(id),
+            Event::Done(d) => return (out, Ok(d.finish)),
+            Event::Failed(e) => return (out, Err(e)),
+            _ => {}
+        }
+    }
+    panic!("the stream ended without Done or Failed");
+}
+
+fn solo(dir: &std::path::Path, request: GenerateRequest) -> Vec<u32> {
+    let engine = Engine::open(
+        dir,
+        EngineOptions {
+            threads: 1,
+            ..EngineOptions::default()
+        },
+        &mut |_| {},
+    )
+    .expect("engine");
+    let mut g = engine.start(request).expect("start");
+    loop {
+        match engine.step(&mut g, &|| false).expect("step") {
+            Step::Finished(s) => return s.generated,
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn concurrent_jobs_batched_equal_their_solo_outputs() {
+    let ck = synth("tiny", 5);
+    let sessions = ck.dir.join("sessions");
+    let prompts: Vec<Vec<u32>> = vec![vec![11, 12, 13], vec![40, 3, 7, 9, 100], vec![5]];
+    let sampled = Sampling {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: 7,
+        ..Sampling::default()
+    };
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            solo(
+                &ck.dir,
+                GenerateRequest {
+                    prompt: p.clone(),
+                    max_tokens: 6,
+                    sampling: if i == 1 {
+                        sampled.clone()
+                    } else {
+                        Sampling::default()
+                    },
+                    ..GenerateRequest::default()
+                },
+            )
+        })
+        .collect();
+    let core = core(
+        &ck.dir,
+        &sessions,
+        Capacity {
+            max_active: ACTIVE,
+            max_batch: ACTIVE,
+            max_queue: 4,
+        },
+    );
+    let jobs: Vec<JobHandle> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = ids(p.clone(), 6);
+            if i == 1 {
+                r.sampling = sampled.clone();
+            }
+            core.submit(Some(1000 + i as u32), r).expect("submit")
+        })
+        .collect();
+    let got: Vec<Vec<u32>> = jobs
+        .iter()
+        .map(|j| {
+            let (ids, end) = drain(j);
+            assert!(end.is_ok(), "{end:?}");
+            ids
+        })
+        .collect();
+    assert_eq!(got, alone, "batched jobs equal their solo runs");
+    let stats = core.status().stats;
+    assert!(stats.widest_batch >= 2, "the jobs shared passes: {stats:?}");
+    let m = core.metrics();
+    assert_eq!(m.counters.completed, 3);
+    assert_eq!(m.timings.generated_tokens, 18);
+    assert_eq!(m.timings.first_tokens, 3);
+}
+
+/// A core over a fresh tiny model (seed `seed`) computing one job at a time, `max_queue`
+/// waiting; the checkpoint is removed when the first value is dropped.
+fn one_slot(seed: u64, max_queue: usize) -> (TempCheckpoint, Core) {
+    let ck = synth("tiny", seed);
+    let core = core(
+        &ck.dir,
+        &ck.dir.join("sessions"),
+        Capacity {
+            max_active: 1,
+            max_batch: 1,
+            max_queue,
+        },
+    );
+    (ck, core)
+}
+
+/// Waits until `job` computes (its first step's event).
+fn computing(job: &JobHandle) {
+    while let Some(e) = job.events.recv() {
+        if matches!(e, Event::Prefill { .. } | Event::Token { .. }) {
+            return;
+        }
+    }
+    panic!("job {} ended before it computed", job.id);
+}
+
+/// The session's next job is leased (not refused as in use).
+fn usable(core: &Core, name: &str, what: &str) {
+    let mut r = ids(vec![1, 2, 3], 2);
+    r.session = Some(name.into());
+    match core.submit(Some(7), r) {
+        Ok(job) => {
+            let (_, end) = drain(&job);
+            assert!(end.is_ok(), "{what}: {end:?}");
+        }
+        Err(e) => panic!("{what}: session {name:?} still held: {e}"),
+    }
+}
+
+fn on_session(name: &str, max_tokens: usize) -> Request {
+    let mut r = ids(vec![9, 8, 7, 6], max_tokens);
+    r.session = Some(name.into());
+    r
+}
+
+#[test]
+fn a_session_lease_is_released_however_the_job_ends() {
+    let (_ck, core) = one_slot(6, 4);
+    // Done.
+    let job = core.submit(Some(7), on_session("s", 3)).expect("submit");
+    assert!(drain(&job).1.is_ok());
+    usable(&core, "s", "done");
+
+    // While one job holds the only compute slot, others queue.
+    let blocker = core
+        .submit(Some(7), ids(vec![4, 4, 4], 4000))
+        .expect("blocker");
+    computing(&blocker);
+    // Cancelled while queued.
+    let queued = core.submit(Some(7), on_session("s", 3)).expect("queued");
+    let r = on_session("s", 3);
+    assert!(
+        matches!(core.submit(Some(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
+        "one job at a time per session"
+    );
+    queued.cancel();
+    assert!(matches!(
+        drain(&queued).1,
+        Err(ServeError::CancelledQueued(_))
+    ));
+    usable_later(&core, "s", &blocker);
+}
+
+/// `usable` once the blocker is out of the way; the abandoned, running-cancel, shutdown cases.
+fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
+    // Abandoned while queued: dropping the receiver releases the lease at once.
+    let queued = core.submit(Some(7), on_session(name, 3)).expect("queued");
+    drop(queued);
+    let again = core
+        .submit(Some(7), on_session(name, 3))
+        .expect("the abandoned job's lease was released");
+    // Cancelled while running.
+    blocker.cancel();
+    let end = drain(blocker).1;
+    assert!(matches!(end, Err(ServeError::Cancelled(_))), "{end:?}");
+    again.cancel();
+    let _ = drain(&again);
+    usable(core, name, "cancelled while running");
+    // Shutdown: queued and running jobs are cancelled and their leases released.
+    let running = core
+        .submit(Some(7), on_session(name, 4000))
+        .expect("running");
+    computing(&running);
+    let other = core.submit(Some(7), on_session("t", 3)).expect("queued");
+    core.close();
+    core.stop_all();
+    assert!(matches!(drain(&running).1, Err(ServeError::Shutdown)));
+    assert!(matches!(drain(&other).1, Err(ServeError::Shutdown)));
+    assert!(core.join(Duration::from_secs(30)), "the scheduler ended");
+    let listed = core.sessions().list(Some(7)).expect("list");
+    assert!(
+        listed.iter().all(|s| s.in_use.is_none()),
+        "no session is left in use: {listed:?}"
+    );
+}
+
+#[test]
+fn every_refusal_names_its_rule() {
+    let (_ck, core) = one_slot(7, 0);
+    let vocab = core.tokenizer().vocab_size() as u32;
+    let refused = |r: Request| match core.submit(None, r) {
+        Err(ServeError::Invalid(i)) => i,
+        Err(e) => panic!("not an invalid request: {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    assert_eq!(
+        refused(ids(vec![], 4)),
+        Invalid::Request(RequestError::EmptyPrompt)
+    );
+    assert!(matches!(
+        refused(ids(vec![1, vocab + 5], 4)),
+        Invalid::Request(RequestError::IdOutsideVocabulary { position: 1, .. })
+    ));
+    assert_eq!(
+        refused(ids(vec![1], CAP + 1)),
+        Invalid::MaxTokensOverCap {
+            asked: CAP + 1,
+            cap: CAP
+        }
+    );
+    assert!(matches!(
+        refused(ids(vec![1], 2 << 20)),
+        Invalid::Request(RequestError::MaxTokens { .. })
+    ));
+    let mut r = ids(vec![1], 4);
+    r.sampling.temperature = f32::NAN;
+    assert!(matches!(
+        refused(r),
+        Invalid::Request(RequestError::Temperature(_))
+    ));
+    let mut r = ids(vec![1], 4);
+    r.sampling.top_p = 1.5;
+    assert!(matches!(
+        refused(r),
+        Invalid::Request(RequestError::TopP(_))
+    ));
+    let mut r = ids(vec![1], 4);
+    r.speculate = Some(17);
+    assert!(matches!(
+        refused(r),
+        Invalid::Request(RequestError::Speculate { asked: 17 })
+    ));
+    let mut r = ids(vec![1], 4);
+    r.stop_ids = vec![1; 257];
+    assert_eq!(refused(r), Invalid::TooManyStopIds { given: 257 });
+    let mut r = ids(vec![1], 4);
+    r.stop_strings = vec!["x".into(); 17];
+    assert_eq!(refused(r), Invalid::TooManyStopStrings { given: 17 });
+    let mut r = ids(vec![1], 4);
+    r.stop_strings = vec!["x".repeat(300)];
+    assert_eq!(refused(r), Invalid::StopStringTooLong { bytes: 300 });
+    let mut r = ids(vec![1], 4);
+    r.stop_strings = vec![String::new()];
+    assert_eq!(refused(r), Invalid::Request(RequestError::EmptyStopString));
+    assert_eq!(
+        refused(ids(vec![1; (1 << 20) + 1], 4)),
+        Invalid::PromptTooLong {
+            tokens: (1 << 20) + 1
+        }
+    );
+    // The synthetic model advertises 1,048,576 positions: a prompt that fills them leaves no
+    // room for new tokens.
+    assert_eq!(
+        refused(ids(vec![1; 1 << 20], 4)),
+        Invalid::ContextExceeded {
+            prompt: 1 << 20,
+            max_tokens: 4,
+            context: 1 << 20
+        }
+    );
+    let chat = |messages: Vec<Message>| {
+        Request::new(Prompt::Chat(Conversation {
+            messages,
+            ..Conversation::default()
+        }))
+    };
+    assert_eq!(refused(chat(vec![])), Invalid::NoMessages);
+    assert_eq!(
+        refused(chat(vec![Message::new(Role::Assistant, "hi")])),
+        Invalid::EndsWithAssistant
+    );
+    // Busy: one running, no queue; the refusal carries the queue's state.
+    let running = core.submit(None, ids(vec![1, 2], 4000)).expect("running");
+    match core.submit(None, ids(vec![1, 2], 4)) {
+        Err(ServeError::Busy(q)) => {
+            // The first is running or about to be taken from the queue.
+            assert_eq!((q.running + q.queued, q.max_queue), (1, 0), "{q:?}")
+        }
+        other => panic!("expected Busy, got {:?}", other.err()),
+    }
+    drop(running);
+    core.close();
+    assert!(matches!(
+        core.submit(None, ids(vec![1], 4)),
+        Err(ServeError::ShuttingDown)
+    ));
+}

@@ -1,0 +1,258 @@
+//! The daemon's lifecycle end to end (issue 14 item 4), with real `k3d serve` processes: a
+//! model that cannot load ends the daemon non-zero with its one-line error; a session whose
+//! request is cancelled or abandoned while queued is usable again at once; SIGTERM while the
+//! model loads, with requests queued, prefilling, decoding and a session being written exits
+//! 0 within the grace, removes the socket and keeps the session.
+
+#[path = "e2e_support.rs"]
+mod support;
+
+use k3proto::v1 as pb;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_stream::StreamExt;
+
+/// A copy of the tiny model whose shards are cut in half: refused when the engine loads them.
+fn broken_model(dir: &Path) -> std::path::PathBuf {
+    let model = dir.join("broken");
+    std::fs::create_dir_all(&model).expect("mkdir");
+    for entry in std::fs::read_dir(tiny_model()).expect("model dir") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name();
+        let to = model.join(&name);
+        if name.to_string_lossy().ends_with(".safetensors") {
+            let bytes = std::fs::read(entry.path()).expect("read shard");
+            std::fs::write(&to, &bytes[..bytes.len() / 2]).expect("write");
+        } else {
+            std::fs::copy(entry.path(), &to).expect("copy");
+        }
+    }
+    model
+}
+
+/// Runs `k3d serve` to its end (it must end by itself within 60 s): exit code and stderr.
+fn serve_until_exit(model: &Path, socket: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin("k3d"))
+        .arg("serve")
+        .arg("--model")
+        .arg(model)
+        .arg("--socket")
+        .arg(socket)
+        .arg("--session-dir")
+        .arg(socket.with_extension("sessions"))
+        .args(["--threads", "1"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn k3d serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("k3d serve with an unloadable model did not exit within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    (out.status.code(), text(&out.stderr))
+}
+
+/// The last line of the log is the one-line error, `k3d: error: …`.
+fn last_line(log: &str) -> &str {
+    log.lines().last().unwrap_or("")
+}
+
+#[test]
+fn a_corrupt_shard_ends_the_daemon_with_exit_3_and_one_line() {
+    let tmp = scratch("life-corrupt");
+    let dir = tmp.path();
+    let model = broken_model(&dir);
+    let socket = dir.join("k3d.sock");
+    let (code, log) = serve_until_exit(&model, &socket, &[]);
+    assert_eq!(code, Some(3), "a checkpoint error exits 3:\n{log}");
+    let line = last_line(&log);
+    assert!(
+        line.starts_with("k3d: error: loading") && line.contains(".safetensors"),
+        "one line naming the shard: {line:?}\n{log}"
+    );
+    assert!(!socket.exists(), "the socket is removed");
+}
+
+#[test]
+fn a_budget_below_the_minimum_ends_the_daemon_with_exit_5() {
+    let tmp = scratch("life-budget");
+    let dir = tmp.path();
+    let socket = dir.join("k3d.sock");
+    let (code, log) = serve_until_exit(tiny_model(), &socket, &["--ram-gb", "0.0001"]);
+    assert_eq!(
+        code,
+        Some(5),
+        "a budget too small is a resource error:\n{log}"
+    );
+    let line = last_line(&log);
+    assert!(
+        line.starts_with("k3d: error: loading") && line.contains("budget"),
+        "{line:?}\n{log}"
+    );
+    assert!(!socket.exists(), "the socket is removed");
+}
+
+/// A request on session `name`, queued behind a running one (`--max-active 1`); returns its
+/// stream and id once it was told its queue position.
+async fn queued_on_session(
+    c: &mut k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+    name: &str,
+) -> (tonic::Streaming<pb::Event>, u64) {
+    let mut req = ids_request(prompt(5), 4);
+    req.session = name.into();
+    let mut stream = c.generate(req).await.expect("queued").into_inner();
+    let mut id = 0;
+    loop {
+        match stream.next().await.expect("event").expect("ok").event {
+            Some(pb::event::Event::Accepted(a)) => id = a.request_id,
+            Some(pb::event::Event::Queued(_)) => return (stream, id),
+            other => panic!("expected Accepted then Queued, got {other:?}"),
+        }
+    }
+}
+
+/// The session's next request is accepted (not ABORTED "in use") right away.
+async fn session_usable(
+    c: &mut k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+    name: &str,
+    what: &str,
+) {
+    let mut req = ids_request(prompt(5), 4);
+    req.session = name.into();
+    // The abandon reaches the daemon when the client's stream reset does: allow for that
+    // network round trip, nothing more.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match c.generate(req.clone()).await {
+            Ok(stream) => {
+                drop(stream);
+                return;
+            }
+            Err(e) if e.code() == tonic::Code::Aborted && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{what}: the session is still refused: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_cancelled_or_abandoned_while_queued_is_usable_at_once() {
+    let (d, mut c) = ready_daemon("life-queued-session", &["--max-active", "1"]).await;
+    let running = computing(&mut c, prompt(0)).await;
+
+    let (mut queued, id) = queued_on_session(&mut c, "qs").await;
+    c.cancel(pb::CancelRequest { request_id: id })
+        .await
+        .expect("cancel");
+    let end = collect_rest(&mut queued).await;
+    assert_eq!(end.map(|e| e.code()), Some(tonic::Code::Cancelled));
+    session_usable(&mut c, "qs", "after a cancel while queued").await;
+
+    let (queued, _) = queued_on_session(&mut c, "qa").await;
+    drop(queued);
+    session_usable(&mut c, "qa", "after an abandon while queued").await;
+    drop(running);
+    drop(d);
+}
+
+/// The status that ends a stream, if it ends with one.
+async fn collect_rest(stream: &mut tonic::Streaming<pb::Event>) -> Option<tonic::Status> {
+    while let Some(item) = stream.next().await {
+        if let Err(status) = item {
+            return Some(status);
+        }
+    }
+    None
+}
+
+#[test]
+fn sigterm_while_the_model_loads_exits_0_at_once() {
+    let tmp = scratch("life-sigterm-load");
+    let dir = tmp.path();
+    // The `small` shape takes seconds to load: long enough for a signal to land during it.
+    let model = synth_model("small", &dir.join("small"));
+    let socket = dir.join("k3d.sock");
+    let mut d = Daemon::start(&model, &socket, &["--shutdown-grace", "2"]);
+    d.wait_for_log("] loading ", Duration::from_secs(30));
+    assert!(
+        !d.log_text().contains("loaded "),
+        "the model loaded before the signal:\n{}",
+        d.log_text()
+    );
+    let t = Instant::now();
+    d.signal(libc::SIGTERM);
+    let status = d.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    assert!(!socket.exists(), "the socket is removed");
+}
+
+#[tokio::test]
+async fn sigterm_with_requests_queued_prefilling_and_decoding_keeps_the_session() {
+    let (mut d, mut c) = ready_daemon(
+        "life-phases",
+        &["--max-active", "2", "--shutdown-grace", "0.5"],
+    )
+    .await;
+    // A completed turn on a session: acknowledged, so it must survive the shutdown.
+    let mut turn = ids_request(prompt(1), 3);
+    turn.session = "kept".into();
+    let first = generate(&mut c, turn).await;
+    assert!(first.done.is_some(), "{:?}", first.error);
+    // Decoding, on the same session, when the signal lands.
+    let mut req = ids_request(prompt(1), 4000);
+    req.session = "kept".into();
+    let mut decoding = c.generate(req).await.expect("accepted").into_inner();
+    until_token(&mut decoding).await;
+    // Prefilling: a long prompt in chunks.
+    let long: Vec<u32> = (0..2000).map(|i| 10 + (i % 50)).collect();
+    let mut prefilling = c
+        .generate(ids_request(long, 4))
+        .await
+        .expect("accepted")
+        .into_inner();
+    // Queued behind both.
+    let mut queued = c
+        .generate(ids_request(prompt(3), 4))
+        .await
+        .expect("accepted")
+        .into_inner();
+    while !matches!(
+        queued.next().await.expect("event").expect("ok").event,
+        Some(pb::event::Event::Queued(_))
+    ) {}
+    let t = Instant::now();
+    d.signal(libc::SIGTERM);
+    for (what, stream) in [
+        ("decoding", &mut decoding),
+        ("prefilling", &mut prefilling),
+        ("queued", &mut queued),
+    ] {
+        let end = collect_rest(stream).await;
+        let code = end.as_ref().map(|s| s.code());
+        assert!(
+            code == Some(tonic::Code::Cancelled) || code.is_none(),
+            "{what}: {end:?}"
+        );
+    }
+    let status = d.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", d.log_text());
+    assert!(t.elapsed() < Duration::from_secs(7), "{:?}", t.elapsed());
+    assert!(!d.socket.exists(), "the socket is removed");
+    let file = d.socket.with_extension("sessions").join("kept.k3s");
+    assert!(
+        file.exists(),
+        "the session was written at shutdown:\n{}",
+        d.log_text()
+    );
+}
