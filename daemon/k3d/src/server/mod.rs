@@ -1,6 +1,7 @@
 //! `k3d serve`: the daemon. The engine runs on its own thread (`scheduler`), which alone owns
-//! it; tokio serves only the gRPC layer (`service`) on a Unix socket (`listener`); the two
-//! meet in `admission` (bounded queue, cancel registry, status figures).
+//! it; tokio serves the gRPC layer (`service`) on a Unix socket (`listener`) and, with
+//! `--http`, the OpenAI-compatible HTTP API (`crate::http`) over the same `Service`; they meet
+//! the scheduler in `admission` (bounded queue, cancel registry, status figures).
 //!
 //! Shutdown (SIGTERM/SIGINT): stop accepting connections and requests, let admitted requests
 //! finish for up to the grace period, then cancel the rest (each stops within one layer),
@@ -18,11 +19,12 @@ mod service;
 mod sessions;
 mod status;
 
-pub use admission::Limits;
-pub use listener::SocketSpec;
+pub use admission::{Limits, Phase, Shared};
+pub use listener::{SocketSpec, bind as bind_socket};
+pub use service::{EventStream, Service};
+pub use status::memory;
 
 use crate::exit::{CliError, CliResult, Exit};
-use admission::Shared;
 use anyhow::Context;
 use k3_engine::engine::EngineOptions;
 use k3_engine::tokenizer::Tokenizer;
@@ -54,6 +56,9 @@ pub struct Config {
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
+    /// The HTTP API's endpoints (`--http`, none = no HTTP) and settings.
+    pub http: Vec<crate::http::Endpoint>,
+    pub http_settings: crate::http::Settings,
 }
 
 pub fn run(cfg: Config) -> CliResult {
@@ -66,6 +71,11 @@ pub fn run(cfg: Config) -> CliResult {
     })?;
     // Before any thread starts: binding changes the process umask for an instant.
     let listener = Listener::open(&cfg.socket)?;
+    let http = crate::http::bind(&cfg.http, cfg.socket.mode, cfg.socket.group.as_deref())
+        .inspect_err(|_| listener.remove())?;
+    for b in &http {
+        log!("HTTP API on {}", b.describe());
+    }
     log!(
         "listening on {} (max {} active, {} queued; pid {})",
         listener.describe(),
@@ -93,15 +103,20 @@ pub fn run(cfg: Config) -> CliResult {
         .enable_all()
         .build()
         .context("starting the RPC runtime")?;
-    let service = service::Service {
+    let service = Arc::new(service::Service {
         shared: Arc::clone(&shared),
         tokenizer,
         threads: cfg.threads,
         speculate: cfg.speculate,
         sessions,
-    };
-    let result = runtime.block_on(serve(&listener, service, &shared, cfg.grace));
+    });
+    let unix_http: Vec<_> = http.iter().map(crate::http::Bound::path).collect();
+    let app = crate::http::App::new(Arc::clone(&service), cfg.http_settings);
+    let result = runtime.block_on(serve(&listener, service, app, http, &shared, cfg.grace));
     listener.remove();
+    for path in unix_http.into_iter().flatten() {
+        let _ = std::fs::remove_file(path);
+    }
     // A scheduler still loading the model cannot be interrupted; exiting the process ends it.
     let deadline = Instant::now() + UNWIND_LIMIT;
     while !scheduler.is_finished() && Instant::now() < deadline {
@@ -116,7 +131,9 @@ pub fn run(cfg: Config) -> CliResult {
 
 async fn serve(
     listener: &Listener,
-    service: service::Service,
+    service: Arc<service::Service>,
+    app: Arc<crate::http::App>,
+    http: Vec<crate::http::Bound>,
     shared: &Arc<Shared>,
     grace: Duration,
 ) -> anyhow::Result<()> {
@@ -130,7 +147,10 @@ async fn serve(
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let svc = EngineServer::new(service)
+    // Without endpoints the HTTP task ends at once: only a failure of a real one ends serving.
+    let serving_http = !http.is_empty();
+    let mut http = tokio::spawn(crate::http::serve(app, http, stop_rx.clone()));
+    let svc = EngineServer::from_arc(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut server = tokio::spawn(
@@ -149,6 +169,13 @@ async fn serve(
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(e).context("serving"),
                 Err(e) => Err(e).context("the server task"),
+            };
+        }
+        finished = &mut http, if serving_http => {
+            return match finished {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(e).context("the HTTP server task"),
             };
         }
     };
@@ -170,7 +197,16 @@ async fn serve(
         log!("grace period over: cancelling what is still running");
         shared.stop_all();
     }
-    match tokio::time::timeout(UNWIND_LIMIT, server).await {
+    let unwound = tokio::time::timeout(UNWIND_LIMIT, async {
+        let (grpc, http) = tokio::join!(server, http);
+        match http {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log!("error: HTTP: {e:#}"),
+            Err(e) => log!("error: the HTTP server task: {e}"),
+        }
+        grpc
+    });
+    match unwound.await {
         Ok(Ok(Ok(()))) => Ok(()),
         Ok(Ok(Err(e))) => Err(e).context("serving"),
         Ok(Err(e)) => Err(e).context("the server task"),

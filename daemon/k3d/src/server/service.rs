@@ -42,6 +42,43 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 }
 
 impl Service {
+    /// `Generate` for any transport: `uid` is the caller's (SO_PEERCRED), `None` when unknown.
+    pub fn generate_events(
+        &self,
+        uid: Option<u32>,
+        req: pb::GenerateRequest,
+    ) -> Result<EventStream, Status> {
+        let prompt = match req.prompt {
+            Some(pb::generate_request::Prompt::Ids(ids)) => ids.ids,
+            Some(pb::generate_request::Prompt::Text(text)) => {
+                self.tokenizer.encode(&text, Specials::Plain).map_err(|e| {
+                    Status::invalid_argument(format!("cannot tokenise the prompt: {e}"))
+                })?
+            }
+            None => return Err(Status::invalid_argument("no prompt: give text or ids")),
+        };
+        self.admit(
+            "Generate",
+            uid,
+            prompt,
+            req.options,
+            Kind::Text,
+            req.session,
+        )
+    }
+
+    /// `Chat` for any transport (see `generate_events`).
+    pub fn chat_events(&self, uid: Option<u32>, req: pb::ChatRequest) -> Result<EventStream, Status> {
+        let rendered = chat::render(&self.tokenizer, &req)?;
+        let kind = Kind::Chat {
+            thinking: rendered.thinking,
+        };
+        // The reply ends where the model ends its turn (spec §8.4).
+        let mut options = req.options.unwrap_or_default();
+        options.stop_ids.extend(self.tokenizer.end_of_turn_ids());
+        self.admit("Chat", uid, rendered.ids, Some(options), kind, req.session)
+    }
+
     /// Admit a generation: its stream starts with Accepted, then the scheduler takes over.
     fn admit(
         &self,
@@ -51,7 +88,7 @@ impl Service {
         options: Option<pb::GenerationOptions>,
         kind: Kind,
         session: String,
-    ) -> Result<Response<EventStream>, Status> {
+    ) -> Result<EventStream, Status> {
         if prompt.is_empty() {
             return Err(Status::invalid_argument("the prompt is empty"));
         }
@@ -95,7 +132,7 @@ impl Service {
             }
             return Err(status);
         }
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(ReceiverStream::new(rx))
     }
 }
 
@@ -109,37 +146,13 @@ impl pb::engine_server::Engine for Service {
         req: Request<pb::GenerateRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let uid = peer_uid(&req);
-        let req = req.into_inner();
-        let prompt = match req.prompt {
-            Some(pb::generate_request::Prompt::Ids(ids)) => ids.ids,
-            Some(pb::generate_request::Prompt::Text(text)) => {
-                self.tokenizer.encode(&text, Specials::Plain).map_err(|e| {
-                    Status::invalid_argument(format!("cannot tokenise the prompt: {e}"))
-                })?
-            }
-            None => return Err(Status::invalid_argument("no prompt: give text or ids")),
-        };
-        self.admit(
-            "Generate",
-            uid,
-            prompt,
-            req.options,
-            Kind::Text,
-            req.session,
-        )
+        self.generate_events(uid, req.into_inner())
+            .map(Response::new)
     }
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<EventStream>, Status> {
         let uid = peer_uid(&req);
-        let req = req.into_inner();
-        let rendered = chat::render(&self.tokenizer, &req)?;
-        let kind = Kind::Chat {
-            thinking: rendered.thinking,
-        };
-        // The reply ends where the model ends its turn (spec §8.4).
-        let mut options = req.options.unwrap_or_default();
-        options.stop_ids.extend(self.tokenizer.end_of_turn_ids());
-        self.admit("Chat", uid, rendered.ids, Some(options), kind, req.session)
+        self.chat_events(uid, req.into_inner()).map(Response::new)
     }
 
     async fn tokenize(

@@ -68,7 +68,7 @@ pub fn reply(shared: &Shared, threads: usize, sessions: pb::SessionFigures) -> p
 }
 
 /// Current and peak resident set (VmRSS, VmHWM) in bytes; 0 where /proc does not say.
-fn memory() -> (u64, u64) {
+pub fn memory() -> (u64, u64) {
     let Ok(text) = std::fs::read_to_string("/proc/self/status") else {
         return (0, 0);
     };

@@ -1,0 +1,268 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`, streamed (SSE) and whole. Both read
+//! the serve core's reply through one `Reader` and differ only in how a piece is written
+//! (`Shape`), so a streamed reply concatenates to exactly the whole one.
+
+use super::error::ApiError;
+use super::reply::{Finish, Piece, Reader, Usage};
+use super::request::{self, Common, Fields};
+use super::{App, Peer};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// SSE events buffered per response: small, so a client that stops reading is noticed soon.
+const SSE_BUFFER: usize = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Chat,
+    Text,
+}
+
+/// What every chunk and the whole response carry.
+struct Head {
+    shape: Shape,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Head {
+    fn object(&self, streamed: bool) -> &'static str {
+        match (self.shape, streamed) {
+            (Shape::Chat, false) => "chat.completion",
+            (Shape::Chat, true) => "chat.completion.chunk",
+            (Shape::Text, _) => "text_completion",
+        }
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    }
+
+    /// One choice of a streamed chunk.
+    fn delta(&self, piece: Delta<'_>, finish_reason: Option<&str>) -> Value {
+        match self.shape {
+            Shape::Chat => {
+                let delta = match piece {
+                    Delta::Role => json!({"role": "assistant", "content": ""}),
+                    Delta::Content(t) => json!({"content": t}),
+                    Delta::Reasoning(t) => json!({"reasoning_content": t}),
+                    Delta::Empty => json!({}),
+                };
+                json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}])
+            }
+            Shape::Text => {
+                let text = match piece {
+                    Delta::Content(t) => t,
+                    _ => "",
+                };
+                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}])
+            }
+        }
+    }
+
+    fn whole(&self, reasoning: &str, content: &str, finish: &Finish) -> Value {
+        let choice = match self.shape {
+            Shape::Chat => {
+                let mut message = json!({"role": "assistant", "content": content});
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = json!(reasoning);
+                }
+                json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish.reason})
+            }
+            Shape::Text => {
+                json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish.reason})
+            }
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": finish.usage,
+        })
+    }
+}
+
+enum Delta<'a> {
+    Role,
+    Content(&'a str),
+    Reasoning(&'a str),
+    Empty,
+}
+
+pub async fn chat(app: Arc<App>, peer: Peer, body: &[u8], arrived: Instant) -> Result<Response, ApiError> {
+    let fields = Fields::parse(body)?;
+    let params = request::chat(&fields)?;
+    app.check_model(&params.common.model)?;
+    app.check_ready()?;
+    let stop = params.common.options.stop_strings.clone();
+    let events = app
+        .service
+        .chat_events(peer.uid(), params.request)
+        .map_err(|s| ApiError::from_status(&s, Some("messages")))?;
+    let reader = Reader::start(events, true, &stop).await?;
+    respond(app, Shape::Chat, params.common, reader, arrived).await
+}
+
+pub async fn text(app: Arc<App>, peer: Peer, body: &[u8], arrived: Instant) -> Result<Response, ApiError> {
+    let fields = Fields::parse(body)?;
+    let params = request::completion(&fields)?;
+    app.check_model(&params.common.model)?;
+    app.check_ready()?;
+    let stop = params.common.options.stop_strings.clone();
+    let events = app
+        .service
+        .generate_events(peer.uid(), params.request)
+        .map_err(|s| ApiError::from_status(&s, Some("prompt")))?;
+    let reader = Reader::start(events, false, &stop).await?;
+    respond(app, Shape::Text, params.common, reader, arrived).await
+}
+
+async fn respond(
+    app: Arc<App>,
+    shape: Shape,
+    common: Common,
+    reader: Reader,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let head = Head {
+        shape,
+        id: format!(
+            "{}-{}",
+            if shape == Shape::Chat { "chatcmpl" } else { "cmpl" },
+            reader.request_id
+        ),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: common.model,
+    };
+    let timer = Timer::new(arrived);
+    if common.stream {
+        let (tx, rx) = mpsc::channel(SSE_BUFFER);
+        tokio::spawn(stream(app, head, reader, common.include_usage, timer, tx));
+        Ok(Sse::new(ReceiverStream::new(rx)).into_response())
+    } else {
+        whole(app, head, reader, timer).await
+    }
+}
+
+/// Time to first token and decode time per token, for the metrics.
+struct Timer {
+    arrived: Instant,
+    first: Option<Instant>,
+}
+
+impl Timer {
+    fn new(arrived: Instant) -> Timer {
+        Timer { arrived, first: None }
+    }
+
+    fn piece(&mut self) {
+        self.first.get_or_insert_with(Instant::now);
+    }
+
+    fn record(&self, app: &App, usage: &Usage) {
+        let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
+        let decode = self.first.filter(|_| usage.completion_tokens > 1).map(|f| {
+            f.elapsed().as_secs_f64() / f64::from(usage.completion_tokens - 1)
+        });
+        app.metrics
+            .generation(usage.prompt_tokens, usage.completion_tokens, ttft, decode);
+    }
+}
+
+async fn whole(app: Arc<App>, head: Head, mut reader: Reader, mut timer: Timer) -> Result<Response, ApiError> {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    while let Some(piece) = reader.next().await {
+        match piece? {
+            Piece::Reasoning(t) => {
+                timer.piece();
+                reasoning.push_str(&t);
+            }
+            Piece::Content(t) => {
+                timer.piece();
+                content.push_str(&t);
+            }
+            Piece::Finished(finish) => {
+                timer.record(&app, &finish.usage);
+                return Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("the reply ended without finishing"))
+}
+
+/// Writes the reply as SSE into `tx`. Ends as soon as the client is gone (the response body,
+/// and with it `tx`'s receiver, is dropped): dropping `reader` closes the core's stream, which
+/// cancels the generation at its next layer boundary (as a gRPC client that goes away does).
+async fn stream(
+    app: Arc<App>,
+    head: Head,
+    mut reader: Reader,
+    include_usage: bool,
+    mut timer: Timer,
+    tx: mpsc::Sender<Result<Event, Infallible>>,
+) {
+    let send = |v: Value| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(Event::default().data(v.to_string()))).await.is_ok() }
+    };
+    if head.shape == Shape::Chat && !send(head.chunk(head.delta(Delta::Role, None), None)).await {
+        return;
+    }
+    loop {
+        let piece = tokio::select! {
+            piece = reader.next() => piece,
+            () = tx.closed() => return,
+        };
+        let chunk = match piece {
+            None => return,
+            Some(Err(e)) => {
+                let _ = send(e.json()).await;
+                return;
+            }
+            Some(Ok(Piece::Reasoning(t))) => {
+                timer.piece();
+                head.chunk(head.delta(Delta::Reasoning(&t), None), None)
+            }
+            Some(Ok(Piece::Content(t))) => {
+                timer.piece();
+                head.chunk(head.delta(Delta::Content(&t), None), None)
+            }
+            Some(Ok(Piece::Finished(finish))) => {
+                timer.record(&app, &finish.usage);
+                let last = head.chunk(head.delta(Delta::Empty, Some(finish.reason)), None);
+                if !send(last).await {
+                    return;
+                }
+                if include_usage && !send(head.chunk(json!([]), Some(&finish.usage))).await {
+                    return;
+                }
+                let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+                return;
+            }
+        };
+        if !send(chunk).await {
+            return;
+        }
+    }
+}
