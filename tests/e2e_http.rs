@@ -92,7 +92,12 @@ async fn chat_reference(
         messages: messages
             .iter()
             .map(|(role, content)| pb::ChatMessage {
-                role: if *role == "system" { pb::Role::System } else { pb::Role::User }.into(),
+                role: if *role == "system" {
+                    pb::Role::System
+                } else {
+                    pb::Role::User
+                }
+                .into(),
                 content: content.to_string(),
                 ..Default::default()
             })
@@ -141,7 +146,14 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
     let d = Daemon::start(
         tiny_model(),
         &socket,
-        &["--config", &config_arg, "--max-active", "1", "--max-queue", "0"],
+        &[
+            "--config",
+            &config_arg,
+            "--max-active",
+            "1",
+            "--max-queue",
+            "0",
+        ],
     );
     let mut c = client(&socket).await;
     wait_ready(&mut c).await;
@@ -182,7 +194,10 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
         String::from_utf8_lossy(&out.stderr),
         d.log_text()
     );
-    assert!(out.status.success(), "the openai client tests failed:\n{report}");
+    assert!(
+        out.status.success(),
+        "the openai client tests failed:\n{report}"
+    );
     eprintln!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
@@ -197,7 +212,8 @@ fn model_that_loads_when_told(dir: &Path) -> PathBuf {
             std::fs::copy(entry.path(), model.join(entry.file_name())).expect("copy");
         }
     }
-    let fifo = std::ffi::CString::new(model.join("config.json").display().to_string()).expect("path");
+    let fifo =
+        std::ffi::CString::new(model.join("config.json").display().to_string()).expect("path");
     // SAFETY: mkfifo(3) with a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
     model
@@ -216,6 +232,10 @@ fn feed(fifo: PathBuf, text: Vec<u8>, stop: Arc<AtomicBool>) -> std::thread::Joi
             {
                 Ok(mut f) => {
                     let _ = f.write_all(&text);
+                    drop(f);
+                    // Let the reader see the end and close before the next open, which would
+                    // otherwise join the same pipe and append a second copy.
+                    std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
@@ -235,12 +255,19 @@ fn health_says_loading_and_generation_is_503_until_the_model_is_ready() {
     let health: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(health["status"], "loading", "{body}");
     assert!(health["progress"]["total"].is_number(), "{body}");
-    let chat = r#"{"model": "model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let chat =
+        r#"{"model": "model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
     let (status, head, body) = http(&http_socket, "POST", "/v1/chat/completions", chat);
     assert_eq!(status, 503, "{body}");
     assert!(head.contains("retry-after: 1"), "{head}");
     let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    assert!(error["error"]["message"].as_str().unwrap_or("").contains("loading"), "{body}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("loading"),
+        "{body}"
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let config = std::fs::read(tiny_model().join("config.json")).expect("config");
     let feeder = feed(model.join("config.json"), config, Arc::clone(&stop));
@@ -251,7 +278,11 @@ fn health_says_loading_and_generation_is_503_until_the_model_is_ready() {
             assert!(body.contains("\"ready\""), "{body}");
             break;
         }
-        assert!(Instant::now() < deadline, "not ready in 60 s: {body}\n{}", d.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "not ready in 60 s: {body}\n{}",
+            d.log_text()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
@@ -275,7 +306,10 @@ fn a_non_loopback_http_address_without_keys_is_refused_at_start() {
         .expect("run k3d");
     assert_eq!(out.status.code(), Some(2), "a usage error");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("0.0.0.0:0") && err.contains("http_api_keys"), "{err}");
+    assert!(
+        err.contains("0.0.0.0:0") && err.contains("http_api_keys"),
+        "{err}"
+    );
     assert!(!dir.join("k3d.sock").exists(), "nothing is left bound");
 }
 
@@ -293,33 +327,58 @@ async fn the_neovim_plugin_streams_a_reply_into_a_split_and_cancels() {
     let _d = Daemon::start(tiny_model(), &socket, &["--http", &endpoint]);
     let mut c = client(&socket).await;
     wait_ready(&mut c).await;
-    // What the plugin must show: the whole (non-streamed) reply to the same request.
     let (_, _, models) = http(&http_socket, "GET", "/v1/models", "");
     let models: serde_json::Value = serde_json::from_str(&models).expect("JSON");
-    let body = serde_json::json!({
-        "model": models["data"][0]["id"],
-        "messages": [{"role": "user", "content": "fn main() {\n    println!(\"hi\");\n}"}],
-        "max_tokens": 12, "temperature": 0, "thinking": {"type": "disabled"},
-    });
-    let (status, _, whole) = http(&http_socket, "POST", "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{whole}");
-    let whole: serde_json::Value = serde_json::from_str(&whole).expect("JSON");
-    let expected = whole["choices"][0]["message"]["content"].as_str().expect("content");
+    let ask = |content: &str, max_tokens: u32| -> serde_json::Value {
+        let body = serde_json::json!({
+            "model": models["data"][0]["id"],
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, "thinking": {"type": "disabled"},
+        });
+        let (code, _, reply) = http(
+            &http_socket,
+            "POST",
+            "/v1/chat/completions",
+            &body.to_string(),
+        );
+        assert_eq!(code, 200, "{reply}");
+        serde_json::from_str(&reply).expect("JSON")
+    };
+    // The cancel needs a reply still running when its first text arrives: the random model
+    // ends some turns within a few tokens, so take a prompt whose greedy reply runs 200.
+    let prompt = (0..40)
+        .map(|i| format!("Tell me story number {i}."))
+        .find(|p| ask(p, 200)["choices"][0]["finish_reason"] == "length")
+        .expect("a prompt with a long reply");
+    // What the plugin must show: the whole (non-streamed) reply to the same request.
+    let whole = ask(&prompt, 12);
+    let expected = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
     let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/editors/nvim");
     let out_path = dir.join("reply.txt");
     let before = status(&mut c).await.requests_cancelled;
     let run = tokio::task::spawn_blocking({
-        let (plugin, out_path, http_socket) = (plugin.clone(), out_path.clone(), http_socket.clone());
+        let (plugin, out_path, http_socket, prompt) = (
+            plugin.clone(),
+            out_path.clone(),
+            http_socket.clone(),
+            prompt.clone(),
+        );
         move || {
             Command::new("/usr/bin/nvim")
                 .args(["--headless", "-u", "NONE", "-i", "NONE", "--cmd"])
                 .arg(format!("set rtp^={}", plugin.display()))
                 .arg("--cmd")
-                .arg(format!("runtime! plugin/k3.lua"))
+                .arg("runtime! plugin/k3.lua")
                 .arg("-c")
-                .arg(format!("luafile {}", tests_dir().join("nvim_headless.lua").display()))
+                .arg(format!(
+                    "luafile {}",
+                    tests_dir().join("nvim_headless.lua").display()
+                ))
                 .env("K3_HTTP_SOCKET", &http_socket)
                 .env("K3_OUT", &out_path)
+                .env("K3_PROMPT", &prompt)
                 .output()
                 .expect("run nvim")
         }
@@ -336,7 +395,8 @@ async fn the_neovim_plugin_streams_a_reply_into_a_split_and_cancels() {
     );
     let reply = std::fs::read_to_string(&out_path).expect("the plugin wrote the reply");
     assert_eq!(reply, expected, "the streamed split holds the whole reply");
-    let cancel = std::fs::read_to_string(out_path.with_extension("txt.cancel")).expect("cancel result");
+    let cancel =
+        std::fs::read_to_string(out_path.with_extension("txt.cancel")).expect("cancel result");
     assert_eq!(cancel, "cancelled");
     // Closing the connection stopped the compute.
     let deadline = Instant::now() + Duration::from_secs(1);
@@ -346,7 +406,10 @@ async fn the_neovim_plugin_streams_a_reply_into_a_split_and_cancels() {
             assert_eq!(s.requests_cancelled, before + 1);
             break;
         }
-        assert!(Instant::now() < deadline, "the cancelled reply still computes");
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled reply still computes"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -107,4 +107,3 @@ fn k3d_check_accepts_every_tiny_synth_checkpoint() {
         assert_eq!(ck.census.text_bytes, data, "{shape}");
     }
 }
-

@@ -201,8 +201,9 @@ pub fn run(args: Args) -> CliResult {
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
         let options = args.engine_options(ram)?;
-        let plan = k3_engine::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
-            .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
+        let plan =
+            k3_engine::model::plan_for(&checkpoint.config, &checkpoint.layout, &options.model)
+                .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
         plans.push(plan);
     }
     drop(checkpoint);
@@ -350,8 +351,8 @@ fn replay_policies(
         .model()
         .expert_trace()
         .ok_or_else(|| anyhow!("the store did not record the expert trace"))?;
-    let checkpoint =
-        Checkpoint::open(dir).map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
+    let checkpoint = Checkpoint::open(dir)
+        .map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
     let expert_bytes = Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
         .map_err(|e| CliError::new(Exit::Checkpoint, e))?
         .expert_bytes;

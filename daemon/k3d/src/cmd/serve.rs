@@ -231,7 +231,9 @@ pub fn run(args: Args) -> CliResult {
         ));
     }
     crate::http::check_exposure(&http, !keys.is_empty()).map_err(usage)?;
-    let body_limit = file.http_body_limit.unwrap_or(crate::http::DEFAULT_BODY_LIMIT);
+    let body_limit = file
+        .http_body_limit
+        .unwrap_or(crate::http::DEFAULT_BODY_LIMIT);
     if body_limit == 0 {
         return Err(usage("--config: http_body_limit must be at least 1".into()));
     }

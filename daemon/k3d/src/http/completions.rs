@@ -108,7 +108,12 @@ enum Delta<'a> {
     Empty,
 }
 
-pub async fn chat(app: Arc<App>, peer: Peer, body: &[u8], arrived: Instant) -> Result<Response, ApiError> {
+pub async fn chat(
+    app: Arc<App>,
+    peer: Peer,
+    body: &[u8],
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
     let params = request::chat(&fields)?;
     app.check_model(&params.common.model)?;
@@ -122,7 +127,12 @@ pub async fn chat(app: Arc<App>, peer: Peer, body: &[u8], arrived: Instant) -> R
     respond(app, Shape::Chat, params.common, reader, arrived).await
 }
 
-pub async fn text(app: Arc<App>, peer: Peer, body: &[u8], arrived: Instant) -> Result<Response, ApiError> {
+pub async fn text(
+    app: Arc<App>,
+    peer: Peer,
+    body: &[u8],
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
     let params = request::completion(&fields)?;
     app.check_model(&params.common.model)?;
@@ -147,7 +157,11 @@ async fn respond(
         shape,
         id: format!(
             "{}-{}",
-            if shape == Shape::Chat { "chatcmpl" } else { "cmpl" },
+            if shape == Shape::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
             reader.request_id
         ),
         created: SystemTime::now()
@@ -173,7 +187,10 @@ struct Timer {
 
 impl Timer {
     fn new(arrived: Instant) -> Timer {
-        Timer { arrived, first: None }
+        Timer {
+            arrived,
+            first: None,
+        }
     }
 
     fn piece(&mut self) {
@@ -182,15 +199,21 @@ impl Timer {
 
     fn record(&self, app: &App, usage: &Usage) {
         let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
-        let decode = self.first.filter(|_| usage.completion_tokens > 1).map(|f| {
-            f.elapsed().as_secs_f64() / f64::from(usage.completion_tokens - 1)
-        });
+        let decode = self
+            .first
+            .filter(|_| usage.completion_tokens > 1)
+            .map(|f| f.elapsed().as_secs_f64() / f64::from(usage.completion_tokens - 1));
         app.metrics
             .generation(usage.prompt_tokens, usage.completion_tokens, ttft, decode);
     }
 }
 
-async fn whole(app: Arc<App>, head: Head, mut reader: Reader, mut timer: Timer) -> Result<Response, ApiError> {
+async fn whole(
+    app: Arc<App>,
+    head: Head,
+    mut reader: Reader,
+    mut timer: Timer,
+) -> Result<Response, ApiError> {
     let (mut reasoning, mut content) = (String::new(), String::new());
     while let Some(piece) = reader.next().await {
         match piece? {
@@ -224,7 +247,11 @@ async fn stream(
 ) {
     let send = |v: Value| {
         let tx = tx.clone();
-        async move { tx.send(Ok(Event::default().data(v.to_string()))).await.is_ok() }
+        async move {
+            tx.send(Ok(Event::default().data(v.to_string())))
+                .await
+                .is_ok()
+        }
     };
     if head.shape == Shape::Chat && !send(head.chunk(head.delta(Delta::Role, None), None)).await {
         return;

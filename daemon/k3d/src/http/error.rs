@@ -75,7 +75,9 @@ impl ApiError {
     pub fn too_large(limit: usize) -> ApiError {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body exceeds the limit of {limit} bytes (http_body_limit in the config)"),
+            format!(
+                "the request body exceeds the limit of {limit} bytes (http_body_limit in the config)"
+            ),
         )
     }
 

@@ -27,9 +27,9 @@ impl std::str::FromStr for Endpoint {
             }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
-        s.parse::<SocketAddr>().map(Endpoint::Tcp).map_err(|_| {
-            format!("{s:?}: use unix:PATH or IP:PORT (127.0.0.1:8080, [::1]:8080)")
-        })
+        s.parse::<SocketAddr>()
+            .map(Endpoint::Tcp)
+            .map_err(|_| format!("{s:?}: use unix:PATH or IP:PORT (127.0.0.1:8080, [::1]:8080)"))
     }
 }
 
@@ -116,7 +116,9 @@ impl Bound {
 #[derive(Debug, Clone, Copy)]
 pub enum Peer {
     /// A Unix socket client: its uid (SO_PEERCRED), `None` if the kernel did not say.
-    Unix { uid: Option<u32> },
+    Unix {
+        uid: Option<u32>,
+    },
     Tcp,
 }
 

@@ -148,25 +148,110 @@ impl Collector for CoreFigures {
         let s = snap.stats;
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let (rss, peak) = memory();
-        Self::gauge(&mut e, "queue_depth", "Requests waiting for a compute slot", gauge(snap.queued as u64))?;
-        Self::gauge(&mut e, "active_requests", "Requests being computed", gauge(snap.active as u64))?;
-        Self::gauge(&mut e, "batch_size_max", "The most requests one forward pass has served", gauge(s.widest_batch))?;
-        Self::counter(&mut e, "forward_passes", "Forward passes run", s.forward_passes)?;
-        Self::counter(&mut e, "batched_passes", "Forward passes that served two or more requests", s.batched_passes)?;
-        Self::counter(&mut e, "weight_bytes_read", "Weight bytes read from disk", s.bytes_read)?;
-        Self::counter(&mut e, "weight_bytes_avoided", "Weight bytes needed that pinned layers or caches supplied", s.bytes_avoided)?;
-        Self::counter(&mut e, "expert_cache_hits", "Routed-expert requests served from memory", s.cache_hits)?;
-        Self::counter(&mut e, "expert_cache_misses", "Routed-expert requests that needed a read", s.cache_misses)?;
-        Self::gauge(&mut e, "expert_cache_bytes", "Bytes of the expert cache holding an expert", gauge(s.cache_resident_bytes))?;
-        Self::gauge(&mut e, "rss_bytes", "Resident set size of the daemon", gauge(rss))?;
-        Self::gauge(&mut e, "peak_rss_bytes", "Peak resident set size of the daemon", gauge(peak))?;
+        Self::gauge(
+            &mut e,
+            "queue_depth",
+            "Requests waiting for a compute slot",
+            gauge(snap.queued as u64),
+        )?;
+        Self::gauge(
+            &mut e,
+            "active_requests",
+            "Requests being computed",
+            gauge(snap.active as u64),
+        )?;
+        Self::gauge(
+            &mut e,
+            "batch_size_max",
+            "The most requests one forward pass has served",
+            gauge(s.widest_batch),
+        )?;
+        Self::counter(
+            &mut e,
+            "forward_passes",
+            "Forward passes run",
+            s.forward_passes,
+        )?;
+        Self::counter(
+            &mut e,
+            "batched_passes",
+            "Forward passes that served two or more requests",
+            s.batched_passes,
+        )?;
+        Self::counter(
+            &mut e,
+            "weight_bytes_read",
+            "Weight bytes read from disk",
+            s.bytes_read,
+        )?;
+        Self::counter(
+            &mut e,
+            "weight_bytes_avoided",
+            "Weight bytes needed that pinned layers or caches supplied",
+            s.bytes_avoided,
+        )?;
+        Self::counter(
+            &mut e,
+            "expert_cache_hits",
+            "Routed-expert requests served from memory",
+            s.cache_hits,
+        )?;
+        Self::counter(
+            &mut e,
+            "expert_cache_misses",
+            "Routed-expert requests that needed a read",
+            s.cache_misses,
+        )?;
+        Self::gauge(
+            &mut e,
+            "expert_cache_bytes",
+            "Bytes of the expert cache holding an expert",
+            gauge(s.cache_resident_bytes),
+        )?;
+        Self::gauge(
+            &mut e,
+            "rss_bytes",
+            "Resident set size of the daemon",
+            gauge(rss),
+        )?;
+        Self::gauge(
+            &mut e,
+            "peak_rss_bytes",
+            "Peak resident set size of the daemon",
+            gauge(peak),
+        )?;
         if let Some(budget) = self.budget_bytes {
-            Self::gauge(&mut e, "budget_bytes", "The RAM budget the model is planned in", gauge(budget))?;
+            Self::gauge(
+                &mut e,
+                "budget_bytes",
+                "The RAM budget the model is planned in",
+                gauge(budget),
+            )?;
         }
         let c = snap.counters;
-        Self::counter(&mut e, "requests_completed", "Generations completed (every transport)", c.completed)?;
-        Self::counter(&mut e, "requests_cancelled", "Generations cancelled (every transport)", c.cancelled)?;
-        Self::counter(&mut e, "requests_failed", "Generations failed (every transport)", c.failed)?;
-        Self::counter(&mut e, "requests_rejected", "Generations refused with a full queue (every transport)", c.rejected)
+        Self::counter(
+            &mut e,
+            "requests_completed",
+            "Generations completed (every transport)",
+            c.completed,
+        )?;
+        Self::counter(
+            &mut e,
+            "requests_cancelled",
+            "Generations cancelled (every transport)",
+            c.cancelled,
+        )?;
+        Self::counter(
+            &mut e,
+            "requests_failed",
+            "Generations failed (every transport)",
+            c.failed,
+        )?;
+        Self::counter(
+            &mut e,
+            "requests_rejected",
+            "Generations refused with a full queue (every transport)",
+            c.rejected,
+        )
     }
 }

@@ -131,11 +131,18 @@ fn authorise(app: &App, peer: Peer, headers: &HeaderMap, endpoint: &str) -> Resu
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| ApiError::unauthorized("an API key is required: Authorization: Bearer KEY"))?;
-    if keys.iter().any(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes())) {
+        .ok_or_else(|| {
+            ApiError::unauthorized("an API key is required: Authorization: Bearer KEY")
+        })?;
+    if keys
+        .iter()
+        .any(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
+    {
         Ok(())
     } else {
-        Err(ApiError::unauthorized("the API key is not one of this daemon's keys"))
+        Err(ApiError::unauthorized(
+            "the API key is not one of this daemon's keys",
+        ))
     }
 }
 
@@ -198,8 +205,14 @@ async fn model(
 async fn health(State(app): State<Arc<App>>) -> Response {
     let snap = app.service.shared.snapshot();
     let (status, body) = match (&snap.phase, snap.accepting) {
-        (_, false) => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "shutting_down"})),
-        (Phase::Ready, true) => (StatusCode::OK, json!({"status": "ready", "model": app.settings.model_id})),
+        (_, false) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"}),
+        ),
+        (Phase::Ready, true) => (
+            StatusCode::OK,
+            json!({"status": "ready", "model": app.settings.model_id}),
+        ),
         (Phase::Loading { done, total }, true) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "loading", "progress": {"done": done, "total": total}}),
@@ -218,7 +231,10 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
         .render()
         .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response())
@@ -263,7 +279,8 @@ pub async fn serve(
         }
     }
     while let Some(done) = tasks.join_next().await {
-        done.context("the HTTP server task")?.context("serving HTTP")?;
+        done.context("the HTTP server task")?
+            .context("serving HTTP")?;
     }
     Ok(())
 }

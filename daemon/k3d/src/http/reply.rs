@@ -4,8 +4,9 @@
 //!
 //! Stop strings: the core stops after the token that completes one and emits that token
 //! (proto `GenerationOptions.stop_strings`); OpenAI leaves the stop sequence out of the
-//! output. So content is held back by up to the longest stop string's length less one byte
-//! while it could still be the start of one, and cut where the matched string begins.
+//! output. Only `Done` says that a token completed one, so the latest token's text is held
+//! back, with up to the longest stop string's length less one byte before it (where a match
+//! it completes may begin), and the reply is cut where the matched string begins.
 
 use super::error::ApiError;
 use crate::server::EventStream;
@@ -78,7 +79,11 @@ impl Reader {
                 }
                 Some(Ok(_)) => {}
                 Some(Err(status)) => return Err(ApiError::from_status(&status, None)),
-                None => return Err(ApiError::internal("the serve core ended the request before accepting it")),
+                None => {
+                    return Err(ApiError::internal(
+                        "the serve core ended the request before accepting it",
+                    ));
+                }
             }
         }
     }
@@ -113,8 +118,7 @@ impl Reader {
                         }
                     }
                     Ok(pb::Channel::Response | pb::Channel::Text) => {
-                        self.held.push_str(&t.text);
-                        if let Some(text) = self.release() {
+                        if let Some(text) = self.release(&t.text) {
                             return Some(Ok(Piece::Content(text)));
                         }
                     }
@@ -137,10 +141,15 @@ impl Reader {
         }
     }
 
-    /// Content that can no longer become part of a stop string.
-    fn release(&mut self) -> Option<String> {
+    /// Adds a token's text; returns the content that can no longer be part of a stop string.
+    fn release(&mut self, latest: &str) -> Option<String> {
         let keep = self.longest_stop.saturating_sub(1);
         let mut cut = self.held.len().saturating_sub(keep);
+        self.held.push_str(latest);
+        if self.longest_stop == 0 {
+            // No stop strings: nothing is ever cut, so nothing waits.
+            cut = self.held.len();
+        }
         while !self.held.is_char_boundary(cut) {
             cut -= 1;
         }

@@ -15,8 +15,14 @@ impl Fields {
     pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => Ok(Fields(map)),
-            Ok(_) => Err(ApiError::invalid("", "the request body must be a JSON object")),
-            Err(e) => Err(ApiError::invalid("", format!("the request body is not JSON: {e}"))),
+            Ok(_) => Err(ApiError::invalid(
+                "",
+                "the request body must be a JSON object",
+            )),
+            Err(e) => Err(ApiError::invalid(
+                "",
+                format!("the request body is not JSON: {e}"),
+            )),
         }
     }
 
@@ -63,18 +69,29 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
     if let Some(n) = f.get::<u64>("n")?
         && n != 1
     {
-        return Err(ApiError::invalid("n", format!("`n` = {n}: k3 generates one choice (n = 1)")));
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` = {n}: k3 generates one choice (n = 1)"),
+        ));
     }
     // Chat takes a bool, completions an integer; either asks for what k3 does not return.
     match f.get::<Value>("logprobs")? {
         None | Some(Value::Bool(false)) => {}
-        Some(_) => return Err(ApiError::invalid("logprobs", "k3 does not return log probabilities")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "k3 does not return log probabilities",
+            ));
+        }
     }
     let mut max_tokens = 0u32;
     for name in max_tokens_fields {
         if let Some(n) = f.get::<u32>(name)? {
             if n == 0 {
-                return Err(ApiError::invalid(*name, format!("`{name}` must be at least 1")));
+                return Err(ApiError::invalid(
+                    *name,
+                    format!("`{name}` must be at least 1"),
+                ));
             }
             max_tokens = n;
             break;
@@ -82,7 +99,10 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
     }
     let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
     if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
-        return Err(ApiError::invalid("temperature", "`temperature` must be between 0 and 2"));
+        return Err(ApiError::invalid(
+            "temperature",
+            "`temperature` must be between 0 and 2",
+        ));
     }
     let top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
     if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
@@ -166,7 +186,10 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
 /// the tools were not there.
 fn refuse_tools(f: &Fields) -> Result<(), ApiError> {
     if f.get::<Vec<Value>>("tools")?.is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calling is not available in this k3d yet"));
+        return Err(ApiError::invalid(
+            "tools",
+            "tool calling is not available in this k3d yet",
+        ));
     }
     match f.get::<Value>("tool_choice")? {
         None => {}
@@ -185,7 +208,10 @@ fn refuse_tools(f: &Fields) -> Result<(), ApiError> {
         Some(fmt) if fmt.kind == "text" => Ok(()),
         Some(fmt) => Err(ApiError::invalid(
             "response_format",
-            format!("response_format {:?} is not available in this k3d yet", fmt.kind),
+            format!(
+                "response_format {:?} is not available in this k3d yet",
+                fmt.kind
+            ),
         )),
     }
 }
@@ -206,7 +232,9 @@ fn thinking(f: &Fields) -> Result<(pb::Thinking, pb::Effort), ApiError> {
         Some(other) => {
             return Err(ApiError::invalid(
                 "reasoning_effort",
-                format!("reasoning_effort {other:?}: use none, minimal, low, medium, high, xhigh or max"),
+                format!(
+                    "reasoning_effort {other:?}: use none, minimal, low, medium, high, xhigh or max"
+                ),
             ));
         }
     };
@@ -232,7 +260,10 @@ fn thinking(f: &Fields) -> Result<(pb::Thinking, pb::Effort), ApiError> {
 fn message(i: usize, m: &Value) -> Result<pb::ChatMessage, ApiError> {
     let at = |field: &str| format!("messages[{i}].{field}");
     let Value::Object(m) = m else {
-        return Err(ApiError::invalid(format!("messages[{i}]"), "a message must be an object"));
+        return Err(ApiError::invalid(
+            format!("messages[{i}]"),
+            "a message must be an object",
+        ));
     };
     let role: String = value(&at("role"), m.get("role"))?
         .ok_or_else(|| ApiError::invalid(at("role"), "every message needs a `role`"))?;
@@ -242,7 +273,10 @@ fn message(i: usize, m: &Value) -> Result<pb::ChatMessage, ApiError> {
         "user" => pb::Role::User,
         "assistant" => pb::Role::Assistant,
         "tool" => {
-            return Err(ApiError::invalid(at("role"), "tool results need tool calling, which is not available in this k3d yet"));
+            return Err(ApiError::invalid(
+                at("role"),
+                "tool results need tool calling, which is not available in this k3d yet",
+            ));
         }
         other => {
             return Err(ApiError::invalid(
@@ -252,7 +286,10 @@ fn message(i: usize, m: &Value) -> Result<pb::ChatMessage, ApiError> {
         }
     };
     if m.get("tool_calls").is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::invalid(at("tool_calls"), "tool calling is not available in this k3d yet"));
+        return Err(ApiError::invalid(
+            at("tool_calls"),
+            "tool calling is not available in this k3d yet",
+        ));
     }
     let content = content(&at("content"), m.get("content"))?;
     let text = |field: &str| -> Result<String, ApiError> {
@@ -295,7 +332,10 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
             }
             Ok(text)
         }
-        Some(_) => Err(ApiError::invalid(param, "`content` must be a string or a list of text parts")),
+        Some(_) => Err(ApiError::invalid(
+            param,
+            "`content` must be a string or a list of text parts",
+        )),
     }
 }
 
@@ -320,7 +360,10 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
         if n == 1 {
             Ok(())
         } else {
-            Err(ApiError::invalid("prompt", format!("{n} prompts given: k3 completes one per request")))
+            Err(ApiError::invalid(
+                "prompt",
+                format!("{n} prompts given: k3 completes one per request"),
+            ))
         }
     };
     let prompt = match f.require::<Prompt>("prompt")? {
@@ -340,7 +383,10 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
             None | Some(Value::Bool(false)) => {}
             Some(Value::Number(n)) if refused == "best_of" && n.as_u64() == Some(1) => {}
             Some(_) => {
-                return Err(ApiError::invalid(refused, format!("k3 does not support `{refused}`")));
+                return Err(ApiError::invalid(
+                    refused,
+                    format!("k3 does not support `{refused}`"),
+                ));
             }
         }
     }

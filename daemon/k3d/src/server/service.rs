@@ -68,7 +68,11 @@ impl Service {
     }
 
     /// `Chat` for any transport (see `generate_events`).
-    pub fn chat_events(&self, uid: Option<u32>, req: pb::ChatRequest) -> Result<EventStream, Status> {
+    pub fn chat_events(
+        &self,
+        uid: Option<u32>,
+        req: pb::ChatRequest,
+    ) -> Result<EventStream, Status> {
         let rendered = chat::render(&self.tokenizer, &req)?;
         let kind = Kind::Chat {
             thinking: rendered.thinking,

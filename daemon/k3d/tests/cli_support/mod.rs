@@ -13,4 +13,3 @@ pub mod command_support;
 pub fn synth(shape: &str, dir: &Path) -> String {
     command_support::synth(Path::new(K3D), shape, dir)
 }
-

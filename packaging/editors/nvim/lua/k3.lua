@@ -70,14 +70,14 @@ local function reply_window()
   return buf
 end
 
--- One line of the event stream (`data: {...}` or `data: [DONE]`).
-local function event(line)
+-- One line of reply `state`'s event stream (`data: {...}` or `data: [DONE]`).
+local function event(state, line)
   local data = line:match("^data: (.*)$")
   if not data then
     return
   end
   if data == "[DONE]" then
-    M.state.done = true
+    state.done = true
     return
   end
   local ok, chunk = pcall(vim.fn.json_decode, data)
@@ -85,14 +85,14 @@ local function event(line)
     return
   end
   if chunk.error then
-    M.state.error = chunk.error.message
-    append(M.state.buf, "\n[k3: " .. tostring(chunk.error.message) .. "]")
+    state.error = chunk.error.message
+    append(state.buf, "\n[k3: " .. tostring(chunk.error.message) .. "]")
     return
   end
   local choice = chunk.choices and chunk.choices[1]
   local delta = choice and choice.delta
   if type(delta) == "table" and type(delta.content) == "string" then
-    append(M.state.buf, delta.content)
+    append(state.buf, delta.content)
   end
 end
 
@@ -115,7 +115,10 @@ function M.send(text)
     thinking = { type = M.config.thinking and "enabled" or "disabled" },
   })
   local buf = reply_window()
-  M.state = { job = nil, buf = buf, done = false, cancelled = false, error = nil }
+  -- This reply's own state: the callbacks below update it even after a newer reply replaced
+  -- it as M.state.
+  local state = { job = nil, buf = buf, done = false, cancelled = false, error = nil }
+  M.state = state
   local partial = ""
   local job = vim.fn.jobstart({
     M.config.curl, "-sS", "-N", "--fail-with-body", "--unix-socket", M.config.socket,
@@ -126,25 +129,25 @@ function M.send(text)
       data[1] = partial .. data[1]
       partial = table.remove(data)
       for _, line in ipairs(data) do
-        event(line)
+        event(state, line)
       end
     end,
     on_exit = function(_, code)
       if partial ~= "" then
-        event(partial)
+        event(state, partial)
       end
-      if code ~= 0 and not M.state.cancelled and not M.state.error then
-        M.state.error = "curl exited " .. code
+      if code ~= 0 and not state.cancelled and not state.error then
+        state.error = "curl exited " .. code
         append(buf, "\n[k3: the request failed (curl exit " .. code .. ")]")
       end
-      M.state.job = nil
-      M.state.done = true
+      state.job = nil
+      state.done = true
     end,
   })
   if job <= 0 then
     error("k3: cannot start " .. M.config.curl)
   end
-  M.state.job = job
+  state.job = job
   vim.fn.chansend(job, body)
   vim.fn.chanclose(job, "stdin")
   return buf
