@@ -8,6 +8,7 @@ use super::request::{self, Common, Fields};
 use super::{App, Peer};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use k3proto::v1 as pb;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +19,9 @@ use tokio_stream::wrappers::ReceiverStream;
 /// SSE events buffered per response: small, so a client that stops reading is noticed soon.
 const SSE_BUFFER: usize = 8;
 
+/// Which endpoint: chat completions or text completions.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Shape {
+pub enum Shape {
     Chat,
     Text,
 }
@@ -108,42 +110,45 @@ enum Delta<'a> {
     Empty,
 }
 
-pub async fn chat(
-    app: Arc<App>,
-    peer: Peer,
-    body: &[u8],
-    arrived: Instant,
-) -> Result<Response, ApiError> {
-    let fields = Fields::parse(body)?;
-    let params = request::chat(&fields)?;
-    app.check_model(&params.common.model)?;
-    app.check_ready()?;
-    let stop = params.common.options.stop_strings.clone();
-    let events = app
-        .service
-        .chat_events(peer.uid(), params.request)
-        .map_err(|s| ApiError::from_status(&s, Some("messages")))?;
-    let reader = Reader::start(events, true, &stop).await?;
-    respond(app, Shape::Chat, params.common, reader, arrived).await
+/// A request of either endpoint, parsed.
+enum Parsed {
+    Chat(pb::ChatRequest),
+    Text(pb::GenerateRequest),
 }
 
-pub async fn text(
+pub async fn complete(
     app: Arc<App>,
     peer: Peer,
+    shape: Shape,
     body: &[u8],
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
-    let params = request::completion(&fields)?;
-    app.check_model(&params.common.model)?;
+    let (common, parsed) = match shape {
+        Shape::Chat => {
+            let p = request::chat(&fields)?;
+            (p.common, Parsed::Chat(p.request))
+        }
+        Shape::Text => {
+            let p = request::completion(&fields)?;
+            (p.common, Parsed::Text(p.request))
+        }
+    };
+    app.check_model(&common.model)?;
     app.check_ready()?;
-    let stop = params.common.options.stop_strings.clone();
-    let events = app
-        .service
-        .generate_events(peer.uid(), params.request)
-        .map_err(|s| ApiError::from_status(&s, Some("prompt")))?;
-    let reader = Reader::start(events, false, &stop).await?;
-    respond(app, Shape::Text, params.common, reader, arrived).await
+    // The core's refusals name values, not fields: the field they concern is the prompt.
+    let events = match parsed {
+        Parsed::Chat(r) => app
+            .service
+            .chat_events(peer.uid(), r)
+            .map_err(|s| ApiError::from_status(&s, Some("messages"))),
+        Parsed::Text(r) => app
+            .service
+            .generate_events(peer.uid(), r)
+            .map_err(|s| ApiError::from_status(&s, Some("prompt"))),
+    }?;
+    let reader = Reader::start(events, shape == Shape::Chat, &common.options.stop_strings).await?;
+    respond(app, shape, common, reader, arrived).await
 }
 
 async fn respond(

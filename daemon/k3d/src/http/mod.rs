@@ -91,8 +91,22 @@ impl App {
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(text))
+        .route(
+            "/v1/chat/completions",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    complete(app, peer, request, completions::Shape::Chat)
+                },
+            ),
+        )
+        .route(
+            "/v1/completions",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    complete(app, peer, request, completions::Shape::Text)
+                },
+            ),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -159,24 +173,16 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
         .map_err(|_| ApiError::too_large(limit))
 }
 
-async fn chat(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
+/// `POST /v1/chat/completions` and `/v1/completions`.
+async fn complete(
+    app: Arc<App>,
+    peer: Peer,
     request: Request,
+    shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let bytes = body(&app, request.into_body()).await?;
-    completions::chat(app, peer, &bytes, arrived).await
-}
-
-async fn text(
-    State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
-    request: Request,
-) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let bytes = body(&app, request.into_body()).await?;
-    completions::text(app, peer, &bytes, arrived).await
+    completions::complete(app, peer, shape, &bytes, arrived).await
 }
 
 fn model_entry(app: &App) -> serde_json::Value {
