@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)                       # REPL tests drive a real terminal
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)         # packaging tests lint the units
+command -v nvim >/dev/null 2>&1 || missing+=(neovim)                     # the editor plugin's headless test
+command -v curl >/dev/null 2>&1 || missing+=(curl)                       # SSE over the socket, the plugin's transport
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv) # the HTTP API's real-client tests
 if ((${#missing[@]})); then
     if [[ $(id -u) -ne 0 ]]; then
         echo "tests: missing ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
@@ -19,6 +22,15 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust 1.95 (rustup)" >&2; exit 1; }
+
+# The HTTP API is tested with the official `openai` package (tests/e2e_http.rs runs pytest in
+# this venv and fails, naming this script, when it is missing). Pinned: what the tests judge.
+venv=target/venv-http
+if ! "$venv/bin/python" -c 'import openai, httpx2, pytest' >/dev/null 2>&1; then
+    echo "tests: installing the openai client into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q 'openai==3.51.0' 'httpx2==2.16.2' 'pytest==9.2.0'
+fi
 
 # The end-to-end tests spawn the real k3d and k3 binaries from target/debug.
 cargo build --workspace --bins

@@ -5,6 +5,7 @@
 
 mod cmd;
 mod exit;
+mod http;
 mod notify;
 mod server;
 

@@ -105,6 +105,11 @@ fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EngineStats {
     pub bytes_read: u64,
+    /// `bytes_read` by class: trunk layers, routed experts, embedding rows, the lm_head.
+    pub trunk_bytes_read: u64,
+    pub expert_bytes_read: u64,
+    pub embedding_bytes_read: u64,
+    pub head_bytes_read: u64,
     pub bytes_avoided: u64,
     pub peak_rss_bytes: u64,
     /// Forward passes run by steps ([`super::Engine::step_batch`]).
@@ -144,6 +149,10 @@ impl EngineStats {
     pub(super) fn new(s: StoreStats, batches: &BatchCounters) -> Self {
         EngineStats {
             bytes_read: s.bytes_read,
+            trunk_bytes_read: s.trunk_bytes_read,
+            expert_bytes_read: s.expert_bytes_read,
+            embedding_bytes_read: s.embedding_bytes_read,
+            head_bytes_read: s.head_bytes_read,
             bytes_avoided: s.bytes_avoided,
             peak_rss_bytes: crate::system::ProcessMemory::now().peak_rss,
             forward_passes: batches.passes.load(Ordering::Relaxed),

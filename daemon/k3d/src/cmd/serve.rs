@@ -67,6 +67,11 @@ pub struct Args {
     /// headroom, which may be zero: sessions then wait on disk between turns].
     #[arg(long)]
     session_gb: Option<f64>,
+    /// Also serve the OpenAI-compatible HTTP API here: unix:PATH (same access rules as
+    /// --socket; callers identified by uid) or IP:PORT (loopback unless `http_api_keys` is set
+    /// in --config). Repeatable.
+    #[arg(long = "http", value_name = "unix:PATH|IP:PORT")]
+    http: Vec<crate::http::Endpoint>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -92,6 +97,13 @@ struct ConfigFile {
     max_tokens_cap: Option<usize>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
+    /// `--http` endpoints; the command line's replace the file's.
+    http: Option<Vec<String>>,
+    /// Bearer keys the HTTP API accepts on TCP. Only here, never on the command line, which
+    /// every user of the machine can read (`ps`); keep the file mode 0600 or 0640.
+    http_api_keys: Option<Vec<String>>,
+    /// Largest HTTP request body in bytes (larger gets 413).
+    http_body_limit: Option<usize>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -258,6 +270,34 @@ pub fn run(args: Args) -> CliResult {
         })
         .map_err(|e| usage(e.to_string()))?;
     check_model_dir(&model)?;
+    let http = if args.http.is_empty() {
+        file.http
+            .unwrap_or_default()
+            .iter()
+            .map(|e| e.parse().map_err(|m| usage(format!("--config: http {m}"))))
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        args.http
+    };
+    let keys = file.http_api_keys.unwrap_or_default();
+    if keys.iter().any(|k| k.trim().is_empty() || k.trim() != k) {
+        return Err(usage(
+            "--config: http_api_keys holds an empty key or one with surrounding spaces".into(),
+        ));
+    }
+    crate::http::check_exposure(&http, !keys.is_empty()).map_err(usage)?;
+    let body_limit = file
+        .http_body_limit
+        .unwrap_or(crate::http::DEFAULT_BODY_LIMIT);
+    if body_limit == 0 {
+        return Err(usage("--config: http_body_limit must be at least 1".into()));
+    }
+    let http_settings = crate::http::Settings {
+        keys,
+        body_limit,
+        model_id: model_id(&model),
+        budget_bytes: model_options.plan.budget.ram,
+    };
     server::run(server::Config {
         model,
         socket: server::SocketSpec {
@@ -279,5 +319,14 @@ pub fn run(args: Args) -> CliResult {
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
         session_bytes,
+        http,
+        http_settings,
     })
+}
+
+/// The model's id in the HTTP API: the checkpoint directory's name (`tiny`, `Kimi-K3`).
+fn model_id(dir: &Path) -> String {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    dir.file_name()
+        .map_or_else(|| "k3".to_string(), |n| n.to_string_lossy().into_owned())
 }

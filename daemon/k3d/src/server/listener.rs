@@ -127,7 +127,8 @@ fn activated() -> anyhow::Result<Option<UnixListener>> {
     Ok(Some(socket))
 }
 
-fn bind(spec: &SocketSpec) -> anyhow::Result<UnixListener> {
+/// Binds a Unix socket at `spec.path` with its access rules (also the HTTP API's `unix:PATH`).
+pub fn bind(spec: &SocketSpec) -> anyhow::Result<UnixListener> {
     let path = &spec.path;
     let gid = match &spec.group {
         None => None,

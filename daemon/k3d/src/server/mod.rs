@@ -1,7 +1,8 @@
 //! `k3d serve`: the daemon. The serve core (`k3_engine::serve`) owns the engine on its
 //! scheduler thread, the admission queue, sessions and every request rule; this module is the
 //! gRPC transport onto it: tokio serves the `k3.v1` service (`service`, `convert`, `status`) on
-//! a Unix socket (`listener`).
+//! a Unix socket (`listener`) and, with `--http`, the OpenAI-compatible HTTP API (`crate::http`)
+//! on the same core.
 //!
 //! Lifecycle: a model that cannot be loaded ends the daemon with its one-line error and the
 //! exit code of its class (so systemd's `Restart=` and `systemctl status` see it). On
@@ -17,7 +18,7 @@ mod listener;
 mod service;
 mod status;
 
-pub use listener::SocketSpec;
+pub use listener::{SocketSpec, bind as bind_socket};
 
 use crate::exit::{CliError, CliResult, Exit};
 use anyhow::Context;
@@ -54,6 +55,9 @@ pub struct Config {
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
+    /// The HTTP API's endpoints (`--http`, none = no HTTP) and settings.
+    pub http: Vec<crate::http::Endpoint>,
+    pub http_settings: crate::http::Settings,
 }
 
 /// How the serving loop ended.
@@ -92,6 +96,11 @@ pub fn run(cfg: Config) -> CliResult {
     let core = Arc::new(core);
     // Before any thread starts: binding changes the process umask for an instant.
     let listener = Listener::open(&cfg.socket)?;
+    let http = crate::http::bind(&cfg.http, cfg.socket.mode, cfg.socket.group.as_deref())
+        .inspect_err(|_| listener.remove())?;
+    for b in &http {
+        log!("HTTP API on {}", b.describe());
+    }
     log!(
         "listening on {} (max {} active, {} queued; pid {})",
         listener.describe(),
@@ -119,8 +128,20 @@ pub fn run(cfg: Config) -> CliResult {
         core: Arc::clone(&core),
         threads: cfg.threads,
     };
-    let result = runtime.block_on(serve(&listener, service, &core, signals, cfg.grace));
+    let unix_http: Vec<_> = http.iter().filter_map(crate::http::Bound::path).collect();
+    let app = crate::http::App::new(Arc::clone(&core), cfg.http_settings);
+    let result = runtime.block_on(serve(
+        &listener,
+        service,
+        Http { app, bound: http },
+        &core,
+        signals,
+        cfg.grace,
+    ));
     listener.remove();
+    for path in unix_http {
+        let _ = std::fs::remove_file(path);
+    }
     if !core.join(UNWIND_LIMIT) && !matches!(core.health(), Health::Loading { .. }) {
         log!("the scheduler did not stop within {UNWIND_LIMIT:?}; exiting anyway");
     }
@@ -145,6 +166,12 @@ struct Signals {
     interrupt: tokio::signal::unix::Signal,
 }
 
+/// The HTTP API: its app on the core and its bound endpoints (none without `--http`).
+struct Http {
+    app: Arc<crate::http::App>,
+    bound: Vec<crate::http::Bound>,
+}
+
 /// Resolves once the model's load has failed.
 async fn load_failure(core: &Core) -> Arc<k3_engine::engine::EngineError> {
     loop {
@@ -158,6 +185,7 @@ async fn load_failure(core: &Core) -> Arc<k3_engine::engine::EngineError> {
 async fn serve(
     listener: &Listener,
     service: service::Service,
+    http: Http,
     core: &Arc<Core>,
     mut signals: Signals,
     grace: Duration,
@@ -170,6 +198,9 @@ async fn serve(
         tokio::net::UnixListener::from_std(socket).context("registering the socket")?,
     );
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    // Without endpoints the HTTP task ends at once: only a failure of a real one ends serving.
+    let serving_http = !http.bound.is_empty();
+    let mut http = tokio::spawn(crate::http::serve(http.app, http.bound, stop_rx.clone()));
     let svc = EngineServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -190,6 +221,13 @@ async fn serve(
                 Ok(Ok(())) => Ok(Ended::Signal("the server ended")),
                 Ok(Err(e)) => Err(e).context("serving"),
                 Err(e) => Err(e).context("the server task"),
+            };
+        }
+        finished = &mut http, if serving_http => {
+            return match finished {
+                Ok(Ok(())) => Ok(Ended::Signal("the HTTP server ended")),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(e).context("the HTTP server task"),
             };
         }
     };
@@ -215,7 +253,16 @@ async fn serve(
         log!("grace period over: cancelling what is still running");
         core.stop_all();
     }
-    match tokio::time::timeout(UNWIND_LIMIT, server).await {
+    let unwound = tokio::time::timeout(UNWIND_LIMIT, async {
+        let (grpc, http) = tokio::join!(server, http);
+        match http {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log_err!("HTTP: {e:#}"),
+            Err(e) => log_err!("the HTTP server task: {e}"),
+        }
+        grpc
+    });
+    match unwound.await {
         Ok(Ok(Ok(()))) => Ok(ended),
         Ok(Ok(Err(e))) => Err(e).context("serving"),
         Ok(Err(e)) => Err(e).context("the server task"),

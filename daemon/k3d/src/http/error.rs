@@ -1,0 +1,172 @@
+//! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with the
+//! status the SDKs map to their exception classes (OpenAI's API reference, "Error codes").
+//! `from_serve` is the one place the serve core's refusals and failures become HTTP.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use k3_engine::serve::ServeError;
+use k3_engine::session::StoreError;
+
+/// Seconds a client is told to wait before retrying a 429 or 503.
+const RETRY_AFTER_SECONDS: u32 = 1;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault (`messages[2].content`), for 400s.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// A 400 naming the field at fault.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: Some(param.into()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, message)
+        }
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(StatusCode::UNAUTHORIZED, message)
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn unknown_model(model: &str, served: &str) -> ApiError {
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..ApiError::not_found(format!(
+                "the model {model:?} does not exist here; this daemon serves {served:?} (GET /v1/models)"
+            ))
+        }
+    }
+
+    pub fn too_large(limit: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body exceeds the limit of {limit} bytes (http_body_limit in the config)"
+            ),
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// The serve core refused or failed a request. `param` names the field a 400 is about
+    /// when the transport knows it (the core's messages name the value, not our field names).
+    pub fn from_serve(e: &ServeError, param: Option<&str>) -> ApiError {
+        let message = e.to_string();
+        let status = match e {
+            ServeError::Invalid(_) => {
+                return ApiError {
+                    param: param.map(str::to_string),
+                    ..ApiError::new(StatusCode::BAD_REQUEST, message)
+                };
+            }
+            ServeError::Busy(_) => {
+                return ApiError {
+                    code: Some("queue_full"),
+                    ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)
+                };
+            }
+            ServeError::ShuttingDown | ServeError::ModelFailed(_) | ServeError::SessionsLoading => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            // 499 is nginx's "client closed request": only a log ever sees it.
+            ServeError::Cancelled(_)
+            | ServeError::CancelledQueued(_)
+            | ServeError::Abandoned
+            | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            ServeError::Session(s) => match s.as_ref() {
+                StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
+                StoreError::NotFound(_) => StatusCode::NOT_FOUND,
+                StoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+                StoreError::Busy { .. } => StatusCode::CONFLICT,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            ServeError::UnknownRequest(_) => StatusCode::NOT_FOUND,
+            ServeError::SessionsUnavailable(_) | ServeError::Model(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        ApiError::new(status, message)
+    }
+
+    /// The `type` OpenAI gives each status.
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The JSON body alone, for errors that arrive inside an event stream.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::to_value(Body {
+            error: Detail {
+                message: &self.message,
+                kind: self.kind(),
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.json())).into_response();
+        if matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        response
+    }
+}

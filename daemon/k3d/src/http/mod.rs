@@ -1,0 +1,294 @@
+//! The OpenAI-compatible HTTP API (`k3d serve --http unix:PATH | IP:PORT`): HTTP/1.1 with
+//! Server-Sent Events, served by axum on the daemon's tokio runtime beside gRPC, as a thin
+//! mapping onto the same serve core (`k3_engine::serve::Core`: validation, admission queue,
+//! batching, sessions), exactly as the gRPC service is.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics`; anything else is a 404 in OpenAI's error shape.
+//!
+//! Who may connect: on a Unix socket, whoever the socket's file mode lets in, identified by
+//! uid (SO_PEERCRED) exactly as on the gRPC socket; on TCP, with `http_api_keys` in the config
+//! file, only requests bearing one (`Authorization: Bearer KEY`); `/health` needs no key so
+//! supervisors can probe it.
+
+mod completions;
+mod error;
+mod listen;
+mod metrics;
+mod reply;
+mod request;
+
+pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
+
+use k3_engine::serve::{Core, Health};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use error::ApiError;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Largest request body accepted when the config does not say (`http_body_limit`).
+pub const DEFAULT_BODY_LIMIT: usize = 8 << 20;
+
+/// The HTTP API's settings, from the command line and the config file.
+pub struct Settings {
+    /// Bearer keys accepted on TCP (config file only: a command line is visible to every user).
+    pub keys: Vec<String>,
+    pub body_limit: usize,
+    /// The id `/v1/models` lists and requests must name.
+    pub model_id: String,
+    /// The RAM budget the model is planned in, for `/metrics`.
+    pub budget_bytes: Option<u64>,
+}
+
+pub struct App {
+    core: Arc<Core>,
+    settings: Settings,
+    /// When the daemon started (`/v1/models`' `created`).
+    created: u64,
+    metrics: metrics::Metrics,
+}
+
+impl App {
+    pub fn new(core: Arc<Core>, settings: Settings) -> Arc<App> {
+        let metrics = metrics::Metrics::new(Arc::clone(&core), settings.budget_bytes);
+        Arc::new(App {
+            core,
+            settings,
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            metrics,
+        })
+    }
+
+    fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if model == self.settings.model_id {
+            Ok(())
+        } else {
+            Err(ApiError::unknown_model(model, &self.settings.model_id))
+        }
+    }
+
+    /// Generation needs the model loaded: 503 (with Retry-After, which SDKs honour) before.
+    fn check_ready(&self) -> Result<(), ApiError> {
+        match self.core.health() {
+            Health::Ready => Ok(()),
+            Health::Loading { done, total } => Err(ApiError::unavailable(format!(
+                "the model is loading (step {} of {total}); retry shortly",
+                done + 1
+            ))),
+            Health::Failed(e) => Err(ApiError::unavailable(format!(
+                "the model failed to load, so k3d cannot generate: {e}"
+            ))),
+        }
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    complete(app, peer, request, completions::Shape::Chat)
+                },
+            ),
+        )
+        .route(
+            "/v1/completions",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    complete(app, peer, request, completions::Shape::Text)
+                },
+            ),
+        )
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { ApiError::not_found("no such route (see GET /v1/models)") })
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
+        .with_state(app)
+}
+
+/// Authentication and per-request accounting, around every route.
+async fn guard(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = match authorise(&app, peer, request.headers(), &endpoint) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    };
+    app.metrics.request(&endpoint, response.status().as_u16());
+    response
+}
+
+fn authorise(app: &App, peer: Peer, headers: &HeaderMap, endpoint: &str) -> Result<(), ApiError> {
+    let keys = &app.settings.keys;
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::unauthorized("an API key is required: Authorization: Bearer KEY")
+        })?;
+    if keys
+        .iter()
+        .any(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
+    {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized(
+            "the API key is not one of this daemon's keys",
+        ))
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body, at most `http_body_limit` bytes (413 beyond).
+async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
+    let limit = app.settings.body_limit;
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::too_large(limit))
+}
+
+/// `POST /v1/chat/completions` and `/v1/completions`.
+async fn complete(
+    app: Arc<App>,
+    peer: Peer,
+    request: Request,
+    shape: completions::Shape,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let bytes = body(&app, request.into_body()).await?;
+    completions::complete(app, peer, shape, &bytes, arrived).await
+}
+
+fn model_entry(app: &App) -> serde_json::Value {
+    json!({
+        "id": app.settings.model_id,
+        "object": "model",
+        "created": app.created,
+        "owned_by": "k3d",
+    })
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(json!({"object": "list", "data": [model_entry(&app)]})).into_response()
+}
+
+async fn model(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    app.check_model(&id)?;
+    Ok(axum::Json(model_entry(&app)).into_response())
+}
+
+/// `{"status": "loading", "progress": {"done", "total"}}` (503), `{"status": "ready"}` (200),
+/// `{"status": "failed", "error"}` (503), `{"status": "shutting_down"}` (503).
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let status = app.core.status();
+    let (status, body) = match (&status.health, status.accepting) {
+        (_, false) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"}),
+        ),
+        (Health::Ready, true) => (
+            StatusCode::OK,
+            json!({"status": "ready", "model": app.settings.model_id}),
+        ),
+        (Health::Loading { done, total }, true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "loading", "progress": {"done": done, "total": total}}),
+        ),
+        (Health::Failed(e), true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "failed", "error": e.to_string()}),
+        ),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let text = app
+        .metrics
+        .render()
+        .map_err(|e| ApiError::internal(format!("encoding the metrics: {e}")))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// Serves every bound endpoint until `stop` turns true, then lets open responses finish
+/// (the serve core cancels what the shutdown grace does not allow).
+pub async fn serve(
+    app: Arc<App>,
+    bound: Vec<Bound>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut tasks = tokio::task::JoinSet::new();
+    for b in bound {
+        let router = router(Arc::clone(&app));
+        let mut stop = stop.clone();
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        match b {
+            Bound::Unix { socket, .. } => {
+                let listener = tokio::net::UnixListener::from_std(socket)
+                    .context("registering the HTTP Unix socket")?;
+                let service = router.into_make_service_with_connect_info::<Peer>();
+                tasks.spawn(async move {
+                    axum::serve(listener, service)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                });
+            }
+            Bound::Tcp(socket) => {
+                let listener = tokio::net::TcpListener::from_std(socket)
+                    .context("registering the HTTP socket")?;
+                let service = router.into_make_service_with_connect_info::<Peer>();
+                tasks.spawn(async move {
+                    axum::serve(listener, service)
+                        .with_graceful_shutdown(shutdown)
+                        .await
+                });
+            }
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.context("the HTTP server task")?
+            .context("serving HTTP")?;
+    }
+    Ok(())
+}

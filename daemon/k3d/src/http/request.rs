@@ -1,0 +1,508 @@
+//! OpenAI request bodies to the serve core's requests (`k3_engine::serve::Request`, a chat as the
+//! chat layer's typed `Conversation` with its tools). Fields are read one by one from the JSON
+//! object so a wrong value is a 400 naming exactly its field (`param`), and unknown fields are
+//! ignored as clients expect (they send `user`, `metadata`, `store`, ...); known fields k3
+//! cannot honour (`n > 1`, `logprobs`, non-text content parts, a named `tool_choice`) are
+//! refused, never ignored.
+
+use super::error::ApiError;
+use k3_engine::engine::Sampling;
+use k3_engine::serve::{Prompt, Request};
+use k3_engine::tokenizer::chat::{
+    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+/// A request body as a JSON object whose fields are taken by name.
+pub struct Fields(Map<String, Value>);
+
+impl Fields {
+    pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(Value::Object(map)) => Ok(Fields(map)),
+            Ok(_) => Err(ApiError::invalid(
+                "",
+                "the request body must be a JSON object",
+            )),
+            Err(e) => Err(ApiError::invalid(
+                "",
+                format!("the request body is not JSON: {e}"),
+            )),
+        }
+    }
+
+    /// The field `name` as a `T`; absent and `null` are `None`.
+    pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        value(name, self.0.get(name))
+    }
+
+    pub fn require<T: DeserializeOwned>(&self, name: &str) -> Result<T, ApiError> {
+        self.get(name)?
+            .ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required")))
+    }
+}
+
+fn value<T: DeserializeOwned>(name: &str, v: Option<&Value>) -> Result<Option<T>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| ApiError::invalid(name, format!("`{name}`: {e}"))),
+    }
+}
+
+/// `stop`: one string or a list of them.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// What chat and text completions share: sampling, limits, streaming.
+pub struct Common {
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// New tokens at most; `None` = the daemon's default.
+    pub max_tokens: Option<usize>,
+    pub sampling: Sampling,
+    pub stop_strings: Vec<String>,
+}
+
+impl Common {
+    /// The core's request for `prompt` with these options.
+    pub fn request(&self, prompt: Prompt) -> Request {
+        Request {
+            max_tokens: self.max_tokens,
+            sampling: self.sampling.clone(),
+            stop_strings: self.stop_strings.clone(),
+            ..Request::new(prompt)
+        }
+    }
+}
+
+/// `max_tokens_fields` are the names the endpoint accepts for the output limit, in the order
+/// OpenAI documents them (chat: `max_completion_tokens` supersedes `max_tokens`).
+pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
+    let model: String = f.require("model")?;
+    if let Some(n) = f.get::<u64>("n")?
+        && n != 1
+    {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` = {n}: k3 generates one choice (n = 1)"),
+        ));
+    }
+    // Chat takes a bool, completions an integer; either asks for what k3 does not return.
+    match f.get::<Value>("logprobs")? {
+        None | Some(Value::Bool(false)) => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                "k3 does not return log probabilities",
+            ));
+        }
+    }
+    let mut max_tokens = None;
+    for name in max_tokens_fields {
+        if let Some(n) = f.get::<usize>(name)? {
+            if n == 0 {
+                return Err(ApiError::invalid(
+                    *name,
+                    format!("`{name}` must be at least 1"),
+                ));
+            }
+            max_tokens = Some(n);
+            break;
+        }
+    }
+    let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
+    if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
+        return Err(ApiError::invalid(
+            "temperature",
+            "`temperature` must be between 0 and 2",
+        ));
+    }
+    let top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
+    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
+    }
+    let seed = match f.get::<i64>("seed")? {
+        // OpenAI's seed is a signed integer; the engine's is its bits.
+        Some(s) => s as u64,
+        None => 0,
+    };
+    let stop_strings = match f.get::<Stop>("stop")? {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string is empty"));
+    }
+    let stream = f.get::<bool>("stream")?.unwrap_or(false);
+    #[derive(serde::Deserialize)]
+    struct StreamOptions {
+        #[serde(default)]
+        include_usage: bool,
+    }
+    let include_usage = f
+        .get::<StreamOptions>("stream_options")?
+        .is_some_and(|o| o.include_usage);
+    Ok(Common {
+        model,
+        stream,
+        include_usage,
+        max_tokens,
+        sampling: Sampling {
+            temperature,
+            top_p,
+            top_k: 0,
+            seed,
+        },
+        stop_strings,
+    })
+}
+
+/// `POST /v1/chat/completions`.
+pub struct ChatParams {
+    pub common: Common,
+    pub request: Request,
+}
+
+pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
+    let common = common(f, &["max_completion_tokens", "max_tokens"])?;
+    let raw: Vec<Value> = f.require("messages")?;
+    if raw.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` is empty"));
+    }
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tools = tools(f)?;
+    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let conversation = Conversation {
+        messages,
+        thinking: thinking(f)?,
+        generation_prompt: true,
+        tools,
+        tool_choice,
+        response_format: response_format(f)?,
+    };
+    Ok(ChatParams {
+        request: common.request(Prompt::Chat(conversation)),
+        common,
+    })
+}
+
+/// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
+fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
+    let Some(raw) = f.get::<Vec<Value>>("tools")? else {
+        return Ok(Vec::new());
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let at = |field: &str| format!("tools[{i}]{field}");
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(ApiError::invalid(
+                    at(".type"),
+                    "k3 declares function tools only (`\"type\": \"function\"`)",
+                ));
+            }
+            let function = t
+                .get("function")
+                .filter(|v| v.is_object())
+                .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
+            let name: String = value(&at(".function.name"), function.get("name"))?
+                .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
+            if name.is_empty() {
+                return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
+            }
+            let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
+            if parameters.as_ref().is_some_and(|p| !p.is_object()) {
+                return Err(ApiError::invalid(
+                    at(".function.parameters"),
+                    "`parameters` must be a JSON schema object",
+                ));
+            }
+            Ok(Tool {
+                name,
+                description: value(&at(".function.description"), function.get("description"))?,
+                parameters,
+            })
+        })
+        .collect()
+}
+
+/// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in
+/// the template (spec §8.2), so it is refused rather than rendered as something weaker.
+fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+    let choice = match f.get::<Value>("tool_choice")? {
+        None => return Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice {other:?}: use auto, none or required"),
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a named function cannot be forced with K3's template: use auto, none or required",
+            ));
+        }
+    };
+    if choice == ToolChoice::Required && !has_tools {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice \"required\" needs at least one tool in `tools`",
+        ));
+    }
+    Ok(choice)
+}
+
+/// `response_format`: `{"type": "text" | "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"schema": {...}}}`.
+fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
+    let Some(format) = f.get::<Value>("response_format")? else {
+        return Ok(ResponseFormat::Text);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(ResponseFormat::Text),
+        Some("json_object") => Ok(ResponseFormat::JsonObject),
+        Some("json_schema") => format
+            .get("json_schema")
+            .and_then(|s| s.get("schema"))
+            .filter(|s| s.is_object())
+            .cloned()
+            .map(ResponseFormat::JsonSchema)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    "a json_schema response format needs `json_schema.schema` (an object)",
+                )
+            }),
+        other => Err(ApiError::invalid(
+            "response_format.type",
+            format!(
+                "response_format type {:?}: use text, json_object or json_schema",
+                other.unwrap_or("(none)")
+            ),
+        )),
+    }
+}
+
+/// `reasoning_effort` and the `thinking` extension to K3's thinking switch and effort
+/// (the chat layer's `Thinking::from_openai`: `none` → off; `minimal`/`low` → low; `medium`
+/// and `high` → high; `max` (and OpenAI's `xhigh`) → max; unset → on with effort max, the
+/// official default). `"thinking": {"type": "enabled" | "disabled"}` (the Kimi/DeepSeek APIs'
+/// switch) or a bare bool sets the switch; off with an effort is a contradiction, refused.
+fn thinking(f: &Fields) -> Result<Thinking, ApiError> {
+    let effort = f.get::<String>("reasoning_effort")?;
+    let effort = match effort.as_deref() {
+        Some("xhigh") => Some("max"),
+        other => other,
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Switch {
+        Bool(bool),
+        Typed {
+            #[serde(rename = "type")]
+            kind: String,
+        },
+    }
+    let switch = match f.get::<Switch>("thinking")? {
+        None => None,
+        Some(Switch::Bool(b)) => Some(b),
+        Some(Switch::Typed { kind }) => match kind.as_str() {
+            "enabled" => Some(true),
+            "disabled" => Some(false),
+            other => {
+                return Err(ApiError::invalid(
+                    "thinking",
+                    format!("thinking.type {other:?}: use \"enabled\" or \"disabled\""),
+                ));
+            }
+        },
+    };
+    Thinking::from_openai(switch, effort).map_err(|e| {
+        let param = if effort.is_some() {
+            "reasoning_effort"
+        } else {
+            "thinking"
+        };
+        ApiError::invalid(param, e.to_string())
+    })
+}
+
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Value::Object(m) = m else {
+        return Err(ApiError::invalid(
+            format!("messages[{i}]"),
+            "a message must be an object",
+        ));
+    };
+    let role: String = value(&at("role"), m.get("role"))?
+        .ok_or_else(|| ApiError::invalid(at("role"), "every message needs a `role`"))?;
+    let role = match role.as_str() {
+        // OpenAI's newer name for system instructions.
+        "system" | "developer" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        other => {
+            return Err(ApiError::invalid(
+                at("role"),
+                format!("role {other:?}: use system, developer, user, assistant or tool"),
+            ));
+        }
+    };
+    let content = content(&at("content"), m.get("content"))?;
+    let text = |field: &str| -> Result<Option<String>, ApiError> {
+        Ok(value::<String>(&at(field), m.get(field))?.filter(|s| !s.is_empty()))
+    };
+    let tool_calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| tool_call(&at(&format!("tool_calls[{j}]")), c))
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                at("tool_calls"),
+                "`tool_calls` must be a list",
+            ));
+        }
+    };
+    Ok(Message {
+        reasoning: text("reasoning_content")?,
+        name: text("name")?,
+        tool_calls,
+        tool_call_id: text("tool_call_id")?,
+        ..Message::new(role, content)
+    })
+}
+
+/// An assistant message's `tool_calls[j]`: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, arguments as JSON text (checked by the template when it renders them).
+fn tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
+    let function = c
+        .get("function")
+        .filter(|v| v.is_object())
+        .ok_or_else(|| ApiError::invalid(format!("{at}.function"), "a tool call needs `function`"))?;
+    let field = |v: Option<&Value>, name: &str| -> Result<String, ApiError> {
+        value::<String>(&format!("{at}.{name}"), v)?
+            .ok_or_else(|| ApiError::invalid(format!("{at}.{name}"), format!("`{name}` is required")))
+    };
+    Ok(ToolCall {
+        id: field(c.get("id"), "id")?,
+        name: field(function.get("name"), "function.name")?,
+        arguments: field(function.get("arguments"), "function.arguments")?,
+    })
+}
+
+/// `content`: a string, a list of `{"type": "text", "text": ...}` parts (joined in order), or
+/// absent/null (an assistant turn that only called tools).
+pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let at = format!("{param}[{j}]");
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("text"), None) => {
+                        return Err(ApiError::invalid(at, "a text part needs `text`"));
+                    }
+                    (other, _) => {
+                        return Err(ApiError::invalid(
+                            at,
+                            format!(
+                                "content part type {:?}: k3 reads text parts only",
+                                other.unwrap_or("(none)")
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::invalid(
+            param,
+            "`content` must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// `POST /v1/completions`: the prompt as text or token ids, continued without a template.
+pub struct CompletionParams {
+    pub common: Common,
+    pub request: Request,
+}
+
+pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
+    let common = common(f, &["max_tokens"])?;
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Text(String),
+        Ids(Vec<u32>),
+        // One prompt per choice: k3 makes one choice, so a list holds exactly one.
+        Texts(Vec<String>),
+        IdLists(Vec<Vec<u32>>),
+    }
+    let one = |n: usize| {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                "prompt",
+                format!("{n} prompts given: k3 completes one per request"),
+            ))
+        }
+    };
+    let prompt = match f.require::<Given>("prompt")? {
+        Given::Text(t) => Prompt::Text(t),
+        Given::Ids(ids) => Prompt::Ids(ids),
+        Given::Texts(mut v) => {
+            one(v.len())?;
+            Prompt::Text(v.remove(0))
+        }
+        Given::IdLists(mut v) => {
+            one(v.len())?;
+            Prompt::Ids(v.remove(0))
+        }
+    };
+    for refused in ["suffix", "echo", "best_of"] {
+        match f.get::<Value>(refused)? {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Number(n)) if refused == "best_of" && n.as_u64() == Some(1) => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    refused,
+                    format!("k3 does not support `{refused}`"),
+                ));
+            }
+        }
+    }
+    Ok(CompletionParams {
+        request: common.request(prompt),
+        common,
+    })
+}

@@ -1,0 +1,429 @@
+//! The OpenAI-compatible HTTP API of a real `k3d serve` on the tiny model: the official
+//! `openai` Python package drives it (tests/http/, in the venv tests/run.sh installs), against
+//! what gRPC answers for the same requests; loading and start-up refusals are checked here.
+
+#[path = "e2e_support.rs"]
+mod support;
+
+use k3proto::v1 as pb;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::*;
+
+const KEY: &str = "k3-test-key-0123456789";
+const BODY_LIMIT: usize = 65536;
+
+/// The venv tests/run.sh creates; the tests refuse to run without it rather than skip.
+fn python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join("target/venv-http/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: the HTTP tests need the official `openai` package in that venv; \
+         run ./tests/run.sh (it creates it)",
+        python.display()
+    );
+    python
+}
+
+fn tests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("http")
+}
+
+/// The TCP address the daemon logged for `--http 127.0.0.1:0`.
+fn tcp_url(d: &Daemon) -> String {
+    d.wait_for_log("HTTP API on http://", Duration::from_secs(10));
+    let log = d.log_text();
+    let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
+    log[at..].lines().next().expect("a line").trim().to_string()
+}
+
+/// One HTTP/1.1 exchange over a Unix socket: (status, headers, body).
+fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut s = UnixStream::connect(socket).expect("connect to the HTTP socket");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: k3d\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the response");
+    let (head, body) = out.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+fn texts_by_channel(r: &Collected) -> (String, String, usize) {
+    let (mut reasoning, mut response, mut reasoning_tokens) = (String::new(), String::new(), 0);
+    for e in &r.events {
+        if let pb::event::Event::Token(t) = e {
+            match pb::Channel::try_from(t.channel) {
+                Ok(pb::Channel::Reasoning) => {
+                    reasoning_tokens += 1;
+                    reasoning.push_str(&t.text);
+                }
+                Ok(pb::Channel::Response) => response.push_str(&t.text),
+                _ => {}
+            }
+        }
+    }
+    (reasoning, response, reasoning_tokens)
+}
+
+/// gRPC's answer to a chat, in the shape the Python tests compare with.
+async fn chat_reference(
+    c: &mut k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+    thinking: pb::Thinking,
+    effort: pb::Effort,
+) -> serde_json::Value {
+    let messages = [("system", "You are terse."), ("user", "Name three rivers.")];
+    let max_tokens = 24;
+    let req = pb::ChatRequest {
+        messages: messages
+            .iter()
+            .map(|(role, content)| pb::ChatMessage {
+                role: if *role == "system" {
+                    pb::Role::System
+                } else {
+                    pb::Role::User
+                }
+                .into(),
+                content: content.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        thinking: thinking.into(),
+        effort: effort.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let r = collect(c.chat(req).await.expect("chat accepted").into_inner()).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let done = r.done.clone().expect("Done");
+    let (reasoning, mut response, reasoning_tokens) = texts_by_channel(&r);
+    response.push_str(&done.trailing_text);
+    serde_json::json!({
+        "messages": messages.iter().map(|(r, c)| serde_json::json!({"role": r, "content": c})).collect::<Vec<_>>(),
+        "max_tokens": max_tokens,
+        "reasoning": reasoning,
+        "response": response,
+        "reasoning_tokens": reasoning_tokens,
+        "prompt_tokens": done.prompt_tokens,
+        "generated_tokens": done.generated_tokens,
+        "stop_reason": if done.stop_reason == pb::StopReason::MaxTokens as i32 { "max_tokens" } else { "stop" },
+    })
+}
+
+/// gRPC's answer to a conversation with a tool declared, a call in its history and the
+/// call's result (spec §8.2): the Python tests send the same through `tools`, `tool_calls`
+/// and a `role: "tool"` message and must get the same prompt and reply.
+async fn tools_reference(
+    c: &mut k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+) -> serde_json::Value {
+    let parameters = r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
+    let message = |role: pb::Role, content: &str| pb::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+        ..Default::default()
+    };
+    let req = pb::ChatRequest {
+        messages: vec![
+            message(pb::Role::User, "Weather in Paris?"),
+            pb::ChatMessage {
+                tool_calls: vec![pb::ToolCall {
+                    id: "call_0".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city": "Paris"}"#.into(),
+                }],
+                ..message(pb::Role::Assistant, "")
+            },
+            pb::ChatMessage {
+                tool_call_id: "call_0".into(),
+                ..message(pb::Role::Tool, "sunny, 21 C")
+            },
+        ],
+        thinking: pb::Thinking::Off.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens: 12,
+            ..Default::default()
+        }),
+        tools: vec![pb::Tool {
+            name: "get_weather".into(),
+            description: "Current weather of a city".into(),
+            parameters: parameters.into(),
+        }],
+        tool_choice: pb::ToolChoice::Auto.into(),
+        ..Default::default()
+    };
+    let r = collect(c.chat(req).await.expect("chat accepted").into_inner()).await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let done = r.done.clone().expect("Done");
+    let (_, mut response, _) = texts_by_channel(&r);
+    response.push_str(&done.trailing_text);
+    serde_json::json!({
+        "parameters": serde_json::from_str::<serde_json::Value>(parameters).expect("schema"),
+        "max_tokens": 12,
+        "response": response,
+        "prompt_tokens": done.prompt_tokens,
+        "tool_calls": done.tool_calls.len(),
+    })
+}
+
+#[tokio::test]
+async fn the_openai_python_client_gets_what_grpc_gets() {
+    let python = python();
+    let tmp = scratch("http-openai");
+    let dir = tmp.path();
+    let http_socket = dir.join("http.sock");
+    let config = dir.join("k3d.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "http = [\"unix:{}\", \"127.0.0.1:0\"]\nhttp_api_keys = [\"{KEY}\"]\nhttp_body_limit = {BODY_LIMIT}\n",
+            http_socket.display()
+        ),
+    )
+    .expect("write the config");
+    let socket = dir.join("k3d.sock");
+    let config_arg = config.display().to_string();
+    let d = Daemon::start(
+        tiny_model(),
+        &socket,
+        &[
+            "--config",
+            &config_arg,
+            "--max-active",
+            "1",
+            "--max-queue",
+            "0",
+        ],
+    );
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    let url = tcp_url(&d);
+    let off = chat_reference(&mut c, pb::Thinking::Off, pb::Effort::Default).await;
+    let on = chat_reference(&mut c, pb::Thinking::On, pb::Effort::High).await;
+    let tools = tools_reference(&mut c).await;
+    let generated = generate(&mut c, ids_request(prompt(3), 8)).await;
+    assert!(generated.error.is_none(), "{:?}", generated.error);
+    let mut text = generated.text.clone();
+    text.push_str(&generated.done.as_ref().expect("Done").trailing_text);
+    let reference = serde_json::json!({
+        "chat_off": off,
+        "chat_on": on,
+        "tools": tools,
+        "generate": {"prompt_ids": prompt(3), "max_tokens": 8, "ids": generated.ids, "text": text},
+    });
+    let reference_path = dir.join("reference.json");
+    std::fs::write(&reference_path, reference.to_string()).expect("write the reference");
+    let model_id = std::fs::canonicalize(tiny_model())
+        .expect("model dir")
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .into_owned();
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"])
+        .arg(tests_dir().join("test_openai.py"))
+        .env("K3_HTTP_SOCKET", &http_socket)
+        .env("K3_HTTP_URL", &url)
+        .env("K3_HTTP_KEY", KEY)
+        .env("K3_MODEL", &model_id)
+        .env("K3_BODY_LIMIT", BODY_LIMIT.to_string())
+        .env("K3_REFERENCE", &reference_path)
+        .output()
+        .expect("run pytest");
+    let report = format!(
+        "{}{}\ndaemon log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log_text()
+    );
+    assert!(
+        out.status.success(),
+        "the openai client tests failed:\n{report}"
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn health_says_loading_and_generation_is_503_until_the_model_is_ready() {
+    let tmp = scratch("http-loading");
+    let dir = tmp.path();
+    // The `small` shape takes seconds to load: the HTTP socket is up long before it is ready.
+    let model = synth_model("small", &dir.join("small"));
+    let http_socket = dir.join("http.sock");
+    let endpoint = format!("unix:{}", http_socket.display());
+    let d = Daemon::start(&model, &dir.join("k3d.sock"), &["--http", &endpoint]);
+    d.wait_for_log("] loading ", Duration::from_secs(30));
+    let (status, _, body) = http(&http_socket, "GET", "/health", "");
+    assert_eq!(status, 503, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(health["status"], "loading", "{body}");
+    assert!(health["progress"]["total"].is_number(), "{body}");
+    let chat =
+        r#"{"model": "small", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let (status, head, body) = http(&http_socket, "POST", "/v1/chat/completions", chat);
+    assert_eq!(status, 503, "{body}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("loading"),
+        "{body}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _, body) = http(&http_socket, "GET", "/health", "");
+        if status == 200 {
+            assert!(body.contains("\"ready\""), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready in 60 s: {body}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, _, body) = http(&http_socket, "POST", "/v1/chat/completions", chat);
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(reply["usage"]["completion_tokens"], 2, "{body}");
+}
+
+#[test]
+fn a_non_loopback_http_address_without_keys_is_refused_at_start() {
+    let tmp = scratch("http-exposed");
+    let dir = tmp.path();
+    let out = Command::new(bin("k3d"))
+        .args(["serve", "--model"])
+        .arg(tiny_model())
+        .arg("--socket")
+        .arg(dir.join("k3d.sock"))
+        .args(["--http", "0.0.0.0:0"])
+        .output()
+        .expect("run k3d");
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("0.0.0.0:0") && err.contains("http_api_keys"),
+        "{err}"
+    );
+    assert!(!dir.join("k3d.sock").exists(), "nothing is left bound");
+}
+
+#[tokio::test]
+async fn the_neovim_plugin_streams_a_reply_into_a_split_and_cancels() {
+    let nvim = Path::new("/usr/bin/nvim");
+    assert!(
+        nvim.exists(),
+        "nvim is missing: the editor plugin test needs Debian's neovim (./tests/run.sh installs it)"
+    );
+    let tmp = scratch("http-nvim");
+    let dir = tmp.path();
+    let http_socket = dir.join("http.sock");
+    let endpoint = format!("unix:{}", http_socket.display());
+    let socket = dir.join("k3d.sock");
+    let _d = Daemon::start(tiny_model(), &socket, &["--http", &endpoint]);
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    let (_, _, models) = http(&http_socket, "GET", "/v1/models", "");
+    let models: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    let ask = |content: &str, max_tokens: u32| -> serde_json::Value {
+        let body = serde_json::json!({
+            "model": models["data"][0]["id"],
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens, "temperature": 0, "thinking": {"type": "disabled"},
+        });
+        let (code, _, reply) = http(
+            &http_socket,
+            "POST",
+            "/v1/chat/completions",
+            &body.to_string(),
+        );
+        assert_eq!(code, 200, "{reply}");
+        serde_json::from_str(&reply).expect("JSON")
+    };
+    // The cancel needs a reply still running when its first text arrives: the random model
+    // ends some turns within a few tokens, so take a prompt whose greedy reply runs 200.
+    let prompt = (0..40)
+        .map(|i| format!("Tell me story number {i}."))
+        .find(|p| ask(p, 200)["choices"][0]["finish_reason"] == "length")
+        .expect("a prompt with a long reply");
+    // What the plugin must show: the whole (non-streamed) reply to the same request.
+    let whole = ask(&prompt, 12);
+    let expected = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/editors/nvim");
+    let out_path = dir.join("reply.txt");
+    let before = status(&mut c).await.requests_cancelled;
+    let run = tokio::task::spawn_blocking({
+        let (plugin, out_path, http_socket, prompt) = (
+            plugin.clone(),
+            out_path.clone(),
+            http_socket.clone(),
+            prompt.clone(),
+        );
+        move || {
+            Command::new("/usr/bin/nvim")
+                .args(["--headless", "-u", "NONE", "-i", "NONE", "--cmd"])
+                .arg(format!("set rtp^={}", plugin.display()))
+                .arg("--cmd")
+                .arg("runtime! plugin/k3.lua")
+                .arg("-c")
+                .arg(format!(
+                    "luafile {}",
+                    tests_dir().join("nvim_headless.lua").display()
+                ))
+                .env("K3_HTTP_SOCKET", &http_socket)
+                .env("K3_OUT", &out_path)
+                .env("K3_PROMPT", &prompt)
+                .output()
+                .expect("run nvim")
+        }
+    })
+    .await
+    .expect("nvim task");
+    let error = std::fs::read_to_string(out_path.with_extension("txt.error")).unwrap_or_default();
+    assert!(
+        run.status.success() && error.is_empty(),
+        "nvim failed ({}): {error}\n{}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let reply = std::fs::read_to_string(&out_path).expect("the plugin wrote the reply");
+    assert_eq!(reply, expected, "the streamed split holds the whole reply");
+    let cancel =
+        std::fs::read_to_string(out_path.with_extension("txt.cancel")).expect("cancel result");
+    assert_eq!(cancel, "cancelled");
+    // Closing the connection stopped the compute.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let s = status(&mut c).await;
+        if s.active_requests == 0 {
+            assert_eq!(s.requests_cancelled, before + 1);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled reply still computes"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,302 @@
+"""The OpenAI-compatible HTTP API of a real `k3d serve`, through the official `openai` package.
+
+Started by `tests/e2e_http.rs`, which runs the daemon on the tiny model and passes, through the
+environment, where it listens and what gRPC answered for the same requests (K3_REFERENCE).
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+
+# openai >= 3 is built on httpx2 (httpx's successor; the same API): its transport takes `uds`.
+import httpx2 as httpx
+import openai
+import pytest
+
+SOCKET = os.environ["K3_HTTP_SOCKET"]
+URL = os.environ["K3_HTTP_URL"]
+KEY = os.environ["K3_HTTP_KEY"]
+MODEL = os.environ["K3_MODEL"]
+BODY_LIMIT = int(os.environ["K3_BODY_LIMIT"])
+with open(os.environ["K3_REFERENCE"]) as f:
+    REF = json.load(f)
+
+THINKING_OFF = {"thinking": {"type": "disabled"}}
+
+
+def unix_client(**kw):
+    # The Unix socket needs no key: the caller is known by uid. The SDK insists on some key.
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=SOCKET))
+    return openai.OpenAI(base_url="http://k3d/v1", api_key="unused", http_client=http, max_retries=0, **kw)
+
+
+def tcp_client(key=KEY):
+    return openai.OpenAI(base_url=URL + "/v1", api_key=key, max_retries=0)
+
+
+def raw():
+    return httpx.Client(transport=httpx.HTTPTransport(uds=SOCKET), base_url="http://k3d", timeout=30)
+
+
+def active_requests():
+    text = raw().get("/metrics").text
+    m = re.search(r"^k3d_active_requests (\d+)$", text, re.M)
+    assert m, text
+    return int(m.group(1))
+
+
+def chat(client, messages, **kw):
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model=MODEL, messages=messages, **kw)
+
+
+def test_models_over_the_socket_and_over_tcp_with_a_key():
+    for client in (unix_client(), tcp_client()):
+        models = client.models.list()
+        assert [m.id for m in models.data] == [MODEL]
+        assert client.models.retrieve(MODEL).id == MODEL
+
+
+def test_a_wrong_or_missing_key_is_401_on_tcp():
+    with pytest.raises(openai.AuthenticationError) as e:
+        tcp_client("wrong-key").models.list()
+    assert e.value.body["type"] == "authentication_error"
+    r = httpx.get(URL + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    # Supervisors probe /health without a key.
+    assert httpx.get(URL + "/health").json()["status"] == "ready"
+
+
+def test_chat_equals_grpc_for_the_same_conversation():
+    ref = REF["chat_off"]
+    r = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == ref["response"]
+    assert r.usage.prompt_tokens == ref["prompt_tokens"]
+    assert r.usage.completion_tokens == ref["generated_tokens"]
+    assert r.usage.total_tokens == ref["prompt_tokens"] + ref["generated_tokens"]
+    assert choice.finish_reason == ("length" if ref["stop_reason"] == "max_tokens" else "stop")
+
+
+def test_reasoning_arrives_as_reasoning_content():
+    ref = REF["chat_on"]
+    r = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"], reasoning_effort="high")
+    msg = r.choices[0].message
+    assert msg.reasoning_content == ref["reasoning"]
+    assert (msg.content or "") == ref["response"]
+    assert r.usage.completion_tokens_details.reasoning_tokens == ref["reasoning_tokens"]
+    assert r.usage.prompt_tokens == ref["prompt_tokens"]
+
+
+def test_streamed_equals_whole_for_greedy_over_tcp():
+    client = tcp_client()
+    for extra in (THINKING_OFF, {}):
+        msgs = [{"role": "user", "content": "Write a haiku about disks."}]
+        whole = chat(client, msgs, max_tokens=16, extra_body=extra)
+        chunks = list(chat(client, msgs, max_tokens=16, extra_body=extra, stream=True,
+                           stream_options={"include_usage": True}))
+        assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert all(c.choices[0].delta.role is None for c in chunks[1:-1])
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                            for c in chunks if c.choices)
+        assert content == (whole.choices[0].message.content or "")
+        assert reasoning == (getattr(whole.choices[0].message, "reasoning_content", None) or "")
+        finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == whole.choices[0].finish_reason
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_content_as_a_list_of_text_parts_equals_the_string():
+    text = "Tell me about the sea."
+    parts = [{"type": "text", "text": "Tell me "}, {"type": "text", "text": "about the sea."}]
+    client = unix_client()
+    a = chat(client, [{"role": "user", "content": text}], max_tokens=6, extra_body=THINKING_OFF)
+    b = chat(client, [{"role": "user", "content": parts}], max_tokens=6, extra_body=THINKING_OFF)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+             max_tokens=2)
+    assert e.value.body["param"] == "messages[0].content[0]"
+
+
+def test_a_stop_string_ends_the_reply_and_is_left_out():
+    ref = REF["chat_off"]
+    full = ref["response"]
+    # A stop string of ordinary text from the middle of the greedy reply (the random tiny model
+    # also emits reserved tokens, whose `<|...|>` text is not output text a stop string can
+    # match): the reply is cut just before its first occurrence.
+    specials = [m.span() for m in re.finditer(r"<\|[^|]*\|>", full)]
+    plain = lambda i: all(not (a <= i < b) for a, b in specials) and full[i] != "\ufffd"
+    starts = [i for i in range(len(full) - 2)
+              if all(plain(j) for j in range(i, i + 3)) and full.index(full[i:i + 3]) == i]
+    assert starts, f"no plain text in the reference reply: {full!r}"
+    at = starts[len(starts) // 2]
+    stop, cut = full[at:at + 3], full[:at]
+    client = unix_client()
+    r = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=[stop])
+    assert r.choices[0].message.content == cut
+    assert r.choices[0].finish_reason == "stop"
+    s = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=stop,
+             stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == cut
+
+
+def test_completions_with_token_ids_equal_grpc():
+    ref = REF["generate"]
+    client = unix_client()
+    r = client.completions.create(model=MODEL, prompt=ref["prompt_ids"], max_tokens=ref["max_tokens"], temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text == ref["text"]
+    assert r.usage.completion_tokens == len(ref["ids"])
+    assert r.usage.prompt_tokens == len(ref["prompt_ids"])
+    assert r.choices[0].finish_reason == "length"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=ref["prompt_ids"], max_tokens=ref["max_tokens"], temperature=0, stream=True) if c.choices)
+    assert streamed == ref["text"]
+    t = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=0)
+    assert t.usage.completion_tokens == 4
+
+
+def test_invalid_requests_are_400_naming_the_field():
+    client = unix_client()
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        (dict(n=2), "n"),
+        (dict(temperature=7), "temperature"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(logprobs=True), "logprobs"),
+        (dict(reasoning_effort="huge"), "reasoning_effort"),
+        (dict(extra_body={"thinking": {"type": "sometimes"}}), "thinking"),
+    ]
+    for kw, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, msgs, **kw)
+        assert e.value.body["param"] == param, (kw, e.value.body)
+        assert e.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "robot", "content": "hi"}])
+    assert e.value.body["param"] == "messages[0].role"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=msgs)
+    assert e.value.body["param"] == "model"
+    r = raw().post("/v1/nothing", json={})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = raw().post("/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and "error" in r.json()
+    r = raw().post("/v1/chat/completions", content=b" " * (BODY_LIMIT + 1))
+    assert r.status_code == 413 and "http_body_limit" in r.json()["error"]["message"]
+    # Unknown fields that clients send are ignored.
+    ok = chat(client, msgs, max_tokens=2, user="me", metadata={"a": "b"}, store=False, logprobs=False)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_a_full_queue_is_429_with_retry_after_and_a_disconnect_frees_the_slot():
+    # The daemon runs with --max-active 1 --max-queue 0: one long generation fills it (a text
+    # completion: a chat reply may end its turn early).
+    body = {"model": MODEL, "prompt": REF["generate"]["prompt_ids"], "max_tokens": 4000,
+            "temperature": 0, "stream": True}
+    with raw() as c, c.stream("POST", "/v1/completions", json=body) as long:
+        assert long.status_code == 200
+        lines = long.iter_lines()
+        seen = 0
+        while seen < 3:
+            if next(lines).startswith("data: "):
+                seen += 1
+        with pytest.raises(openai.RateLimitError) as e:
+            chat(unix_client(), [{"role": "user", "content": "hi"}], max_tokens=2)
+        assert int(e.value.response.headers["retry-after"]) >= 1
+        assert e.value.body["type"] == "rate_limit_error"
+        assert active_requests() == 1
+    # The stream is closed: the slot is free within a second.
+    t = time.monotonic()
+    while active_requests() != 0:
+        assert time.monotonic() - t < 1.0, "the generation still runs after the client left"
+        time.sleep(0.005)
+    print(f"disconnect freed the slot in {time.monotonic() - t:.3f}s")
+    assert chat(unix_client(), [{"role": "user", "content": "hi"}], max_tokens=2).usage.completion_tokens == 2
+
+
+def test_curl_over_the_socket_sees_well_formed_sse():
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
+                       "max_tokens": 5, "temperature": 0, "stream": True})
+    out = subprocess.run(
+        ["curl", "-sS", "-N", "--unix-socket", SOCKET, "http://k3d/v1/chat/completions",
+         "-H", "Content-Type: application/json", "-d", body, "-D", "-"],
+        check=True, capture_output=True, timeout=60).stdout.decode()
+    head, _, events = out.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 200") and "content-type: text/event-stream" in head.lower()
+    assert events.endswith("data: [DONE]\n\n"), events[-200:]
+    blocks = events.split("\n\n")[:-1]
+    for block in blocks[:-1]:
+        assert block.startswith("data: ") and "\n" not in block, block
+        assert json.loads(block[len("data: "):])["object"] == "chat.completion.chunk"
+
+
+def test_metrics_are_prometheus_text():
+    text = raw().get("/metrics").text
+    for name in ["k3d_http_requests_total{", "k3d_tokens_total{direction=\"out\"}",
+                 "k3d_time_to_first_token_seconds_bucket", "k3d_decode_seconds_per_token_count",
+                 "k3d_queue_depth ", "k3d_weight_bytes_read_total{class=\"trunk\"}", "k3d_weight_bytes_read_total{class=\"experts\"}", "k3d_expert_cache_hits_total ",
+                 "k3d_rss_bytes ", "k3d_batch_size_max "]:
+        assert name in text, name
+    assert re.search(r'k3d_http_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', text)
+    assert text.rstrip().endswith("# EOF")
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city", "parameters": REF["tools"]["parameters"]}}
+TOOL_TURNS = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"},
+]
+
+
+def test_tools_calls_and_results_render_as_grpc_renders_them():
+    ref = REF["tools"]
+    for client in (unix_client(), tcp_client()):
+        r = chat(client, TOOL_TURNS, tools=[WEATHER], tool_choice="auto",
+                 max_tokens=ref["max_tokens"], extra_body=THINKING_OFF)
+        # Exactly the renderer's prompt: the same count gRPC's Chat reports for the same turns.
+        assert r.usage.prompt_tokens == ref["prompt_tokens"], r.usage
+        assert (r.choices[0].message.content or "") == ref["response"]
+        assert len(r.choices[0].message.tool_calls or []) == ref["tool_calls"]
+        streamed = chat(client, TOOL_TURNS, tools=[WEATHER], max_tokens=ref["max_tokens"],
+                        extra_body=THINKING_OFF, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == ref["response"]
+    # Without the tools the prompt is shorter: the declaration is really rendered.
+    bare = chat(unix_client(), [TOOL_TURNS[0]], max_tokens=1, extra_body=THINKING_OFF)
+    assert bare.usage.prompt_tokens < ref["prompt_tokens"]
+
+
+def test_tool_requests_k3_cannot_honour_are_400_naming_the_field():
+    client = unix_client()
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
+        (dict(tool_choice="required"), "tool_choice"),
+        (dict(tools=[{"type": "retrieval"}]), "tools[0].type"),
+        (dict(response_format={"type": "json_schema"}), "response_format.json_schema.schema"),
+        (dict(response_format={"type": "yaml"}), "response_format.type"),
+    ]
+    for kw, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, msgs, max_tokens=2, **kw)
+        assert e.value.body["param"] == param, (kw, e.value.body)
+    # A tool result answering no call is the renderer's refusal, reported as a 400.
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [msgs[0], {"role": "tool", "tool_call_id": "call_9", "content": "x"}], max_tokens=2)
+    assert e.value.body["param"] == "messages", e.value.body
+    # json_object and json_schema are rendered as the template's notes: accepted.
+    for fmt in ({"type": "json_object"},
+                {"type": "json_schema", "json_schema": {"name": "w", "schema": REF["tools"]["parameters"]}}):
+        assert chat(client, msgs, max_tokens=2, response_format=fmt).usage.completion_tokens == 2
