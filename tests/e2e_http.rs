@@ -207,6 +207,9 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
             "1",
             "--max-queue",
             "0",
+            // Room for kept states: prefix reuse lives in the session allowance.
+            "--session-gb",
+            "0.25",
         ],
     );
     let mut c = client(&socket).await;

@@ -300,3 +300,25 @@ def test_tool_requests_k3_cannot_honour_are_400_naming_the_field():
     for fmt in ({"type": "json_object"},
                 {"type": "json_schema", "json_schema": {"name": "w", "schema": REF["tools"]["parameters"]}}):
         assert chat(client, msgs, max_tokens=2, response_format=fmt).usage.completion_tokens == 2
+
+
+def test_prefix_reuse_continues_the_conversation_with_identical_output():
+    client = unix_client()
+    turns = [{"role": "user", "content": "Name a river."}]
+    cached = []
+    for follow_up in ["And another?", "And a third?"]:
+        fresh = chat(client, turns, max_tokens=6, extra_body={**THINKING_OFF, "prefix_reuse": False})
+        reused = chat(client, turns, max_tokens=6, extra_body=THINKING_OFF)
+        # Bit-identical to computing the whole prompt afresh (greedy).
+        assert reused.choices[0].message.content == fresh.choices[0].message.content
+        assert reused.usage.prompt_tokens == fresh.usage.prompt_tokens
+        assert fresh.usage.prompt_tokens_details is None
+        details = reused.usage.prompt_tokens_details
+        cached.append(details.cached_tokens if details else 0)
+        turns += [{"role": "assistant", "content": reused.choices[0].message.content},
+                  {"role": "user", "content": follow_up}]
+    # The first turn has nothing to continue (an opted-out request keeps nothing); each later
+    # one continues a state the previous turn kept, holding more of the prompt each time.
+    assert cached[0] == 0, cached
+    last = chat(client, turns, max_tokens=6, extra_body=THINKING_OFF)
+    assert last.usage.prompt_tokens_details.cached_tokens > cached[1] > 0, (cached, last.usage)

@@ -14,6 +14,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::events::EventSender;
+use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, QueueState, ServeError};
@@ -30,6 +31,8 @@ pub(crate) struct Job {
     pub cancel: Arc<AtomicBool>,
     /// The session the job continues and updates, leased for it at submission.
     pub lease: Option<SessionLease>,
+    /// Whose kept states it may continue and adds to (without a session).
+    pub reuse: Option<Caller>,
     pub admitted: Instant,
     /// Last queue position announced (0 = none yet).
     announced: u32,
@@ -52,6 +55,7 @@ impl Job {
             events,
             cancel: Arc::new(AtomicBool::new(false)),
             lease,
+            reuse: None,
             admitted: Instant::now(),
             announced: 0,
         }

@@ -25,6 +25,8 @@
 //!   also used by the batching tests and `batch_bench`.
 //! * [`reply`] — generated ids in, classified text pieces and tool-call deltas out, through
 //!   the chat layer's one reply reader (spec §8.4).
+//! * [`prefix`] — automatic prefix reuse: each caller's recent states, continued at the
+//!   longest exact prefix of a later prompt (OpenAI clients resend the whole conversation).
 //! * [`events`] — a job's bounded event channel; dropping the receiver abandons the job.
 //! * [`metrics`] — token and timing sums for a metrics endpoint.
 //!
@@ -76,6 +78,7 @@ mod error;
 pub mod events;
 mod log;
 pub mod metrics;
+pub mod prefix;
 pub mod reply;
 mod scheduler;
 pub mod sessions;
@@ -87,6 +90,7 @@ pub use error::{QueueState, ServeError};
 pub use events::Events;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
+pub use prefix::{Caller, PrefixCache, PrefixFigures};
 pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, ToolCallStart};
 pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Invalid, Kind, Limits, Prompt, Request};
@@ -221,6 +225,8 @@ pub struct Status {
     pub counters: Counters,
     pub capacity: Capacity,
     pub sessions: SessionFigures,
+    /// States kept for automatic prefix reuse.
+    pub prefix: PrefixFigures,
     pub uptime: Duration,
 }
 
@@ -294,6 +300,7 @@ pub enum StartError {
 pub struct Core {
     admission: Arc<Admission>,
     sessions: Arc<Sessions>,
+    prefix: Arc<PrefixCache>,
     metrics: Arc<Metrics>,
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
@@ -346,6 +353,7 @@ impl Core {
                 config.session_bytes,
                 config.log,
             )),
+            prefix: Arc::new(PrefixCache::default()),
             metrics: Arc::new(Metrics::default()),
             tokenizer,
             model_limits,
@@ -370,6 +378,7 @@ impl Core {
             scheduler::Shared {
                 admission: Arc::clone(&self.admission),
                 sessions: Arc::clone(&self.sessions),
+                prefix: Arc::clone(&self.prefix),
                 metrics: Arc::clone(&self.metrics),
                 log: self.log,
                 on_health: self.on_health,
@@ -388,6 +397,8 @@ impl Core {
     pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
         self.admission.check_open()?;
         let session = request.session.clone();
+        // A session's own states take precedence over automatic reuse.
+        let reuse = request.reuse.clone().filter(|_| session.is_none());
         let validated =
             validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
         let id = self.admission.next_id();
@@ -421,7 +432,8 @@ impl Core {
                 .as_ref()
                 .map_or_else(String::new, |n| format!(", session {n:?}"))
         ));
-        let job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
+        let mut job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
+        job.reuse = reuse;
         if let Err(e) = self.admission.submit(job) {
             self.log.info(format_args!("request {id} refused: {e}"));
             return Err(e);
@@ -456,6 +468,7 @@ impl Core {
             counters: snap.counters,
             capacity: self.admission.capacity,
             sessions: self.sessions.figures(),
+            prefix: self.prefix.figures(),
             uptime: self.started.elapsed(),
         }
     }

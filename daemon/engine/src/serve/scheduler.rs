@@ -21,6 +21,7 @@ use super::admission::{Admission, Job, Outcome};
 use super::batch::{Batch, Cancel, Member};
 use super::log::{Log, OnHealth};
 use super::metrics::Metrics;
+use super::prefix::PrefixCache;
 use super::reply::ReplyReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
@@ -38,6 +39,7 @@ const STALL_WAIT: Duration = Duration::from_millis(2);
 pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     pub sessions: Arc<Sessions>,
+    pub prefix: Arc<PrefixCache>,
     pub metrics: Arc<Metrics>,
     pub log: Log,
     pub on_health: OnHealth,
@@ -182,8 +184,16 @@ fn run(shared: &Shared, engine: &Engine) {
 /// refuses ends here with its error.
 fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Active<'e>> {
     let request = job.request.clone();
+    let kept = match (&job.lease, &job.reuse) {
+        (None, Some(caller)) => shared.prefix.find(caller, &request.prompt),
+        _ => None,
+    };
     let started = match &job.lease {
-        None => engine.start(request).map_err(ServeError::from_engine),
+        None => match kept {
+            Some(state) => engine.start_from(request, state),
+            None => engine.start(request),
+        }
+        .map_err(ServeError::from_engine),
         Some(lease) => match shared.sessions.start(lease, &request.prompt) {
             Ok((Some(state), _)) => engine
                 .start_from(request, state)
@@ -195,7 +205,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
     match started {
         Ok(generation) => {
             shared.log.info(format_args!(
-                "request {} started (uid {}, {} prompt tokens, {} from its session, waited {:.3}s)",
+                "request {} started (uid {}, {} prompt tokens, {} reused, waited {:.3}s)",
                 job.id,
                 uid_text(job.uid),
                 job.request.prompt.len(),
@@ -236,7 +246,7 @@ fn deliver(
 ) -> bool {
     match result {
         Ok(Step::Prefill { done, total }) => {
-            if a.job.lease.is_some() && done == total {
+            if (a.job.lease.is_some() || a.job.reuse.is_some()) && done == total {
                 a.prefill = Some(snapshot(&a.generation));
             }
             a.job.events.send(Event::Prefill { done, total });
@@ -277,6 +287,14 @@ fn deliver(
                 // Before Done: the client's next turn must find the session free.
                 let end = snapshot(&a.generation);
                 lease.finish(a.prefill.take().into_iter().chain([end]).collect());
+            } else if let Some(caller) = &a.job.reuse {
+                // Before Done too: the caller's next request may follow at once. Kept states
+                // take only what the named sessions leave of their allowance.
+                let figures = shared.sessions.figures();
+                let room = figures.allowance_bytes.saturating_sub(figures.memory_bytes);
+                let end = snapshot(&a.generation);
+                let snapshots = a.prefill.take().into_iter().chain([end]).collect();
+                shared.prefix.keep(caller, snapshots, room);
             }
             shared.admission.finish(a.job.id, Outcome::Completed);
             let end_id = match finish {

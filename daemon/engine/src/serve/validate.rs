@@ -70,6 +70,10 @@ pub struct Request {
     pub speculate: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
+    /// Continue from the longest kept state of this caller that prefixes the prompt, and keep
+    /// this request's states for the caller's next one (automatic prefix reuse, see
+    /// [`super::prefix`]); `None` = compute the prompt afresh. Ignored with a session.
+    pub reuse: Option<super::prefix::Caller>,
 }
 
 impl Request {
@@ -83,6 +87,7 @@ impl Request {
             stop_strings: Vec::new(),
             speculate: None,
             session: None,
+            reuse: None,
         }
     }
 }
@@ -165,6 +170,7 @@ pub fn validate(
         stop_strings,
         speculate,
         session: _,
+        reuse: _,
     } = request;
     let (prompt, kind) = match prompt {
         Prompt::Ids(ids) => (ids, Kind::Text),

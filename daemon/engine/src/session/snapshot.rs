@@ -24,12 +24,14 @@ pub struct Snapshot {
 
 /// The snapshot a prompt continues from: the longest one whose history is a strict prefix of
 /// `prompt` (index into `snapshots`), or `None` for a fresh state.
-pub fn best(snapshots: &[Snapshot], prompt: &[u32]) -> Option<usize> {
+/// Takes owned or borrowed snapshots.
+pub fn best<S: std::borrow::Borrow<Snapshot>>(snapshots: &[S], prompt: &[u32]) -> Option<usize> {
     snapshots
         .iter()
+        .map(|s| &s.borrow().history)
         .enumerate()
-        .filter(|(_, s)| s.history.len() < prompt.len() && prompt.starts_with(&s.history))
-        .max_by_key(|(_, s)| s.history.len())
+        .filter(|(_, h)| h.len() < prompt.len() && prompt.starts_with(h))
+        .max_by_key(|(_, h)| h.len())
         .map(|(i, _)| i)
 }
 
@@ -105,7 +107,7 @@ pub(crate) mod tests {
         assert_eq!(best(&snaps, &[1, 2]), None);
         let two = vec![snap(&[1]), snap(&[1, 2, 3])];
         assert_eq!(best(&two, &[1, 2, 3]), Some(0));
-        assert_eq!(best(&[], &[1]), None);
+        assert_eq!(best::<Snapshot>(&[], &[1]), None);
     }
 
     #[test]

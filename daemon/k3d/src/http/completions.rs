@@ -8,7 +8,7 @@ use super::request::{self, Common, Fields};
 use super::{App, Peer};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Request as CoreRequest, ToolCallDelta};
+use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
 use k3_engine::tokenizer::chat::ToolCall;
 use serde_json::{Value, json};
 use std::convert::Infallible;
@@ -155,13 +155,14 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 pub async fn complete(
     app: Arc<App>,
     peer: Peer,
+    caller: Option<Caller>,
     shape: Shape,
     body: &[u8],
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
     // The core's refusals name values, not fields: the field they concern is the prompt.
-    let (common, request, param): (Common, CoreRequest, &str) = match shape {
+    let (common, mut request, param): (Common, CoreRequest, &str) = match shape {
         Shape::Chat => {
             let p = request::chat(&fields)?;
             (p.common, p.request, "messages")
@@ -173,6 +174,11 @@ pub async fn complete(
     };
     app.check_model(&common.model)?;
     app.check_ready()?;
+    // OpenAI clients resend the whole conversation each turn: continue from the caller's
+    // longest kept prefix (bit-identical to computing it afresh) unless told not to.
+    if common.prefix_reuse {
+        request.reuse = caller;
+    }
     let job = app
         .core
         .submit(peer.uid(), request)

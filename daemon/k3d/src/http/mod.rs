@@ -20,7 +20,7 @@ mod request;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
-use k3_engine::serve::{Core, Health};
+use k3_engine::serve::{Caller, Core, Health};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -130,18 +130,32 @@ async fn guard(
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
+    let mut request = request;
     let response = match authorise(&app, peer, request.headers(), &endpoint) {
-        Ok(()) => next.run(request).await,
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
         Err(e) => e.into_response(),
     };
     app.metrics.request(&endpoint, response.status().as_u16());
     response
 }
 
-fn authorise(app: &App, peer: Peer, headers: &HeaderMap, endpoint: &str) -> Result<(), ApiError> {
+/// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
+/// keyless loopback callers are one caller: TCP carries no identity).
+fn authorise(
+    app: &App,
+    peer: Peer,
+    headers: &HeaderMap,
+    endpoint: &str,
+) -> Result<Caller, ApiError> {
     let keys = &app.settings.keys;
-    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
-        return Ok(());
+    if let Peer::Unix { .. } = peer {
+        return Ok(Caller::Uid(peer.uid()));
+    }
+    if keys.is_empty() || endpoint == "/health" {
+        return Ok(Caller::Key(String::new()));
     }
     let given = headers
         .get(header::AUTHORIZATION)
@@ -150,11 +164,11 @@ fn authorise(app: &App, peer: Peer, headers: &HeaderMap, endpoint: &str) -> Resu
         .ok_or_else(|| {
             ApiError::unauthorized("an API key is required: Authorization: Bearer KEY")
         })?;
-    if keys
+    if let Some(key) = keys
         .iter()
-        .any(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
+        .find(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
     {
-        Ok(())
+        Ok(Caller::Key(key.clone()))
     } else {
         Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
@@ -183,8 +197,9 @@ async fn complete(
     shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
+    let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, peer, shape, &bytes, arrived).await
+    completions::complete(app, peer, caller, shape, &bytes, arrived).await
 }
 
 fn model_entry(app: &App) -> serde_json::Value {

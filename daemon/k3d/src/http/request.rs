@@ -69,6 +69,8 @@ pub struct Common {
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
     pub stop_strings: Vec<String>,
+    /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
+    pub prefix_reuse: bool,
 }
 
 impl Common {
@@ -163,6 +165,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             seed,
         },
         stop_strings,
+        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
     })
 }
 
