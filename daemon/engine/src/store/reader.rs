@@ -48,10 +48,10 @@ pub enum PoolError {
     NoThreads,
     #[error(transparent)]
     Chunk(#[from] ReadError),
-    #[error("cannot start reader thread {index}: {source}")]
+    #[error("cannot start reader thread {index}: {error}")]
     Spawn {
         index: usize,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -175,7 +175,7 @@ impl ReaderPool {
             let handle = std::thread::Builder::new()
                 .name(format!("k3d-reader-{index}"))
                 .spawn(move || worker(&shared))
-                .map_err(|source| PoolError::Spawn { index, source })?;
+                .map_err(|error| PoolError::Spawn { index, error })?;
             pool.threads.push(handle);
         }
         Ok(pool)
