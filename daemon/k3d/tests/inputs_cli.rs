@@ -23,11 +23,17 @@ struct Ran {
 }
 
 impl Ran {
-    /// The one-line error of a run that exited with `code`.
+    /// The one error line of a run that exited with `code` (`k3d run` prints its plan to
+    /// stderr before it loads anything).
     fn failed(&self, code: i32) -> &str {
         assert_eq!(self.code, Some(code), "stderr: {}", self.stderr);
-        assert_eq!(self.stderr.lines().count(), 1, "{}", self.stderr);
-        &self.stderr
+        let errors: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("k3d: error:") || l.starts_with("error:"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{}", self.stderr);
+        errors[0]
     }
 
     fn ok(&self) -> &str {
