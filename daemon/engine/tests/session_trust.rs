@@ -54,10 +54,16 @@ fn a_directory_others_may_write_or_another_uid_owns_is_refused() {
     let e = SessionStore::open(&dir, FP, 0).err().expect("refused");
     assert!(matches!(e, StoreError::Dir { .. }), "{e:?}");
     let text = e.to_string();
-    assert!(text.contains(&dir.display().to_string()) && text.contains("0777"), "{text}");
+    assert!(
+        text.contains(&dir.display().to_string()) && text.contains("0777"),
+        "{text}"
+    );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&dir, Some(ATTACKER), None).unwrap();
-    let text = SessionStore::open(&dir, FP, 0).err().expect("refused").to_string();
+    let text = SessionStore::open(&dir, FP, 0)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(text.contains(&format!("owned by uid {ATTACKER}")), "{text}");
 }
 
@@ -114,7 +120,13 @@ fn a_symlinked_session_file_is_not_followed() {
     std::os::unix::fs::symlink(file::path_of(&elsewhere, "s"), file::path_of(&dir, "s")).unwrap();
     let (mut store, skipped) = open(&dir);
     assert_eq!(skipped.len(), 1);
-    assert!(skipped[0].to_string().contains("a symbolic link, not followed"), "{}", skipped[0]);
+    assert!(
+        skipped[0]
+            .to_string()
+            .contains("a symbolic link, not followed"),
+        "{}",
+        skipped[0]
+    );
     assert!(matches!(
         store.reserve("s", Some(VICTIM), 1),
         Err(StoreError::File(FileError::Io { .. }))
@@ -142,7 +154,14 @@ fn an_owner_field_is_believed_only_in_the_daemons_own_files() {
     let (mut store, skipped) = open(&dir);
     assert_eq!(store.len(), 0);
     assert!(
-        matches!(&skipped[..], [FileError::Untrusted { file_uid: ATTACKER, daemon_uid: 0, .. }]),
+        matches!(
+            &skipped[..],
+            [FileError::Untrusted {
+                file_uid: ATTACKER,
+                daemon_uid: 0,
+                ..
+            }]
+        ),
         "{skipped:?}"
     );
     match store.reserve("forged", Some(VICTIM), 1) {
@@ -177,7 +196,10 @@ fn files_the_daemon_will_not_load_can_be_removed() {
     ));
     assert!(matches!(
         store.delete("old-model", Some(ATTACKER)),
-        Err(StoreError::PermissionDenied { owner: Some(VICTIM), .. })
+        Err(StoreError::PermissionDenied {
+            owner: Some(VICTIM),
+            ..
+        })
     ));
     store.delete("old-model", Some(VICTIM)).unwrap();
     assert!(!file::path_of(&dir, "old-model").exists());
@@ -202,7 +224,13 @@ fn a_fifo_session_file_never_blocks() {
     let (mut store, skipped) = open(&dir);
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(skipped.len(), 1);
-    assert!(skipped[0].to_string().contains("a FIFO, not a regular file"), "{}", skipped[0]);
+    assert!(
+        skipped[0]
+            .to_string()
+            .contains("a FIFO, not a regular file"),
+        "{}",
+        skipped[0]
+    );
     assert!(store.reserve("pipe", Some(VICTIM), 1).is_err());
     store.delete("pipe", Some(0)).unwrap();
     assert!(std::fs::symlink_metadata(&fifo).is_err());

@@ -3,9 +3,9 @@
 //! `k3d check` reports, error chains that say each cause once, a FIFO where a shard should be,
 //! and the bounds of `--threads`.
 
+mod cli_support;
 #[path = "../../engine/tests/variant_support/mod.rs"]
 mod variant_support;
-mod cli_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -70,11 +70,22 @@ fn k3d(args: &[&str]) -> Ran {
 
 fn check(dir: &Path, json: bool) -> Ran {
     let d = dir.to_str().unwrap();
-    k3d(&if json { vec!["check", "--json", d] } else { vec!["check", d] })
+    k3d(&if json {
+        vec!["check", "--json", d]
+    } else {
+        vec!["check", d]
+    })
 }
 
 fn run(dir: &Path) -> Ran {
-    k3d(&["run", dir.to_str().unwrap(), "--prompt", "def f(x):", "--gen", "2"])
+    k3d(&[
+        "run",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "def f(x):",
+        "--gen",
+        "2",
+    ])
 }
 
 /// Rewrites the tokenizer files of `dir` with `delta` ranks fewer (negative: the highest ranks
@@ -88,7 +99,10 @@ fn resize_tokenizer(dir: &Path, delta: i64) {
         let b64 = base64::engine::general_purpose::STANDARD;
         for i in 0..delta {
             let rank = lines.len();
-            lines.push(format!("{} {rank}", b64.encode(format!("\u{1}extra rank {i}"))));
+            lines.push(format!(
+                "{} {rank}",
+                b64.encode(format!("\u{1}extra rank {i}"))
+            ));
         }
     }
     std::fs::write(dir.join("tiktoken.model"), lines.join("\n") + "\n").unwrap();
@@ -148,7 +162,11 @@ fn malformed_or_missing_tokenizer_files_are_checkpoint_errors_said_once() {
     lines[6] = b"%%% 6";
     std::fs::write(&model, lines.join(&b'\n')).unwrap();
     for out in [check(&dir, false), run(&dir)] {
-        assert!(out.failed(3).contains("tiktoken.model:7: bad base64"), "{}", out.stderr);
+        assert!(
+            out.failed(3).contains("tiktoken.model:7: bad base64"),
+            "{}",
+            out.stderr
+        );
     }
     std::fs::write(&model, &good_model).unwrap();
 
@@ -206,7 +224,8 @@ fn a_fifo_shard_is_refused_without_blocking() {
     for out in [check(&dir, false), run(&dir)] {
         let err = out.failed(3);
         assert!(
-            err.contains(&shard.display().to_string()) && err.contains("a FIFO, not a regular file"),
+            err.contains(&shard.display().to_string())
+                && err.contains("a FIFO, not a regular file"),
             "{err}"
         );
     }
@@ -226,7 +245,11 @@ fn threads_outside_1_to_1024_are_refused() {
         ] {
             let out = k3d(&args);
             assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
-            assert!(out.stderr.contains("use 1 to 1024"), "{args:?}: {}", out.stderr);
+            assert!(
+                out.stderr.contains("use 1 to 1024"),
+                "{args:?}: {}",
+                out.stderr
+            );
         }
     }
     // The same bound for `threads` in a --config file.

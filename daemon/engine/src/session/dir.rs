@@ -91,10 +91,9 @@ impl SessionDir {
     pub fn open_file(&self, name: &str) -> io::Result<(File, u32)> {
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = openat(&self.fd, name, flags, Mode::empty()).map_err(|e| match e {
-            Errno::ELOOP => io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a symbolic link, not followed",
-            ),
+            Errno::ELOOP => {
+                io::Error::new(io::ErrorKind::InvalidInput, "a symbolic link, not followed")
+            }
             other => other.into(),
         })?;
         let file = crate::input_file::regular(File::from(fd))?;
@@ -107,11 +106,8 @@ impl SessionDir {
     /// there — a temp file a failed write could not remove, or something planted — is removed
     /// (the entry itself, never what a symlink points to) and the creation tried once more.
     pub fn create_new(&self, name: &str) -> io::Result<File> {
-        let flags = OFlag::O_WRONLY
-            | OFlag::O_CREAT
-            | OFlag::O_EXCL
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC;
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let mode = Mode::from_bits_truncate(0o600);
         let fd = match openat(&self.fd, name, flags, mode) {
             Err(Errno::EEXIST) => {
@@ -203,7 +199,11 @@ mod tests {
         // Creating over the planted link replaces the link, never writes the victim.
         io::Write::write_all(&mut dir.create_new("link").unwrap(), b"new").unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        assert!(!std::fs::symlink_metadata(dir.path().join("link")).unwrap().is_symlink());
+        assert!(
+            !std::fs::symlink_metadata(dir.path().join("link"))
+                .unwrap()
+                .is_symlink()
+        );
         // Removing a link removes the link only.
         std::os::unix::fs::symlink(&victim, dir.path().join("link2")).unwrap();
         assert!(dir.contains("link2"));

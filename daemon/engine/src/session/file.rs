@@ -585,7 +585,12 @@ mod tests {
     fn written(tag: &str) -> (tempfile::TempDir, PathBuf, Vec<Snapshot>) {
         let dir = scratch(&format!("file-{tag}"));
         let snaps = vec![snap(&[1, 2, 3]), snap(&[1, 2, 3, 4, 5])];
-        let size = save(&SessionDir::open(dir.path()).unwrap(), &header("s1"), &snaps).unwrap();
+        let size = save(
+            &SessionDir::open(dir.path()).unwrap(),
+            &header("s1"),
+            &snaps,
+        )
+        .unwrap();
         let path = path_of(dir.path(), "s1");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
         (dir, path, snaps)

@@ -52,7 +52,9 @@ pub enum StoreError {
 fn permission_text(name: &str, owner: Option<u32>) -> String {
     match owner {
         Some(uid) => format!("session {name:?} belongs to uid {uid}"),
-        None => format!("session {name:?} has no owner the daemon can vouch for; only root may act on it"),
+        None => format!(
+            "session {name:?} has no owner the daemon can vouch for; only root may act on it"
+        ),
     }
 }
 

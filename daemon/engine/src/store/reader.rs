@@ -49,10 +49,7 @@ pub enum PoolError {
     #[error(transparent)]
     Chunk(#[from] ReadError),
     #[error("cannot start reader thread {index}: {error}")]
-    Spawn {
-        index: usize,
-        error: std::io::Error,
-    },
+    Spawn { index: usize, error: std::io::Error },
 }
 
 /// Lock a mutex whose data stays consistent even if a holder panicked (every critical section

@@ -72,10 +72,7 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Loads `tiktoken.model` and `tokenizer_config.json` from a model directory.
     pub fn load(dir: &Path) -> Result<Tokenizer, TokenizerError> {
-        Self::from_files(
-            &dir.join(files::RANKS_FILE),
-            &dir.join(files::CONFIG_FILE),
-        )
+        Self::from_files(&dir.join(files::RANKS_FILE), &dir.join(files::CONFIG_FILE))
     }
 
     /// Loads the tokenizer of a checkpoint whose embedding and lm_head have `vocab_size` rows

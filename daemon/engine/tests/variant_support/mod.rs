@@ -99,4 +99,3 @@ pub fn convert(from: &Path, to: &Path, dtype: Dtype) -> usize {
     }
     converted
 }
-
