@@ -140,7 +140,7 @@ fn malformed_model_exits_3_with_line() {
         dir.join("tokenizer_config.json"),
     )
     .unwrap();
-    let err = checkpoint_error(&k3d(&["tokenize"], &dir, b"x"));
+    let err = checkpoint_error(&k3d(&["tokenize"], dir, b"x"));
     assert!(err.contains("tiktoken.model:7: bad base64"), "{err}");
 }
 
@@ -158,7 +158,7 @@ fn added_id_outside_vocabulary_exits_3() {
         r#"{"added_tokens_decoder": {"900000": {"content": "<|x|>"}}}"#,
     )
     .unwrap();
-    let err = checkpoint_error(&k3d(&["detokenize"], &dir, b"1"));
+    let err = checkpoint_error(&k3d(&["detokenize"], dir, b"1"));
     assert!(
         err.contains("\"900000\"") && err.contains("outside"),
         "{err}"

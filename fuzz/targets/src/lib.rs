@@ -92,10 +92,7 @@ pub fn safetensors_index(data: &[u8]) {
         TensorIndex::from_header_bytes(vec![
             shard(
                 "model-00001-of-00002.safetensors",
-                &[
-                    ("a.weight", Dtype::Bf16, &[2, 4]),
-                    ("b.norm", Dtype::F32, &[4]),
-                ],
+                &[("a.weight", Dtype::Bf16, &[2, 4]), ("b.norm", Dtype::F32, &[4])],
             ),
             shard(
                 "model-00002-of-00002.safetensors",
