@@ -500,3 +500,58 @@ async fn sessions_beyond_the_allowance_spill_and_come_back_exactly() {
     assert_eq!(figures.count, 3);
     assert!(d.log_text().contains("(--session-gb)"), "{}", d.log_text());
 }
+
+#[tokio::test]
+async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = scratch("sess-unreadable");
+    let dir = tmp.path();
+    let sessions = dir.join("sessions");
+    std::fs::create_dir_all(&sessions).expect("mkdir");
+    // A FIFO where a session file should be (opening it for reading would wait for a writer
+    // forever), a file that is not a session file, and a save a crash interrupted.
+    let out = Command::new("mkfifo")
+        .arg(sessions.join("pipe.k3s"))
+        .output()
+        .expect("mkfifo");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(sessions.join("junk.k3s"), b"not a session file").expect("write");
+    std::fs::write(sessions.join(".crashed.k3s.tmp"), b"half a save").expect("write");
+    let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    assert!(
+        !sessions.join(".crashed.k3s.tmp").exists(),
+        "the crash's temp file is removed at start"
+    );
+    assert!(
+        d.log_text().contains("a FIFO, not a regular file"),
+        "{}",
+        d.log_text()
+    );
+    // The refusal says to remove them with `k3 sessions rm` (as root: no owner can be read
+    // from either), and that works although the daemon cannot read them.
+    for name in ["pipe", "junk"] {
+        let out = k3(&d.socket, None, &["sessions", "rm", name]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let path = sessions.join(format!("{name}.k3s"));
+        assert!(std::fs::symlink_metadata(&path).is_err(), "{name} removed");
+    }
+    let (_, reused) = turn(&mut c, &[9, 8, 7], "fresh").await;
+    assert_eq!(reused, 0);
+
+    // A session directory others may write into is refused: sessions are unavailable and the
+    // log says why.
+    let open = dir.join("open-sessions");
+    std::fs::create_dir_all(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let args = ["--session-dir", open.to_str().expect("utf-8 path")];
+    let d2 = Daemon::start(tiny_model(), &dir.join("k3d-open.sock"), &args);
+    let mut c2 = client(&d2.socket).await;
+    wait_ready(&mut c2).await;
+    d2.wait_for_log("sessions unavailable", Duration::from_secs(30));
+    assert!(d2.log_text().contains("chmod go-w"), "{}", d2.log_text());
+    let out = k3(&d2.socket, None, &["sessions", "list"]);
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+}

@@ -37,6 +37,12 @@ pub fn open(path: &Path) -> io::Result<File> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)?;
+    regular(file)
+}
+
+/// `file`, opened with `O_NONBLOCK`, if it is a regular file (checked on the descriptor), now
+/// with blocking reads; anything else is an `InvalidInput` error saying what it is.
+pub(crate) fn regular(file: File) -> io::Result<File> {
     let file_type = file.metadata()?.file_type();
     if !file_type.is_file() {
         return Err(io::Error::new(

@@ -327,9 +327,9 @@ fn forward_batch_checks_every_member_first() {
         },
     ];
     match model.forward_batch(&mut seqs, &no_cancel) {
-        Err(ModelError::Member { index: 1, source }) => {
+        Err(ModelError::Member { index: 1, error }) => {
             assert!(matches!(
-                *source,
+                *error,
                 ModelError::TokenOutOfVocab { index: 1, .. }
             ))
         }

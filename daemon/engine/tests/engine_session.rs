@@ -7,7 +7,7 @@ mod synth_support;
 
 use k3_engine::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step, Summary};
 use k3_engine::model::{Logits, State};
-use k3_engine::session::{FileHeader, Snapshot, file};
+use k3_engine::session::{FileHeader, SessionDir, Snapshot, file};
 
 fn run(
     engine: &Engine,
@@ -76,8 +76,7 @@ fn continuing_a_snapshot_equals_one_long_run() {
     assert_eq!(&fresh, &end.state);
 
     // Turn 2 extends the history: through a session file, then continued.
-    let sessions = dir.join("sessions");
-    std::fs::create_dir_all(&sessions).expect("mkdir");
+    let sessions = SessionDir::open(&dir.join("sessions")).expect("session dir");
     let header = FileHeader {
         fingerprint: fingerprint.clone(),
         name: "t".into(),
@@ -86,7 +85,7 @@ fn continuing_a_snapshot_equals_one_long_run() {
         state_bytes: end.state.size_bytes() as u64,
     };
     file::save(&sessions, &header, &snaps1).expect("save");
-    let (_, loaded) = file::load(&file::path_of(&sessions, "t"), &fingerprint).expect("load");
+    let (_, loaded) = file::load(&file::path_of(sessions.path(), "t"), &fingerprint).expect("load");
     assert_eq!(loaded, snaps1);
     let mut turn2 = end.history.clone();
     turn2.extend([11, 12, 13, 14]);

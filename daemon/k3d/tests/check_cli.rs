@@ -1,5 +1,6 @@
 //! `k3d check` (exit codes, one-line errors, the census as JSON) on tiny hand-written
-//! checkpoints in the released layout and on every tiny synthetic shape.
+//! checkpoints in the released layout and on every tiny synthetic shape. The tokenizer files,
+//! accepted variants and FIFOs are in `inputs_cli.rs`.
 
 #[path = "../../engine/tests/checkpoint_support/mod.rs"]
 mod checkpoint_support;
@@ -30,22 +31,35 @@ fn k3d_check(args: &[&str]) -> (Option<i32>, String, String) {
 
 #[test]
 fn k3d_check_exit_codes_and_output() {
-    let dir = temp_dir("bin");
-    write_tiny(dir.path());
-    let d = dir.path().to_str().unwrap();
-
-    let (code, stdout, stderr) = k3d_check(&[d]);
+    // A whole checkpoint (the tokenizer files included): OK, the census, and the tokenizer.
+    let whole = temp_dir("whole");
+    cli_support::synth("tiny", whole.path());
+    let expected = open(&whole).expect("synth output binds").census;
+    let w = whole.path().to_str().unwrap();
+    let (code, stdout, stderr) = k3d_check(&[w]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.contains("OK") && stdout.contains("per decoded token"),
         "{stdout}"
     );
-
-    let (code, stdout, _) = k3d_check(&["--json", d]);
+    assert!(!stdout.contains("accepted variant"), "{stdout}");
+    let (code, stdout, _) = k3d_check(&["--json", w]);
     assert_eq!(code, Some(0));
     let census: serde_json::Value = serde_json::from_str(&stdout).expect("--json prints JSON");
-    assert_eq!(census["expert_bytes"], 1632);
-    assert_eq!(census["moe_layers"], 8);
+    assert_eq!(census["expert_bytes"], expected.expert_bytes);
+    assert_eq!(census["moe_layers"], expected.moe_layers);
+    assert_eq!(census["tokenizer"]["padding_rows"], 0);
+    assert_eq!(census["accepted_variants"], serde_json::json!([]));
+
+    // Shards and config without the tokenizer files: the files are checked first (below),
+    // then the missing tokenizer is a checkpoint error.
+    let dir = temp_dir("bin");
+    write_tiny(dir.path());
+    let d = dir.path().to_str().unwrap();
+    let (code, _, stderr) = k3d_check(&[d]);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("tiktoken.model"), "{stderr}");
+    assert_eq!(stderr.matches("No such file").count(), 1, "{stderr}");
 
     // A corrupt shard: exit 3, one line naming the file.
     let shard = dir.path().join("model-00004-of-000010.safetensors");

@@ -1,5 +1,5 @@
-//! `k3d tokenize` / `k3d detokenize`: the stdin/stdout contract scripts rely on, and exit 2 with
-//! a located message for bad tokenizer files and bad input.
+//! `k3d tokenize` / `k3d detokenize`: the stdin/stdout contract scripts rely on, exit 2 with a
+//! located message for bad input and exit 3 for bad tokenizer files (a checkpoint error).
 
 #[path = "../../engine/tests/tokenizer_support/mod.rs"]
 mod tokenizer_support;
@@ -42,14 +42,20 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("UTF-8 stdout")
 }
 
+/// The stderr of a run that failed with exit `code`, in one line.
+fn failed(out: &Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
 fn usage_error(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    failed(out, 2)
+}
+
+fn checkpoint_error(out: &Output) -> String {
+    failed(out, 3)
 }
 
 #[test]
@@ -122,7 +128,7 @@ fn unknown_id_exits_2_with_position() {
 }
 
 #[test]
-fn malformed_model_exits_2_with_line() {
+fn malformed_model_exits_3_with_line() {
     let tmp = scratch("cli-badmodel");
     let dir = tmp.path();
     let model = std::fs::read_to_string(tiny_dir().join("tiktoken.model")).unwrap();
@@ -134,12 +140,12 @@ fn malformed_model_exits_2_with_line() {
         dir.join("tokenizer_config.json"),
     )
     .unwrap();
-    let err = usage_error(&k3d(&["tokenize"], &dir, b"x"));
+    let err = checkpoint_error(&k3d(&["tokenize"], dir, b"x"));
     assert!(err.contains("tiktoken.model:7: bad base64"), "{err}");
 }
 
 #[test]
-fn added_id_outside_vocabulary_exits_2() {
+fn added_id_outside_vocabulary_exits_3() {
     let tmp = scratch("cli-badadded");
     let dir = tmp.path();
     std::fs::copy(
@@ -152,9 +158,23 @@ fn added_id_outside_vocabulary_exits_2() {
         r#"{"added_tokens_decoder": {"900000": {"content": "<|x|>"}}}"#,
     )
     .unwrap();
-    let err = usage_error(&k3d(&["detokenize"], &dir, b"1"));
+    let err = checkpoint_error(&k3d(&["detokenize"], dir, b"1"));
     assert!(
         err.contains("\"900000\"") && err.contains("outside"),
         "{err}"
     );
+}
+
+#[test]
+fn missing_model_file_exits_3_saying_the_os_error_once() {
+    let tmp = scratch("cli-nomodel");
+    let dir = tmp.path();
+    std::fs::copy(
+        tiny_dir().join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
+    let err = checkpoint_error(&k3d(&["tokenize"], dir, b"x"));
+    assert!(err.contains("tiktoken.model"), "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }

@@ -161,6 +161,51 @@ pub struct ModelLayout {
     pub norm: ModelTensor,
     pub output_attn_res_norm: ModelTensor,
     pub output_attn_res_proj: ModelTensor,
+    /// The tensors bound in another dtype than the release's ([`DtypeVariant`]), in binding
+    /// order; empty for a checkpoint in exactly the released layout.
+    pub variants: Vec<DtypeVariant>,
+}
+
+/// A tensor accepted in another dtype than the one the release stores it in: a small vector
+/// ([`inventory::Want::vector`]) that the model widens exactly to f32, so it computes the same
+/// bits as the released dtype would for the same values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DtypeVariant {
+    pub tensor: String,
+    pub release: Dtype,
+    pub stored: Dtype,
+}
+
+/// The accepted variants of one kind (release dtype → stored dtype), for reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantGroup {
+    pub release: Dtype,
+    pub stored: Dtype,
+    pub tensors: usize,
+    /// The first tensor of the group, in binding order.
+    pub example: String,
+}
+
+impl ModelLayout {
+    /// [`Self::variants`] grouped by release and stored dtype, in order of first appearance.
+    pub fn variant_groups(&self) -> Vec<VariantGroup> {
+        let mut groups: Vec<VariantGroup> = Vec::new();
+        for v in &self.variants {
+            match groups
+                .iter_mut()
+                .find(|g| (g.release, g.stored) == (v.release, v.stored))
+            {
+                Some(g) => g.tensors += 1,
+                None => groups.push(VariantGroup {
+                    release: v.release,
+                    stored: v.stored,
+                    tensors: 1,
+                    example: v.tensor.clone(),
+                }),
+            }
+        }
+        groups
+    }
 }
 
 // Slices hold byte positions as `usize`; on a 64-bit target every `u64` file offset fits.
@@ -311,6 +356,7 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
         covered: vec![false; index.len()],
         issues: Vec::new(),
         total: 0,
+        variants: Vec::new(),
     };
     // Checking tensor by tensor costs time in what the config implies; an absurd config (say,
     // 10^12 experts) must be refused by arithmetic, not by a loop that never ends.
@@ -362,6 +408,7 @@ pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, La
         norm: next()?,
         output_attn_res_norm: next()?,
         output_attn_res_proj: next()?,
+        variants: b.variants,
     })
 }
 
@@ -415,6 +462,7 @@ struct Binder<'a> {
     covered: Vec<bool>,
     issues: Vec<TensorIssue>,
     total: usize,
+    variants: Vec<DtypeVariant>,
 }
 
 impl<'a> Binder<'a> {
@@ -457,6 +505,12 @@ impl<'a> Binder<'a> {
             };
             self.issue(name, Some(self.file(t.shard)), kind);
             ok = false;
+        } else if t.dtype != want.dtype {
+            self.variants.push(DtypeVariant {
+                tensor: name.to_owned(),
+                release: want.dtype,
+                stored: t.dtype,
+            });
         }
         if !want.shape.accepts(t.shape) {
             let kind = IssueKind::Shape {

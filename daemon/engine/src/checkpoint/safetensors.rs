@@ -447,10 +447,11 @@ impl TensorIndex {
     /// shard that holds it, and it lists every tensor exactly once. Only `weight_map` is read.
     pub fn check_index_file(&self, path: &Path) -> Result<(), SafetensorsError> {
         let file = file_name(path);
-        let text = crate::input_file::read_to_string(path).map_err(|error| SafetensorsError::Io {
-            path: path.to_path_buf(),
-            error,
-        })?;
+        let text =
+            crate::input_file::read_to_string(path).map_err(|error| SafetensorsError::Io {
+                path: path.to_path_buf(),
+                error,
+            })?;
         let parsed: IndexFile =
             serde_json::from_str(&text).map_err(|e| SafetensorsError::IndexJson {
                 file: file.clone(),

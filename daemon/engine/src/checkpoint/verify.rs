@@ -19,15 +19,15 @@ const READ_SIZE: usize = 8 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}: {error}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -40,9 +40,9 @@ pub struct Stamp {
 
 impl Stamp {
     pub fn of(path: &Path) -> Result<Stamp, VerifyError> {
-        let meta = std::fs::metadata(path).map_err(|source| VerifyError::Read {
+        let meta = std::fs::metadata(path).map_err(|error| VerifyError::Read {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         use std::os::unix::fs::MetadataExt;
         Ok(Stamp {
@@ -69,9 +69,9 @@ impl ResumeState {
 
     /// Write atomically (temporary file, then rename) so a killed run leaves a valid state.
     pub fn save(&self, path: &Path) -> Result<(), VerifyError> {
-        let err = |source| VerifyError::Write {
+        let err = |error| VerifyError::Write {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
@@ -109,9 +109,9 @@ pub struct Progress {
 /// dropped from the page cache as we go: verifying a checkpoint larger than RAM should not
 /// evict everything else.
 pub fn hash_file(path: &Path, progress: &Progress) -> Result<[u8; 32], VerifyError> {
-    let err = |source| VerifyError::Read {
+    let err = |error| VerifyError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let mut file = crate::input_file::open(path).map_err(err)?;
     use nix::fcntl::{PosixFadviseAdvice, posix_fadvise};
@@ -219,8 +219,8 @@ pub fn verify(
         let path = dir.join(&e.name);
         let stamp = match Stamp::of(&path) {
             Ok(s) => Some(s),
-            Err(VerifyError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
+            Err(VerifyError::Read { error, .. })
+                if error.kind() == std::io::ErrorKind::NotFound =>
             {
                 None
             }
@@ -320,9 +320,9 @@ pub fn build_manifest(
 /// The files a new manifest covers: every regular, non-hidden file directly in `dir` except
 /// the manifest itself, sorted by name (shards, index, config, tokenizer and the rest).
 pub fn manifest_candidates(dir: &Path, manifest: &Path) -> Result<Vec<String>, VerifyError> {
-    let err = |source| VerifyError::Read {
+    let err = |error| VerifyError::Read {
         path: dir.to_path_buf(),
-        source,
+        error,
     };
     let skip = std::path::absolute(manifest).ok();
     let mut names = Vec::new();

@@ -82,9 +82,9 @@ impl EngineInfo {
 fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
     let mut h = Sha256::new();
     let config_path = checkpoint.dir.join("config.json");
-    let config = crate::input_file::read(&config_path).map_err(|source| EngineError::Io {
+    let config = crate::input_file::read(&config_path).map_err(|error| EngineError::Io {
         path: config_path.clone(),
-        source,
+        error,
     })?;
     h.update(&config);
     for shard in &checkpoint.shards {

@@ -32,6 +32,23 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::model::{LoadOptions, Model, ModelError, Sequence, State};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
+/// Most compute threads an engine accepts. Threads only ever split independent outputs, so
+/// beyond the cores they add nothing but stacks and scheduling; 1024 is above the logical CPU
+/// count of any machine this runs on and far below where spawning them would exhaust memory
+/// or the process's thread limit. `--threads 100000` is a typo, not a configuration.
+pub const MAX_THREADS: usize = 1024;
+
+/// `threads` if an engine accepts that many compute threads (1..=[`MAX_THREADS`]), else why not.
+pub fn check_threads(threads: usize) -> Result<usize, String> {
+    if (1..=MAX_THREADS).contains(&threads) {
+        Ok(threads)
+    } else {
+        Err(format!(
+            "{threads} threads: use 1 to {MAX_THREADS} (default: one per usable core)"
+        ))
+    }
+}
+
 /// The default prompt tokens per prefill step.
 pub const PREFILL_CHUNK: usize = 32;
 
@@ -62,8 +79,10 @@ impl Default for EngineOptions {
 pub enum EngineError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// Not `#[from]`: that would also make it the `source`, and a `{:#}` chain would print the
+    /// tokenizer's message twice (see the `From` impl below).
     #[error("tokenizer: {0}")]
-    Tokenizer(#[from] TokenizerError),
+    Tokenizer(TokenizerError),
     #[error(transparent)]
     Model(ModelError),
     /// The request itself is unacceptable (empty prompt, id out of range, …).
@@ -72,10 +91,10 @@ pub enum EngineError {
     /// The caller's cancel check returned true; the generation is abandoned.
     #[error("cancelled")]
     Cancelled,
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Io {
         path: std::path::PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("generation already finished")]
     Finished,
@@ -85,6 +104,12 @@ pub enum EngineError {
     /// poisoned); the same error is reported to every member.
     #[error("a batched step failed: {0}")]
     Batch(Arc<EngineError>),
+}
+
+impl From<TokenizerError> for EngineError {
+    fn from(e: TokenizerError) -> Self {
+        EngineError::Tokenizer(e)
+    }
 }
 
 impl From<ModelError> for EngineError {
@@ -129,15 +154,10 @@ impl Engine {
         progress(LoadProgress::Checking);
         let checkpoint = Checkpoint::open(dir)?;
         let info = EngineInfo::describe(&checkpoint)?;
-        if tokenizer.vocab_size() > checkpoint.config.vocab_size {
-            return Err(EngineError::InvalidRequest(format!(
-                "tokenizer has {} ids but config.json vocab_size is {}",
-                tokenizer.vocab_size(),
-                checkpoint.config.vocab_size
-            )));
-        }
+        tokenizer.check_vocab(dir, checkpoint.config.vocab_size)?;
+        let threads = check_threads(options.threads).map_err(EngineError::ThreadPool)?;
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads.max(1))
+            .num_threads(threads)
             .thread_name(|i| format!("k3d-compute-{i}"))
             .build()
             .map_err(|e| EngineError::ThreadPool(e.to_string()))?;

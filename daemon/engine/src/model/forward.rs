@@ -204,7 +204,7 @@ impl Model {
         let mut batch = [Sequence { state, ids, want }];
         match self.forward_batch(&mut batch, cancel) {
             Ok(mut logits) => logits.pop().ok_or(ModelError::EmptyInput),
-            Err(ModelError::Member { source, .. }) => Err(*source),
+            Err(ModelError::Member { error, .. }) => Err(*error),
             Err(e) => Err(e),
         }
     }
@@ -271,7 +271,7 @@ impl Model {
             self.check_input(s.state, s.ids)
                 .map_err(|e| ModelError::Member {
                     index,
-                    source: Box::new(e),
+                    error: Box::new(e),
                 })?;
         }
         let h = self.config.hidden_size;

@@ -39,13 +39,21 @@ fn grain(work_per_item: usize) -> usize {
     (PARALLEL_MIN_WORK / work_per_item.max(1)).max(1)
 }
 
+impl From<crate::plan::PlanError> for ModelError {
+    fn from(e: crate::plan::PlanError) -> Self {
+        ModelError::Plan(e)
+    }
+}
+
 /// Failures of loading or running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Its message includes the plan error's, so it is not also the `source` (which `#[from]`
+    /// would make it): a `{:#}` chain says each cause once.
     #[error("memory plan: {0}")]
-    Plan(#[from] crate::plan::PlanError),
+    Plan(crate::plan::PlanError),
     #[error("{tensor}: {problem}")]
     Tensor { tensor: TensorName, problem: String },
     #[error("layout and config disagree: {0}")]
@@ -66,10 +74,10 @@ pub enum ModelError {
     #[error("the state was made for a different model ({0})")]
     StateMismatch(String),
     /// Member `index` of a [`Model::forward_batch`] was refused before any compute.
-    #[error("batch member {index}: {source}")]
+    #[error("batch member {index}: {error}")]
     Member {
         index: usize,
-        source: Box<ModelError>,
+        error: Box<ModelError>,
     },
     #[error("NaN in the logits at output row {row}, vocabulary index {index} (spec §6.1 rule 12)")]
     NanLogits { row: usize, index: usize },

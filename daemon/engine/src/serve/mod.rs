@@ -283,11 +283,9 @@ impl Config {
 /// Why a core could not be set up (before anything is loaded).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("loading the tokenizer of {}: {source}", dir.display())]
-    Tokenizer {
-        dir: PathBuf,
-        source: TokenizerError,
-    },
+    /// Said once: the tokenizer's error is shown here and is not also the source.
+    #[error("loading the tokenizer of {}: {error}", dir.display())]
+    Tokenizer { dir: PathBuf, error: TokenizerError },
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("starting the scheduler thread: {0}")]
@@ -333,12 +331,14 @@ impl Core {
     /// Loads the tokenizer and reads the model's config (no thread yet: a caller may still
     /// bind sockets, which changes the process umask for an instant).
     pub fn new(config: Config) -> Result<Core, StartError> {
-        let tokenizer = Tokenizer::load(&config.model).map_err(|source| StartError::Tokenizer {
-            dir: config.model.clone(),
-            source,
-        })?;
-        let tokenizer = Arc::new(tokenizer);
         let model_config = ModelConfig::from_file(&config.model.join("config.json"))?;
+        // Refuses a tokenizer with ids the embedding has no row for before anything loads.
+        let tokenizer = Tokenizer::load_for_vocab(&config.model, model_config.vocab_size)
+            .map_err(|error| StartError::Tokenizer {
+                dir: config.model.clone(),
+                error,
+            })?;
+        let tokenizer = Arc::new(tokenizer);
         let model_limits = ModelLimits {
             vocab_size: model_config.vocab_size,
             context: context_of(&config.model),

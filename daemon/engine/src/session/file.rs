@@ -21,13 +21,13 @@
 //! "truncated", a long one has trailing bytes), the checksum, the fingerprint, then decodes
 //! the payload. Every refusal is a [`FileError`] naming the file and the field.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::dir::SessionDir;
 use super::snapshot::Snapshot;
 use crate::model::State;
 use crate::model::kda::KdaState;
@@ -47,10 +47,10 @@ const MAX_HEADER_LEN: u32 = 4096;
 /// Why a session file was not written or not loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("session file {path}: {source}")]
+    #[error("session file {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("session file {path}: field `magic`: not a k3 session file")]
     Magic { path: PathBuf },
@@ -89,6 +89,17 @@ pub enum FileError {
         field: &'static str,
         detail: String,
     },
+    /// Only a file the daemon itself wrote (its uid owns it) is believed about its `owner`:
+    /// anyone else's could name any uid.
+    #[error(
+        "session file {path}: owned by uid {file_uid}, not by the daemon's uid {daemon_uid}: \
+         its `owner` field is not trusted"
+    )]
+    Untrusted {
+        path: PathBuf,
+        file_uid: u32,
+        daemon_uid: u32,
+    },
 }
 
 /// What a session file says about itself, readable without loading the states.
@@ -103,44 +114,61 @@ pub struct FileHeader {
     pub state_bytes: u64,
 }
 
+/// The file name of session `name`.
+pub fn file_name(name: &str) -> String {
+    format!("{name}.{EXTENSION}")
+}
+
 /// The file of session `name` in `dir`.
 pub fn path_of(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.{EXTENSION}"))
+    dir.join(file_name(name))
+}
+
+/// The temporary file a save of session `name` writes before renaming it into place.
+fn temp_name(name: &str) -> String {
+    format!(".{name}.{EXTENSION}.tmp")
+}
+
+/// Whether `file_name` is a save's temporary file ([`temp_name`]), which only a save in
+/// progress or one interrupted by a crash leaves behind.
+pub fn is_temp_name(file_name: &str) -> bool {
+    file_name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(&format!(".{EXTENSION}.tmp")))
+        .is_some_and(super::valid_name)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-/// Writes `snapshots` as session `header.name` in `dir` atomically: a temporary file in the
-/// same directory (mode 0600), written, fsynced, renamed over the old file, then the directory
-/// fsynced so the rename survives a crash. Returns the file size.
-pub fn save(dir: &Path, header: &FileHeader, snapshots: &[Snapshot]) -> Result<u64, FileError> {
-    let path = path_of(dir, &header.name);
-    let tmp = dir.join(format!(".{}.{EXTENSION}.tmp", header.name));
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| FileError::Io { path: p, source }
+/// Writes `snapshots` as session `header.name` in `dir` atomically: a new temporary file in
+/// the same directory (mode 0600, created exclusively and never through a symlink, see
+/// [`SessionDir::create_new`]), written, fsynced, renamed over the old file, then the
+/// directory fsynced so the rename survives a crash. Returns the file size.
+pub fn save(
+    dir: &SessionDir,
+    header: &FileHeader,
+    snapshots: &[Snapshot],
+) -> Result<u64, FileError> {
+    let (name, tmp) = (file_name(&header.name), temp_name(&header.name));
+    let io = |file: &str| {
+        let path = dir.path().join(file);
+        move |error| FileError::Io { path, error }
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    let written = write_all(file, header, snapshots).map_err(io(&tmp));
-    let size = match written {
+    let file = dir.create_new(&tmp).map_err(io(&tmp))?;
+    let size = match write_all(file, header, snapshots) {
         Ok(size) => size,
-        Err(e) => {
+        Err(error) => {
             // Best effort: a half-written temporary file is useless.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+            let _ = dir.remove(&tmp);
+            return Err(io(&tmp)(error));
         }
     };
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
+    dir.rename(&tmp, &name).map_err(io(&name))?;
+    dir.sync().map_err(|error| FileError::Io {
+        path: dir.path().to_path_buf(),
+        error,
+    })?;
     Ok(size)
 }
 
@@ -337,9 +365,9 @@ impl<'p, R: Read> Cursor<'p, R> {
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> FileError + '_ {
-    move |source| FileError::Io {
+    move |error| FileError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -410,24 +438,41 @@ fn read_preamble(
     Ok((header, payload_len, file_len - c.remaining))
 }
 
-fn open(path: &Path) -> Result<(File, u64), FileError> {
-    let file = crate::input_file::open(path).map_err(io_err(path))?;
-    let len = file.metadata().map_err(io_err(path))?.len();
-    Ok((file, len))
+fn open(path: &Path) -> Result<File, FileError> {
+    crate::input_file::open(path).map_err(io_err(path))
 }
 
-/// Reads only the header (for listing): magic, version and header fields are checked, the
-/// rest is not (loading checks it).
+fn len_of(path: &Path, file: &File) -> Result<u64, FileError> {
+    Ok(file.metadata().map_err(io_err(path))?.len())
+}
+
+/// Reads only the header of the file at `path` (see [`read_header_from`]).
 pub fn read_header(path: &Path) -> Result<FileHeader, FileError> {
-    let (mut file, len) = open(path)?;
-    Ok(read_preamble(path, &mut file, len)?.0)
+    read_header_from(path, &mut open(path)?)
 }
 
-/// Loads and verifies a session file for the model with `fingerprint`. Nothing from a file
-/// that fails any check is returned. Two streaming passes (checksum, then decoding), so the
-/// memory needed is the snapshots' own, not the file's on top.
+/// Reads only the header (for listing) of `file`, opened from `path` (named in errors):
+/// magic, version and header fields are checked, the rest is not (loading checks it).
+pub fn read_header_from(path: &Path, file: &mut File) -> Result<FileHeader, FileError> {
+    let len = len_of(path, file)?;
+    Ok(read_preamble(path, file, len)?.0)
+}
+
+/// Loads and verifies the session file at `path` (see [`load_from`]).
 pub fn load(path: &Path, fingerprint: &str) -> Result<(FileHeader, Vec<Snapshot>), FileError> {
-    let (mut file, len) = open(path)?;
+    load_from(path, open(path)?, fingerprint)
+}
+
+/// Loads and verifies session file `file`, opened from `path` (named in errors), for the model
+/// with `fingerprint`. Nothing from a file that fails any check is returned. Two streaming
+/// passes (checksum, then decoding), so the memory needed is the snapshots' own, not the
+/// file's on top.
+pub fn load_from(
+    path: &Path,
+    mut file: File,
+    fingerprint: &str,
+) -> Result<(FileHeader, Vec<Snapshot>), FileError> {
+    let len = len_of(path, &file)?;
     let (header, payload_len, payload_at) = read_preamble(path, &mut file, len)?;
     let needed = payload_len.saturating_add(CHECKSUM_LEN);
     let available = len - payload_at;
@@ -540,7 +585,12 @@ mod tests {
     fn written(tag: &str) -> (tempfile::TempDir, PathBuf, Vec<Snapshot>) {
         let dir = scratch(&format!("file-{tag}"));
         let snaps = vec![snap(&[1, 2, 3]), snap(&[1, 2, 3, 4, 5])];
-        let size = save(dir.path(), &header("s1"), &snaps).unwrap();
+        let size = save(
+            &SessionDir::open(dir.path()).unwrap(),
+            &header("s1"),
+            &snaps,
+        )
+        .unwrap();
         let path = path_of(dir.path(), "s1");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
         (dir, path, snaps)
@@ -582,7 +632,8 @@ mod tests {
         // Every byte after the header: a flip is always caught (checksum, or the length check
         // when it hits payload_len).
         let at = {
-            let (mut f, len) = open(&path).unwrap();
+            let mut f = open(&path).unwrap();
+            let len = len_of(&path, &f).unwrap();
             read_preamble(&path, &mut f, len).unwrap().2 - 8
         };
         for i in at as usize..good.len() {

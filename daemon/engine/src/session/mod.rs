@@ -3,6 +3,7 @@
 //! that history prefills only its new tokens (issue 7 items 1–3; spec §5.1–5.2).
 //!
 //! * [`snapshot`] — the reuse rule: which snapshot, if any, a prompt may continue from.
+//! * [`dir`] — the session directory, trusted only when it is the daemon's own.
 //! * [`file`] — the on-disk format (fingerprinted, checksummed, written atomically).
 //! * [`store`] — the [`SessionStore`]: ownership, one user at a time, the memory allowance
 //!   with least-recently-used spilling to the session directory, and reloading on demand.
@@ -10,10 +11,12 @@
 //! KDA state cannot be truncated (spec §5.2), so a snapshot is reused only when its whole
 //! history is an exact prefix of the prompt; there is no partial reuse.
 
+pub mod dir;
 pub mod file;
 pub mod snapshot;
 pub mod store;
 
+pub use dir::SessionDir;
 pub use file::{FileError, FileHeader};
 pub use snapshot::{MAX_SNAPSHOTS, Snapshot};
 pub use store::{Access, SessionInfo, SessionStore, StoreError};

@@ -11,14 +11,20 @@
 //! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
 //!   leaves the store above it, idle sessions are written to the session directory and dropped
 //!   from memory, least recently used first; the next request to one of them loads it back.
-//! * Files: [`super::file`] format. At start the directory is scanned; files whose header does
-//!   not parse or whose fingerprint is another model's are not indexed (reported by `open`),
-//!   and a request naming one gets the file's error: they are never loaded.
+//! * Files: [`super::file`] format, in a [`SessionDir`] the daemon owns (no symlink followed,
+//!   no FIFO blocked on). At start the directory is scanned: temporary files a crash left
+//!   are removed; files whose header does not parse, whose fingerprint is another model's or
+//!   that another uid owns (their `owner` field is not believed) are not indexed (reported by
+//!   `open`), and a request naming one gets the file's error: they are never loaded. Deleting
+//!   one works — that is how a user clears the refusal — for the owner its header names when
+//!   the daemon wrote it, and otherwise for root only.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader};
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
@@ -30,17 +36,26 @@ pub enum StoreError {
     InvalidName(String),
     #[error("no session named {0:?}")]
     NotFound(String),
-    #[error("session {name:?} belongs to uid {}", owner.map_or_else(|| "unknown".to_string(), |u| u.to_string()))]
+    #[error("{}", permission_text(name, *owner))]
     PermissionDenied { name: String, owner: Option<u32> },
     #[error("session {name:?} is in use by request {request}; retry when it finishes")]
     Busy { name: String, request: u64 },
     #[error(transparent)]
     File(#[from] FileError),
-    #[error("session directory {path}: {source}")]
+    #[error("session directory {path}: {error}")]
     Dir {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
+}
+
+fn permission_text(name: &str, owner: Option<u32>) -> String {
+    match owner {
+        Some(uid) => format!("session {name:?} belongs to uid {uid}"),
+        None => format!(
+            "session {name:?} has no owner the daemon can vouch for; only root may act on it"
+        ),
+    }
 }
 
 /// Who asks: `Some(uid)` from the socket's peer credentials.
@@ -122,7 +137,7 @@ fn permitted(owner: Option<u32>, who: Access) -> bool {
 
 /// Every session of one daemon. Not thread-safe by itself: the server wraps it in a mutex.
 pub struct SessionStore {
-    dir: PathBuf,
+    dir: SessionDir,
     fingerprint: String,
     allowance: u64,
     sessions: BTreeMap<String, Entry>,
@@ -130,54 +145,83 @@ pub struct SessionStore {
 }
 
 impl SessionStore {
-    /// Opens (creating, mode 0700) the session directory and indexes the sessions saved there
-    /// for the model with `fingerprint`. Files that cannot be indexed are returned with why.
+    /// Opens (creating, mode 0700) the session directory — refused unless the daemon owns it
+    /// and only the daemon may write into it ([`SessionDir::open`]) —, removes the temporary
+    /// files of saves a crash interrupted, and indexes the sessions saved there for the model
+    /// with `fingerprint`. Files that cannot be indexed or removed are returned with why.
     pub fn open(
         dir: &Path,
         fingerprint: &str,
         allowance: u64,
     ) -> Result<(SessionStore, Vec<FileError>), StoreError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir_err = |source| StoreError::Dir {
+        let dir_err = |error| StoreError::Dir {
             path: dir.to_path_buf(),
-            source,
+            error,
         };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(dir_err)?;
+        let session_dir = SessionDir::open(dir).map_err(dir_err)?;
+        let names = session_dir.names().map_err(dir_err)?;
         let mut store = SessionStore {
-            dir: dir.to_path_buf(),
+            dir: session_dir,
             fingerprint: fingerprint.to_string(),
             allowance,
             sessions: BTreeMap::new(),
             clock: 0,
         };
         let mut skipped = Vec::new();
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(dir_err)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == file::EXTENSION))
-            .collect();
-        paths.sort();
-        for path in paths {
-            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+        let extension = format!(".{}", file::EXTENSION);
+        for entry in names {
+            if file::is_temp_name(&entry) {
+                // A save renames its temporary file away when it completes, so this one is
+                // from a save a crash interrupted; the file it was to replace is still whole.
+                if let Err(error) = store.dir.remove(&entry) {
+                    skipped.push(FileError::Io {
+                        path: dir.join(&entry),
+                        error,
+                    });
+                }
+                continue;
+            }
+            let Some(name) = entry.strip_suffix(&extension) else {
                 continue;
             };
             if !super::valid_name(name) {
                 continue;
             }
-            match store.index(&path, name) {
-                Ok(()) => {}
-                Err(e) => skipped.push(e),
+            if let Err(e) = store.index(name) {
+                skipped.push(e);
             }
         }
         Ok((store, skipped))
     }
 
-    fn index(&mut self, path: &Path, name: &str) -> Result<(), FileError> {
-        let h = file::read_header(path)?;
+    /// Opens session `name`'s file if the daemon may believe what it says: a regular file (no
+    /// symlink is followed, a FIFO is refused without blocking) that the daemon's uid owns.
+    fn open_trusted(&self, name: &str) -> Result<(PathBuf, File), FileError> {
+        let path = file::path_of(self.dir.path(), name);
+        let (file, file_uid) = match self.dir.open_file(&file::file_name(name)) {
+            Ok(opened) => opened,
+            Err(error) => return Err(FileError::Io { path, error }),
+        };
+        if file_uid != self.dir.uid() {
+            return Err(FileError::Untrusted {
+                path,
+                file_uid,
+                daemon_uid: self.dir.uid(),
+            });
+        }
+        Ok((path, file))
+    }
+
+    /// The owner a session file the daemon will not load names, if the daemon wrote it and its
+    /// header reads; `None` otherwise.
+    fn claimed_owner(&self, name: &str) -> Option<u32> {
+        let (path, mut f) = self.open_trusted(name).ok()?;
+        file::read_header_from(&path, &mut f).ok()?.owner
+    }
+
+    fn index(&mut self, name: &str) -> Result<(), FileError> {
+        let (path, mut f) = self.open_trusted(name)?;
+        let h = file::read_header_from(&path, &mut f)?;
         if h.fingerprint != self.fingerprint {
             return Err(FileError::Fingerprint {
                 path: path.to_path_buf(),
@@ -192,7 +236,8 @@ impl SessionStore {
                 detail: format!("{:?} inside a file named for {name:?}", h.name),
             });
         }
-        let last_used = std::fs::metadata(path)
+        let last_used = f
+            .metadata()
             .and_then(|m| m.modified())
             .unwrap_or(SystemTime::UNIX_EPOCH);
         self.sessions.insert(
@@ -212,7 +257,7 @@ impl SessionStore {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     pub fn allowance(&self) -> u64 {
@@ -243,10 +288,9 @@ impl SessionStore {
     /// The entry `who` may act on.
     fn entry_for(&mut self, name: &str, who: Access) -> Result<&mut Entry, StoreError> {
         Self::checked(name)?;
-        let path = file::path_of(&self.dir, name);
-        if !self.sessions.contains_key(name) && path.exists() {
+        if !self.sessions.contains_key(name) && self.dir.contains(&file::file_name(name)) {
             // A file the start-up scan could not index: its own error says why.
-            self.index(&path, name)?;
+            self.index(name)?;
         }
         let entry = self
             .sessions
@@ -305,15 +349,25 @@ impl SessionStore {
         name: &str,
         prompt: &[u32],
     ) -> Result<(Option<State>, usize), StoreError> {
-        let (dir, fingerprint) = (self.dir.clone(), self.fingerprint.clone());
         self.clock += 1;
         let tick = self.clock;
+        let spilled = self
+            .sessions
+            .get(name)
+            .ok_or_else(|| StoreError::NotFound(name.to_string()))?
+            .snapshots
+            .is_none();
+        let loaded = if spilled {
+            let (path, f) = self.open_trusted(name)?;
+            Some(file::load_from(&path, f, &self.fingerprint)?)
+        } else {
+            None
+        };
         let entry = self
             .sessions
             .get_mut(name)
             .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
-        if entry.snapshots.is_none() {
-            let (header, snaps) = file::load(&file::path_of(&dir, name), &fingerprint)?;
+        if let Some((header, snaps)) = loaded {
             entry.owner = header.owner;
             entry.tokens = tokens_of(&snaps);
             entry.state_bytes = bytes_of(&snaps);
@@ -421,20 +475,38 @@ impl SessionStore {
         Ok(entry.info(name))
     }
 
-    /// Forgets session `name` and removes its file. Refused while a request uses it.
+    /// Forgets session `name` and removes its file. Refused while a request uses it. A file
+    /// the daemon will not load (damaged, another format version or model, not the daemon's
+    /// own, not a regular file) is removed too — the refusal tells the user to do exactly
+    /// that —, by the owner its header names if the daemon wrote it, else by root only.
     pub fn delete(&mut self, name: &str, who: Access) -> Result<(), StoreError> {
-        let entry = self.entry_for(name, who)?;
-        if let Some(request) = entry.in_use {
-            return Err(StoreError::Busy {
-                name: name.to_string(),
-                request,
-            });
+        match self.entry_for(name, who) {
+            Ok(entry) => {
+                if let Some(request) = entry.in_use {
+                    return Err(StoreError::Busy {
+                        name: name.to_string(),
+                        request,
+                    });
+                }
+            }
+            Err(StoreError::File(_)) => {
+                let owner = self.claimed_owner(name);
+                if !permitted(owner, who) {
+                    return Err(StoreError::PermissionDenied {
+                        name: name.to_string(),
+                        owner,
+                    });
+                }
+            }
+            Err(e) => return Err(e),
         }
-        let path = file::path_of(&self.dir, name);
-        match std::fs::remove_file(&path) {
+        match self.dir.remove(&file::file_name(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(FileError::Io { path, source }.into()),
+            Err(error) => {
+                let path = file::path_of(self.dir.path(), name);
+                return Err(FileError::Io { path, error }.into());
+            }
         }
         self.sessions.remove(name);
         Ok(())

@@ -47,19 +47,19 @@ pub enum DirectPolicy {
 pub enum ReadError {
     #[error("shard index {shard} out of range: {count} shards are open")]
     NoSuchShard { shard: usize, count: usize },
-    #[error("cannot open {path}: {source} (errno {errno})")]
+    #[error("cannot open {path}: {error} (errno {errno})")]
     Open {
         path: PathBuf,
         errno: i32,
-        source: io::Error,
+        error: io::Error,
     },
-    #[error("reading {path}: {len} bytes at offset {offset}: {source} (errno {errno})")]
+    #[error("reading {path}: {len} bytes at offset {offset}: {error} (errno {errno})")]
     Io {
         path: PathBuf,
         offset: u64,
         len: usize,
         errno: i32,
-        source: io::Error,
+        error: io::Error,
     },
     #[error(
         "reading {path}: {len} bytes at offset {offset}: end of file after {got} bytes, \
@@ -230,10 +230,10 @@ pub struct Shard {
 
 impl Shard {
     pub fn open(path: &Path, policy: DirectPolicy) -> Result<Self, ReadError> {
-        let open_err = |source: io::Error| ReadError::Open {
+        let open_err = |error: io::Error| ReadError::Open {
             path: path.to_path_buf(),
-            errno: errno_of(&source),
-            source,
+            errno: errno_of(&error),
+            error,
         };
         let buffered = |reason: String| -> Result<Self, ReadError> {
             let file = File::open(path).map_err(open_err)?;
@@ -308,13 +308,13 @@ impl Shard {
                 Ok(0) => break,
                 Ok(k) => got += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => {
+                Err(error) => {
                     return Err(ReadError::Io {
                         path: self.path.clone(),
                         offset,
                         len: dst.len(),
-                        errno: errno_of(&source),
-                        source,
+                        errno: errno_of(&error),
+                        error,
                     });
                 }
             }

@@ -345,11 +345,11 @@ pub enum CacheError {
         expert: u32,
         capacity: usize,
     },
-    #[error("reading layer {layer} expert {expert}: {source}")]
+    #[error("reading layer {layer} expert {expert}: {error}")]
     Read {
         layer: u32,
         expert: u32,
-        source: ReadError,
+        error: ReadError,
     },
 }
 
@@ -548,7 +548,7 @@ impl ExpertCache {
                 Err(CacheError::Read {
                     layer: key.layer,
                     expert: key.expert,
-                    source: f.error,
+                    error: f.error,
                 })
             }
         };

@@ -38,6 +38,18 @@ use reader::{Batch, Priority, ReaderConfig, ReaderPool};
 use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, ModelLayout, MoeLayout, Slice};
 use crate::kernels::mxfp4;
 
+impl From<reader::PoolError> for StoreError {
+    fn from(e: reader::PoolError) -> Self {
+        StoreError::Pool(e)
+    }
+}
+
+impl From<aligned::AllocError> for StoreError {
+    fn from(e: aligned::AllocError) -> Self {
+        StoreError::Alloc(e)
+    }
+}
+
 /// Failures of the weight store. Every variant names the file and offset it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -45,10 +57,12 @@ pub enum StoreError {
     Read(#[from] ReadError),
     #[error(transparent)]
     Expert(#[from] CacheError),
+    /// These two include their cause's message, so they are not also its `source` (as
+    /// `#[from]` would make them): a `{:#}` chain says each cause once.
     #[error("reader threads: {0}")]
-    Pool(#[from] reader::PoolError),
+    Pool(reader::PoolError),
     #[error("allocating a weight buffer: {0}")]
-    Alloc(#[from] aligned::AllocError),
+    Alloc(aligned::AllocError),
     #[error("layer {layer} does not exist (the model has {count} layers)")]
     NoSuchLayer { layer: usize, count: usize },
     #[error("layer {layer} has no routed experts")]

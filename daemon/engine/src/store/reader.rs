@@ -48,11 +48,8 @@ pub enum PoolError {
     NoThreads,
     #[error(transparent)]
     Chunk(#[from] ReadError),
-    #[error("cannot start reader thread {index}: {source}")]
-    Spawn {
-        index: usize,
-        source: std::io::Error,
-    },
+    #[error("cannot start reader thread {index}: {error}")]
+    Spawn { index: usize, error: std::io::Error },
 }
 
 /// Lock a mutex whose data stays consistent even if a holder panicked (every critical section
@@ -175,7 +172,7 @@ impl ReaderPool {
             let handle = std::thread::Builder::new()
                 .name(format!("k3d-reader-{index}"))
                 .spawn(move || worker(&shared))
-                .map_err(|source| PoolError::Spawn { index, source })?;
+                .map_err(|error| PoolError::Spawn { index, error })?;
             pool.threads.push(handle);
         }
         Ok(pool)

@@ -40,10 +40,10 @@ const DISK_HEADROOM: u64 = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "{path} is not empty (first entry: {first}); pass --force to overwrite its checkpoint files"
@@ -58,12 +58,12 @@ pub enum SynthError {
         headroom: u64,
         avail: u64,
     },
-    #[error("statvfs {path}: {source}")]
-    Statvfs { path: PathBuf, source: nix::Error },
-    #[error("shape {shape}: {source}")]
+    #[error("statvfs {path}: {error}")]
+    Statvfs { path: PathBuf, error: nix::Error },
+    #[error("shape {shape}: {error}")]
     Dims {
         shape: &'static str,
-        source: DimOverflow,
+        error: DimOverflow,
     },
     #[error("a vocabulary of {vocab_size} has token ids beyond 32 bits")]
     VocabTooLarge { vocab_size: usize },
@@ -120,9 +120,9 @@ pub fn plan(shape: &Shape) -> Result<Plan, SynthError> {
         pad_token_id: id(ids.pad)?,
         ..shape.config.clone()
     };
-    let specs = inventory::shards(&config, shape.a_log_len).map_err(|source| SynthError::Dims {
+    let specs = inventory::shards(&config, shape.a_log_len).map_err(|error| SynthError::Dims {
         shape: shape.name,
-        source,
+        error,
     })?;
     let n = specs.len();
     let shards: Vec<PlannedShard> = specs
@@ -209,9 +209,9 @@ pub fn fingerprint(files: &[(String, String)]) -> String {
 /// `force` the files a checkpoint consists of (our names and any `model*.safetensors`, which
 /// loaders pick up by pattern) are removed so no stale shard survives. Other files stay.
 fn prepare_dir(dir: &Path, plan: &Plan, force: bool) -> Result<(), SynthError> {
-    let io = |source| SynthError::Io {
+    let io = |error| SynthError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     };
     fs::create_dir_all(dir).map_err(io)?;
     let mut entries: Vec<String> = fs::read_dir(dir)
@@ -235,16 +235,16 @@ fn prepare_dir(dir: &Path, plan: &Plan, force: bool) -> Result<(), SynthError> {
     };
     for name in entries.iter().filter(|n| ours(n)) {
         let path = dir.join(name);
-        fs::remove_file(&path).map_err(|source| SynthError::Io { path, source })?;
+        fs::remove_file(&path).map_err(|error| SynthError::Io { path, error })?;
     }
     Ok(())
 }
 
 /// Refuses when the file system holding `dir` lacks room for `need` bytes plus headroom.
 fn check_space(dir: &Path, need: u64) -> Result<(), SynthError> {
-    let st = nix::sys::statvfs::statvfs(dir).map_err(|source| SynthError::Statvfs {
+    let st = nix::sys::statvfs::statvfs(dir).map_err(|error| SynthError::Statvfs {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let avail = st.blocks_available() as u64 * st.fragment_size() as u64;
     if avail < need.saturating_add(DISK_HEADROOM) {
@@ -273,7 +273,7 @@ pub fn write(
     let mut done = 0u64;
     for (name, contents) in &plan.small_files {
         let path = dir.join(name);
-        fs::write(&path, contents).map_err(|source| SynthError::Io { path, source })?;
+        fs::write(&path, contents).map_err(|error| SynthError::Io { path, error })?;
         files.push((name.clone(), writer::hex(&Sha256::digest(contents))));
         done += contents.len() as u64;
     }
@@ -311,12 +311,12 @@ pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
     let mut files = Vec::new();
     for name in names {
         let path = dir.join(name);
-        let mut f = fs::File::open(&path).map_err(|source| SynthError::Io {
+        let mut f = fs::File::open(&path).map_err(|error| SynthError::Io {
             path: path.clone(),
-            source,
+            error,
         })?;
         let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).map_err(|source| SynthError::Io { path, source })?;
+        std::io::copy(&mut f, &mut h).map_err(|error| SynthError::Io { path, error })?;
         files.push((name.clone(), writer::hex(&h.finalize())));
     }
     Ok(fingerprint(&files))

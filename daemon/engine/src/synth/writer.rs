@@ -98,9 +98,9 @@ pub fn write(
     progress: &mut dyn FnMut(u64),
 ) -> Result<String, SynthError> {
     let path = dir.join(&shard.file_name);
-    let io = |source| SynthError::Io {
+    let io = |error| SynthError::Io {
         path: path.clone(),
-        source,
+        error,
     };
     let file = File::create(&path).map_err(io)?;
     let mut w = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));

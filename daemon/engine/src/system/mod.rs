@@ -14,10 +14,10 @@ use crate::kernels::isa::{Isa, IsaKind};
 /// A fact could not be read. Every variant names the file or path concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: no {field} line")]
     MissingField { path: PathBuf, field: &'static str },
@@ -27,17 +27,17 @@ pub enum SystemError {
         field: &'static str,
         text: String,
     },
-    #[error("statvfs({path}): {source}")]
+    #[error("statvfs({path}): {error}")]
     Statvfs {
         path: PathBuf,
-        source: nix::errno::Errno,
+        error: nix::errno::Errno,
     },
 }
 
 fn read_text(path: &Path) -> Result<String, SystemError> {
-    std::fs::read_to_string(path).map_err(|source| SystemError::Read {
+    std::fs::read_to_string(path).map_err(|error| SystemError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
@@ -263,9 +263,9 @@ pub struct Disk {
 
 impl Disk {
     pub fn of(path: &Path) -> Result<Disk, SystemError> {
-        let st = nix::sys::statvfs::statvfs(path).map_err(|source| SystemError::Statvfs {
+        let st = nix::sys::statvfs::statvfs(path).map_err(|error| SystemError::Statvfs {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let frag = st.fragment_size() as u64;
         Ok(Disk {

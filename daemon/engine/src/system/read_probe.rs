@@ -21,10 +21,10 @@ pub const EXPERT_READ: usize = 17_547_264;
 pub enum ProbeError {
     #[error("no non-empty shard files to read")]
     NoFiles,
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Metadata {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot allocate a {len}-byte aligned read buffer")]
     Buffer { len: usize },
@@ -74,9 +74,9 @@ pub fn measure(files: &[PathBuf], opts: ProbeOptions) -> Result<ProbeResult, Pro
     let mut shards = Vec::new();
     for path in files {
         let size = std::fs::metadata(path)
-            .map_err(|source| ProbeError::Metadata {
+            .map_err(|error| ProbeError::Metadata {
                 path: path.clone(),
-                source,
+                error,
             })?
             .len();
         if size > 0 {

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("{}: {source}", path.display())]
+    /// The I/O error is part of the message, not a `source`, so a `{:#}` chain shows it once.
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("{}:{line}: {reason}", path.display())]
@@ -81,6 +82,22 @@ pub enum TokenizerError {
     /// The chat template (spec §8) and end-of-turn detection need these names.
     #[error("{}: no added token is named {name:?}", path.display())]
     MissingControlToken { path: PathBuf, name: &'static str },
+
+    /// The embedding and lm_head have `vocab_size` rows (spec §2.2): an id at or beyond it has
+    /// no row, so the checkpoint's files disagree. Fewer ids than rows is a padded embedding
+    /// and loads.
+    #[error(
+        "{}: the tokenizer has {ids} ids ({ranks} ranks + {added} added slots) but config.json \
+         vocab_size is {vocab_size}: ids {vocab_size}..{ids} would have no embedding row",
+        path.display()
+    )]
+    MoreIdsThanVocabulary {
+        path: PathBuf,
+        ids: usize,
+        ranks: usize,
+        added: u32,
+        vocab_size: usize,
+    },
 
     #[error("the pre-tokeniser pattern does not compile: {0}")]
     Pattern(String),

@@ -8,6 +8,10 @@ use rustc_hash::FxHashMap;
 
 use super::error::TokenizerError;
 
+/// The tokenizer files of a checkpoint directory (spec §7.1).
+pub const RANKS_FILE: &str = "tiktoken.model";
+pub const CONFIG_FILE: &str = "tokenizer_config.json";
+
 /// Number of added-token slots after the BPE ranks (spec §7.1): 163,584..163,839 in K3.
 pub const ADDED_SLOTS: u32 = 256;
 
@@ -18,9 +22,9 @@ pub struct Ranks {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TokenizerError> {
-    crate::input_file::read(path).map_err(|source| TokenizerError::Io {
+    crate::input_file::read(path).map_err(|error| TokenizerError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 

@@ -25,7 +25,7 @@ use std::path::Path;
 use rustc_hash::FxHashMap;
 
 pub use error::TokenizerError;
-pub use files::ADDED_SLOTS;
+pub use files::{ADDED_SLOTS, CONFIG_FILE, RANKS_FILE};
 pub use stream::StreamDecoder;
 
 use added::{AddedTokens, Part};
@@ -72,10 +72,31 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Loads `tiktoken.model` and `tokenizer_config.json` from a model directory.
     pub fn load(dir: &Path) -> Result<Tokenizer, TokenizerError> {
-        Self::from_files(
-            &dir.join("tiktoken.model"),
-            &dir.join("tokenizer_config.json"),
-        )
+        Self::from_files(&dir.join(files::RANKS_FILE), &dir.join(files::CONFIG_FILE))
+    }
+
+    /// Loads the tokenizer of a checkpoint whose embedding and lm_head have `vocab_size` rows
+    /// (`config.json`, spec §2.2). Fewer ids than rows is a padded embedding (converted and
+    /// fine-tuned checkpoints round the rows up) and loads: encoding never produces the padding
+    /// ids. More ids than rows is refused, since those ids would have no row.
+    pub fn load_for_vocab(dir: &Path, vocab_size: usize) -> Result<Tokenizer, TokenizerError> {
+        let tokenizer = Self::load(dir)?;
+        tokenizer.check_vocab(dir, vocab_size)?;
+        Ok(tokenizer)
+    }
+
+    /// The rule of [`Self::load_for_vocab`] for a tokenizer already loaded from `dir`.
+    pub fn check_vocab(&self, dir: &Path, vocab_size: usize) -> Result<(), TokenizerError> {
+        if self.vocab_size() > vocab_size {
+            return Err(TokenizerError::MoreIdsThanVocabulary {
+                path: dir.join(files::RANKS_FILE),
+                ids: self.vocab_size(),
+                ranks: self.rank_count(),
+                added: ADDED_SLOTS,
+                vocab_size,
+            });
+        }
+        Ok(())
     }
 
     /// Loads from explicit paths (the rank file may be any tiktoken-format file).

@@ -70,7 +70,7 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Compute threads of each run (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = super::threads)]
     threads: Option<usize>,
     /// Plan overrides, applied to every budget (plan experiments).
     #[command(flatten)]

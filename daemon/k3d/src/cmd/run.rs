@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     dump_logits: Option<PathBuf>,
     /// Compute threads (default: all cores). Output does not depend on it.
-    #[arg(long)]
+    #[arg(long, value_parser = super::threads)]
     threads: Option<usize>,
     /// Prompt tokens per prefill step. Output does not depend on it.
     #[arg(long, default_value_t = 32)]

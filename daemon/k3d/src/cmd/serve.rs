@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long)]
     socket: Option<PathBuf>,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = super::threads)]
     threads: Option<usize>,
     /// TOML file with any of these settings (keys = flag names with `_`); flags override it.
     #[arg(long)]
@@ -200,8 +200,7 @@ pub fn run(args: Args) -> CliResult {
         ));
     }
     let threads = match args.threads.or(file.threads) {
-        Some(0) => return Err(usage("threads must be at least 1".into())),
-        Some(n) => n,
+        Some(n) => k3_engine::engine::check_threads(n).map_err(usage)?,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let max_active = args.max_active.or(file.max_active).unwrap_or(4);

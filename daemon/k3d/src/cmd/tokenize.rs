@@ -37,8 +37,10 @@ fn usage(error: impl Into<anyhow::Error>) -> CliError {
     CliError::new(Exit::Usage, error)
 }
 
+/// Malformed tokenizer files are a checkpoint error (exit 3), like every other file of the
+/// checkpoint; bad input on stdin is a usage error (exit 2).
 fn load(dir: &Path) -> Result<Tokenizer, CliError> {
-    Tokenizer::load(dir).map_err(usage)
+    Tokenizer::load(dir).map_err(|e| CliError::new(Exit::Checkpoint, e))
 }
 
 fn read_stdin() -> Result<Vec<u8>, CliError> {

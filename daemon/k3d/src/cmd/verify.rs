@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long)]
     manifest: Option<PathBuf>,
     /// Files hashed at once (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = super::threads)]
     threads: Option<usize>,
     /// Create the manifest from the files present instead of checking against it.
     #[arg(long)]
@@ -83,16 +83,9 @@ fn io_error(e: verify::VerifyError) -> CliError {
 }
 
 pub fn run(args: Args) -> CliResult {
-    let threads = match args.threads {
-        Some(0) => {
-            return Err(CliError::new(
-                Exit::Usage,
-                anyhow::anyhow!("--threads must be at least 1"),
-            ));
-        }
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let manifest_path = args
         .manifest
         .clone()
