@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
 use k3_engine::session::file as session_file;
+use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
@@ -92,7 +93,10 @@ pub fn safetensors_index(data: &[u8]) {
         TensorIndex::from_header_bytes(vec![
             shard(
                 "model-00001-of-00002.safetensors",
-                &[("a.weight", Dtype::Bf16, &[2, 4]), ("b.norm", Dtype::F32, &[4])],
+                &[
+                    ("a.weight", Dtype::Bf16, &[2, 4]),
+                    ("b.norm", Dtype::F32, &[4]),
+                ],
             ),
             shard(
                 "model-00002-of-00002.safetensors",
@@ -117,11 +121,14 @@ pub fn config_json(data: &[u8]) {
     }
 }
 
-/// The synthetic checkpoints' tokenizer files: the valid counterpart of a fuzzed one.
-fn valid_tokenizer_files() -> &'static (String, Vec<u8>) {
+/// The `tiny` synthetic checkpoint's tokenizer files (`tiktoken.model`, `tokenizer_config.json`):
+/// the valid counterpart of a fuzzed one. The committed `synth_tiny` seeds are these files, so
+/// a seed mutated in one file still meets a partner it loads with.
+pub fn valid_tokenizer_files() -> &'static (String, Vec<u8>) {
     static FILES: OnceLock<(String, Vec<u8>)> = OnceLock::new();
     FILES.get_or_init(|| {
-        let vocab = Vocab::learn(64);
+        let tiny = Shape::named("tiny").expect("the tiny synthetic shape exists");
+        let vocab = Vocab::learn(tiny.bpe_merges);
         let config = serde_json::to_vec(&vocab.tokenizer_config()).expect("config serialises");
         (vocab.tiktoken_model(), config)
     })
