@@ -176,20 +176,27 @@ pub fn tokenizer_config(data: &[u8]) {
 /// the last 32 bytes are replaced by the checksum of the rest, so that the fuzzer reaches the
 /// payload decoder behind the checksum.
 pub fn session_file(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(bytes) = session_file_bytes(data) else {
         return;
     };
+    let path = write_scratch("fuzz.k3s", &bytes);
+    if let Ok(header) = session_file::read_header(&path) {
+        let _ = session_file::load(&path, &header.fingerprint);
+    }
+    let _ = session_file::load(&path, "fingerprint-of-another-model");
+}
+
+/// The session file a `session_file` input stands for: the input without its mode byte, with
+/// the checksum fixed up when the mode byte is odd.
+pub fn session_file_bytes(data: &[u8]) -> Option<Vec<u8>> {
+    let (&mode, rest) = data.split_first()?;
     let mut bytes = rest.to_vec();
     if mode & 1 == 1 && bytes.len() >= 32 {
         let body = bytes.len() - 32;
         let digest = Sha256::digest(&bytes[..body]);
         bytes[body..].copy_from_slice(&digest);
     }
-    let path = write_scratch("fuzz.k3s", &bytes);
-    if let Ok(header) = session_file::read_header(&path) {
-        let _ = session_file::load(&path, &header.fingerprint);
-    }
-    let _ = session_file::load(&path, "fingerprint-of-another-model");
+    Some(bytes)
 }
 
 /// A small real tokenizer (the synthetic checkpoints') for the chat targets.

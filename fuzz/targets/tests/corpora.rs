@@ -76,3 +76,24 @@ fn tokenizer_seeds_are_the_counterparts_the_targets_load_them_with() {
         "fuzz/corpus/tokenizer_config/synth_tiny is not the target's valid tokenizer_config.json"
     );
 }
+
+/// The session seeds are files the loader accepts whole, so mutations start from the payload
+/// decoder (snapshots, KDA and MLA layers) rather than from an early refusal (the first
+/// snapshot seed lacked the three KDA conv histories and was refused as truncated).
+#[test]
+fn session_seeds_load_completely() {
+    use k3_engine::session::file as session_file;
+    let [seeds, _] = k3_fuzz::corpus_dirs(&fuzz_dir(), "session_file");
+    let dir = tempfile::tempdir().expect("scratch directory");
+    for seed in inputs(&seeds) {
+        let data = std::fs::read(&seed).expect("seed reads");
+        let bytes = k3_fuzz::session_file_bytes(&data).expect("seed has a mode byte");
+        let path = dir.path().join("seed.k3s");
+        std::fs::write(&path, bytes).expect("scratch file writes");
+        let header = session_file::read_header(&path)
+            .unwrap_or_else(|e| panic!("{}: header: {e}", seed.display()));
+        if let Err(e) = session_file::load(&path, &header.fingerprint) {
+            panic!("{}: {e}", seed.display());
+        }
+    }
+}
