@@ -27,8 +27,11 @@ use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thin
 use k3proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
+/// A target body: arbitrary bytes in, no panic out.
+pub type Target = fn(&[u8]);
+
 /// Every target by name: the name is its corpus directory and the driver's `K3_FUZZ_TARGET`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("safetensors_header", safetensors_header),
     ("safetensors_index", safetensors_index),
     ("config_json", config_json),
@@ -41,7 +44,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The target called `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
 }
 
