@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-fn target() -> fn(&[u8]) {
-    static TARGET: OnceLock<fn(&[u8])> = OnceLock::new();
+fn target() -> k3_fuzz::Target {
+    static TARGET: OnceLock<k3_fuzz::Target> = OnceLock::new();
     *TARGET.get_or_init(|| {
         let name = std::env::var("K3_FUZZ_TARGET").unwrap_or_default();
         match k3_fuzz::target(&name) {

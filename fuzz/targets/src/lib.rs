@@ -20,14 +20,18 @@ use std::sync::OnceLock;
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
 use k3_engine::session::file as session_file;
+use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
 use k3proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
+/// A target body: arbitrary bytes in, no panic out.
+pub type Target = fn(&[u8]);
+
 /// Every target by name: the name is its corpus directory and the driver's `K3_FUZZ_TARGET`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("safetensors_header", safetensors_header),
     ("safetensors_index", safetensors_index),
     ("config_json", config_json),
@@ -40,7 +44,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The target called `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
 }
 
@@ -92,7 +96,10 @@ pub fn safetensors_index(data: &[u8]) {
         TensorIndex::from_header_bytes(vec![
             shard(
                 "model-00001-of-00002.safetensors",
-                &[("a.weight", Dtype::Bf16, &[2, 4]), ("b.norm", Dtype::F32, &[4])],
+                &[
+                    ("a.weight", Dtype::Bf16, &[2, 4]),
+                    ("b.norm", Dtype::F32, &[4]),
+                ],
             ),
             shard(
                 "model-00002-of-00002.safetensors",
@@ -117,11 +124,14 @@ pub fn config_json(data: &[u8]) {
     }
 }
 
-/// The synthetic checkpoints' tokenizer files: the valid counterpart of a fuzzed one.
-fn valid_tokenizer_files() -> &'static (String, Vec<u8>) {
+/// The `tiny` synthetic checkpoint's tokenizer files (`tiktoken.model`, `tokenizer_config.json`):
+/// the valid counterpart of a fuzzed one. The committed `synth_tiny` seeds are these files, so
+/// a seed mutated in one file still meets a partner it loads with.
+pub fn valid_tokenizer_files() -> &'static (String, Vec<u8>) {
     static FILES: OnceLock<(String, Vec<u8>)> = OnceLock::new();
     FILES.get_or_init(|| {
-        let vocab = Vocab::learn(64);
+        let tiny = Shape::named("tiny").expect("the tiny synthetic shape exists");
+        let vocab = Vocab::learn(tiny.bpe_merges);
         let config = serde_json::to_vec(&vocab.tokenizer_config()).expect("config serialises");
         (vocab.tiktoken_model(), config)
     })
@@ -169,20 +179,27 @@ pub fn tokenizer_config(data: &[u8]) {
 /// the last 32 bytes are replaced by the checksum of the rest, so that the fuzzer reaches the
 /// payload decoder behind the checksum.
 pub fn session_file(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some(bytes) = session_file_bytes(data) else {
         return;
     };
+    let path = write_scratch("fuzz.k3s", &bytes);
+    if let Ok(header) = session_file::read_header(&path) {
+        let _ = session_file::load(&path, &header.fingerprint);
+    }
+    let _ = session_file::load(&path, "fingerprint-of-another-model");
+}
+
+/// The session file a `session_file` input stands for: the input without its mode byte, with
+/// the checksum fixed up when the mode byte is odd.
+pub fn session_file_bytes(data: &[u8]) -> Option<Vec<u8>> {
+    let (&mode, rest) = data.split_first()?;
     let mut bytes = rest.to_vec();
     if mode & 1 == 1 && bytes.len() >= 32 {
         let body = bytes.len() - 32;
         let digest = Sha256::digest(&bytes[..body]);
         bytes[body..].copy_from_slice(&digest);
     }
-    let path = write_scratch("fuzz.k3s", &bytes);
-    if let Ok(header) = session_file::read_header(&path) {
-        let _ = session_file::load(&path, &header.fingerprint);
-    }
-    let _ = session_file::load(&path, "fingerprint-of-another-model");
+    Some(bytes)
 }
 
 /// A small real tokenizer (the synthetic checkpoints') for the chat targets.

@@ -51,3 +51,49 @@ fn every_corpus_directory_names_a_target() {
         }
     }
 }
+
+/// The tokenizer targets pair a fuzzed file with the valid counterpart of the other one: the
+/// `synth_tiny` seeds must be exactly those files, or every seed fails to load and the fuzzer
+/// never reaches the tokenizer behind the loader (as happened with seeds learned with 128
+/// merges beside a counterpart learned with 64).
+#[test]
+fn tokenizer_seeds_are_the_counterparts_the_targets_load_them_with() {
+    let (model, config) = k3_fuzz::valid_tokenizer_files();
+    let seed = |target: &str| {
+        let [seeds, _] = k3_fuzz::corpus_dirs(&fuzz_dir(), target);
+        std::fs::read(seeds.join("synth_tiny")).expect("synth_tiny seed reads")
+    };
+    assert!(
+        seed("tiktoken_model") == model.as_bytes(),
+        "fuzz/corpus/tiktoken_model/synth_tiny is not the target's valid tiktoken.model"
+    );
+    let json = |bytes: &[u8]| -> serde_json::Value {
+        serde_json::from_slice(bytes).expect("tokenizer_config.json parses")
+    };
+    assert_eq!(
+        json(&seed("tokenizer_config")),
+        json(config),
+        "fuzz/corpus/tokenizer_config/synth_tiny is not the target's valid tokenizer_config.json"
+    );
+}
+
+/// The session seeds are files the loader accepts whole, so mutations start from the payload
+/// decoder (snapshots, KDA and MLA layers) rather than from an early refusal (the first
+/// snapshot seed lacked the three KDA conv histories and was refused as truncated).
+#[test]
+fn session_seeds_load_completely() {
+    use k3_engine::session::file as session_file;
+    let [seeds, _] = k3_fuzz::corpus_dirs(&fuzz_dir(), "session_file");
+    let dir = tempfile::tempdir().expect("scratch directory");
+    for seed in inputs(&seeds) {
+        let data = std::fs::read(&seed).expect("seed reads");
+        let bytes = k3_fuzz::session_file_bytes(&data).expect("seed has a mode byte");
+        let path = dir.path().join("seed.k3s");
+        std::fs::write(&path, bytes).expect("scratch file writes");
+        let header = session_file::read_header(&path)
+            .unwrap_or_else(|e| panic!("{}: header: {e}", seed.display()));
+        if let Err(e) = session_file::load(&path, &header.fingerprint) {
+            panic!("{}: {e}", seed.display());
+        }
+    }
+}
