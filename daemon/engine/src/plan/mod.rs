@@ -32,14 +32,15 @@
 //!    280 MB on cache instead would retain ~5 % of bench's pool under flat routing, and ~0 %
 //!    under LRU's cyclic layer order.
 //!
-//! Unpinned trunk streams through [`StreamScheme`]: a ring of ≥ 2 whole-layer slots (the
-//! default) or fixed chunks consumed as they land. Measured with `examples/read_bench.rs`, both
-//! reach the same direct-read bandwidth once buffers sit on huge pages (`store::aligned`), so
-//! bandwidth does not decide; the ring is the default because the forward pass can use a whole
-//! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
-//! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
-//! (The forward pass does not consume chunks yet, so the store refuses a plan that streams in
-//! [`StreamScheme::Chunks`] rather than spend more than it counts.)
+//! Unpinned trunk streams through [`StreamScheme`]: fixed chunks consumed by row ranges as they
+//! land (the default; `store::chunks`) or a ring of ≥ 2 whole-layer slots. Measured with
+//! `examples/read_bench.rs`, both reach the same direct-read bandwidth once buffers sit on huge
+//! pages (`store::aligned`), so bandwidth does not decide; the chunks take ~0.33 GB instead of
+//! two K3 layers (2.5–4.7 GB), which lowers the floor for the released model to 1.28 GiB at
+//! 4,096 positions and pins one to two more layers at any budget that streams. A chunk stream
+//! reads only a streamed layer's matrices per token (its vectors are decoded at load), and MLA's
+//! `kv_b_proj` is gathered whole into a buffer the plan counts ([`Census::gather_bytes`]).
+//! The ring's measurements below predate the chunk stream.
 //! Against the alternatives at one budget, `k3d bench` on the synthetic `bench` model at 7 GiB
 //! (medians of 4 interleaved runs, cgroup-limited): this plan (3 of 6 layers pinned, 4.75 GB
 //! read per token) 2.50 s/token; a 3-slot ring (2 pinned, 6.00 GB) 2.83; a 2.4 GiB expert cache

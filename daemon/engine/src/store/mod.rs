@@ -576,9 +576,10 @@ impl WeightStore {
         &self.layout
     }
 
-    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A streamed layer
-    /// occupies a ring slot until the view is dropped; the next streamed layer (wrapping to the
-    /// first, for the next token) is read into another slot meanwhile.
+    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A ring-streamed
+    /// layer occupies a ring slot until the view is dropped; the next streamed layer (wrapping
+    /// to the first, for the next token) is read into another slot meanwhile. A chunk-streamed
+    /// layer is [`TrunkView::Chunks`]: its matrices come through [`WeightStore::trunk_rows`].
     pub fn trunk(&self, layer: usize) -> Result<TrunkView<'_>, StoreError> {
         let count = self.layout.layers.len();
         let Some(pinned) = self.pinned.get(layer) else {
