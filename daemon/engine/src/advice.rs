@@ -137,6 +137,7 @@ mod tests {
     fn census() -> Census {
         Census {
             trunk_layers: vec![GIB; 10],
+            trunk_matrix_bytes: vec![GIB; 10],
             expert_bytes: 16 << 20,
             experts_per_layer: 64,
             moe_layers: 2,
@@ -148,6 +149,8 @@ mod tests {
             state_bytes: 1 << 20,
             scratch_bytes: 0,
             sequences: 1,
+            trunk_row_bytes: 8192,
+            gather_bytes: 0,
         }
     }
 
@@ -160,7 +163,7 @@ mod tests {
             "rounded up to 0.1 GiB only"
         );
         // Every trunk layer pinned; what remains is the planner's expert estimate at that
-        // budget (a cache beyond its minimum only when ≥ 36 GB would be left, §4.1).
+        // budget (a cache beyond its minimum only when one token's experts fit in what is left).
         assert_eq!(
             (a.pinned_layers, a.read_trunk_bytes, a.read_lm_head_bytes),
             (10, 0, 0)

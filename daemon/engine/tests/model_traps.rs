@@ -112,14 +112,14 @@ fn kda_case() -> KdaCase {
 
 fn kda_engine(c: &KdaCase) -> Vec<f32> {
     let m = KdaMatrices {
-        q_proj: c.q.matrix(),
-        k_proj: c.k.matrix(),
-        v_proj: c.v.matrix(),
-        g_proj: c.g.matrix(),
-        o_proj: c.o.matrix(),
-        f_a_proj: c.fa.matrix(),
-        f_b_proj: c.fb.matrix(),
-        b_proj: c.b.matrix(),
+        q_proj: c.q.matrix().into(),
+        k_proj: c.k.matrix().into(),
+        v_proj: c.v.matrix().into(),
+        g_proj: c.g.matrix().into(),
+        o_proj: c.o.matrix().into(),
+        f_a_proj: c.fa.matrix().into(),
+        f_b_proj: c.fb.matrix().into(),
+        b_proj: c.b.matrix().into(),
     };
     let p = KdaParams::new(
         &c.dims,
@@ -130,7 +130,7 @@ fn kda_engine(c: &KdaCase) -> Vec<f32> {
     );
     let mut state = KdaState::new(&c.dims);
     let mut out = vec![0.0f32; c.xs.len()];
-    kda::forward(&c.dims, &m, &p, &c.xs, &mut state, &mut out);
+    kda::forward(&c.dims, &m, &p, &c.xs, &mut state, &mut out).expect("resident weights");
     out
 }
 
@@ -310,12 +310,12 @@ fn mla_case() -> MlaCase {
 
 fn mla_engine(c: &MlaCase, split: usize) -> Vec<f32> {
     let m = MlaMatrices {
-        q_a_proj: c.qa.matrix(),
-        q_b_proj: c.qb.matrix(),
-        kv_a_proj: c.kva.matrix(),
-        kv_b_proj: c.kvb.matrix(),
-        o_proj: c.o.matrix(),
-        g_proj: Some(c.g.matrix()),
+        q_a_proj: c.qa.matrix().into(),
+        q_b_proj: c.qb.matrix().into(),
+        kv_a_proj: c.kva.matrix().into(),
+        kv_b_proj: c.kvb.matrix().into(),
+        o_proj: c.o.matrix().into(),
+        g_proj: Some(c.g.matrix().into()),
     };
     let p = MlaParams {
         q_a_norm: c.qa_norm.f32s(),
@@ -326,8 +326,8 @@ fn mla_engine(c: &MlaCase, split: usize) -> Vec<f32> {
     let cut = split * c.dims.hidden;
     let (x0, x1) = c.xs.split_at(cut);
     let (o0, o1) = out.split_at_mut(cut);
-    mla::forward(&c.dims, &m, &p, x0, &mut cache, o0);
-    mla::forward(&c.dims, &m, &p, x1, &mut cache, o1);
+    mla::forward(&c.dims, &m, &p, x0, &mut cache, o0).expect("resident weights");
+    mla::forward(&c.dims, &m, &p, x1, &mut cache, o1).expect("resident weights");
     out
 }
 
@@ -556,7 +556,8 @@ fn situ_sigma_takes_the_uncapped_gate() {
         },
         &xs,
         &mut ours,
-    );
+    )
+    .expect("resident weights");
     let reference = |capped| -> Vec<f64> {
         xs.chunks(h)
             .flat_map(|x| mlp_reference(&g, &u, &dn, &f64s(x), capped))
@@ -637,20 +638,20 @@ fn moe_case() -> MoeCase {
 
 fn moe_engine(c: &MoeCase) -> Vec<f32> {
     let m = MoeMatrices {
-        router: c.router.matrix(),
-        latent_down: c.down.matrix(),
-        latent_up: c.up.matrix(),
+        router: c.router.matrix().into(),
+        latent_down: c.down.matrix().into(),
+        latent_up: c.up.matrix().into(),
         shared: Mlp {
-            gate: c.shared[0].matrix(),
-            up: c.shared[1].matrix(),
-            down: c.shared[2].matrix(),
+            gate: c.shared[0].matrix().into(),
+            up: c.shared[1].matrix().into(),
+            down: c.shared[2].matrix().into(),
         },
     };
     let p = MoeParams {
         score_bias: c.bias.clone(),
         routed_norm: Some(c.norm.f32s()),
     };
-    let plan = moe::plan(&c.dims, &m, &p, &c.xs);
+    let plan = moe::plan(&c.dims, &m, &p, &c.xs).expect("resident weights");
     let experts: Vec<_> = plan
         .needed
         .iter()
@@ -660,9 +661,10 @@ fn moe_engine(c: &MoeCase) -> Vec<f32> {
             down: c.experts[e][1].matrix(),
         })
         .collect();
-    let outputs = moe::run_experts(&c.dims, &plan, &plan.needed, &experts);
-    let shared = moe::shared(&c.dims, &m, &c.xs);
-    moe::combine(&c.dims, &m, &p, &plan, &outputs, shared)
+    let outputs =
+        moe::run_experts(&c.dims, &plan, &plan.needed, &experts).expect("resident weights");
+    let shared = moe::shared(&c.dims, &m, &c.xs).expect("resident weights");
+    moe::combine(&c.dims, &m, &p, &plan, &outputs, shared).expect("resident weights")
 }
 
 fn moe_reference(c: &MoeCase, trap: MoeTrap) -> Vec<f64> {

@@ -28,7 +28,14 @@ fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
     };
     let plan = Plan::for_model(&c.config, &c.layout, &inputs).expect("plan");
     let shards: Vec<PathBuf> = c.shards.iter().map(|s| s.path.clone()).collect();
-    WeightStore::open(c.layout.clone(), &shards, plan, StoreOptions::default()).expect("store")
+    WeightStore::open(
+        c.layout.clone(),
+        &shards,
+        plan,
+        StoreOptions::default(),
+        &k3_engine::model::bind::stream_order,
+    )
+    .expect("store")
 }
 
 fn first_moe_layer(c: &Checkpoint) -> usize {

@@ -10,7 +10,7 @@ use super::ModelError;
 use super::attn_res::fold_query;
 use super::kda::{KdaDims, KdaMatrices, KdaParams};
 use super::mla::{MlaDims, MlaMatrices, MlaParams};
-use super::mlp::{Mlp, Situ};
+use super::mlp::{Matrix, Mlp, Situ, StreamedMatrix};
 use super::moe::{Expert, MoeDims, MoeMatrices, MoeParams};
 use super::router::RouterConfig;
 use crate::checkpoint::config::{MixerKind, ModelConfig};
@@ -22,7 +22,7 @@ use crate::checkpoint::layout::{
 use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::matmul::{bf16_vector, f32_vector};
 use crate::kernels::{Bf16Matrix, Mxfp4Matrix, mxfp4};
-use crate::store::{ExpertView, ModelTensorId, WeightStore};
+use crate::store::{ExpertView, ModelTensorId, TrunkView, WeightStore};
 
 /// Names a tensor in errors: its layer (`None` = model level), routed expert if any, and name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,14 +72,8 @@ fn problem(tensor: TensorName, problem: String) -> ModelError {
     ModelError::Tensor { tensor, problem }
 }
 
-/// The tensor's bytes, after checking dtype and shape.
-fn checked<'a>(
-    run: &'a [u8],
-    s: &Slice,
-    dtype: Dtype,
-    shape: &[usize],
-    t: TensorName,
-) -> Result<&'a [u8], ModelError> {
+/// A slice's dtype and shape against what the op expects.
+fn check_meta(s: &Slice, dtype: Dtype, shape: &[usize], t: TensorName) -> Result<(), ModelError> {
     if s.dtype != dtype {
         return Err(problem(
             t,
@@ -92,6 +86,18 @@ fn checked<'a>(
             format!("shape {:?}, expected {shape:?}", s.shape),
         ));
     }
+    Ok(())
+}
+
+/// The tensor's bytes, after checking dtype and shape.
+fn checked<'a>(
+    run: &'a [u8],
+    s: &Slice,
+    dtype: Dtype,
+    shape: &[usize],
+    t: TensorName,
+) -> Result<&'a [u8], ModelError> {
+    check_meta(s, dtype, shape, t)?;
     let n: usize = shape.iter().product();
     let range = s.start..s.start.saturating_add(s.len);
     match run.get(range) {
@@ -118,6 +124,165 @@ pub fn bf16_matrix<'a>(
 ) -> Result<Bf16Matrix<'a>, ModelError> {
     let b = checked(run, s, Dtype::Bf16, &[rows, cols], t)?;
     Ok(Bf16Matrix::new(b, rows, cols))
+}
+
+/// A layer's trunk as the binder sees it.
+pub(super) enum Trunk<'a> {
+    /// The whole run in memory (pinned, or a ring slot).
+    Whole(&'a [u8]),
+    /// The run streams in chunks: matrices bind as [`StreamedMatrix`] handles that read their
+    /// rows as they are applied; `small` holds the small tensors ([`small_tensors`]) read once
+    /// at load, by slice start (empty after load: their values are decoded by then).
+    Streamed {
+        store: &'a WeightStore,
+        layer: usize,
+        run_len: u64,
+        small: Vec<(usize, Vec<u8>)>,
+    },
+}
+
+impl<'a> Trunk<'a> {
+    /// Layer `layer`'s trunk at forward time.
+    pub(super) fn of(view: &'a TrunkView<'_>, store: &'a WeightStore, layer: usize) -> Self {
+        match view {
+            TrunkView::Bytes(b) => Trunk::Whole(b),
+            TrunkView::Chunks => Trunk::Streamed {
+                store,
+                layer,
+                run_len: store.layout().layers[layer].trunk.len,
+                small: Vec::new(),
+            },
+        }
+    }
+
+    /// The BF16 matrix `[rows, cols]` at `s`.
+    fn matrix(
+        &self,
+        s: &Slice,
+        rows: usize,
+        cols: usize,
+        t: TensorName,
+    ) -> Result<Matrix<'a>, ModelError> {
+        match self {
+            Trunk::Whole(run) => Ok(bf16_matrix(run, s, rows, cols, t)?.into()),
+            Trunk::Streamed {
+                store,
+                layer,
+                run_len,
+                ..
+            } => {
+                check_meta(s, Dtype::Bf16, &[rows, cols], t)?;
+                if s.len != rows * cols * 2 || (s.start + s.len) as u64 > *run_len {
+                    return Err(problem(
+                        t,
+                        format!(
+                            "bytes {}..+{} do not hold {} elements inside its {run_len}-byte run",
+                            s.start,
+                            s.len,
+                            rows * cols
+                        ),
+                    ));
+                }
+                Ok(Matrix::Streamed(StreamedMatrix {
+                    store,
+                    layer: *layer,
+                    start: s.start,
+                    rows,
+                    cols,
+                }))
+            }
+        }
+    }
+
+    /// The small tensor at `s` as a vector of `shape` ([`vector_values`]).
+    fn vector(&self, s: &Slice, shape: &[usize], t: TensorName) -> Result<Vec<f32>, ModelError> {
+        match self {
+            Trunk::Whole(run) => vector_values(run, s, shape, t),
+            Trunk::Streamed { small, .. } => {
+                let bytes = small
+                    .iter()
+                    .find(|(start, _)| *start == s.start)
+                    .map(|(_, b)| b.as_slice())
+                    .ok_or_else(|| problem(t, "not read at load".into()))?;
+                let own = Slice {
+                    start: 0,
+                    ..s.clone()
+                };
+                vector_values(bytes, &own, shape, t)
+            }
+        }
+    }
+}
+
+/// The matrices of a layer's trunk in the order the forward pass applies them — the order a
+/// chunk-streamed layer is read in ([`crate::store`]'s chunk stream). Every op below consumes
+/// its matrices in this order: KDA `f_a, f_b, b, q, k, v, g` then `o`
+/// ([`super::kda`]); MLA `q_a, q_b, kv_a, g` then `kv_b` (gathered whole) and `o`
+/// ([`super::mla`]); the dense MLP `gate, up, down`; MoE `latent_down, router`, the shared MLP
+/// while the experts are read, then `latent_up` ([`super::moe`]). A consumer that strays from
+/// it still computes the same bits, but rereads (and the bytes per token show it).
+pub fn stream_order(ll: &LayerLayout) -> Vec<Slice> {
+    let mut out: Vec<&Slice> = match &ll.mixer {
+        MixerLayout::Kda(k) => vec![
+            &k.f_a_proj,
+            &k.f_b_proj,
+            &k.b_proj,
+            &k.q_proj,
+            &k.k_proj,
+            &k.v_proj,
+            &k.g_proj,
+            &k.o_proj,
+        ],
+        MixerLayout::Mla(a) => {
+            let mut v = vec![&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa];
+            v.extend(&a.g_proj);
+            v.extend([&a.kv_b_proj, &a.o_proj]);
+            v
+        }
+    };
+    match &ll.ffn {
+        FfnLayout::Dense(d) => out.extend([&d.gate_proj, &d.up_proj, &d.down_proj]),
+        FfnLayout::Moe(m) => out.extend([
+            &m.routed_expert_down_proj,
+            &m.gate,
+            &m.shared.gate_proj,
+            &m.shared.up_proj,
+            &m.shared.down_proj,
+            &m.routed_expert_up_proj,
+        ]),
+    }
+    out.into_iter().cloned().collect()
+}
+
+/// The small tensors of a layer's trunk (norms, AttnRes vectors, conv taps, decay parameters,
+/// biases): decoded once at load by [`Binder::layer`], never needed by a forward. With
+/// [`stream_order`] they are every tensor of the trunk.
+pub fn small_tensors(ll: &LayerLayout) -> Vec<&Slice> {
+    let v = &ll.vectors;
+    let mut out = vec![
+        &v.input_layernorm,
+        &v.post_attention_layernorm,
+        &v.self_attention_res_norm,
+        &v.self_attention_res_proj,
+        &v.mlp_res_norm,
+        &v.mlp_res_proj,
+    ];
+    match &ll.mixer {
+        MixerLayout::Kda(k) => out.extend([
+            &k.q_conv1d,
+            &k.k_conv1d,
+            &k.v_conv1d,
+            &k.a_log,
+            &k.dt_bias,
+            &k.o_norm,
+        ]),
+        MixerLayout::Mla(a) => out.extend([&a.q_a_layernorm, &a.kv_a_layernorm]),
+    }
+    if let FfnLayout::Moe(m) = &ll.ffn {
+        out.push(&m.e_score_correction_bias);
+        out.extend(&m.routed_expert_norm);
+    }
+    out
 }
 
 /// A small vector of the given shape, widened exactly to f32 from whichever of
@@ -273,7 +438,11 @@ pub(super) struct Binder<'c> {
 impl Binder<'_> {
     /// Layer `ll`'s small tensors decoded, after binding every matrix once so that a bad dtype
     /// or shape fails the load, not a later forward.
-    pub(super) fn layer(&self, ll: &LayerLayout, run: &[u8]) -> Result<LayerParams, ModelError> {
+    pub(super) fn layer(
+        &self,
+        ll: &LayerLayout,
+        run: &Trunk<'_>,
+    ) -> Result<LayerParams, ModelError> {
         let params = layer_params(self.config, self.dims, ll, run)?;
         self.mixer(ll, run)?;
         match &ll.ffn {
@@ -333,11 +502,11 @@ impl Binder<'_> {
     pub(super) fn mixer<'a>(
         &self,
         ll: &LayerLayout,
-        run: &'a [u8],
+        run: &Trunk<'a>,
     ) -> Result<MixerMatrices<'a>, ModelError> {
         let l = ll.index;
         let h = self.config.hidden_size;
-        let m = |s, rows, cols, name| bf16_matrix(run, s, rows, cols, TensorName::layer(l, name));
+        let m = |s, rows, cols, name| run.matrix(s, rows, cols, TensorName::layer(l, name));
         Ok(match &ll.mixer {
             MixerLayout::Kda(k) => {
                 let d = &self.dims.kda;
@@ -392,8 +561,8 @@ impl Binder<'_> {
         &self,
         l: usize,
         d: &MlpLayout,
-        run: &'a [u8],
-    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
+        run: &Trunk<'a>,
+    ) -> Result<Mlp<Matrix<'a>>, ModelError> {
         self.mlp(
             l,
             d,
@@ -408,15 +577,15 @@ impl Binder<'_> {
         l: usize,
         d: &MlpLayout,
         width: usize,
-        run: &'a [u8],
+        run: &Trunk<'a>,
         names: [&'static str; 3],
-    ) -> Result<Mlp<Bf16Matrix<'a>>, ModelError> {
+    ) -> Result<Mlp<Matrix<'a>>, ModelError> {
         let h = self.config.hidden_size;
         let t = |name| TensorName::layer(l, name);
         Ok(Mlp {
-            gate: bf16_matrix(run, &d.gate_proj, width, h, t(names[0]))?,
-            up: bf16_matrix(run, &d.up_proj, width, h, t(names[1]))?,
-            down: bf16_matrix(run, &d.down_proj, h, width, t(names[2]))?,
+            gate: run.matrix(&d.gate_proj, width, h, t(names[0]))?,
+            up: run.matrix(&d.up_proj, width, h, t(names[1]))?,
+            down: run.matrix(&d.down_proj, h, width, t(names[2]))?,
         })
     }
 
@@ -424,28 +593,21 @@ impl Binder<'_> {
         &self,
         l: usize,
         m: &MoeLayout,
-        run: &'a [u8],
+        run: &Trunk<'a>,
     ) -> Result<MoeMatrices<'a>, ModelError> {
         let c = self.config;
         let h = c.hidden_size;
         let latent = c.routed_expert_hidden_size;
         let t = |name| TensorName::layer(l, name);
         Ok(MoeMatrices {
-            router: bf16_matrix(run, &m.gate, c.num_experts, h, t(n::MOE_GATE))?,
-            latent_down: bf16_matrix(
-                run,
+            router: run.matrix(&m.gate, c.num_experts, h, t(n::MOE_GATE))?,
+            latent_down: run.matrix(
                 &m.routed_expert_down_proj,
                 latent,
                 h,
                 t(n::ROUTED_DOWN_PROJ),
             )?,
-            latent_up: bf16_matrix(
-                run,
-                &m.routed_expert_up_proj,
-                h,
-                latent,
-                t(n::ROUTED_UP_PROJ),
-            )?,
+            latent_up: run.matrix(&m.routed_expert_up_proj, h, latent, t(n::ROUTED_UP_PROJ))?,
             shared: self.mlp(
                 l,
                 &m.shared,
@@ -500,14 +662,14 @@ fn layer_params(
     config: &ModelConfig,
     dims: &ModelDims,
     ll: &LayerLayout,
-    run: &[u8],
+    run: &Trunk<'_>,
 ) -> Result<LayerParams, ModelError> {
     let l = ll.index;
     let h = config.hidden_size;
     let t = |name| TensorName::layer(l, name);
     let v = &ll.vectors;
-    let vec_h = |s, name| vector_values(run, s, &[h], t(name));
-    let proj = |s, name| vector_values(run, s, &[1, h], t(name));
+    let vec_h = |s, name| run.vector(s, &[h], t(name));
+    let proj = |s, name| run.vector(s, &[1, h], t(name));
     let vectors = LayerVectors {
         input_norm: vec_h(&v.input_layernorm, n::INPUT_LAYERNORM)?,
         post_norm: vec_h(&v.post_attention_layernorm, n::POST_ATTENTION_LAYERNORM)?,
@@ -536,19 +698,15 @@ fn layer_params(
     let ffn = match (&ll.ffn, config.is_moe_layer(l)) {
         (FfnLayout::Dense(_), false) => FfnParams::Dense,
         (FfnLayout::Moe(m), true) => {
-            let score_bias = vector_values(
-                run,
+            let score_bias = run.vector(
                 &m.e_score_correction_bias,
                 &[config.num_experts],
                 t(n::MOE_BIAS),
             )?;
             let routed_norm = match (&m.routed_expert_norm, config.latent_moe_use_norm) {
-                (Some(s), true) => Some(vector_values(
-                    run,
-                    s,
-                    &[config.routed_expert_hidden_size],
-                    t(n::ROUTED_NORM),
-                )?),
+                (Some(s), true) => {
+                    Some(run.vector(s, &[config.routed_expert_hidden_size], t(n::ROUTED_NORM))?)
+                }
                 (None, false) => None,
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(
@@ -576,10 +734,15 @@ fn layer_params(
     })
 }
 
-fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaParams, ModelError> {
+fn kda_params(
+    d: &KdaDims,
+    k: &KdaLayout,
+    run: &Trunk<'_>,
+    l: usize,
+) -> Result<KdaParams, ModelError> {
     let pw = d.width();
     let t = |name| TensorName::layer(l, name);
-    let conv = |s, name| vector_values(run, s, &[pw, 1, d.conv], t(name));
+    let conv = |s, name| run.vector(s, &[pw, 1, d.conv], t(name));
     // A_log is stored padded (spec §3.3): any length ≥ heads; only the first `heads` are used.
     let a_log_len = k.a_log.shape.first().copied().unwrap_or(0);
     if k.a_log.shape.len() != 1 || a_log_len < d.heads {
@@ -591,7 +754,7 @@ fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaPar
             ),
         });
     }
-    let a_log = vector_values(run, &k.a_log, &[a_log_len], t(n::A_LOG))?;
+    let a_log = run.vector(&k.a_log, &[a_log_len], t(n::A_LOG))?;
     Ok(KdaParams::new(
         d,
         [
@@ -600,16 +763,21 @@ fn kda_params(d: &KdaDims, k: &KdaLayout, run: &[u8], l: usize) -> Result<KdaPar
             conv(&k.v_conv1d, n::V_CONV1D)?,
         ],
         &a_log,
-        vector_values(run, &k.dt_bias, &[pw], t(n::DT_BIAS))?,
-        vector_values(run, &k.o_norm, &[d.head_dim], t(n::O_NORM))?,
+        run.vector(&k.dt_bias, &[pw], t(n::DT_BIAS))?,
+        run.vector(&k.o_norm, &[d.head_dim], t(n::O_NORM))?,
     ))
 }
 
-fn mla_params(d: &MlaDims, a: &MlaLayout, run: &[u8], l: usize) -> Result<MlaParams, ModelError> {
+fn mla_params(
+    d: &MlaDims,
+    a: &MlaLayout,
+    run: &Trunk<'_>,
+    l: usize,
+) -> Result<MlaParams, ModelError> {
     let t = |name| TensorName::layer(l, name);
     Ok(MlaParams {
-        q_a_norm: vector_values(run, &a.q_a_layernorm, &[d.q_lora], t(n::Q_A_LAYERNORM))?,
-        kv_a_norm: vector_values(run, &a.kv_a_layernorm, &[d.kv_lora], t(n::KV_A_LAYERNORM))?,
+        q_a_norm: run.vector(&a.q_a_layernorm, &[d.q_lora], t(n::Q_A_LAYERNORM))?,
+        kv_a_norm: run.vector(&a.kv_a_layernorm, &[d.kv_lora], t(n::KV_A_LAYERNORM))?,
     })
 }
 

@@ -25,7 +25,8 @@ use rayon::prelude::*;
 
 use super::attn_res::{aggregate, is_block_start};
 use super::bind::{
-    Binder, FfnParams, LayerParams, MixerMatrices, MixerParams, ModelDims, TensorName, bf16_matrix,
+    Binder, FfnParams, LayerParams, MixerMatrices, MixerParams, ModelDims, TensorName, Trunk,
+    bf16_matrix, small_tensors, stream_order,
 };
 use super::kda::{self, KdaState};
 use super::mla::{self, MlaCache};
@@ -40,7 +41,7 @@ use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
 use crate::plan::{Plan, PlanInputs};
-use crate::store::{ExpertPrefetch, StoreOptions, WeightStore};
+use crate::store::{ExpertPrefetch, StoreOptions, TrunkView, WeightStore};
 
 /// How the model is loaded: what the memory plan must hold ([`PlanInputs`]: budget, stream
 /// scheme, context, batch, speculation) and how the store reads. The default is the `max`
@@ -118,7 +119,7 @@ impl Model {
         }
         let dims = ModelDims::of(&config, &layout);
         let plan = Plan::for_model(&config, &layout, &options.plan)?;
-        let store = WeightStore::open(layout, &shards, plan, options.store)?;
+        let store = WeightStore::open(layout, &shards, plan, options.store, &stream_order)?;
 
         let binder = Binder {
             config: &config,
@@ -132,7 +133,19 @@ impl Model {
                     ll.index
                 )));
             }
-            layers.push(binder.layer(ll, &store.trunk(l)?)?);
+            let view = store.trunk(l)?;
+            let trunk = match &view {
+                TrunkView::Bytes(b) => Trunk::Whole(b),
+                // A chunk-streamed layer's small tensors are read on their own: its whole run
+                // never is (the plan counts no buffer for it).
+                TrunkView::Chunks => Trunk::Streamed {
+                    store: &store,
+                    layer: l,
+                    run_len: ll.trunk.len,
+                    small: store.trunk_tensors(l, &small_tensors(ll))?,
+                },
+            };
+            layers.push(binder.layer(ll, &trunk)?);
         }
         let vectors = binder.model_vectors(&store)?;
         binder.tables(store.layout())?;
@@ -350,7 +363,8 @@ impl Model {
                 return Err(ModelError::Cancelled);
             }
             let ll = &self.store.layout().layers[l];
-            let trunk = self.store.trunk(l)?;
+            let view = self.store.trunk(l)?;
+            let trunk = Trunk::of(&view, &self.store, l);
             let h_in = if blocks.is_empty() {
                 cur.clone()
             } else {
@@ -392,7 +406,7 @@ impl Model {
                         LayerState::Mla(_) => None,
                     })
                     .ok_or_else(mismatch)?;
-                    kda::forward_batch(&self.dims.kda, m, p, &x, &mut members, &mut a)
+                    kda::forward_batch(&self.dims.kda, m, p, &x, &mut members, &mut a)?
                 }
                 (MixerParams::Mla(p), MixerMatrices::Mla(m)) => {
                     let mut members = mixer_states(seqs, l, |s| match s {
@@ -400,7 +414,7 @@ impl Model {
                         LayerState::Kda(_) => None,
                     })
                     .ok_or_else(mismatch)?;
-                    mla::forward_batch(&self.dims.mla, m, p, &x, &mut members, &mut a)
+                    mla::forward_batch(&self.dims.mla, m, p, &x, &mut members, &mut a)?
                 }
                 _ => return Err(mismatch()),
             }
@@ -418,10 +432,10 @@ impl Model {
                 (FfnParams::Dense, FfnLayout::Dense(d), _) => {
                     binder
                         .dense(l, d, &trunk)?
-                        .forward(self.dims.moe.act, &x2, &mut f)
+                        .forward(self.dims.moe.act, &x2, &mut f)?
                 }
                 (_, _, Some((p, m))) => {
-                    let plan = moe::plan(&self.dims.moe, m, p, &x2);
+                    let plan = moe::plan(&self.dims.moe, m, p, &x2)?;
                     // As many experts at a time as the cache can hold at once; each expert's
                     // output is independent and `combine` sums in top-k order, so the grouping
                     // does not change a bit. The shared MLP runs once, while the first group's
@@ -448,13 +462,16 @@ impl Model {
                                     &plan,
                                     &ids,
                                     &experts,
-                                ));
+                                )?);
                                 Ok::<(), ModelError>(())
                             },
                         )?;
                     }
-                    let shared = shared.unwrap_or_else(|| moe::shared(&self.dims.moe, m, &x2));
-                    f = moe::combine(&self.dims.moe, m, p, &plan, &outputs, shared);
+                    let shared = match shared {
+                        Some(s) => s?,
+                        None => moe::shared(&self.dims.moe, m, &x2)?,
+                    };
+                    f = moe::combine(&self.dims.moe, m, p, &plan, &outputs, shared)?;
                 }
                 _ => {
                     return Err(ModelError::LayoutMismatch(format!(
@@ -505,7 +522,7 @@ impl Model {
         let mix = aggregate_rows(blocks, partial, &vectors.mlp_res, eps, h);
         let x = norm_rows(&mix, &vectors.post_norm, eps, h);
         let (p, m) = moe;
-        let guess = moe::predict(&self.dims.moe, m, p, &x);
+        let guess = moe::predict(&self.dims.moe, m, p, &x)?;
         Ok(self.store.prefetch_experts(l, &guess)?)
     }
 
@@ -553,7 +570,7 @@ impl Model {
                 shape: vec![n, h],
             };
             let block = bf16_matrix(bytes, &s, n, h, TensorName::model(names::LM_HEAD))?;
-            let ys = apply(&block, &normed);
+            let ys = apply(&block, &normed)?;
             for (dst, src) in logits
                 .chunks_exact_mut(vocab)
                 .zip(ys.chunks_exact(n.max(1)))

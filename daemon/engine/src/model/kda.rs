@@ -10,9 +10,8 @@
 
 use rayon::prelude::*;
 
-use super::grain;
-use super::mlp::{Linear, apply};
-use crate::kernels::Bf16Matrix;
+use super::mlp::{Linear, Matrix, apply};
+use super::{ModelError, grain};
 use crate::kernels::elementwise::{sigmoid, silu};
 use crate::kernels::norm::{l2_norm, rms_norm};
 use crate::kernels::reduce::tree_sum;
@@ -76,16 +75,17 @@ impl KdaParams {
     }
 }
 
-/// The layer's matrices, borrowed from its trunk run.
+/// The layer's matrices, borrowed from its trunk run (or streamed from it). A streamed layer's
+/// matrices are consumed in the order [`crate::model::bind::stream_order`] lists.
 pub struct KdaMatrices<'a> {
-    pub q_proj: Bf16Matrix<'a>,
-    pub k_proj: Bf16Matrix<'a>,
-    pub v_proj: Bf16Matrix<'a>,
-    pub g_proj: Bf16Matrix<'a>,
-    pub o_proj: Bf16Matrix<'a>,
-    pub f_a_proj: Bf16Matrix<'a>,
-    pub f_b_proj: Bf16Matrix<'a>,
-    pub b_proj: Bf16Matrix<'a>,
+    pub q_proj: Matrix<'a>,
+    pub k_proj: Matrix<'a>,
+    pub v_proj: Matrix<'a>,
+    pub g_proj: Matrix<'a>,
+    pub o_proj: Matrix<'a>,
+    pub f_a_proj: Matrix<'a>,
+    pub f_b_proj: Matrix<'a>,
+    pub b_proj: Matrix<'a>,
 }
 
 /// What a KDA layer carries between calls (spec §5.1).
@@ -228,9 +228,9 @@ pub fn forward(
     xs: &[f32],
     state: &mut KdaState,
     out: &mut [f32],
-) {
+) -> Result<(), ModelError> {
     let rows = xs.len() / dims.hidden;
-    forward_batch(dims, m, p, xs, &mut [(state, rows)], out);
+    forward_batch(dims, m, p, xs, &mut [(state, rows)], out)
 }
 
 /// Runs the layer on the rows `xs` `[rows, hidden]` of several sequences, concatenated in
@@ -247,15 +247,15 @@ pub fn forward_batch(
     xs: &[f32],
     members: &mut [(&mut KdaState, usize)],
     out: &mut [f32],
-) {
-    let mut x = KdaProjections::new(dims, m, p, xs);
+) -> Result<(), ModelError> {
+    let mut x = KdaProjections::new(dims, m, p, xs)?;
     let mut first = 0;
     for (state, rows) in members.iter_mut() {
         x.convolve(dims, p, first..first + *rows, state);
         first += *rows;
     }
     let o = x.recurrence(dims, p, members);
-    m.o_proj.apply(&o, out);
+    m.o_proj.apply(&o, out)
 }
 
 /// The inputs of the recurrence for every row of a call: the row-independent projections of
@@ -271,10 +271,16 @@ struct KdaProjections {
 }
 
 impl KdaProjections {
-    fn new(dims: &KdaDims, m: &KdaMatrices<'_>, p: &KdaParams, xs: &[f32]) -> Self {
+    /// The projections in [`crate::model::bind::stream_order`]'s order.
+    fn new(
+        dims: &KdaDims,
+        m: &KdaMatrices<'_>,
+        p: &KdaParams,
+        xs: &[f32],
+    ) -> Result<Self, ModelError> {
         let pw = dims.width();
         // One low-rank pair shared by all heads, no activation in between.
-        let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs));
+        let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs)?)?;
         // α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))): one f64 evaluation, one rounding.
         let alpha = decay_proj
             .iter()
@@ -286,18 +292,18 @@ impl KdaProjections {
                 libm::exp(g) as f32
             })
             .collect();
-        let beta = apply(&m.b_proj, xs)
+        let beta = apply(&m.b_proj, xs)?
             .iter()
             .map(|&b| sigmoid(b as f64) as f32)
             .collect();
-        KdaProjections {
-            q: apply(&m.q_proj, xs),
-            k: apply(&m.k_proj, xs),
-            v: apply(&m.v_proj, xs),
+        Ok(KdaProjections {
+            q: apply(&m.q_proj, xs)?,
+            k: apply(&m.k_proj, xs)?,
+            v: apply(&m.v_proj, xs)?,
             alpha,
             beta,
-            gate: apply(&m.g_proj, xs),
-        }
+            gate: apply(&m.g_proj, xs)?,
+        })
     }
 
     /// The short convs of one member's `rows` (in place on q, k, v), advancing its histories,

@@ -26,7 +26,8 @@
 
 use rayon::prelude::*;
 
-use super::mlp::{Linear, apply};
+use super::ModelError;
+use super::mlp::{Linear, Matrix, apply};
 use crate::kernels::elementwise::sigmoid;
 use crate::kernels::norm::rms_norm;
 use crate::kernels::reduce::dot_f32;
@@ -68,15 +69,16 @@ pub struct MlaParams {
     pub kv_a_norm: Vec<f32>,
 }
 
-/// The layer's matrices, borrowed from its trunk run.
+/// The layer's matrices, borrowed from its trunk run (or streamed from it, consumed in
+/// [`crate::model::bind::stream_order`]'s order).
 pub struct MlaMatrices<'a> {
-    pub q_a_proj: Bf16Matrix<'a>,
-    pub q_b_proj: Bf16Matrix<'a>,
-    pub kv_a_proj: Bf16Matrix<'a>,
-    pub kv_b_proj: Bf16Matrix<'a>,
-    pub o_proj: Bf16Matrix<'a>,
+    pub q_a_proj: Matrix<'a>,
+    pub q_b_proj: Matrix<'a>,
+    pub kv_a_proj: Matrix<'a>,
+    pub kv_b_proj: Matrix<'a>,
+    pub o_proj: Matrix<'a>,
     /// The output gate, present iff `mla_use_output_gate`.
-    pub g_proj: Option<Bf16Matrix<'a>>,
+    pub g_proj: Option<Matrix<'a>>,
 }
 
 /// The latent cache of one MLA layer (spec §5.1): per position one row of
@@ -96,9 +98,9 @@ pub fn forward(
     xs: &[f32],
     cache: &mut MlaCache,
     out: &mut [f32],
-) {
+) -> Result<(), ModelError> {
     let rows = xs.len() / dims.hidden;
-    forward_batch(dims, m, p, xs, &mut [(cache, rows)], out);
+    forward_batch(dims, m, p, xs, &mut [(cache, rows)], out)
 }
 
 /// Runs the layer on the rows `xs` `[rows, hidden]` of several sequences, concatenated in
@@ -114,8 +116,8 @@ pub fn forward_batch(
     xs: &[f32],
     members: &mut [(&mut MlaCache, usize)],
     out: &mut [f32],
-) {
-    let x = MlaProjections::new(dims, m, p, xs);
+) -> Result<(), ModelError> {
+    let x = MlaProjections::new(dims, m, p, xs)?;
     let cw = dims.cache_width();
     let mut first = 0;
     for (cache, rows) in members.iter_mut() {
@@ -134,14 +136,15 @@ pub fn forward_batch(
         .iter()
         .map(|(cache, rows)| (cache.rows.as_slice(), *rows))
         .collect();
-    let mut o = attend(dims, m, &x.q, &caches);
+    let kv_b = m.kv_b_proj.whole()?;
+    let mut o = attend(dims, &kv_b, &x.q, &caches);
     if let Some(gl) = &x.gate {
         // σ(W_g x) on the heads × v outputs; no norm.
         for (y, &g) in o.iter_mut().zip(gl) {
             *y = (*y as f64 * sigmoid(g as f64)) as f32;
         }
     }
-    m.o_proj.apply(&o, out);
+    m.o_proj.apply(&o, out)
 }
 
 /// The row-independent projections of every row of a call.
@@ -155,8 +158,14 @@ struct MlaProjections {
 }
 
 impl MlaProjections {
-    fn new(dims: &MlaDims, m: &MlaMatrices<'_>, p: &MlaParams, xs: &[f32]) -> Self {
-        let qa = apply(&m.q_a_proj, xs);
+    /// The projections in [`crate::model::bind::stream_order`]'s order.
+    fn new(
+        dims: &MlaDims,
+        m: &MlaMatrices<'_>,
+        p: &MlaParams,
+        xs: &[f32],
+    ) -> Result<Self, ModelError> {
+        let qa = apply(&m.q_a_proj, xs)?;
         let mut qn = vec![0.0f32; qa.len()];
         for (src, dst) in qa
             .chunks_exact(dims.q_lora)
@@ -164,19 +173,19 @@ impl MlaProjections {
         {
             rms_norm(src, &p.q_a_norm, LATENT_NORM_EPS, dst);
         }
-        MlaProjections {
-            q: apply(&m.q_b_proj, &qn),
-            latent: apply(&m.kv_a_proj, xs),
-            gate: m.g_proj.as_ref().map(|g| apply(g, xs)),
-        }
+        Ok(MlaProjections {
+            q: apply(&m.q_b_proj, &qn)?,
+            latent: apply(&m.kv_a_proj, xs)?,
+            gate: m.g_proj.as_ref().map(|g| apply(g, xs)).transpose()?,
+        })
     }
 }
 
 /// The absorbed attention (module doc) of the queries `q` `[rows, heads, nope + rope]`, whose
 /// rows belong to `caches` in order: per member its cache (the member's rows already appended)
-/// and how many of the rows are its — the last that many positions of the cache. Returns the
-/// head outputs `[rows, heads, v]`.
-fn attend(dims: &MlaDims, m: &MlaMatrices<'_>, q: &[f32], caches: &[(&[f32], usize)]) -> Vec<f32> {
+/// and how many of the rows are its — the last that many positions of the cache; `kv_b` is
+/// `kv_b_proj`'s bytes. Returns the head outputs `[rows, heads, v]`.
+fn attend(dims: &MlaDims, kv_b: &[u8], q: &[f32], caches: &[(&[f32], usize)]) -> Vec<f32> {
     let (lw, cw) = (dims.kv_lora, dims.cache_width());
     let t: usize = caches.iter().map(|(_, rows)| rows).sum();
     // Head h's `n` rows of kv_b_proj from row `from` within the head's [k_nope | v] block
@@ -184,7 +193,7 @@ fn attend(dims: &MlaDims, m: &MlaMatrices<'_>, q: &[f32], caches: &[(&[f32], usi
     let hw = dims.nope + dims.v;
     let head_rows = |h: usize, from: usize, n: usize| {
         let r0 = h * hw + from;
-        Bf16Matrix::new(&m.kv_b_proj.bytes[2 * r0 * lw..2 * (r0 + n) * lw], n, lw)
+        Bf16Matrix::new(&kv_b[2 * r0 * lw..2 * (r0 + n) * lw], n, lw)
     };
     let scale = 1.0 / (dims.qk() as f64).sqrt();
     // One task per head (independent outputs, spec §6.1 rule 4): all rows' queries through

@@ -9,11 +9,11 @@
 
 use rayon::prelude::*;
 
-use super::grain;
-use super::mlp::{Mlp, Situ, apply};
+use super::mlp::{Linear, Matrix, Mlp, Situ, apply};
 use super::router::{RouterConfig, Routing, route};
+use super::{ModelError, grain};
+use crate::kernels::Mxfp4Matrix;
 use crate::kernels::norm::rms_norm;
-use crate::kernels::{Bf16Matrix, Mxfp4Matrix};
 
 /// Widths of a MoE layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,12 +35,14 @@ pub struct MoeParams {
     pub routed_norm: Option<Vec<f32>>,
 }
 
-/// The non-routed matrices, borrowed from the trunk run.
+/// The non-routed matrices, borrowed from the trunk run (or streamed from it, consumed in
+/// [`crate::model::bind::stream_order`]'s order: `latent_down`, `router`, the shared MLP,
+/// `latent_up`).
 pub struct MoeMatrices<'a> {
-    pub router: Bf16Matrix<'a>,
-    pub latent_down: Bf16Matrix<'a>,
-    pub latent_up: Bf16Matrix<'a>,
-    pub shared: Mlp<Bf16Matrix<'a>>,
+    pub router: Matrix<'a>,
+    pub latent_down: Matrix<'a>,
+    pub latent_up: Matrix<'a>,
+    pub shared: Mlp<Matrix<'a>>,
 }
 
 /// A routed expert: `w1` = gate, `w3` = up, `w2` = down, all MXFP4.
@@ -56,11 +58,16 @@ pub struct MoePlan {
 }
 
 /// Phase 1: latent projection and routing of the T rows of `xs`.
-pub fn plan(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> MoePlan {
-    let z = apply(&m.latent_down, xs);
-    let routes = route_rows(dims, m, p, xs);
+pub fn plan(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+) -> Result<MoePlan, ModelError> {
+    let z = apply(&m.latent_down, xs)?;
+    let routes = route_rows(dims, m, p, xs)?;
     let needed = union(&routes);
-    MoePlan { z, routes, needed }
+    Ok(MoePlan { z, routes, needed })
 }
 
 /// The experts rows `xs` would route to, most confident first (row by row, each in top-k
@@ -68,10 +75,15 @@ pub fn plan(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> M
 /// real MoE input. The store reads them early in this order, so the least likely guesses are
 /// the ones still queued — and withdrawn — when the real routing disagrees. Nothing computed
 /// depends on the guess.
-pub fn predict(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> Vec<usize> {
-    let mut seen = vec![false; m.router.rows];
+pub fn predict(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+) -> Result<Vec<usize>, ModelError> {
+    let mut seen = vec![false; m.router.rows()];
     let mut ranked = Vec::new();
-    for r in route_rows(dims, m, p, xs) {
+    for r in route_rows(dims, m, p, xs)? {
         for e in r.experts {
             if let Some(s) = seen.get_mut(e)
                 && !*s
@@ -81,14 +93,19 @@ pub fn predict(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -
             }
         }
     }
-    ranked
+    Ok(ranked)
 }
 
-fn route_rows(dims: &MoeDims, m: &MoeMatrices<'_>, p: &MoeParams, xs: &[f32]) -> Vec<Routing> {
-    apply(&m.router, xs)
-        .chunks_exact(m.router.rows)
+fn route_rows(
+    dims: &MoeDims,
+    m: &MoeMatrices<'_>,
+    p: &MoeParams,
+    xs: &[f32],
+) -> Result<Vec<Routing>, ModelError> {
+    Ok(apply(&m.router, xs)?
+        .chunks_exact(m.router.rows())
         .map(|l| route(dims.router, l, &p.score_bias))
-        .collect()
+        .collect())
 }
 
 /// The distinct experts of `routes`, ascending.
@@ -112,7 +129,12 @@ pub struct ExpertOutput {
 /// Runs expert `e` (weights `w`) on every token of `plan` that routed to it, reading the weights
 /// once: `W2_e · SiTU-GLU(W1_e z, W3_e z)`. Independent of every other expert, so experts can be
 /// computed in any order — e.g. as their reads complete.
-pub fn run_expert(dims: &MoeDims, plan: &MoePlan, e: usize, w: &Expert<'_>) -> ExpertOutput {
+pub fn run_expert(
+    dims: &MoeDims,
+    plan: &MoePlan,
+    e: usize,
+    w: &Expert<'_>,
+) -> Result<ExpertOutput, ModelError> {
     let lw = dims.latent;
     let users: Vec<(usize, usize)> = plan
         .routes
@@ -125,8 +147,8 @@ pub fn run_expert(dims: &MoeDims, plan: &MoePlan, e: usize, w: &Expert<'_>) -> E
         zs.extend_from_slice(&plan.z[tok * lw..(tok + 1) * lw]);
     }
     let mut ys = vec![0.0f32; users.len() * lw];
-    w.forward(dims.act, &zs, &mut ys);
-    ExpertOutput { users, ys }
+    w.forward(dims.act, &zs, &mut ys)?;
+    Ok(ExpertOutput { users, ys })
 }
 
 /// Runs experts `ids[i]` (weights `experts[i]`), in parallel over experts.
@@ -135,7 +157,7 @@ pub fn run_experts(
     plan: &MoePlan,
     ids: &[usize],
     experts: &[Expert<'_>],
-) -> Vec<ExpertOutput> {
+) -> Result<Vec<ExpertOutput>, ModelError> {
     let expert_work = experts.first().map_or(0, |w| 3 * w.gate.rows * w.gate.cols);
     ids.par_iter()
         .zip(experts)
@@ -147,10 +169,10 @@ pub fn run_experts(
 /// The shared MLP on the ORIGINAL x, `[T, hidden]`. It does not depend on routing, so the
 /// layer loop runs it while the routed experts are still being read (their reads are issued
 /// first), hiding compute under I/O; [`combine`] adds it.
-pub fn shared(dims: &MoeDims, m: &MoeMatrices<'_>, xs: &[f32]) -> Vec<f32> {
+pub fn shared(dims: &MoeDims, m: &MoeMatrices<'_>, xs: &[f32]) -> Result<Vec<f32>, ModelError> {
     let mut out = vec![0.0f32; xs.len()];
-    m.shared.forward(dims.act, xs, &mut out);
-    out
+    m.shared.forward(dims.act, xs, &mut out)?;
+    Ok(out)
 }
 
 /// Sums each token's expert outputs in f64 in top-k order (whatever order `outputs` come in),
@@ -163,7 +185,7 @@ pub fn combine(
     plan: &MoePlan,
     outputs: &[ExpertOutput],
     shared: Vec<f32>,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, ModelError> {
     let t = plan.routes.len();
     let k = dims.router.top_k;
     let lw = dims.latent;
@@ -193,10 +215,10 @@ pub fn combine(
             rms_norm(&raw, gain, dims.eps, dst);
         }
     }
-    let routed = apply(&m.latent_up, &agg);
+    let routed = apply(&m.latent_up, &agg)?;
     let mut out = shared;
     for (o, &r) in out.iter_mut().zip(&routed) {
         *o += r;
     }
-    out
+    Ok(out)
 }

@@ -1,22 +1,26 @@
 //! What the user asks of memory: the budget (`--ram-gb`, presets, trunk and cache caps), the
 //! routing lookahead switch and how streamed weights pass through memory.
 
-use super::buffers::{DEFAULT_CHUNK, DEFAULT_QUEUE_DEPTH, window_capacity};
+use super::buffers::{ALIGN, DEFAULT_CHUNK, DEFAULT_QUEUE_DEPTH, round_up, window_capacity};
 use super::{GIB, PlanError};
 
 /// How unpinned trunk (and a streamed lm_head) passes through memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum StreamScheme {
-    /// Fixed requests consumed in order as they land: `in_flight` reads plus the one being
-    /// consumed. Needs the forward pass to consume weights by row ranges.
+    /// Buffers of `chunk` bytes (a multiple of 4096) consumed in order as they land:
+    /// `in_flight` reads plus the one being consumed; the forward pass applies each matrix by
+    /// the row ranges they hold. The plan may shrink `chunk` for a small model
+    /// ([`StreamScheme::fitted`]), never grow it.
     Chunks { chunk: u64, in_flight: usize },
     /// Whole runs in `slots` ≥ 2 slots, each sized for the largest streamed run.
     Ring { slots: usize },
 }
 
+/// The default is the chunk stream: a few hundred MiB instead of two whole layers, at the same
+/// measured read bandwidth (plan module doc).
 impl Default for StreamScheme {
     fn default() -> Self {
-        Self::Ring { slots: 2 }
+        Self::default_chunks()
     }
 }
 
@@ -31,23 +35,42 @@ impl StreamScheme {
 }
 
 impl StreamScheme {
-    pub(super) fn validate(self) -> Result<Self, PlanError> {
+    /// The scheme as the store will run it for a model whose streamed rows are at most
+    /// `row_bytes` wide and whose largest streamable run is `largest` bytes: a chunk must hold
+    /// one row in its payload (a chunk's payload is a page less than its size), and a model
+    /// smaller than the chunks gets chunks of about `largest / (in_flight + 1)`, so a small
+    /// model's layers still pass through many chunks and the stream never takes more memory
+    /// than its largest run.
+    pub(super) fn fitted(self, row_bytes: u64, largest: u64) -> Result<Self, PlanError> {
         match self {
             Self::Ring { slots } if slots < 2 => Err(PlanError::RingNeedsTwoSlots { slots }),
-            Self::Chunks { chunk, in_flight } if chunk < 4096 || in_flight == 0 => {
-                Err(PlanError::BadChunks { chunk, in_flight })
+            Self::Chunks { chunk, in_flight } => {
+                let least = window_capacity(row_bytes).unwrap_or(u64::MAX);
+                if in_flight == 0 || !chunk.is_multiple_of(ALIGN as u64) || chunk < least {
+                    return Err(PlanError::BadChunks {
+                        chunk,
+                        in_flight,
+                        least,
+                    });
+                }
+                let scaled = round_up(largest / (in_flight as u64 + 1)).unwrap_or(u64::MAX);
+                Ok(Self::Chunks {
+                    chunk: chunk.min(scaled.max(least)),
+                    in_flight,
+                })
             }
             s => Ok(s),
         }
     }
 
-    /// Buffer bytes when `largest` is the largest streamed run (0: nothing streams).
-    pub(super) fn bytes(self, largest: u64) -> u64 {
+    /// Buffer bytes when `largest` is the largest streamed run (0: nothing streams); `gather`
+    /// is the largest matrix a chunk-streamed forward needs whole ([`super::Census::gather_bytes`]).
+    pub(super) fn bytes(self, largest: u64, gather: u64) -> u64 {
         if largest == 0 {
             return 0;
         }
         match self {
-            Self::Chunks { chunk, in_flight } => (in_flight as u64 + 1) * chunk,
+            Self::Chunks { chunk, in_flight } => (in_flight as u64 + 1) * chunk + gather,
             Self::Ring { slots } => slots as u64 * window_capacity(largest).unwrap_or(u64::MAX / 4),
         }
     }

@@ -4,13 +4,16 @@
 use super::buffers::window_capacity;
 use super::{PlanError, StateShape};
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::layout::{FfnLayout, ModelLayout};
+use crate::checkpoint::layout::{FfnLayout, MixerLayout, ModelLayout, Slice};
 
 /// The byte census the plan needs (spec §1.2, §5.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Census {
     /// Trunk run length of every layer, by layer index.
     pub trunk_layers: Vec<u64>,
+    /// Bytes of every layer's trunk matrices, by layer index: what a chunk stream reads of the
+    /// layer per token (its small vectors are decoded once at load).
+    pub trunk_matrix_bytes: Vec<u64>,
     /// One routed expert's run (17,547,264 for K3).
     pub expert_bytes: u64,
     pub experts_per_layer: usize,
@@ -29,6 +32,12 @@ pub struct Census {
     /// Sequences one forward pass may decode together (a daemon's batch): the routing
     /// lookahead wants top-k slots for each (rule 4).
     pub sequences: usize,
+    /// The widest row of any matrix that may stream (trunk matrices, lm_head): a stream chunk
+    /// must hold one plus a page.
+    pub trunk_row_bytes: u64,
+    /// The largest trunk matrix a forward needs whole at once when it streams in chunks (MLA's
+    /// `kv_b_proj`, read per head for every sequence): gathered into one buffer.
+    pub gather_bytes: u64,
 }
 
 impl Census {
@@ -63,8 +72,36 @@ impl Census {
         let state = StateShape::of(cfg)
             .bytes(max_context)
             .ok_or_else(|| PlanError::BadCensus("state size overflows".into()))?;
+        let row = |s: &Slice| match s.shape.as_slice() {
+            [rows, ..] if *rows > 0 => (s.len / rows) as u64,
+            _ => 0,
+        };
+        let lm_head_row = row(&layout.lm_head.slice);
+        let trunk_row_bytes = layout
+            .layers
+            .iter()
+            .flat_map(crate::model::bind::stream_order)
+            .map(|s| row(&s))
+            .fold(lm_head_row, u64::max);
+        let gather_bytes = layout
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mixer {
+                MixerLayout::Mla(a) => Some(a.kv_b_proj.len as u64),
+                MixerLayout::Kda(_) => None,
+            })
+            .max()
+            .unwrap_or(0);
         let census = Self {
             trunk_layers: layout.layers.iter().map(|l| l.trunk.len).collect(),
+            trunk_matrix_bytes: layout
+                .layers
+                .iter()
+                .map(|l| {
+                    let order = crate::model::bind::stream_order(l);
+                    order.iter().map(|s| s.len as u64).sum()
+                })
+                .collect(),
             expert_bytes,
             experts_per_layer,
             moe_layers,
@@ -78,6 +115,8 @@ impl Census {
             state_bytes: state,
             scratch_bytes,
             sequences: 1,
+            trunk_row_bytes,
+            gather_bytes,
         };
         census.validate()?;
         Ok(census)
@@ -87,6 +126,11 @@ impl Census {
         let bad = |m: &str| Err(PlanError::BadCensus(m.into()));
         if self.trunk_layers.is_empty() {
             return bad("no layers");
+        }
+        let mut matrices = self.trunk_matrix_bytes.iter().zip(&self.trunk_layers);
+        if self.trunk_matrix_bytes.len() != self.trunk_layers.len() || matrices.any(|(m, l)| m > l)
+        {
+            return bad("trunk matrix bytes do not match the layers");
         }
         if self.moe_layers > 0 && (self.expert_bytes == 0 || self.top_k == 0) {
             return bad("MoE layers without expert size or top-k");
@@ -104,6 +148,7 @@ impl Census {
             .and_then(|t| t.checked_add(self.state_bytes))
             .and_then(|t| t.checked_add(self.scratch_bytes))
             .and_then(|t| t.checked_add(self.model_vectors_bytes))
+            .and_then(|t| t.checked_add(self.gather_bytes))
             .and_then(|t| t.checked_add(self.expert_slot_bytes().checked_mul(self.pool() as u64)?));
         if total.is_none() {
             return bad("sizes overflow");
@@ -119,6 +164,11 @@ impl Census {
     /// All routed experts of the model.
     pub fn pool(&self) -> usize {
         self.moe_layers * self.experts_per_layer
+    }
+
+    /// Cache slots one token's routed experts take (top-k × MoE layers; 1,472 for K3).
+    pub fn token_expert_slots(&self) -> usize {
+        self.moe_layers * self.top_k
     }
 
     /// Expert bytes one token routes to (25,829,572,608 for K3).

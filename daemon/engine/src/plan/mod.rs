@@ -10,9 +10,15 @@
 //!    pinned byte is one byte less to read per token. LRU over the layer cycle is useless
 //!    (§3.2), so pinning is static.
 //! 3. lm_head next (read in full every token), then the expert cache: beyond its minimum the
-//!    cache gets memory only if at least ~36 GB is left (§4.1: below that K3's flat routing
-//!    leaves nothing to retain), and the embedding (one row per token) is resident only when
-//!    memory would otherwise go unused.
+//!    cache gets everything left, up to the whole pool, but only if what is left holds at least
+//!    one token's routed experts (top-k × MoE layers slots, from the checkpoint's census). The
+//!    layers run in a fixed cycle, so an LRU cache smaller than one token's experts evicts each
+//!    before the next token could reuse it; on K3 (1,472 slots, 25.8 GB) that is where the C
+//!    engine's ladder first retained anything (nothing at 23.6 GB, 29.9 % at 36.4 GB, §4.1). Per
+//!    GiB a cache avoids at most top-k ÷ experts-per-layer of what pinning a GiB of trunk does
+//!    (flat routing), which is why pinning comes first. The embedding (one row per token) is
+//!    resident only when memory would otherwise go unused; what is then left is the plan's
+//!    headroom, which a daemon keeps for in-memory sessions (`--session-gb` defaults to it).
 //! 4. When nothing streams (the whole trunk and lm_head resident), top-k more cache slots per
 //!    sequence a pass decodes (or, if those do not fit, for one) for **routing lookahead**: each MoE layer routes its mixer's *input* with its own
 //!    router and issues those experts' reads before the mixer runs, so the drive works while the
@@ -26,14 +32,15 @@
 //!    280 MB on cache instead would retain ~5 % of bench's pool under flat routing, and ~0 %
 //!    under LRU's cyclic layer order.
 //!
-//! Unpinned trunk streams through [`StreamScheme`]: a ring of ≥ 2 whole-layer slots (the
-//! default) or fixed chunks consumed as they land. Measured with `examples/read_bench.rs`, both
-//! reach the same direct-read bandwidth once buffers sit on huge pages (`store::aligned`), so
-//! bandwidth does not decide; the ring is the default because the forward pass can use a whole
-//! layer's tensor slices as they are, while chunks need weights consumed by row ranges in read
-//! order, for ~2.2 GB less memory (one more pinned layer, ~1% of a token's bytes at 8 GiB).
-//! (The forward pass does not consume chunks yet, so the store refuses a plan that streams in
-//! [`StreamScheme::Chunks`] rather than spend more than it counts.)
+//! Unpinned trunk streams through [`StreamScheme`]: fixed chunks consumed by row ranges as they
+//! land (the default; `store::chunks`) or a ring of ≥ 2 whole-layer slots. Measured with
+//! `examples/read_bench.rs`, both reach the same direct-read bandwidth once buffers sit on huge
+//! pages (`store::aligned`), so bandwidth does not decide; the chunks take ~0.33 GB instead of
+//! two K3 layers (2.5–4.7 GB), which lowers the floor for the released model to 1.28 GiB at
+//! 4,096 positions and pins one to two more layers at any budget that streams. A chunk stream
+//! reads only a streamed layer's matrices per token (its vectors are decoded at load), and MLA's
+//! `kv_b_proj` is gathered whole into a buffer the plan counts ([`Census::gather_bytes`]).
+//! The ring's measurements below predate the chunk stream.
 //! Against the alternatives at one budget, `k3d bench` on the synthetic `bench` model at 7 GiB
 //! (medians of 4 interleaved runs, cgroup-limited): this plan (3 of 6 layers pinned, 4.75 GB
 //! read per token) 2.50 s/token; a 3-slot ring (2 pinned, 6.00 GB) 2.83; a 2.4 GiB expert cache
@@ -66,9 +73,6 @@ pub use state::StateShape;
 use buffers::{MAX_CHUNK, window_capacity};
 
 pub const GIB: u64 = 1 << 30;
-/// Below this much memory left after the trunk, a bigger expert cache retained nothing on K3
-/// (engine-lessons §4.1: first retention at a 36.4 GB cache).
-pub const CACHE_WORTHWHILE: u64 = 36_000_000_000;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
@@ -84,10 +88,15 @@ pub enum PlanError {
     )]
     RingNeedsTwoSlots { slots: usize },
     #[error(
-        "a chunk stream needs chunks of at least 4096 bytes and 1 in flight \
-             (got {chunk} bytes, {in_flight} in flight)"
+        "a chunk stream needs chunks that are a multiple of 4096 bytes, hold the widest \
+         streamed row plus a page ({least} bytes for this model) and 1 in flight \
+         (got {chunk} bytes, {in_flight} in flight)"
     )]
-    BadChunks { chunk: u64, in_flight: usize },
+    BadChunks {
+        chunk: u64,
+        in_flight: usize,
+        least: u64,
+    },
     #[error("the census is unusable: {0}")]
     BadCensus(String),
     #[error("budget {what} is not a finite positive number of GiB: {value}")]
@@ -148,6 +157,11 @@ pub struct Plan {
     pub scratch_bytes: u64,
     pub model_vectors_bytes: u64,
     pub reads: ReadsPerToken,
+    /// The smallest trunk layer left streaming (0: none): headroom below it could not pin one.
+    pub smallest_streamed_layer: u64,
+    /// What the expert cache needs left to grow beyond its minimum (rule 3): one token's
+    /// routed experts' slots.
+    pub cache_threshold: u64,
 }
 
 impl Plan {
@@ -179,7 +193,15 @@ impl Plan {
     /// Plan `budget` for `census`.
     pub fn new(census: &Census, budget: Budget, scheme: StreamScheme) -> Result<Self, PlanError> {
         census.validate()?;
-        let scheme = scheme.validate()?;
+        let largest_run = census
+            .trunk_layers
+            .iter()
+            .copied()
+            .chain([census.lm_head_bytes])
+            .max()
+            .unwrap_or(0);
+        let scheme = scheme.fitted(census.trunk_row_bytes, largest_run)?;
+        let gather = census.gather_bytes;
         let min_slots = if census.moe_layers > 0 {
             census.top_k + 1
         } else {
@@ -197,7 +219,10 @@ impl Plan {
             // Pinning is greedy and counts the ring of whatever still streams, so the last
             // layer only fits with that slack; the plan then allocates exactly `all`.
             let largest = census.trunk_layers.iter().copied().max().unwrap_or(0);
-            let slack = scheme.bytes(largest.max(census.lm_head_bytes.min(MAX_CHUNK as u64)));
+            let slack = scheme.bytes(
+                largest.max(census.lm_head_bytes.min(MAX_CHUNK as u64)),
+                gather,
+            );
             let budget = Budget {
                 ram: Some(all + slack),
                 trunk: None,
@@ -229,7 +254,7 @@ impl Plan {
         let needs = |pinned: &[bool], lm: Residency, emb: Residency, slots: usize| -> u64 {
             let trunk = census.trunk_layers.iter().zip(pinned).filter(|(_, p)| **p);
             base + trunk.map(|(b, _)| *b).sum::<u64>()
-                + scheme.bytes(largest_streamed(pinned, lm))
+                + scheme.bytes(largest_streamed(pinned, lm), gather)
                 + if lm == Residency::Resident {
                     census.lm_head_bytes
                 } else {
@@ -283,7 +308,7 @@ impl Plan {
             .unwrap_or(0);
         cache_slots += lookahead_slots;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
-        if budget.cache.is_none() && left >= CACHE_WORTHWHILE {
+        if budget.cache.is_none() && left >= census.token_expert_slots() as u64 * slot {
             cache_slots = (cache_slots + (left / slot) as usize)
                 .min(census.pool())
                 .max(cache_slots);
@@ -291,7 +316,12 @@ impl Plan {
         if needs(&pinned, lm_head, Residency::Resident, cache_slots) <= ram {
             embedding = Residency::Resident;
         }
-        let stream_bytes = scheme.bytes(largest_streamed(&pinned, lm_head));
+        let stream_bytes = scheme.bytes(largest_streamed(&pinned, lm_head), gather);
+        let smallest_streamed_layer = (0..pinned.len())
+            .filter(|&l| !pinned[l])
+            .map(|l| census.trunk_layers[l])
+            .min()
+            .unwrap_or(0);
         Ok(Self {
             budget: ram,
             pinned_layers: (0..pinned.len()).filter(|&l| pinned[l]).collect(),
@@ -315,7 +345,14 @@ impl Plan {
             scratch_bytes: census.scratch_bytes,
             model_vectors_bytes: census.model_vectors_bytes,
             reads: ReadsPerToken {
-                trunk: census.trunk_bytes() - trunk,
+                // A chunk stream reads a streamed layer's matrices; a ring its whole run.
+                trunk: (0..pinned.len())
+                    .filter(|&l| !pinned[l])
+                    .map(|l| match scheme {
+                        StreamScheme::Chunks { .. } => census.trunk_matrix_bytes[l],
+                        StreamScheme::Ring { .. } => census.trunk_layers[l],
+                    })
+                    .sum(),
                 lm_head: if lm_head == Residency::Resident {
                     0
                 } else {
@@ -329,6 +366,8 @@ impl Plan {
                 // Lookahead slots only hold reads in flight: no retention.
                 experts: expert_reads(census, cache_slots - lookahead_slots, min_slots),
             },
+            smallest_streamed_layer,
+            cache_threshold: census.token_expert_slots() as u64 * slot,
         })
     }
 }
@@ -396,9 +435,13 @@ impl fmt::Display for Plan {
             (0, _) => writeln!(f, "  streaming  none (nothing streams)")?,
             (b, StreamScheme::Chunks { chunk, in_flight }) => writeln!(
                 f,
-                "  streaming  {} × {} MiB chunks ({in_flight} in flight + 1 being consumed): {}",
+                "  streaming  {} × {} KiB chunks ({in_flight} in flight + 1 being consumed){}: {}",
                 in_flight + 1,
-                chunk >> 20,
+                chunk >> 10,
+                match b - (in_flight as u64 + 1) * chunk {
+                    0 => String::new(),
+                    g => format!(" + {} to gather a matrix used whole", gb(g)),
+                },
                 gb(b)
             )?,
             (b, StreamScheme::Ring { slots }) => {
@@ -448,6 +491,33 @@ impl fmt::Display for Plan {
             gb(self.scratch_bytes),
             self.model_vectors_bytes
         )?;
+        if self.headroom() > 0 {
+            let mut why = Vec::new();
+            if self.smallest_streamed_layer > 0 {
+                why.push(format!(
+                    "another layer needs {}",
+                    gb(self.smallest_streamed_layer)
+                ));
+            }
+            if self.cache_slots - self.lookahead_slots <= self.cache_min_slots
+                && self.cache_min_slots > 0
+            {
+                why.push(format!(
+                    "a cache beyond its minimum needs one token's experts, {}",
+                    gb(self.cache_threshold)
+                ));
+            }
+            writeln!(
+                f,
+                "  spare      {}{}: a daemon keeps it for in-memory sessions",
+                gb(self.headroom()),
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                }
+            )?;
+        }
         write!(
             f,
             "  reads per token: trunk {} + lm_head {} + embedding {} B + experts {} \
@@ -472,7 +542,7 @@ mod tests {
 
     /// Released K3 (spec §1.2, §5.1) at an 8,192-position maximum context and 256 MiB scratch.
     fn k3() -> Census {
-        let trunk_layers = (0..93)
+        let trunk_layers: Vec<u64> = (0..93)
             .map(|l| match l {
                 0 => 2_341_213_184,
                 91 | 92 => 844_335_616,
@@ -481,6 +551,9 @@ mod tests {
             })
             .collect();
         Census {
+            // The small vectors (tens of KB a layer) not subtracted: exact figures come from a
+            // layout (checkpoint::census tests).
+            trunk_matrix_bytes: trunk_layers.clone(),
             trunk_layers,
             expert_bytes: 17_547_264,
             experts_per_layer: 896,
@@ -493,8 +566,15 @@ mod tests {
             state_bytes: 464_633_856 + 55_296 * 8192,
             scratch_bytes: 256 << 20,
             sequences: 1,
+            // The dense layer's down_proj row (33,792 BF16 values); MLA's kv_b_proj, 96 heads ×
+            // 256 rows × 512 BF16 values.
+            trunk_row_bytes: 67_584,
+            gather_bytes: 25_165_824,
         }
     }
+
+    /// The whole-layer ring the first plans used, for the tests of its rules.
+    const RING: StreamScheme = StreamScheme::Ring { slots: 2 };
 
     #[test]
     fn released_census_matches_spec_totals() {
@@ -512,7 +592,7 @@ mod tests {
     #[test]
     fn laptop_streams_most_of_the_trunk() {
         let c = k3();
-        let p = Plan::new(&c, Budget::preset(Preset::Laptop), StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, Budget::preset(Preset::Laptop), RING).unwrap();
         assert!(p.total() <= p.budget);
         // Largest first: layer 0 (2.34 GB), then KDA+MoE layers in index order while they fit
         // beside two 1.27 GB ring slots, then a smaller MLA+MoE layer (3) that still fits.
@@ -524,7 +604,9 @@ mod tests {
             Budget::preset(Preset::Laptop),
             StreamScheme::default_chunks(),
         );
-        assert_eq!(chunks.unwrap().pinned_layers, vec![0, 1, 2, 4]);
+        let chunks = chunks.unwrap();
+        println!("{chunks}");
+        assert_eq!(chunks.pinned_layers, vec![0, 1, 2, 4]);
         assert!(p.reads.trunk > c.trunk_bytes() * 9 / 10);
         assert_eq!(p.lm_head, Residency::Streamed);
         assert_eq!(p.embedding, Residency::Streamed);
@@ -542,12 +624,12 @@ mod tests {
     #[test]
     fn server_holds_the_trunk_and_tables_but_only_the_minimum_cache() {
         let c = k3();
-        let p = Plan::new(&c, Budget::preset(Preset::Server), StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, Budget::preset(Preset::Server), RING).unwrap();
         assert_eq!(p.pinned_layers.len(), 93);
         assert_eq!(p.reads.trunk, 0);
         assert_eq!(p.stream_bytes, 0);
         assert_eq!(p.lm_head, Residency::Resident);
-        // ~24 GB left after trunk and head is below the 36 GB threshold (§4.1): the minimum
+        // ~24.5 GB left after trunk and head is below one token's experts (25.8 GB): the minimum
         // cache, plus top-k slots for the routing lookahead since nothing streams (rule 4).
         assert_eq!(p.lookahead_slots, 16);
         assert_eq!(p.cache_slots, 17 + 16);
@@ -560,7 +642,7 @@ mod tests {
             lookahead: Lookahead::Off,
             ..Budget::preset(Preset::Server)
         };
-        let p = Plan::new(&c, off, StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, off, RING).unwrap();
         assert_eq!((p.lookahead_slots, p.cache_slots), (0, 17));
     }
 
@@ -568,7 +650,7 @@ mod tests {
     fn lookahead_covers_every_sequence_of_a_batch_when_it_fits() {
         let mut c = k3();
         c.sequences = 4;
-        let p = Plan::new(&c, Budget::preset(Preset::Server), StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, Budget::preset(Preset::Server), RING).unwrap();
         assert_eq!((p.lookahead_slots, p.cache_slots), (64, 17 + 64));
         // A budget with room for one sequence's slots only gets those (the embedding, resident
         // only when memory is left over, streams at both).
@@ -577,7 +659,7 @@ mod tests {
             ram: Some(one),
             ..Budget::default()
         };
-        let p = Plan::new(&c, b, StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, b, RING).unwrap();
         assert_eq!(p.lookahead_slots, 16);
     }
 
@@ -590,7 +672,7 @@ mod tests {
             Preset::Workstation,
             Preset::Max,
         ] {
-            let p = Plan::new(&c, Budget::preset(preset), StreamScheme::default()).unwrap();
+            let p = Plan::new(&c, Budget::preset(preset), RING).unwrap();
             assert_eq!(p.lookahead_slots, 0, "{preset:?}: {p}");
         }
     }
@@ -598,11 +680,7 @@ mod tests {
     #[test]
     fn workstation_pins_most_and_larger_budgets_grow_the_cache() {
         let c = k3();
-        let w = Plan::new(
-            &c,
-            Budget::preset(Preset::Workstation),
-            StreamScheme::default(),
-        );
+        let w = Plan::new(&c, Budget::preset(Preset::Workstation), RING);
         let w = w.unwrap();
         assert!(w.pinned_layers.len() > 70 && w.pinned_layers.len() < 93);
         assert!(w.pinned_layers.contains(&0));
@@ -610,7 +688,7 @@ mod tests {
             ram: Some(256 * GIB),
             ..Budget::default()
         };
-        let b = Plan::new(&c, big, StreamScheme::default()).unwrap();
+        let b = Plan::new(&c, big, RING).unwrap();
         assert!(b.cache_slots > 17 + 5000);
         assert!(b.reads.experts < c.expert_bytes_per_token());
         assert!(b.total() <= b.budget && b.headroom() < b.cache_slot_bytes + c.embedding_bytes);
@@ -619,7 +697,7 @@ mod tests {
     #[test]
     fn max_holds_everything() {
         let c = k3();
-        let p = Plan::new(&c, Budget::preset(Preset::Max), StreamScheme::default()).unwrap();
+        let p = Plan::new(&c, Budget::preset(Preset::Max), RING).unwrap();
         assert_eq!(p.reads.total(), 0);
         assert_eq!(p.cache_slots, 82_432);
         assert_eq!(p.budget, p.total());
@@ -633,7 +711,7 @@ mod tests {
             ram: Some(GIB),
             ..Budget::default()
         };
-        let e = Plan::new(&c, b, StreamScheme::default()).unwrap_err();
+        let e = Plan::new(&c, b, RING).unwrap_err();
         let PlanError::BudgetTooSmall { needed, budget } = e else {
             panic!("{e}");
         };
@@ -652,7 +730,7 @@ mod tests {
                     ram: Some(min),
                     ..b
                 },
-                StreamScheme::default()
+                RING
             )
             .is_ok()
         );
@@ -682,9 +760,52 @@ mod tests {
         assert_eq!(p.stream_bytes, 3 * window_capacity(1_267_744_256).unwrap());
     }
 
+    #[test]
+    fn spare_budget_pins_first_then_grows_the_cache_once_a_token_of_experts_fits() {
+        let c = tiny();
+        let base = 30_100 + 3 * 12_288;
+        // Every layer pinned and lm_head resident, the embedding still one row's window.
+        let pinned = base + 900_000 + 60_000 + 8192;
+        let b = |ram| Budget {
+            ram: Some(ram),
+            ..Budget::default()
+        };
+        let off = |ram| Budget {
+            lookahead: Lookahead::Off,
+            ..b(ram)
+        };
+        // One token routes 2 experts in each of 3 MoE layers: 6 slots of 12,288 B.
+        let token = 6 * 12_288;
+        let p = Plan::new(&c, off(pinned + token - 1), TINY_SCHEME).unwrap();
+        assert_eq!((p.pinned_layers.len(), p.cache_slots), (4, 3));
+        assert_eq!(p.cache_threshold, token);
+        // The embedding (50,000 B instead of the 8,192 B window) takes what the cache did not.
+        assert_eq!(p.embedding, Residency::Resident);
+        assert_eq!(p.headroom(), token - 1 - (50_000 - 8192));
+        let text = p.to_string();
+        assert!(
+            text.contains("spare") && text.contains("one token's experts"),
+            "{text}"
+        );
+        // One byte more and the cache takes everything left, in whole slots, before the
+        // embedding.
+        let p = Plan::new(&c, off(pinned + token), TINY_SCHEME).unwrap();
+        assert_eq!((p.cache_slots, p.embedding), (3 + 6, Residency::Streamed));
+        assert_eq!(p.headroom(), 0);
+        assert!(!p.to_string().contains("spare"));
+        // Not enough for every layer: pinning first, then lm_head (60,000 B) out of the token's
+        // worth left over, so the cache stays at its minimum.
+        let ram = base + 4 * 8192 + 8192 + 700_000 + token;
+        let p = Plan::new(&c, off(ram), TINY_SCHEME).unwrap();
+        assert_eq!(p.pinned_layers, vec![0, 1, 3]);
+        assert_eq!((p.lm_head, p.cache_slots), (Residency::Resident, 3));
+        assert!(p.to_string().contains("another layer needs"), "{p}");
+    }
+
     fn tiny() -> Census {
         Census {
             trunk_layers: vec![100_000, 300_000, 200_000, 300_000],
+            trunk_matrix_bytes: vec![100_000, 300_000, 200_000, 300_000],
             expert_bytes: 8192,
             experts_per_layer: 8,
             moe_layers: 3,
@@ -696,19 +817,22 @@ mod tests {
             state_bytes: 10_000,
             scratch_bytes: 20_000,
             sequences: 1,
+            trunk_row_bytes: 1000,
+            gather_bytes: 0,
         }
     }
 
+    /// The smallest chunks tiny's 1000-byte rows allow: a row plus a page.
     const TINY_SCHEME: StreamScheme = StreamScheme::Chunks {
-        chunk: 4096,
+        chunk: 8192,
         in_flight: 3,
     };
 
     #[test]
     fn tiny_pins_largest_first_and_skips_what_does_not_fit() {
         let c = tiny();
-        // Fixed: 30,100 + 3 slots × 12,288 + 4 chunks × 4096 + row window 8192 = 91,540.
-        let fixed = 30_100 + 3 * 12_288 + 4 * 4096 + 8192;
+        // Fixed: 30,100 + 3 slots × 12,288 + 4 chunks × 8192 + row window 8192 = 107,924.
+        let fixed = 30_100 + 3 * 12_288 + 4 * 8192 + 8192;
         let b = |ram| Budget {
             ram: Some(ram),
             ..Budget::default()

@@ -6,7 +6,10 @@
 //! [`Plan`] (computed by [`crate::plan`]) decides, before anything is allocated, what is resident:
 //!
 //! * pinned trunk layers are read once at load into aligned buffers; the others stream through
-//!   a ring of ≥ 2 whole-layer slots, the next streamed layer read while the current computes;
+//!   a ring of ≥ 2 whole-layer slots, the next streamed layer read while the current computes,
+//!   or through the [`chunks`] stream: a few aligned chunks of whole rows, read ahead across
+//!   tensor and layer boundaries and consumed by the forward pass as they land
+//!   ([`WeightStore::trunk_rows`]);
 //! * routed experts pass through the [`expert_cache::ExpertCache`]: the misses of one request
 //!   are issued as one batch to the [`reader::ReaderPool`];
 //! * the embedding is resident or read one row at a time; lm_head is resident or read in row
@@ -18,6 +21,7 @@
 //! bytes of an expert are verified the first time it is handed out (spec §3.5).
 
 pub mod aligned;
+mod chunks;
 pub mod direct_io;
 pub mod expert_cache;
 pub mod reader;
@@ -35,8 +39,11 @@ use expert_cache::{
 };
 use reader::{Batch, Priority, ReaderConfig, ReaderPool};
 
-use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, ModelLayout, MoeLayout, Slice};
+use crate::checkpoint::layout::{
+    ByteRun, ExpertLayout, FfnLayout, LayerLayout, ModelLayout, MoeLayout, Slice,
+};
 use crate::kernels::mxfp4;
+use chunks::{ChunkStream, Unit};
 
 impl From<reader::PoolError> for StoreError {
     fn from(e: reader::PoolError) -> Self {
@@ -116,10 +123,16 @@ pub enum StoreError {
     #[error("a streaming ring needs at least 2 slots, {slots} asked (engine-lessons §3.1)")]
     SingleSlot { slots: usize },
     #[error(
-        "the plan streams trunk in {chunk}-byte chunks, which the forward pass cannot consume \
-         yet (it needs whole runs): plan with a ring"
+        "{unit}: a row of {row_bytes} bytes does not fit a {chunk}-byte stream chunk (it holds \
+         4096 bytes less than its size), or a tensor lies outside its run"
     )]
-    ChunksUnsupported { chunk: u64 },
+    RowExceedsChunk {
+        row_bytes: usize,
+        chunk: usize,
+        unit: String,
+    },
+    #[error("{unit}: no streamed tensor starts at byte {start} of its run")]
+    NotStreamed { unit: String, start: usize },
 }
 
 /// The three small model-level tensors (spec §3.3, shard 94), always resident.
@@ -164,8 +177,12 @@ impl Drop for Bytes<'_> {
     }
 }
 
-/// Bytes of one layer's trunk run.
-pub type TrunkView<'s> = Bytes<'s>;
+/// One layer's trunk: its run's bytes, or (chunk stream) a layer whose matrices are read by
+/// row ranges as they are applied ([`WeightStore::trunk_rows`]).
+pub enum TrunkView<'s> {
+    Bytes(Bytes<'s>),
+    Chunks,
+}
 
 /// One routed expert handed out by [`WeightStore::experts_each`]: its run bytes (held in its cache
 /// slot while this view lives) and the layout of its six tensors within them.
@@ -375,6 +392,8 @@ pub struct WeightStore {
     /// Streamed layers, ascending (the prefetch order).
     streamed: Vec<usize>,
     ring: Ring,
+    /// With [`plan::StreamScheme::Chunks`] and something streaming: the chunk stream.
+    chunks: Option<ChunkStream>,
     cache: ExpertCache,
     /// `verdicts[L][e]`: the scale check of expert e of layer L, once done.
     verdicts: Vec<Vec<OnceLock<Option<BadScale>>>>,
@@ -392,11 +411,14 @@ pub struct WeightStore {
 
 impl WeightStore {
     /// Opens the shards and allocates and fills exactly what `plan` keeps resident.
+    /// `trunk_order` lists a layer's matrices in the order its consumer applies them: what a
+    /// chunk stream reads them in (unused with a ring).
     pub fn open(
         layout: ModelLayout,
         shards: &[PathBuf],
         plan: Plan,
         options: StoreOptions,
+        trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
     ) -> Result<Self, StoreError> {
         let set = Arc::new(ShardSet::open(shards, options.direct)?);
         let pool = ReaderPool::new(set, options.reader)?;
@@ -426,16 +448,31 @@ impl WeightStore {
                 any_offset((head_block_rows(s) * head_row_bytes(s)) as u64)?
             }
         };
-        let slots = match plan.scheme {
-            plan::StreamScheme::Ring { slots } => slots,
-            // Whole runs in two slots would allocate far more than the plan counted for chunks:
-            // refuse rather than break the budget.
-            plan::StreamScheme::Chunks { chunk, .. } if plan.stream_bytes > 0 => {
-                return Err(StoreError::ChunksUnsupported { chunk });
+        let (ring, chunks) = match plan.scheme {
+            plan::StreamScheme::Ring { slots } => {
+                (Ring::new(slots, largest_trunk.max(head_piece))?, None)
             }
-            plan::StreamScheme::Chunks { .. } => 2,
+            plan::StreamScheme::Chunks { chunk, in_flight } => {
+                let mut units: Vec<(Unit, ByteRun, Vec<Slice>)> = streamed
+                    .iter()
+                    .map(|&l| {
+                        let ll = &layout.layers[l];
+                        (Unit::Layer(l), ll.trunk, trunk_order(ll))
+                    })
+                    .collect();
+                if plan.lm_head == Residency::Streamed {
+                    let t = &layout.lm_head;
+                    units.push((Unit::LmHead, t.run, vec![t.slice.clone()]));
+                }
+                let stream = (!units.is_empty())
+                    .then(|| {
+                        let chunk = usize::try_from(chunk).unwrap_or(usize::MAX);
+                        ChunkStream::new(units, chunk, in_flight + 1)
+                    })
+                    .transpose()?;
+                (Ring::new(2, 0)?, stream)
+            }
         };
-        let ring = Ring::new(slots, largest_trunk.max(head_piece))?;
         let slot_bytes = usize::try_from(plan.cache_slot_bytes).unwrap_or(usize::MAX);
         // LRU by measurement (`k3d bench --policy-slots`, synthetic routing): with a cache of
         // 14 % of the expert pool (small, 300 tokens) LRU avoided 6.8 MB/token against
@@ -475,6 +512,7 @@ impl WeightStore {
             pinned,
             streamed,
             ring,
+            chunks,
             cache,
             verdicts,
             embed_tokens,
@@ -487,6 +525,9 @@ impl WeightStore {
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };
         store.preload_experts()?;
+        if let Some(c) = &store.chunks {
+            c.top_up(&store.pool);
+        }
         Ok(store)
     }
 
@@ -549,9 +590,10 @@ impl WeightStore {
         &self.layout
     }
 
-    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A streamed layer
-    /// occupies a ring slot until the view is dropped; the next streamed layer (wrapping to the
-    /// first, for the next token) is read into another slot meanwhile.
+    /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A ring-streamed
+    /// layer occupies a ring slot until the view is dropped; the next streamed layer (wrapping
+    /// to the first, for the next token) is read into another slot meanwhile. A chunk-streamed
+    /// layer is [`TrunkView::Chunks`]: its matrices come through [`WeightStore::trunk_rows`].
     pub fn trunk(&self, layer: usize) -> Result<TrunkView<'_>, StoreError> {
         let count = self.layout.layers.len();
         let Some(pinned) = self.pinned.get(layer) else {
@@ -559,9 +601,16 @@ impl WeightStore {
         };
         if let Some(run) = pinned {
             self.counters.avoided(run.payload().len());
-            return Ok(Bytes {
+            return Ok(TrunkView::Bytes(Bytes {
                 inner: BytesInner::Resident(run.payload()),
-            });
+            }));
+        }
+        if self
+            .chunks
+            .as_ref()
+            .is_some_and(|c| c.has(Unit::Layer(layer)))
+        {
+            return Ok(TrunkView::Chunks);
         }
         let run = self.layout.layers[layer].trunk;
         let pending = self.ring.lock().pending.take();
@@ -598,12 +647,71 @@ impl WeightStore {
         };
         self.counters.read(Class::Trunk, run.len);
         self.prefetch_after(layer);
-        Ok(Bytes {
+        Ok(TrunkView::Bytes(Bytes {
             inner: BytesInner::Streamed {
                 run: Some(loaded),
                 ring: &self.ring,
             },
-        })
+        }))
+    }
+
+    /// The rows of the matrix at byte `start` of chunk-streamed layer `layer`'s run, handed to
+    /// `f` as `(first_row, their bytes)` in row order as each piece lands, while the next
+    /// pieces of the cycle are read.
+    pub fn trunk_rows<E: From<StoreError>>(
+        &self,
+        layer: usize,
+        start: usize,
+        f: impl FnMut(usize, &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        match &self.chunks {
+            Some(c) => c.rows(&self.pool, &self.counters, Unit::Layer(layer), start, f),
+            None => Err(StoreError::NotStreamed {
+                unit: format!("layer {layer}"),
+                start,
+            }
+            .into()),
+        }
+    }
+
+    /// The bytes of `slices` of layer `layer`'s trunk (small tensors: one read each), by slice
+    /// start. For decoding a chunk-streamed layer's vectors at load without its whole run.
+    pub fn trunk_tensors(
+        &self,
+        layer: usize,
+        slices: &[&Slice],
+    ) -> Result<Vec<(usize, Vec<u8>)>, StoreError> {
+        let count = self.layout.layers.len();
+        let trunk = self
+            .layout
+            .layers
+            .get(layer)
+            .ok_or(StoreError::NoSuchLayer { layer, count })?
+            .trunk;
+        let mut out = Vec::with_capacity(slices.len());
+        for s in slices {
+            if (s.start + s.len) as u64 > trunk.len {
+                return Err(StoreError::BadSlice {
+                    tensor: "a trunk vector",
+                    start: s.start,
+                    len: s.len,
+                    run_len: trunk.len,
+                });
+            }
+            let run = ByteRun {
+                shard: trunk.shard,
+                offset: trunk.offset + s.start as u64,
+                len: s.len as u64,
+            };
+            let buf = AlignedBuf::zeroed(any_offset(run.len)?)?;
+            let loaded = self
+                .counters
+                .waiting(|| self.pool.read(run, buf))
+                .map_err(|f| f.error)?;
+            self.counters.read(Class::Trunk, run.len);
+            out.push((s.start, loaded.payload().to_vec()));
+        }
+        Ok(out)
     }
 
     /// Starts reading the streamed layer after `layer` into a spare slot, if one is free.
@@ -976,6 +1084,9 @@ impl WeightStore {
             let bytes = slice_of(head.payload(), &t.slice).ok_or_else(bad)?;
             self.counters.avoided(bytes.len());
             return f(0, bytes);
+        }
+        if let Some(c) = self.chunks.as_ref().filter(|c| c.has(Unit::LmHead)) {
+            return c.rows(&self.pool, &self.counters, Unit::LmHead, t.slice.start, f);
         }
         let block = head_block_rows(&t.slice);
         let mut first = 0;
