@@ -79,8 +79,8 @@ fn minimum_budget(dir: &Path) -> Budget {
     }
 }
 
-/// Just below `max` for these options: the whole trunk resident, a cache that cannot hold every
-/// expert, and the routing lookahead's slots for every member (plan rule 4).
+/// Just below `max` for these options: the whole trunk resident, the minimum cache (which cannot hold
+/// every expert) and the routing lookahead's slots for every member (plan rule 4).
 fn trunk_resident_budget(dir: &Path) -> Budget {
     let ck = k3_engine::checkpoint::Checkpoint::open(dir).expect("open checkpoint");
     let max = Plan::for_model(
@@ -89,8 +89,11 @@ fn trunk_resident_budget(dir: &Path) -> Budget {
         &options(1, Budget::default()).model.plan,
     )
     .expect("max plan");
+    // The cache capped at its minimum: left to the plan it would take the spare (a token of
+    // experts fits) and hold nearly every expert, so no guess would need a read.
     let budget = Budget {
         ram: Some(max.total() - 4096),
+        cache: Some(1),
         ..Budget::default()
     };
     let plan =

@@ -21,6 +21,9 @@ fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
     let inputs = PlanInputs {
         budget: Budget {
             ram: Some(max.total() - 4096),
+            // The minimum cache: left to the plan it would take the spare and hold nearly
+            // every expert.
+            cache: Some(1),
             lookahead,
             ..Budget::default()
         },
