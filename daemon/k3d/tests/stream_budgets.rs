@@ -82,7 +82,6 @@ fn identical_at_every_budget(shape: &str) {
         .expect("plan budget");
     assert!(full > min, "max ({full}) above the minimum ({min})");
     let mut streamed_some = false;
-    let mut looked_ahead = None;
     for (i, b) in [
         min + 4096,
         min + (full - min) / 4,
@@ -105,18 +104,27 @@ fn identical_at_every_budget(shape: &str) {
             if store["trunk_bytes_read"].as_u64() > max_json["store"]["trunk_bytes_read"].as_u64() {
                 streamed_some = true;
             }
-            if store["lookahead_bytes_read"].as_u64() > Some(0) {
-                looked_ahead = Some(g);
-            }
         }
     }
     assert!(
         streamed_some,
         "some budget streamed trunk layers during the run"
     );
-    // The trunk-resident budgets read experts on a predicted routing; without it, same bytes.
-    let g = looked_ahead.expect("some budget read experts ahead of routing");
-    let (i4, l4, json) = ok_run(&dir, "no-lookahead", &["--ram-gb", &g, "--no-lookahead"]);
+    // A trunk-resident budget whose expert cache is held at its minimum (the census rule gives
+    // spare bytes to the cache, which would then hold nearly every expert and need no guess)
+    // reads experts on a predicted routing; without the lookahead, the same output.
+    let g = gib(full - 4096);
+    let least_cache = ["--ram-gb", &g, "--cache-gb", "0.000000001"];
+    let (i5, l5, json) = ok_run(&dir, "lookahead", &least_cache);
+    assert!(
+        json["store"]["lookahead_bytes_read"].as_u64() > Some(0),
+        "a trunk-resident budget with the least cache reads experts ahead of routing: {}",
+        json["store"]
+    );
+    assert_eq!(i5, ids, "generated ids at {g} GiB with the least cache");
+    assert!(l5 == logits, "logits at {g} GiB with the least cache");
+    let no_lookahead = [&least_cache[..], &["--no-lookahead"]].concat();
+    let (i4, l4, json) = ok_run(&dir, "no-lookahead", &no_lookahead);
     assert_eq!(json["store"]["lookahead_bytes_read"].as_u64(), Some(0));
     assert_eq!(i4, ids, "generated ids at {g} GiB without lookahead");
     assert!(l4 == logits, "logits at {g} GiB without lookahead");
