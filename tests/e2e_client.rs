@@ -231,20 +231,7 @@ async fn every_error_has_its_exit_code_and_an_actionable_message() {
 fn a_model_that_fails_to_load_ends_the_daemon_and_the_client_says_so() {
     let tmp = scratch("client-broken");
     let dir = tmp.path();
-    let model = dir.join("broken");
-    std::fs::create_dir_all(&model).expect("mkdir");
-    for entry in std::fs::read_dir(tiny_model()).expect("model dir") {
-        let entry = entry.expect("entry");
-        let name = entry.file_name();
-        let to = model.join(&name);
-        if name.to_string_lossy().ends_with(".safetensors") {
-            // Truncated shard: the engine refuses it at load.
-            let bytes = std::fs::read(entry.path()).expect("read shard");
-            std::fs::write(&to, &bytes[..bytes.len() / 2]).expect("write");
-        } else {
-            std::fs::copy(entry.path(), &to).expect("copy");
-        }
-    }
+    let model = broken_model(dir);
     let socket = dir.join("k3d.sock");
     let out = Command::new(bin("k3d"))
         .args(["serve", "--threads", "1", "--model"])

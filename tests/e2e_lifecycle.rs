@@ -14,24 +14,6 @@ use std::time::{Duration, Instant};
 use support::*;
 use tokio_stream::StreamExt;
 
-/// A copy of the tiny model whose shards are cut in half: refused when the engine loads them.
-fn broken_model(dir: &Path) -> std::path::PathBuf {
-    let model = dir.join("broken");
-    std::fs::create_dir_all(&model).expect("mkdir");
-    for entry in std::fs::read_dir(tiny_model()).expect("model dir") {
-        let entry = entry.expect("entry");
-        let name = entry.file_name();
-        let to = model.join(&name);
-        if name.to_string_lossy().ends_with(".safetensors") {
-            let bytes = std::fs::read(entry.path()).expect("read shard");
-            std::fs::write(&to, &bytes[..bytes.len() / 2]).expect("write");
-        } else {
-            std::fs::copy(entry.path(), &to).expect("copy");
-        }
-    }
-    model
-}
-
 /// Runs `k3d serve` to its end (it must end by itself within 60 s): exit code and stderr.
 fn serve_until_exit(model: &Path, socket: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(bin("k3d"))
@@ -222,15 +204,7 @@ async fn sigterm_with_requests_queued_prefilling_and_decoding_keeps_the_session(
         .expect("accepted")
         .into_inner();
     // Queued behind both.
-    let mut queued = c
-        .generate(ids_request(prompt(3), 4))
-        .await
-        .expect("accepted")
-        .into_inner();
-    while !matches!(
-        queued.next().await.expect("event").expect("ok").event,
-        Some(pb::event::Event::Queued(_))
-    ) {}
+    let mut queued = queued(&mut c, ids_request(prompt(3), 4)).await;
     let t = Instant::now();
     d.signal(libc::SIGTERM);
     for (what, stream) in [

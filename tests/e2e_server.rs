@@ -427,15 +427,7 @@ async fn sigterm_cancels_what_outlives_the_grace() {
     .await;
     let stream = computing(&mut c, prompt(2)).await;
     // A second request waits for the only compute slot.
-    let mut queued = c
-        .generate(ids_request(prompt(3), 4))
-        .await
-        .expect("queued")
-        .into_inner();
-    while !matches!(
-        queued.next().await.expect("event").expect("ok").event,
-        Some(pb::event::Event::Queued(_))
-    ) {}
+    let queued = queued(&mut c, ids_request(prompt(3), 4)).await;
     let t = Instant::now();
     d.signal(libc::SIGTERM);
     for (what, events) in [("running", stream), ("queued", queued)] {

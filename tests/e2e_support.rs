@@ -69,6 +69,25 @@ pub fn tiny_model() -> &'static Path {
 
 /// Writes `k3d synth --shape SHAPE --seed 0` into `dir` through the real binary; a failure
 /// fails the test with synth's message.
+/// A copy of the tiny model in `dir/broken` whose shards are cut in half: refused when the
+/// engine loads them.
+pub fn broken_model(dir: &Path) -> PathBuf {
+    let model = dir.join("broken");
+    std::fs::create_dir_all(&model).expect("mkdir");
+    for entry in std::fs::read_dir(tiny_model()).expect("model dir") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name();
+        let to = model.join(&name);
+        if name.to_string_lossy().ends_with(".safetensors") {
+            let bytes = std::fs::read(entry.path()).expect("read shard");
+            std::fs::write(&to, &bytes[..bytes.len() / 2]).expect("write");
+        } else {
+            std::fs::copy(entry.path(), &to).expect("copy");
+        }
+    }
+    model
+}
+
 pub fn synth_model(shape: &str, dir: &Path) -> PathBuf {
     command_support::synth(&bin("k3d"), shape, dir);
     dir.to_path_buf()
@@ -364,6 +383,19 @@ pub async fn computing(
 }
 
 /// Lossy UTF-8 of a process's output.
+/// Submits `req` and waits until the daemon says it is queued (every compute slot is taken).
+pub async fn queued(
+    c: &mut EngineClient<Channel>,
+    req: pb::GenerateRequest,
+) -> tonic::Streaming<pb::Event> {
+    let mut stream = c.generate(req).await.expect("accepted").into_inner();
+    while !matches!(
+        stream.next().await.expect("event").expect("ok").event,
+        Some(pb::event::Event::Queued(_))
+    ) {}
+    stream
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
