@@ -73,9 +73,11 @@ def prefix_reuse(args, client):
         turns += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
     body = {**common, "messages": turns, "max_tokens": 1}
     fresh, reused = [], []
+    # Reused first: the first one follows turn 2's reply at once, as an agent's next turn
+    # does, so it includes waiting for the daemon to finish warming that turn's history.
     for _ in range(args.runs):
-        fresh.append(stream(client, "/v1/chat/completions", {**body, "prefix_reuse": False})[0])
         reused.append(stream(client, "/v1/chat/completions", body)[0])
+        fresh.append(stream(client, "/v1/chat/completions", {**body, "prefix_reuse": False})[0])
     whole = client.post("/v1/chat/completions", json=body).json()["usage"]
     f, r = statistics.median(fresh), statistics.median(reused)
     print(f"prefix reuse: turn 3 ({whole['prompt_tokens']} prompt tokens, "

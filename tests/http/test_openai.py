@@ -304,21 +304,37 @@ def test_tool_requests_k3_cannot_honour_are_400_naming_the_field():
 
 def test_prefix_reuse_continues_the_conversation_with_identical_output():
     client = unix_client()
+    follow_ups = ["And another?", "And a third?"]
+    fresh_off = {**THINKING_OFF, "prefix_reuse": False}
+    # What each later turn adds to the history: the user's message and the generation prompt,
+    # which render on their own exactly as after the history (segments are encoded one by one).
+    added = [chat(client, [{"role": "user", "content": f}], max_tokens=1, extra_body=fresh_off)
+             .usage.prompt_tokens for f in follow_ups]
+    # The conversation computed afresh every turn (an opted-out request keeps nothing).
     turns = [{"role": "user", "content": "Name a river."}]
-    cached = []
-    for follow_up in ["And another?", "And a third?"]:
-        fresh = chat(client, turns, max_tokens=6, extra_body={**THINKING_OFF, "prefix_reuse": False})
+    fresh = []
+    for follow_up in follow_ups + [None]:
+        reply = chat(client, turns, max_tokens=6, extra_body=fresh_off)
+        assert reply.usage.prompt_tokens_details is None
+        fresh.append(reply)
+        if follow_up:
+            turns += [{"role": "assistant", "content": reply.choices[0].message.content},
+                      {"role": "user", "content": follow_up}]
+    # The same conversation with reuse, each turn sent as soon as the last reply is in.
+    turns = turns[:1]
+    for n, want in enumerate(fresh):
         reused = chat(client, turns, max_tokens=6, extra_body=THINKING_OFF)
         # Bit-identical to computing the whole prompt afresh (greedy).
-        assert reused.choices[0].message.content == fresh.choices[0].message.content
-        assert reused.usage.prompt_tokens == fresh.usage.prompt_tokens
-        assert fresh.usage.prompt_tokens_details is None
+        assert reused.choices[0].message.content == want.choices[0].message.content
+        assert reused.usage.prompt_tokens == want.usage.prompt_tokens
         details = reused.usage.prompt_tokens_details
-        cached.append(details.cached_tokens if details else 0)
-        turns += [{"role": "assistant", "content": reused.choices[0].message.content},
-                  {"role": "user", "content": follow_up}]
-    # The first turn has nothing to continue (an opted-out request keeps nothing); each later
-    # one continues a state the previous turn kept, holding more of the prompt each time.
-    assert cached[0] == 0, cached
-    last = chat(client, turns, max_tokens=6, extra_body=THINKING_OFF)
-    assert last.usage.prompt_tokens_details.cached_tokens > cached[1] > 0, (cached, last.usage)
+        cached = details.cached_tokens if details else 0
+        if n == 0:
+            assert cached == 0, reused.usage
+        else:
+            # The daemon warmed the history after the last reply (re-rendered from its
+            # message, whatever ids were generated): only the new message is prefilled.
+            assert reused.usage.prompt_tokens - cached == added[n - 1], (reused.usage, added)
+        if n < len(follow_ups):
+            turns += [{"role": "assistant", "content": reused.choices[0].message.content},
+                      {"role": "user", "content": follow_ups[n]}]

@@ -22,6 +22,16 @@ const ACTIVE: usize = 3;
 const CAP: usize = 4096;
 
 fn core(dir: &std::path::Path, sessions: &std::path::Path, capacity: Capacity) -> Core {
+    core_with(dir, sessions, capacity, |_| {})
+}
+
+/// [`core`], with `tweak` applied to its configuration last.
+fn core_with(
+    dir: &std::path::Path,
+    sessions: &std::path::Path,
+    capacity: Capacity,
+    tweak: impl FnOnce(&mut Config),
+) -> Core {
     let mut config = Config::new(dir.to_path_buf(), sessions.to_path_buf());
     config.engine = EngineOptions {
         threads: 1,
@@ -41,6 +51,7 @@ fn core(dir: &std::path::Path, sessions: &std::path::Path, capacity: Capacity) -
         max_tokens_cap: CAP,
         speculate: 0,
     };
+    tweak(&mut config);
     let core = Core::new(config).expect("core");
     core.start().expect("start");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -369,4 +380,76 @@ fn every_refusal_names_its_rule() {
         core.submit(None, ids(vec![1], 4)),
         Err(ServeError::ShuttingDown)
     ));
+}
+
+/// Automatic prefix reuse warms a chat's next turn once its reply is out (`serve::prefix`):
+/// the caller's next request — sent at once, as an agent's is — prefills only what the user
+/// added, although the re-rendered reply need not be the generated ids, and its output is
+/// the fresh computation's.
+#[test]
+fn a_chats_next_turn_prefills_only_what_the_user_added() {
+    let ck = synth("tiny", 11);
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue: 4,
+    };
+    // Kept states live in the session allowance.
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
+        c.session_bytes = Some(64 << 20)
+    });
+    let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
+    let me = k3_engine::serve::Caller::Uid(Some(7));
+    let conversation = |messages: Vec<Message>| Conversation {
+        messages,
+        thinking: k3_engine::tokenizer::chat::Thinking::Off,
+        ..Conversation::default()
+    };
+    let chat = |messages: Vec<Message>, reuse: bool| Request {
+        max_tokens: Some(6),
+        reuse: reuse.then(|| me.clone()),
+        ..Request::new(Prompt::Chat(conversation(messages)))
+    };
+    // The reply as an OpenAI client keeps it: its response-channel text.
+    let reply = |job: &JobHandle| {
+        let mut content = String::new();
+        while let Some(e) = job.events.recv() {
+            match e {
+                Event::Token { piece, .. } if piece.channel == k3_engine::serve::Channel::Response => {
+                    content.push_str(&piece.text)
+                }
+                Event::Done(d) => {
+                    assert!(d.malformed.is_none(), "{:?}", d.malformed);
+                    content.push_str(&d.trailing_text);
+                    return (content, d.summary);
+                }
+                Event::Failed(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+        panic!("no Done");
+    };
+    let mut messages = vec![Message::new(Role::User, "Name a river.")];
+    let first = core.submit(Some(7), chat(messages.clone(), true)).expect("turn 1");
+    let (content, _) = reply(&first);
+    let follow_up = Message::new(Role::User, "And another?");
+    messages.extend([Message::new(Role::Assistant, content), follow_up.clone()]);
+    // Submitted while the first turn's history is being warmed: it waits for it.
+    let second = core.submit(Some(7), chat(messages.clone(), true)).expect("turn 2");
+    let (reused_text, reused) = reply(&second);
+    // What only this turn adds: the user's message and the generation prompt, which render
+    // on their own exactly as they do after the history (segments are encoded one by one).
+    let mut added = conversation(vec![follow_up]);
+    added.generation_prompt = true;
+    let added = k3_engine::tokenizer::chat::render(&tokenizer, &added).expect("render");
+    assert_eq!(
+        reused.prompt_tokens - reused.reused_tokens,
+        added.len(),
+        "the next turn prefilled more than the user's message: {reused:?}"
+    );
+    let fresh = core.submit(Some(7), chat(messages, false)).expect("fresh");
+    let (fresh_text, fresh) = reply(&fresh);
+    assert_eq!(fresh.reused_tokens, 0);
+    assert_eq!((reused_text, reused.generated), (fresh_text, fresh.generated));
+    assert!(core.metrics().timings.warmed_tokens > 0);
 }

@@ -129,6 +129,11 @@ impl Generation {
         &self.request
     }
 
+    /// Prompt tokens the starting state already held (never fed by this generation).
+    pub fn reused(&self) -> usize {
+        self.reused
+    }
+
     /// Tokens decided so far (with speculation, possibly a few not yet returned by a step).
     pub fn generated(&self) -> &[u32] {
         &self.generated

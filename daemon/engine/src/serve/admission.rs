@@ -19,6 +19,7 @@ use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, QueueState, ServeError};
 use crate::engine::{EngineError, EngineInfo, EngineStats, GenerateRequest};
+use crate::tokenizer::chat::Conversation;
 
 /// One admitted job on its way to (or in) the scheduler.
 pub(crate) struct Job {
@@ -33,6 +34,9 @@ pub(crate) struct Job {
     pub lease: Option<SessionLease>,
     /// Whose kept states it may continue and adds to (without a session).
     pub reuse: Option<Caller>,
+    /// A chat job's conversation, kept with `reuse` so its next turn can be warmed
+    /// ([`super::prefix::next_turn`]).
+    pub conversation: Option<Conversation>,
     pub admitted: Instant,
     /// Last queue position announced (0 = none yet).
     announced: u32,
@@ -56,6 +60,7 @@ impl Job {
             cancel: Arc::new(AtomicBool::new(false)),
             lease,
             reuse: None,
+            conversation: None,
             admitted: Instant::now(),
             announced: 0,
         }
@@ -183,6 +188,9 @@ pub(crate) struct Admission {
 /// What the scheduler gets from [`Admission::take`].
 pub(crate) struct Taken {
     pub jobs: Vec<Job>,
+    /// Whose prefix states each job still queued after those taken continues (`None`: no
+    /// automatic reuse): they wait for a compute slot.
+    pub waiting: Vec<Option<Caller>>,
     /// No more work will ever come: the scheduler may exit once its active set is empty.
     pub closed: bool,
 }
@@ -318,9 +326,14 @@ impl Admission {
             }
         }
         let closed = !st.accepting && st.queue.is_empty();
+        let waiting = st.queue.iter().map(|j| j.reuse.clone()).collect();
         drop(st);
         drop(gone);
-        Taken { jobs, closed }
+        Taken {
+            jobs,
+            waiting,
+            closed,
+        }
     }
 
     /// Scheduler side: nothing can make progress (every active reader's buffer is full); sleep

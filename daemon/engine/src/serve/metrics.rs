@@ -22,6 +22,9 @@ pub struct Timings {
     /// Decode seconds of finished jobs, summed (÷ `generated_tokens` = seconds per token).
     pub decode_seconds_sum: f64,
     pub prefill_seconds_sum: f64,
+    /// History tokens fed after a reply to warm the caller's next turn (automatic prefix
+    /// reuse, [`super::prefix`]): compute spent off every request's critical path.
+    pub warmed_tokens: u64,
 }
 
 #[derive(Default)]
@@ -47,6 +50,10 @@ impl Metrics {
         t.generated_tokens += s.generated_tokens as u64;
         t.decode_seconds_sum += s.decode_seconds;
         t.prefill_seconds_sum += s.prefill_seconds;
+    }
+
+    pub fn warmed(&self, tokens: usize) {
+        self.lock().warmed_tokens += tokens as u64;
     }
 
     pub fn timings(&self) -> Timings {

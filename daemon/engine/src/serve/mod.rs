@@ -333,10 +333,12 @@ impl Core {
     pub fn new(config: Config) -> Result<Core, StartError> {
         let model_config = ModelConfig::from_file(&config.model.join("config.json"))?;
         // Refuses a tokenizer with ids the embedding has no row for before anything loads.
-        let tokenizer = Tokenizer::load_for_vocab(&config.model, model_config.vocab_size)
-            .map_err(|error| StartError::Tokenizer {
-                dir: config.model.clone(),
-                error,
+        let tokenizer =
+            Tokenizer::load_for_vocab(&config.model, model_config.vocab_size).map_err(|error| {
+                StartError::Tokenizer {
+                    dir: config.model.clone(),
+                    error,
+                }
             })?;
         let tokenizer = Arc::new(tokenizer);
         let model_limits = ModelLimits {
@@ -433,6 +435,7 @@ impl Core {
                 .map_or_else(String::new, |n| format!(", session {n:?}"))
         ));
         let mut job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
+        job.conversation = validated.conversation.filter(|_| reuse.is_some());
         job.reuse = reuse;
         if let Err(e) = self.admission.submit(job) {
             self.log.info(format_args!("request {id} refused: {e}"));
@@ -540,7 +543,8 @@ impl Core {
             return false;
         }
         if handle.join().is_err() {
-            self.log.error(format_args!("the scheduler thread panicked"));
+            self.log
+                .error(format_args!("the scheduler thread panicked"));
         }
         true
     }

@@ -7,6 +7,15 @@
 //! a state is the exact result of feeding its ids (spec §6), and feeding the rest of the
 //! prompt to it is what a fresh generation does after those ids.
 //!
+//! A chat's next prompt re-renders this turn's reply from its message (spec §8.4), and those
+//! ids need not be the ones generated: the client sends the content back without its
+//! reasoning, and a tokenizer re-encodes text its own way (a model may emit a non-canonical
+//! split). So after a chat reply has gone out, the scheduler *warms* the next turn: it renders
+//! [`next_turn`] — the conversation with the reply as history — and feeds it from the caller's
+//! best kept state, keeping the result. The next request then prefills only what the user
+//! added. That work was the next turn's anyway; it is done after the reply, off the critical
+//! path, and yields its compute slot to any request that waits for one.
+//!
 //! Bounded twice: [`PER_CALLER`] states per caller, and all callers' states together within a
 //! byte allowance (what the named sessions leave of the session allowance, checked at every
 //! insert); the least recently used state goes first. Callers are keyed by uid (or API key, as
@@ -18,11 +27,38 @@ use std::sync::Mutex;
 use crate::model::State;
 use crate::session::Snapshot;
 use crate::session::snapshot::best;
+use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat::{self, Conversation, Message, ResponseFormat, ToolChoice};
 
-/// States kept per caller: the end of the prefill and of the generation of the last two turns
-/// (a chat's next prompt may re-render the last reply differently, e.g. without its reasoning,
-/// so the prefill-end state is the one that still matches).
-pub const PER_CALLER: usize = 4;
+/// States kept per caller: a turn keeps up to three (the end of its prefill, of its generation,
+/// and its warmed next turn), so this holds the latest turn's and the one before it.
+pub const PER_CALLER: usize = 6;
+
+/// The ids every next prompt of this chat starts with: `conversation` (as rendered for this
+/// turn) with `reply` appended as history, the way OpenAI clients send it back — content and
+/// tool calls, without the reasoning — and without this turn's one-shot notes or the generation
+/// prompt, which a next request renders after its own messages (spec §8.2 steps 4-5).
+/// `None` if the reply cannot be rendered as history (then there is nothing to warm).
+pub fn next_turn(
+    tokenizer: &Tokenizer,
+    conversation: &Conversation,
+    reply: Message,
+) -> Option<Vec<u32>> {
+    let mut messages = conversation.messages.clone();
+    messages.push(Message {
+        reasoning: None,
+        ..reply
+    });
+    let history = Conversation {
+        messages,
+        thinking: conversation.thinking,
+        generation_prompt: false,
+        tools: conversation.tools.clone(),
+        tool_choice: ToolChoice::Auto,
+        response_format: ResponseFormat::Text,
+    };
+    chat::render(tokenizer, &history).ok()
+}
 
 /// Who a kept state belongs to: only that caller's requests may continue it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -124,7 +160,10 @@ mod tests {
         let other = Caller::Uid(Some(2));
         cache.keep(&me, vec![snap(&[1, 2]), snap(&[1, 2, 3, 4])], u64::MAX);
         cache.keep(&other, vec![snap(&[1, 2, 3, 4, 5])], u64::MAX);
-        assert_eq!(cache.find(&me, &[1, 2, 3, 4, 5, 6]), Some(state_for(&[1, 2, 3, 4])));
+        assert_eq!(
+            cache.find(&me, &[1, 2, 3, 4, 5, 6]),
+            Some(state_for(&[1, 2, 3, 4]))
+        );
         // Equal to a kept history: not a strict prefix, so the shorter one.
         assert_eq!(cache.find(&me, &[1, 2, 3, 4]), Some(state_for(&[1, 2])));
         // Diverges after the first id: nothing.
@@ -137,7 +176,7 @@ mod tests {
     fn states_are_bounded_per_caller_and_by_bytes_least_recently_used_first() {
         let cache = PrefixCache::default();
         let me = Caller::Uid(Some(1));
-        for n in 1..=6u32 {
+        for n in 1..=PER_CALLER as u32 + 2 {
             cache.keep(&me, vec![snap(&(0..n).collect::<Vec<_>>())], u64::MAX);
         }
         assert_eq!(cache.figures().states, PER_CALLER);
@@ -145,6 +184,10 @@ mod tests {
         assert_eq!(cache.find(&me, &[0, 1, 7]), None);
         let one = state_for(&[0, 1, 2]).size_bytes() as u64;
         cache.keep(&Caller::Key("k".into()), vec![snap(&[9])], one);
-        assert_eq!(cache.figures().states, 1, "the byte allowance evicts the rest");
+        assert_eq!(
+            cache.figures().states,
+            1,
+            "the byte allowance evicts the rest"
+        );
     }
 }

@@ -7,7 +7,7 @@
 //! control ids included); the channel says what it is.
 
 use super::validate::Kind;
-use crate::tokenizer::chat::{self, ReplyError, ReplyEvent, ToolCall};
+use crate::tokenizer::chat::{self, Message, ReplyError, ReplyEvent, ToolCall};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Which part of a reply a generated id belongs to.
@@ -70,6 +70,10 @@ pub struct Ending {
     pub tool_calls: Vec<ToolCall>,
     /// Set when a chat reply that reached its end broke the grammar.
     pub malformed: Option<Malformed>,
+    /// A chat reply as the assistant message that re-renders it in later turns (spec §8.4:
+    /// history is re-rendered from messages), cut short as the reply was; `None` for plain
+    /// continuations and malformed replies.
+    pub message: Option<Message>,
 }
 
 /// Reads one job's generated ids in order.
@@ -137,16 +141,18 @@ impl<'t> ReplyReader<'t> {
             Ok(reply) => (reply, None),
             Err(m) => {
                 let m = *m;
-                let report = (!matches!(m.error, ReplyError::Truncated { .. })).then(|| Malformed {
-                    error: m.error.to_string(),
-                    raw: m.raw,
-                });
+                let report =
+                    (!matches!(m.error, ReplyError::Truncated { .. })).then(|| Malformed {
+                        error: m.error.to_string(),
+                        raw: m.raw,
+                    });
                 (m.partial, report)
             }
         };
         Ending {
             trailing_text,
-            tool_calls: reply.tool_calls,
+            tool_calls: reply.tool_calls.clone(),
+            message: malformed.is_none().then(|| reply.into_message()),
             malformed,
         }
     }

@@ -10,6 +10,10 @@
 //! A job's bookkeeping (admission's `finish`, its session lease) is done before its last event
 //! is sent, so a client that has seen its stream end never finds the job still counted as
 //! running, nor its session still in use.
+//!
+//! After a chat reply with automatic prefix reuse, its slot warms the caller's next turn
+//! ([`super::prefix`]): a [`Warm`] member with no client, dropped as soon as a request waits
+//! for a slot or the daemon stops, so it only ever uses compute nobody asked for.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,19 +22,20 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::admission::{Admission, Job, Outcome};
-use super::batch::{Batch, Cancel, Member};
+use super::batch::{Batch, Cancel, Member, Never};
 use super::log::{Log, OnHealth};
 use super::metrics::Metrics;
-use super::prefix::PrefixCache;
+use super::prefix::{self, Caller, PrefixCache};
 use super::reply::ReplyReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
 use super::{Done, Event, Finish, Health, ServeError, uid_text};
 use crate::engine::{
-    Engine, EngineError, EngineOptions, Generation, LoadProgress, Step, StopReason,
+    Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
 use crate::session::Snapshot;
 use crate::tokenizer::Tokenizer;
+use crate::tokenizer::chat;
 
 /// How long to wait before retrying when every active reader's buffer is full.
 const STALL_WAIT: Duration = Duration::from_millis(2);
@@ -88,6 +93,53 @@ impl Member for Active<'_> {
     }
 }
 
+/// Feeding a chat's next turn ([`prefix::next_turn`]) after its reply went out, from the
+/// caller's best kept state; its state at the end is kept for the caller.
+struct Warm {
+    caller: Caller,
+    generation: Generation,
+    /// The request whose reply this warms (for the log).
+    after: u64,
+}
+
+impl Member for Warm {
+    fn split(&mut self) -> (&mut Generation, &(dyn Cancel + Sync)) {
+        // Never cancelled mid-pass: the scheduler drops it between rounds when a request
+        // waits for its slot (a pass is at most one prefill chunk).
+        (&mut self.generation, &Never)
+    }
+    fn generation(&self) -> &Generation {
+        &self.generation
+    }
+}
+
+/// A member of the batch.
+enum Running<'e> {
+    Job(Box<Active<'e>>),
+    Warm(Warm),
+}
+
+impl Member for Running<'_> {
+    fn split(&mut self) -> (&mut Generation, &(dyn Cancel + Sync)) {
+        match self {
+            Running::Job(a) => a.split(),
+            Running::Warm(w) => w.split(),
+        }
+    }
+    fn generation(&self) -> &Generation {
+        match self {
+            Running::Job(a) => a.generation(),
+            Running::Warm(w) => w.generation(),
+        }
+    }
+    fn ready(&self) -> bool {
+        match self {
+            Running::Job(a) => a.ready(),
+            Running::Warm(w) => w.ready(),
+        }
+    }
+}
+
 /// The state a generation holds now, with the ids it consumed.
 fn snapshot(generation: &Generation) -> Snapshot {
     Snapshot {
@@ -124,12 +176,11 @@ pub(crate) fn spawn(
             };
             let started = Instant::now();
             log.info(format_args!("loading {}", model.display()));
-            let engine = match Engine::open_with_tokenizer(&model, options, tokenizer, &mut report) {
+            let engine = match Engine::open_with_tokenizer(&model, options, tokenizer, &mut report)
+            {
                 Ok(engine) => engine,
                 Err(e) => {
-                    log.error(format_args!("loading {} failed: {e}",
-                        model.display()
-                    ));
+                    log.error(format_args!("loading {} failed: {e}", model.display()));
                     admission.set_failed(e);
                     on_health(&admission.health(), None);
                     return;
@@ -152,13 +203,34 @@ pub(crate) fn spawn(
 
 fn run(shared: &Shared, engine: &Engine) {
     let admission = &shared.admission;
-    let mut batch: Batch<Active<'_>> = Batch::new(admission.capacity.max_batch);
+    let mut batch: Batch<Running<'_>> = Batch::new(admission.capacity.max_batch);
     loop {
         let free = admission.capacity.max_active.saturating_sub(batch.len());
         let taken = admission.take(free, batch.is_empty());
         for job in taken.jobs {
             if let Some(a) = begin(shared, engine, job) {
-                batch.push(a);
+                batch.push(Running::Job(Box::new(a)));
+            }
+        }
+        // Warming uses only compute nobody waits for: another caller's queued request, a
+        // drain or a stop takes its slot back (that turn then prefills what warming did not).
+        // The caller's own next request waits for it: it continues from the warmed state.
+        let stopping = taken.closed || admission.stopping_all();
+        let yields =
+            |w: &Warm| stopping || taken.waiting.iter().any(|c| c.as_ref() != Some(&w.caller));
+        if batch
+            .iter()
+            .any(|m| matches!(m, Running::Warm(w) if yields(w)))
+        {
+            let kept: Vec<_> = batch
+                .drain()
+                .filter(|m| !matches!(m, Running::Warm(w) if yields(w)))
+                .collect();
+            for m in kept {
+                batch.push(m);
+            }
+            if !taken.waiting.is_empty() {
+                continue;
             }
         }
         if batch.is_empty() {
@@ -171,13 +243,90 @@ fn run(shared: &Shared, engine: &Engine) {
         if stepped.is_empty() {
             admission.idle(STALL_WAIT);
         }
-        for (mut a, result) in stepped {
-            if deliver(shared, engine, &mut a, result) {
-                batch.push(a);
+        for (member, result) in stepped {
+            let next = match member {
+                Running::Job(a) => deliver(shared, engine, a, result),
+                Running::Warm(w) => warmed(shared, w, result).map(Running::Warm),
+            };
+            if let Some(m) = next {
+                batch.push(m);
             }
         }
         admission.publish_stats(engine.stats());
     }
+}
+
+/// The warming of `caller`'s next turn after the reply of `job` ([`prefix::next_turn`]), from
+/// its best kept state; `None` when there is nothing to feed (or the engine refuses it).
+fn warm(
+    shared: &Shared,
+    engine: &Engine,
+    job: &Job,
+    caller: &Caller,
+    reply: chat::Message,
+) -> Option<Warm> {
+    let conversation = job.conversation.as_ref()?;
+    let prompt = prefix::next_turn(engine.tokenizer(), conversation, reply)?;
+    let request = GenerateRequest {
+        prompt,
+        max_tokens: 1,
+        ..GenerateRequest::default()
+    };
+    let started = match shared.prefix.find(caller, &request.prompt) {
+        Some(state) => engine.start_from(request, state),
+        None => engine.start(request),
+    };
+    match started {
+        Ok(generation) => Some(Warm {
+            caller: caller.clone(),
+            generation,
+            after: job.id,
+        }),
+        Err(e) => {
+            shared.log.warn(format_args!(
+                "request {}: cannot warm the next turn: {e}",
+                job.id
+            ));
+            None
+        }
+    }
+}
+
+/// Takes one step of warming: at the end of its prompt the state is kept for its caller and
+/// the member ends (nothing is sampled). Returns it while there is more to feed.
+fn warmed(shared: &Shared, w: Warm, result: Result<Step, EngineError>) -> Option<Warm> {
+    match result {
+        Ok(Step::Prefill { done, total }) if done < total => Some(w),
+        Ok(Step::Prefill { .. }) => {
+            let fed = w.generation.state().positions() - w.generation.reused();
+            shared.metrics.warmed(fed);
+            shared.log.info(format_args!(
+                "request {}: warmed the next turn ({} ids, {fed} fed)",
+                w.after,
+                w.generation.state().positions()
+            ));
+            shared.prefix.keep(
+                &w.caller,
+                vec![snapshot(&w.generation)],
+                prefix_room(shared),
+            );
+            None
+        }
+        Ok(_) => None,
+        Err(e) => {
+            shared.log.warn(format_args!(
+                "request {}: warming the next turn failed: {e}",
+                w.after
+            ));
+            None
+        }
+    }
+}
+
+/// What the named sessions leave of the session allowance, for the kept states.
+fn prefix_room(shared: &Shared) -> u64 {
+    let figures = shared.sessions.figures();
+    figures.allowance_bytes.saturating_sub(figures.memory_bytes)
 }
 
 /// Starts a job's generation, on its session's best snapshot if it has one; a job the engine
@@ -228,7 +377,9 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
             })
         }
         Err(error) => {
-            shared.log.info(format_args!("request {} refused: {error}", job.id));
+            shared
+                .log
+                .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
             shared.admission.finish(job.id, Outcome::Failed);
             job.events.send(Event::Failed(error));
@@ -237,20 +388,21 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
     }
 }
 
-/// Sends the outcome of one step of `a` to its reader. Returns whether it is still running.
-fn deliver(
+/// Sends the outcome of one step of `a` to its reader. Returns what runs on in its slot: the
+/// job itself, or the warming of its caller's next turn.
+fn deliver<'e>(
     shared: &Shared,
     engine: &Engine,
-    a: &mut Active<'_>,
+    mut a: Box<Active<'e>>,
     result: Result<Step, EngineError>,
-) -> bool {
+) -> Option<Running<'e>> {
     match result {
         Ok(Step::Prefill { done, total }) => {
             if (a.job.lease.is_some() || a.job.reuse.is_some()) && done == total {
                 a.prefill = Some(snapshot(&a.generation));
             }
             a.job.events.send(Event::Prefill { done, total });
-            true
+            Some(Running::Job(a))
         }
         Ok(Step::Token { id }) => {
             if a.first_token.is_none() {
@@ -261,7 +413,7 @@ fn deliver(
             }
             let piece = a.reader.read(id);
             a.job.events.send(Event::Token { id, piece });
-            true
+            Some(Running::Job(a))
         }
         Ok(Step::Finished(summary)) => {
             let queued_seconds = a.started.duration_since(a.job.admitted).as_secs_f64();
@@ -290,11 +442,9 @@ fn deliver(
             } else if let Some(caller) = &a.job.reuse {
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
-                let figures = shared.sessions.figures();
-                let room = figures.allowance_bytes.saturating_sub(figures.memory_bytes);
                 let end = snapshot(&a.generation);
                 let snapshots = a.prefill.take().into_iter().chain([end]).collect();
-                shared.prefix.keep(caller, snapshots, room);
+                shared.prefix.keep(caller, snapshots, prefix_room(shared));
             }
             shared.admission.finish(a.job.id, Outcome::Completed);
             let end_id = match finish {
@@ -316,7 +466,8 @@ fn deliver(
                 queued_seconds,
                 summary,
             }));
-            false
+            let caller = a.job.reuse.as_ref()?;
+            warm(shared, engine, &a.job, caller, ending.message?).map(Running::Warm)
         }
         Err(EngineError::Cancelled) => {
             let error = if a.job.cancel.load(Ordering::Relaxed) {
@@ -326,18 +477,22 @@ fn deliver(
             } else {
                 ServeError::Abandoned
             };
-            shared.log.info(format_args!("request {} cancelled: {error}", a.job.id));
+            shared
+                .log
+                .info(format_args!("request {} cancelled: {error}", a.job.id));
             drop(a.job.lease.take());
             shared.admission.finish(a.job.id, Outcome::Cancelled);
             a.job.events.send(Event::Failed(error));
-            false
+            None
         }
         Err(e) => {
-            shared.log.error(format_args!("request {} failed: {e}", a.job.id));
+            shared
+                .log
+                .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
             shared.admission.finish(a.job.id, Outcome::Failed);
             a.job.events.send(Event::Failed(ServeError::from_engine(e)));
-            false
+            None
         }
     }
 }

@@ -105,7 +105,9 @@ pub enum Invalid {
     Tokenize(String),
     #[error("the conversation has no messages")]
     NoMessages,
-    #[error("the conversation ends with an assistant message; the last must be user, system or tool")]
+    #[error(
+        "the conversation ends with an assistant message; the last must be user, system or tool"
+    )]
     EndsWithAssistant,
     #[error("cannot render the conversation: {0}")]
     Render(String),
@@ -145,6 +147,9 @@ pub enum Kind {
 pub struct Validated {
     pub request: GenerateRequest,
     pub kind: Kind,
+    /// The conversation a chat prompt was rendered from (automatic prefix reuse re-renders it
+    /// with the reply as history, [`super::prefix::next_turn`]); `None` for other prompts.
+    pub conversation: Option<Conversation>,
 }
 
 /// What validation needs to know about the model.
@@ -172,19 +177,20 @@ pub fn validate(
         session: _,
         reuse: _,
     } = request;
-    let (prompt, kind) = match prompt {
-        Prompt::Ids(ids) => (ids, Kind::Text),
+    let (prompt, kind, conversation) = match prompt {
+        Prompt::Ids(ids) => (ids, Kind::Text, None),
         Prompt::Text(text) => (
             tokenizer
                 .encode(&text, Specials::Plain)
                 .map_err(|e| Invalid::Tokenize(e.to_string()))?,
             Kind::Text,
+            None,
         ),
         Prompt::Chat(conversation) => {
-            let (ids, thinking) = render_chat(tokenizer, conversation)?;
+            let (ids, thinking, conversation) = render_chat(tokenizer, conversation)?;
             // The reply ends where the model ends its turn (spec §8.4).
             stop_ids.extend(tokenizer.end_of_turn_ids());
-            (ids, Kind::Chat { thinking })
+            (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };
     if prompt.len() > MAX_PROMPT_TOKENS {
@@ -231,15 +237,19 @@ pub fn validate(
             context: model.context,
         });
     }
-    Ok(Validated { request, kind })
+    Ok(Validated {
+        request,
+        kind,
+        conversation,
+    })
 }
 
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
-/// assistant message the reply continues.
+/// assistant message the reply continues; gives back the conversation as rendered.
 fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
-) -> Result<(Vec<u32>, bool), Invalid> {
+) -> Result<(Vec<u32>, bool, Conversation), Invalid> {
     match conversation.messages.last().map(|m| m.role) {
         None => return Err(Invalid::NoMessages),
         Some(Role::Assistant) => return Err(Invalid::EndsWithAssistant),
@@ -248,5 +258,5 @@ fn render_chat(
     conversation.generation_prompt = true;
     let thinking = matches!(conversation.thinking, Thinking::On(_));
     let ids = chat::render(tokenizer, &conversation).map_err(|e| Invalid::Render(e.to_string()))?;
-    Ok((ids, thinking))
+    Ok((ids, thinking, conversation))
 }

@@ -206,6 +206,12 @@ impl Collector for CoreFigures {
         }
         Self::counter(
             &mut e,
+            "prefix_warmed_tokens",
+            "History tokens fed after replies to warm each caller's next turn (prefix reuse)",
+            snap.timings.warmed_tokens,
+        )?;
+        Self::counter(
+            &mut e,
             "weight_bytes_avoided",
             "Weight bytes needed that pinned layers or caches supplied",
             s.bytes_avoided,
