@@ -36,7 +36,7 @@ fn store(c: &Checkpoint, lookahead: Lookahead) -> WeightStore {
         &shards,
         plan,
         StoreOptions::default(),
-        &k3_engine::model::bind::stream_order,
+        &k3_engine::checkpoint::layout::LayerLayout::stream_order,
     )
     .expect("store")
 }

@@ -142,7 +142,7 @@ fn each_token_reads_what_the_plan_predicts_through_the_chunks() {
         .layout
         .layers
         .iter()
-        .flat_map(k3_engine::model::bind::stream_order)
+        .flat_map(k3_engine::checkpoint::layout::LayerLayout::stream_order)
         .map(|s| s.len as u64)
         .sum();
     assert_eq!(

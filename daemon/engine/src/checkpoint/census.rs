@@ -98,16 +98,22 @@ impl Census {
     }
 }
 
+/// The released checkpoint as tests see it: its config and its tensor index, headers only and
+/// in memory (what the released dims imply is tested here and in `crate::plan`).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod released {
+    use super::ModelConfig;
     use crate::checkpoint::inventory::{layer_tensors, model_tensors};
-    use crate::checkpoint::layout::bind;
     use crate::checkpoint::safetensors::{TensorIndex, encode_header};
     use std::path::PathBuf;
 
+    pub fn config() -> ModelConfig {
+        ModelConfig::from_json(include_str!("testdata/released_config.json"))
+            .expect("released config is valid")
+    }
+
     /// Headers only, in memory: one shard per layer plus one for the model level, as released.
-    fn released_index(config: &ModelConfig) -> TensorIndex {
+    pub fn index(config: &ModelConfig) -> TensorIndex {
         let mut shards: Vec<Vec<_>> = (0..config.num_hidden_layers)
             .map(|l| layer_tensors(config, l, 128).expect("released dims fit"))
             .collect();
@@ -125,12 +131,18 @@ mod tests {
             .collect();
         TensorIndex::from_header_bytes(parts).expect("a well-formed synthetic index")
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::released::index as released_index;
+    use super::*;
+    use crate::checkpoint::layout::bind;
 
     /// Every figure of spec §1.2 that the text model determines, from the released dims.
     #[test]
     fn released_dims_match_spec_byte_census() {
-        let config = ModelConfig::from_json(include_str!("testdata/released_config.json"))
-            .expect("released config is valid");
+        let config = super::released::config();
         let index = released_index(&config);
         assert_eq!(index.len(), 497_220 - 168, "text tensors of §3.1");
         let layout = bind(&config, &index).expect("binds");
@@ -161,58 +173,5 @@ mod tests {
         assert_eq!(size(3), 16_567_501_776);
         assert_eq!(size(11), 16_567_507_176);
         assert_eq!(size(93), 4_697_664_072);
-    }
-
-    /// Issue 17: the released model's floor — nothing pinned, the minimum expert cache
-    /// (top-k + 1), the state, scratch, the chunk stream (trunk and lm_head), one embedding
-    /// row's window — is at most 2 GiB at 4,096 and 8,192 positions of context, where the
-    /// two-slot whole-layer ring needs over 5 GiB.
-    #[test]
-    fn released_floor_is_at_most_2_gib_with_the_chunk_stream() {
-        use crate::plan::{Budget, GIB, Plan, PlanError, PlanInputs, Residency, StreamScheme};
-        let config = ModelConfig::from_json(include_str!("testdata/released_config.json"))
-            .expect("released config is valid");
-        let layout = bind(&config, &released_index(&config)).expect("binds");
-        for max_context in [4096, 8192] {
-            let floor = |scheme| {
-                let inputs = PlanInputs {
-                    budget: Budget {
-                        ram: Some(1),
-                        ..Budget::default()
-                    },
-                    scheme,
-                    max_context,
-                    ..PlanInputs::default()
-                };
-                match Plan::for_model(&config, &layout, &inputs) {
-                    Err(PlanError::BudgetTooSmall { needed, .. }) => (needed, inputs),
-                    other => panic!("a 1-byte budget must be refused, got {other:?}"),
-                }
-            };
-            let (needed, mut inputs) = floor(StreamScheme::default());
-            inputs.budget.ram = Some(needed);
-            let plan = Plan::for_model(&config, &layout, &inputs).expect("the floor plans");
-            println!("{max_context} positions:\n{plan}");
-            assert!(
-                needed <= 2 * GIB,
-                "floor {needed} B ({:.2} GiB) is above 2 GiB:\n{plan}",
-                needed as f64 / GIB as f64
-            );
-            assert_eq!(plan.total(), needed);
-            assert!(plan.pinned_layers.is_empty());
-            assert_eq!(
-                (plan.lm_head, plan.embedding, plan.cache_slots),
-                (Residency::Streamed, Residency::Streamed, 17)
-            );
-            assert_eq!(
-                plan.scheme,
-                StreamScheme::Chunks {
-                    chunk: 32 << 20,
-                    in_flight: 8
-                }
-            );
-            let (ring, _) = floor(StreamScheme::Ring { slots: 2 });
-            assert!(ring > 5 * GIB, "ring floor {ring}");
-        }
     }
 }

@@ -145,6 +145,79 @@ pub struct LayerLayout {
     pub ffn: FfnLayout,
 }
 
+impl LayerLayout {
+    /// The matrices of a layer's trunk in the order the forward pass applies them — the order a
+    /// chunk-streamed layer is read in (`crate::store`'s chunk stream). Every op below consumes
+    /// its matrices in this order: KDA `f_a, f_b, b, q, k, v, g` then `o`
+    /// (`model::kda`); MLA `q_a, q_b, kv_a, g` then `kv_b` (gathered whole) and `o`
+    /// (`model::mla`); the dense MLP `gate, up, down`; MoE `latent_down, router`, the shared MLP
+    /// while the experts are read, then `latent_up` (`model::moe`). A consumer that strays from
+    /// it still computes the same bits, but rereads (and the bytes per token show it).
+    pub fn stream_order(&self) -> Vec<Slice> {
+        let mut out: Vec<&Slice> = match &self.mixer {
+            MixerLayout::Kda(k) => vec![
+                &k.f_a_proj,
+                &k.f_b_proj,
+                &k.b_proj,
+                &k.q_proj,
+                &k.k_proj,
+                &k.v_proj,
+                &k.g_proj,
+                &k.o_proj,
+            ],
+            MixerLayout::Mla(a) => {
+                let mut v = vec![&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa];
+                v.extend(&a.g_proj);
+                v.extend([&a.kv_b_proj, &a.o_proj]);
+                v
+            }
+        };
+        match &self.ffn {
+            FfnLayout::Dense(d) => out.extend([&d.gate_proj, &d.up_proj, &d.down_proj]),
+            FfnLayout::Moe(m) => out.extend([
+                &m.routed_expert_down_proj,
+                &m.gate,
+                &m.shared.gate_proj,
+                &m.shared.up_proj,
+                &m.shared.down_proj,
+                &m.routed_expert_up_proj,
+            ]),
+        }
+        out.into_iter().cloned().collect()
+    }
+
+    /// The small tensors of a layer's trunk (norms, AttnRes vectors, conv taps, decay parameters,
+    /// biases): decoded once at load (`model::bind`), never streamed by a forward. With
+    /// [`Self::stream_order`] they are every tensor of the trunk.
+    pub fn small_tensors(&self) -> Vec<&Slice> {
+        let v = &self.vectors;
+        let mut out = vec![
+            &v.input_layernorm,
+            &v.post_attention_layernorm,
+            &v.self_attention_res_norm,
+            &v.self_attention_res_proj,
+            &v.mlp_res_norm,
+            &v.mlp_res_proj,
+        ];
+        match &self.mixer {
+            MixerLayout::Kda(k) => out.extend([
+                &k.q_conv1d,
+                &k.k_conv1d,
+                &k.v_conv1d,
+                &k.a_log,
+                &k.dt_bias,
+                &k.o_norm,
+            ]),
+            MixerLayout::Mla(a) => out.extend([&a.q_a_layernorm, &a.kv_a_layernorm]),
+        }
+        if let FfnLayout::Moe(m) = &self.ffn {
+            out.push(&m.e_score_correction_bias);
+            out.extend(&m.routed_expert_norm);
+        }
+        out
+    }
+}
+
 /// A model-level tensor: its own run (the single tensor) and shape.
 #[derive(Debug, Clone)]
 pub struct ModelTensor {

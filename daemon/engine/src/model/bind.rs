@@ -131,7 +131,7 @@ pub(super) enum Trunk<'a> {
     /// The whole run in memory (pinned, or a ring slot).
     Whole(&'a [u8]),
     /// The run streams in chunks: matrices bind as [`StreamedMatrix`] handles that read their
-    /// rows as they are applied; `small` holds the small tensors ([`small_tensors`]) read once
+    /// rows as they are applied; `small` holds the small tensors ([`LayerLayout::small_tensors`]) read once
     /// at load, by slice start (empty after load: their values are decoded by then).
     Streamed {
         store: &'a WeightStore,
@@ -212,77 +212,6 @@ impl<'a> Trunk<'a> {
             }
         }
     }
-}
-
-/// The matrices of a layer's trunk in the order the forward pass applies them — the order a
-/// chunk-streamed layer is read in ([`crate::store`]'s chunk stream). Every op below consumes
-/// its matrices in this order: KDA `f_a, f_b, b, q, k, v, g` then `o`
-/// ([`super::kda`]); MLA `q_a, q_b, kv_a, g` then `kv_b` (gathered whole) and `o`
-/// ([`super::mla`]); the dense MLP `gate, up, down`; MoE `latent_down, router`, the shared MLP
-/// while the experts are read, then `latent_up` ([`super::moe`]). A consumer that strays from
-/// it still computes the same bits, but rereads (and the bytes per token show it).
-pub fn stream_order(ll: &LayerLayout) -> Vec<Slice> {
-    let mut out: Vec<&Slice> = match &ll.mixer {
-        MixerLayout::Kda(k) => vec![
-            &k.f_a_proj,
-            &k.f_b_proj,
-            &k.b_proj,
-            &k.q_proj,
-            &k.k_proj,
-            &k.v_proj,
-            &k.g_proj,
-            &k.o_proj,
-        ],
-        MixerLayout::Mla(a) => {
-            let mut v = vec![&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa];
-            v.extend(&a.g_proj);
-            v.extend([&a.kv_b_proj, &a.o_proj]);
-            v
-        }
-    };
-    match &ll.ffn {
-        FfnLayout::Dense(d) => out.extend([&d.gate_proj, &d.up_proj, &d.down_proj]),
-        FfnLayout::Moe(m) => out.extend([
-            &m.routed_expert_down_proj,
-            &m.gate,
-            &m.shared.gate_proj,
-            &m.shared.up_proj,
-            &m.shared.down_proj,
-            &m.routed_expert_up_proj,
-        ]),
-    }
-    out.into_iter().cloned().collect()
-}
-
-/// The small tensors of a layer's trunk (norms, AttnRes vectors, conv taps, decay parameters,
-/// biases): decoded once at load by [`Binder::layer`], never needed by a forward. With
-/// [`stream_order`] they are every tensor of the trunk.
-pub fn small_tensors(ll: &LayerLayout) -> Vec<&Slice> {
-    let v = &ll.vectors;
-    let mut out = vec![
-        &v.input_layernorm,
-        &v.post_attention_layernorm,
-        &v.self_attention_res_norm,
-        &v.self_attention_res_proj,
-        &v.mlp_res_norm,
-        &v.mlp_res_proj,
-    ];
-    match &ll.mixer {
-        MixerLayout::Kda(k) => out.extend([
-            &k.q_conv1d,
-            &k.k_conv1d,
-            &k.v_conv1d,
-            &k.a_log,
-            &k.dt_bias,
-            &k.o_norm,
-        ]),
-        MixerLayout::Mla(a) => out.extend([&a.q_a_layernorm, &a.kv_a_layernorm]),
-    }
-    if let FfnLayout::Moe(m) = &ll.ffn {
-        out.push(&m.e_score_correction_bias);
-        out.extend(&m.routed_expert_norm);
-    }
-    out
 }
 
 /// A small vector of the given shape, widened exactly to f32 from whichever of

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use super::attn_res::{aggregate, is_block_start};
 use super::bind::{
     Binder, FfnParams, LayerParams, MixerMatrices, MixerParams, ModelDims, TensorName, Trunk,
-    bf16_matrix, small_tensors, stream_order,
+    bf16_matrix,
 };
 use super::kda::{self, KdaState};
 use super::mla::{self, MlaCache};
@@ -36,7 +36,7 @@ use super::state::{LayerState, State};
 use super::{ModelError, grain};
 use crate::checkpoint::config::{MixerKind, ModelConfig};
 use crate::checkpoint::inventory::names;
-use crate::checkpoint::layout::{FfnLayout, ModelLayout, Slice};
+use crate::checkpoint::layout::{FfnLayout, LayerLayout, ModelLayout, Slice};
 use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
@@ -119,7 +119,13 @@ impl Model {
         }
         let dims = ModelDims::of(&config, &layout);
         let plan = Plan::for_model(&config, &layout, &options.plan)?;
-        let store = WeightStore::open(layout, &shards, plan, options.store, &stream_order)?;
+        let store = WeightStore::open(
+            layout,
+            &shards,
+            plan,
+            options.store,
+            &LayerLayout::stream_order,
+        )?;
 
         let binder = Binder {
             config: &config,
@@ -142,7 +148,7 @@ impl Model {
                     store: &store,
                     layer: l,
                     run_len: ll.trunk.len,
-                    small: store.trunk_tensors(l, &small_tensors(ll))?,
+                    small: store.trunk_tensors(l, &ll.small_tensors())?,
                 },
             };
             layers.push(binder.layer(ll, &trunk)?);

@@ -76,7 +76,7 @@ impl KdaParams {
 }
 
 /// The layer's matrices, borrowed from its trunk run (or streamed from it). A streamed layer's
-/// matrices are consumed in the order [`crate::model::bind::stream_order`] lists.
+/// matrices are consumed in the order [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order) lists.
 pub struct KdaMatrices<'a> {
     pub q_proj: Matrix<'a>,
     pub k_proj: Matrix<'a>,
@@ -271,7 +271,7 @@ struct KdaProjections {
 }
 
 impl KdaProjections {
-    /// The projections in [`crate::model::bind::stream_order`]'s order.
+    /// The projections in [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order)'s order.
     fn new(
         dims: &KdaDims,
         m: &KdaMatrices<'_>,

@@ -70,7 +70,7 @@ pub struct MlaParams {
 }
 
 /// The layer's matrices, borrowed from its trunk run (or streamed from it, consumed in
-/// [`crate::model::bind::stream_order`]'s order).
+/// [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order)'s order).
 pub struct MlaMatrices<'a> {
     pub q_a_proj: Matrix<'a>,
     pub q_b_proj: Matrix<'a>,
@@ -158,7 +158,7 @@ struct MlaProjections {
 }
 
 impl MlaProjections {
-    /// The projections in [`crate::model::bind::stream_order`]'s order.
+    /// The projections in [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order)'s order.
     fn new(
         dims: &MlaDims,
         m: &MlaMatrices<'_>,

@@ -36,7 +36,7 @@ pub struct MoeParams {
 }
 
 /// The non-routed matrices, borrowed from the trunk run (or streamed from it, consumed in
-/// [`crate::model::bind::stream_order`]'s order: `latent_down`, `router`, the shared MLP,
+/// [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order)'s order: `latent_down`, `router`, the shared MLP,
 /// `latent_up`).
 pub struct MoeMatrices<'a> {
     pub router: Matrix<'a>,

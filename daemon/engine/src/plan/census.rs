@@ -4,7 +4,7 @@
 use super::buffers::window_capacity;
 use super::{PlanError, StateShape};
 use crate::checkpoint::config::ModelConfig;
-use crate::checkpoint::layout::{FfnLayout, MixerLayout, ModelLayout, Slice};
+use crate::checkpoint::layout::{FfnLayout, LayerLayout, MixerLayout, ModelLayout, Slice};
 
 /// The byte census the plan needs (spec §1.2, §5.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl Census {
         let trunk_row_bytes = layout
             .layers
             .iter()
-            .flat_map(crate::model::bind::stream_order)
+            .flat_map(LayerLayout::stream_order)
             .map(|s| row(&s))
             .fold(lm_head_row, u64::max);
         let gather_bytes = layout
@@ -98,7 +98,7 @@ impl Census {
                 .layers
                 .iter()
                 .map(|l| {
-                    let order = crate::model::bind::stream_order(l);
+                    let order = l.stream_order();
                     order.iter().map(|s| s.len as u64).sum()
                 })
                 .collect(),
@@ -178,5 +178,63 @@ impl Census {
 
     pub fn trunk_bytes(&self) -> u64 {
         self.trunk_layers.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::checkpoint::census::released;
+    use crate::checkpoint::layout::bind;
+    use crate::plan::{Budget, GIB, Plan, PlanError, PlanInputs, Residency, StreamScheme};
+
+    /// Issue 17: the released model's floor — nothing pinned, the minimum expert cache
+    /// (top-k + 1), the state, scratch, the chunk stream (trunk and lm_head), one embedding
+    /// row's window — is at most 2 GiB at 4,096 and 8,192 positions of context, where the
+    /// two-slot whole-layer ring needs over 5 GiB.
+    #[test]
+    fn released_floor_is_at_most_2_gib_with_the_chunk_stream() {
+        let config = released::config();
+        let layout = bind(&config, &released::index(&config)).expect("binds");
+        for max_context in [4096, 8192] {
+            let floor = |scheme| {
+                let inputs = PlanInputs {
+                    budget: Budget {
+                        ram: Some(1),
+                        ..Budget::default()
+                    },
+                    scheme,
+                    max_context,
+                    ..PlanInputs::default()
+                };
+                match Plan::for_model(&config, &layout, &inputs) {
+                    Err(PlanError::BudgetTooSmall { needed, .. }) => (needed, inputs),
+                    other => panic!("a 1-byte budget must be refused, got {other:?}"),
+                }
+            };
+            let (needed, mut inputs) = floor(StreamScheme::default());
+            inputs.budget.ram = Some(needed);
+            let plan = Plan::for_model(&config, &layout, &inputs).expect("the floor plans");
+            println!("{max_context} positions:\n{plan}");
+            assert!(
+                needed <= 2 * GIB,
+                "floor {needed} B ({:.2} GiB) is above 2 GiB:\n{plan}",
+                needed as f64 / GIB as f64
+            );
+            assert_eq!(plan.total(), needed);
+            assert!(plan.pinned_layers.is_empty());
+            assert_eq!(
+                (plan.lm_head, plan.embedding, plan.cache_slots),
+                (Residency::Streamed, Residency::Streamed, 17)
+            );
+            assert_eq!(
+                plan.scheme,
+                StreamScheme::Chunks {
+                    chunk: 32 << 20,
+                    in_flight: 8
+                }
+            );
+            let (ring, _) = floor(StreamScheme::Ring { slots: 2 });
+            assert!(ring > 5 * GIB, "ring floor {ring}");
+        }
     }
 }
