@@ -414,3 +414,25 @@ fn absurd_layer_count_is_refused_without_allocating_for_it() {
         "together have 9 entries, fewer than the 1152921504606846976 layers",
     );
 }
+
+/// `max_position_embeddings` is informational (spec §2.2) and may be absent or null; present,
+/// it is a positive integer, and it bounds what the serve core accepts.
+#[test]
+fn the_advertised_context_is_optional_but_never_wrong() {
+    let parse = |config: &Value| ModelConfig::from_json(&config.to_string()).expect("valid");
+    let mut config = tiny_config();
+    text(&mut config).insert("max_position_embeddings".into(), json!(4096));
+    assert_eq!(parse(&config).max_position_embeddings, Some(4096));
+    text(&mut config).insert("max_position_embeddings".into(), Value::Null);
+    assert_eq!(parse(&config).max_position_embeddings, None);
+    text(&mut config).remove("max_position_embeddings");
+    assert_eq!(parse(&config).max_position_embeddings, None);
+    for wrong in [json!(0), json!("4096"), json!(-1), json!(1.5)] {
+        text(&mut config).insert("max_position_embeddings".into(), wrong);
+        has(
+            &issues_of(&config),
+            "text_config.max_position_embeddings",
+            "must be a positive integer or null",
+        );
+    }
+}

@@ -65,6 +65,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub pad_token_id: Option<u32>,
+    /// The advertised context, `max_position_embeddings` (spec §2.2: informational, NoPE has
+    /// no position tables); `None` when absent or null.
+    pub max_position_embeddings: Option<usize>,
 }
 
 impl ModelConfig {
@@ -299,6 +302,26 @@ impl Reader {
     }
 
     /// An optional token id: absent or `null` is `None`; anything else must be a u32 integer.
+    /// An optional positive integer, from the first of `objs` that has `key`; absent or null
+    /// is `None`, anything else but a positive integer an issue.
+    fn optional_positive(&mut self, objs: &[Obj], key: &str) -> Option<usize> {
+        let (o, v) = objs.iter().find_map(|o| o.map.get(key).map(|v| (o, v)))?;
+        if v.is_null() {
+            return None;
+        }
+        match v
+            .as_u64()
+            .filter(|&n| n > 0)
+            .and_then(|n| usize::try_from(n).ok())
+        {
+            Some(n) => Some(n),
+            None => {
+                self.wrong_type(o, key, "a positive integer or null", v);
+                None
+            }
+        }
+    }
+
     fn token_id(&mut self, objs: &[Obj], key: &str) -> Option<u32> {
         let (o, v) = objs.iter().find_map(|o| o.map.get(key).map(|v| (o, v)))?;
         if v.is_null() {
@@ -502,6 +525,8 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
         bos_token_id: r.token_id(&[root_obj.clone(), t.clone()], "bos_token_id"),
         eos_token_id: r.token_id(&[root_obj.clone(), t.clone()], "eos_token_id"),
         pad_token_id: r.token_id(&[root_obj.clone(), t.clone()], "pad_token_id"),
+        max_position_embeddings: r
+            .optional_positive(&[t.clone(), root_obj.clone()], "max_position_embeddings"),
     })
 }
 

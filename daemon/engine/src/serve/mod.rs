@@ -95,7 +95,7 @@ pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, T
 pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Invalid, Kind, Limits, Prompt, Request};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -313,20 +313,6 @@ pub struct Core {
     started: Instant,
 }
 
-/// The advertised context (`max_position_embeddings`, spec §2.2: informational, NoPE has no
-/// position tables), read beside the validated config. Absent, the engine's absolute
-/// `max_tokens` limit bounds requests instead.
-fn context_of(model: &Path) -> usize {
-    let read = || -> Option<usize> {
-        let text = std::fs::read_to_string(model.join("config.json")).ok()?;
-        let root: serde_json::Value = serde_json::from_str(&text).ok()?;
-        let at = |v: &serde_json::Value| v.get("max_position_embeddings")?.as_u64();
-        let n = root.get("text_config").and_then(at).or_else(|| at(&root))?;
-        usize::try_from(n).ok()
-    };
-    read().unwrap_or(usize::MAX)
-}
-
 impl Core {
     /// Loads the tokenizer and reads the model's config (no thread yet: a caller may still
     /// bind sockets, which changes the process umask for an instant).
@@ -343,7 +329,8 @@ impl Core {
         let tokenizer = Arc::new(tokenizer);
         let model_limits = ModelLimits {
             vocab_size: model_config.vocab_size,
-            context: context_of(&config.model),
+            // Absent, the engine's absolute `max_tokens` limit bounds requests instead.
+            context: model_config.max_position_embeddings.unwrap_or(usize::MAX),
         };
         let mut capacity = config.capacity;
         capacity.max_active = capacity.max_active.max(1);

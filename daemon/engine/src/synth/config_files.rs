@@ -69,7 +69,7 @@ pub fn config_json(c: &ModelConfig, ids: SpecialIds) -> Value {
         "attn_res_block_size": c.attn_res_block_size,
         "tie_word_embeddings": false,
         "num_nextn_predict_layers": 0,
-        "max_position_embeddings": 1048576,
+        "max_position_embeddings": c.max_position_embeddings,
         "bos_token_id": ids.bos,
         "eos_token_id": ids.eos,
         "pad_token_id": ids.pad,

@@ -108,6 +108,7 @@ fn released() -> ModelConfig {
         bos_token_id: Some(163_584),
         eos_token_id: Some(163_586),
         pad_token_id: Some(163_839),
+        max_position_embeddings: Some(1 << 20),
     }
 }
 
