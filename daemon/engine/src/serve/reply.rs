@@ -71,8 +71,9 @@ pub struct Ending {
     /// Set when a chat reply that reached its end broke the grammar.
     pub malformed: Option<Malformed>,
     /// A chat reply as the assistant message that re-renders it in later turns (spec §8.4:
-    /// history is re-rendered from messages), cut short as the reply was; `None` for plain
-    /// continuations and malformed replies.
+    /// history is re-rendered from messages), cut short as the reply was — for a malformed
+    /// one, what was read before the error, which is what a client has of it; `None` for plain
+    /// continuations.
     pub message: Option<Message>,
 }
 
@@ -152,7 +153,7 @@ impl<'t> ReplyReader<'t> {
         Ending {
             trailing_text,
             tool_calls: reply.tool_calls.clone(),
-            message: malformed.is_none().then(|| reply.into_message()),
+            message: Some(reply.into_message()),
             malformed,
         }
     }
