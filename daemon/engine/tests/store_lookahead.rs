@@ -156,6 +156,17 @@ fn confirmed_guesses_are_reads_and_wrong_ones_are_unused_or_withdrawn() {
     assert_eq!(last.expert_bytes_read, again.expert_bytes_read);
     assert_eq!(last.bytes_avoided - again.bytes_avoided, expert_len);
     assert_eq!(last.cache.hits - again.cache.hits, 1);
+    // The guesses are scored in experts, read or resident: 1 of `slots` right, then 1 of 1.
+    assert_eq!(
+        s.lookahead_by_layer(),
+        [k3_engine::store::LayerGuesses {
+            layer: l,
+            guessed_passes: 2,
+            predicted: slots as u64 + 1,
+            routed: 3,
+            confirmed: 2,
+        }]
+    );
 }
 
 #[test]
@@ -169,6 +180,10 @@ fn a_guess_for_another_layer_or_too_many_guesses_change_nothing_computed() {
     // Handed to another layer's request, the guess is dropped and its slots emptied.
     fetch(s, c, next, &[1, 2], ahead);
     fetch(s, c, l, &[1, 2], None);
+    assert!(
+        s.lookahead_by_layer().is_empty(),
+        "a dropped guess scores nothing"
+    );
     let too_many: Vec<usize> = (0..=s.plan().lookahead_slots).collect();
     assert!(
         s.prefetch_experts(l, &too_many)

@@ -173,6 +173,11 @@ impl Model {
         self.store.stats()
     }
 
+    /// How the routing lookahead's guesses fared, per MoE layer.
+    pub fn lookahead_by_layer(&self) -> Vec<crate::store::LayerGuesses> {
+        self.store.lookahead_by_layer()
+    }
+
     /// The routed-expert requests so far, when loaded with `store.record_trace`.
     pub fn expert_trace(&self) -> Option<Vec<crate::store::expert_cache::ExpertId>> {
         self.store.expert_trace()

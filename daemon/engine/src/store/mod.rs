@@ -210,6 +210,8 @@ pub struct ExpertPrefetch<'s> {
     /// Guessed experts already resident, held so the guesses' own reservations cannot evict
     /// them before the routing's own lookup finds them (and counts the hit).
     held: Vec<(usize, Arc<LoadedRun>)>,
+    /// Every expert guessed, read or not: what [`WeightStore::lookahead_by_layer`] scores.
+    predicted: Vec<usize>,
 }
 
 impl ExpertPrefetch<'_> {
@@ -270,6 +272,31 @@ pub struct StoreStats {
     pub cache: CacheCounters,
     /// Bytes of expert cache slots holding an expert now (of [`Plan::cache_bytes`]).
     pub cache_resident_bytes: u64,
+}
+
+/// How the routing lookahead's guesses for one MoE layer fared ([`WeightStore::lookahead_by_layer`]):
+/// counted in experts, whether or not a guess needed a read, so it scores the prediction
+/// itself rather than the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LayerGuesses {
+    pub layer: usize,
+    /// Routings of this layer that had a guess (one per forward pass over it).
+    pub guessed_passes: u64,
+    /// Experts guessed, summed over those passes.
+    pub predicted: u64,
+    /// Experts the routing then asked for, summed over those passes.
+    pub routed: u64,
+    /// Experts both guessed and asked for: `confirmed / routed` is the share of the routing
+    /// that was read ahead, `confirmed / predicted` the share of the guesses that were right.
+    pub confirmed: u64,
+}
+
+#[derive(Debug, Default)]
+struct GuessCounters {
+    passes: AtomicU64,
+    predicted: AtomicU64,
+    routed: AtomicU64,
+    confirmed: AtomicU64,
 }
 
 /// Byte classes of [`StoreStats`].
@@ -405,6 +432,8 @@ pub struct WeightStore {
     output_attn_res_norm: LoadedRun,
     output_attn_res_proj: LoadedRun,
     counters: Counters,
+    /// `guesses[L]`: how the lookahead's guesses for layer L fared against its routing.
+    guesses: Vec<GuessCounters>,
     /// With [`StoreOptions::record_trace`]: the (layer, expert) requests so far.
     trace: Option<Mutex<Vec<ExpertId>>>,
 }
@@ -423,6 +452,9 @@ impl WeightStore {
         let set = Arc::new(ShardSet::open(shards, options.direct)?);
         let pool = ReaderPool::new(set, options.reader)?;
         let counters = Counters::default();
+        let guesses = (0..layout.layers.len())
+            .map(|_| GuessCounters::default())
+            .collect();
         let read_new = |run: ByteRun, class: Class| -> Result<LoadedRun, StoreError> {
             let buf = AlignedBuf::zeroed(window_capacity(run)?)?;
             let loaded = pool.read(run, buf).map_err(|f| f.error)?;
@@ -522,6 +554,7 @@ impl WeightStore {
             output_attn_res_norm,
             output_attn_res_proj,
             counters,
+            guesses,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };
         store.preload_experts()?;
@@ -774,6 +807,22 @@ impl WeightStore {
         }
     }
 
+    /// The routing lookahead's record per MoE layer that had guesses, ascending.
+    pub fn lookahead_by_layer(&self) -> Vec<LayerGuesses> {
+        self.guesses
+            .iter()
+            .enumerate()
+            .map(|(layer, g)| LayerGuesses {
+                layer,
+                guessed_passes: g.passes.load(Ordering::Relaxed),
+                predicted: g.predicted.load(Ordering::Relaxed),
+                routed: g.routed.load(Ordering::Relaxed),
+                confirmed: g.confirmed.load(Ordering::Relaxed),
+            })
+            .filter(|g| g.guessed_passes > 0)
+            .collect()
+    }
+
     /// Routing lookahead (plan rule 4): starts reading the experts `predicted` for layer `layer`
     /// (most likely first) before its routing is known, into the plan's lookahead slots. `None` when the plan has
     /// no lookahead slots or `predicted` needs more; a guess that finds no free slot, or whose
@@ -815,6 +864,7 @@ impl WeightStore {
             batch: self.pool.submit_ranked(runs),
             reads,
             held,
+            predicted: predicted.to_vec(),
         }))
     }
 
@@ -883,7 +933,16 @@ impl WeightStore {
     ) -> Result<(), E> {
         let moe = self.moe_layout(layer)?;
         // A prefetch for another layer is dropped: its queued reads are skipped.
-        let (mut batch, mut pending, held) = match ahead.filter(|a| a.layer == layer) {
+        let ahead = ahead.filter(|a| a.layer == layer);
+        if let (Some(a), Some(g)) = (&ahead, self.guesses.get(layer)) {
+            let confirmed = a.predicted.iter().filter(|e| ids.contains(e)).count();
+            g.passes.fetch_add(1, Ordering::Relaxed);
+            g.predicted
+                .fetch_add(a.predicted.len() as u64, Ordering::Relaxed);
+            g.routed.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            g.confirmed.fetch_add(confirmed as u64, Ordering::Relaxed);
+        }
+        let (mut batch, mut pending, held) = match ahead {
             Some(a) => {
                 let pending: Vec<Option<PendingRead<'_>>> = a
                     .reads

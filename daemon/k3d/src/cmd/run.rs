@@ -144,6 +144,16 @@ pub fn run(args: Args) -> CliResult {
                 "head_bytes_read": store.head_bytes_read,
                 "lookahead_bytes_read": store.lookahead_bytes_read,
                 "lookahead_unused_bytes": store.lookahead_unused_bytes,
+                // Per MoE layer, in experts: `confirmed / routed` of the routing was guessed.
+                "lookahead_by_layer": engine.model().lookahead_by_layer().iter().map(|g| {
+                    serde_json::json!({
+                        "layer": g.layer,
+                        "guessed_passes": g.guessed_passes,
+                        "predicted": g.predicted,
+                        "routed": g.routed,
+                        "confirmed": g.confirmed,
+                    })
+                }).collect::<Vec<_>>(),
                 "bytes_avoided": store.bytes_avoided,
                 "io_seconds": store.io_seconds,
                 "compute_seconds": engine.model().compute_seconds(),
