@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sampling, Step};
 use k3_engine::model::LoadOptions;
+use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
     Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt, Request,
     ServeError,
 };
 use k3_engine::session::StoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
-use k3_engine::plan::PlanInputs;
 use model_support::*;
 
 const ACTIVE: usize = 3;
@@ -37,8 +37,7 @@ fn core_with(
         threads: 1,
         model: LoadOptions {
             plan: PlanInputs {
-                max_tokens_per_call: (k3_engine::engine::PREFILL_CHUNK * capacity.max_batch)
-                    as u64,
+                max_tokens_per_call: (k3_engine::engine::PREFILL_CHUNK * capacity.max_batch) as u64,
                 sequences: capacity.max_active as u64,
                 ..PlanInputs::default()
             },
@@ -415,7 +414,9 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
         let mut content = String::new();
         while let Some(e) = job.events.recv() {
             match e {
-                Event::Token { piece, .. } if piece.channel == k3_engine::serve::Channel::Response => {
+                Event::Token { piece, .. }
+                    if piece.channel == k3_engine::serve::Channel::Response =>
+                {
                     content.push_str(&piece.text)
                 }
                 Event::Done(d) => {
@@ -430,12 +431,16 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
         panic!("no Done");
     };
     let mut messages = vec![Message::new(Role::User, "Name a river.")];
-    let first = core.submit(Some(7), chat(messages.clone(), true)).expect("turn 1");
+    let first = core
+        .submit(Some(7), chat(messages.clone(), true))
+        .expect("turn 1");
     let (content, _) = reply(&first);
     let follow_up = Message::new(Role::User, "And another?");
     messages.extend([Message::new(Role::Assistant, content), follow_up.clone()]);
     // Submitted while the first turn's history is being warmed: it waits for it.
-    let second = core.submit(Some(7), chat(messages.clone(), true)).expect("turn 2");
+    let second = core
+        .submit(Some(7), chat(messages.clone(), true))
+        .expect("turn 2");
     let (reused_text, reused) = reply(&second);
     // What only this turn adds: the user's message and the generation prompt, which render
     // on their own exactly as they do after the history (segments are encoded one by one).
@@ -450,6 +455,47 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     let fresh = core.submit(Some(7), chat(messages, false)).expect("fresh");
     let (fresh_text, fresh) = reply(&fresh);
     assert_eq!(fresh.reused_tokens, 0);
-    assert_eq!((reused_text, reused.generated), (fresh_text, fresh.generated));
+    assert_eq!(
+        (reused_text, reused.generated),
+        (fresh_text, fresh.generated)
+    );
     assert!(core.metrics().timings.warmed_tokens > 0);
+}
+
+/// Warming a chat's next turn never delays another caller: a request that waits for the slot
+/// when the reply ends takes it, and the warming is dropped before it fed anything.
+#[test]
+fn warming_yields_its_slot_to_another_callers_waiting_request() {
+    let ck = synth("tiny", 12);
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue: 4,
+    };
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
+        c.session_bytes = Some(64 << 20)
+    });
+    let chat = Request {
+        max_tokens: Some(24),
+        reuse: Some(k3_engine::serve::Caller::Uid(Some(7))),
+        ..Request::new(Prompt::Chat(Conversation {
+            messages: vec![Message::new(Role::User, "Name a river.")],
+            thinking: k3_engine::tokenizer::chat::Thinking::Off,
+            ..Conversation::default()
+        }))
+    };
+    let first = core.submit(Some(7), chat).expect("chat");
+    computing(&first);
+    // Queued behind the chat before its reply ends: another caller (no reuse) waits.
+    let other = core.submit(Some(8), ids(vec![5, 6, 7], 3)).expect("other");
+    let (_, end) = drain(&first);
+    assert!(end.is_ok(), "{end:?}");
+    let (out, end) = drain(&other);
+    assert!(end.is_ok(), "{end:?}");
+    assert_eq!(out.len(), 3);
+    assert_eq!(
+        core.metrics().timings.warmed_tokens,
+        0,
+        "the warming ran while another request waited"
+    );
 }
