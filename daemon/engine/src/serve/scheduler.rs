@@ -266,6 +266,10 @@ fn warm(
     reply: chat::Message,
 ) -> Option<Warm> {
     let conversation = job.conversation.as_ref()?;
+    // With no room for kept states the result would be dropped at once.
+    if prefix_room(shared) == 0 {
+        return None;
+    }
     let prompt = prefix::next_turn(engine.tokenizer(), conversation, reply)?;
     let request = GenerateRequest {
         prompt,
