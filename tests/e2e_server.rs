@@ -1067,3 +1067,85 @@ async fn chat_renders_tools_and_names_bad_fields() {
     };
     assert!(refused(no_schema).await.contains("json_schema"));
 }
+
+/// A gRPC codec that sends its bytes as they are: a message body no protobuf decoder accepts.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, n).to_vec()))
+    }
+}
+
+/// A body that is not protobuf is the caller's fault (`INVALID_ARGUMENT`), not a model failure
+/// (`INTERNAL`, which `k3` reports as "the model failed"), on unary and streaming calls alike.
+#[tokio::test]
+async fn a_request_that_is_not_protobuf_is_invalid_argument() {
+    let (d, mut c) = ready_daemon("not_protobuf", &[]).await;
+    let mut grpc = tonic::client::Grpc::new(channel(&d.socket).await);
+    // Field 1, length-delimited, then a length varint that never ends.
+    let garbage = vec![0x0a, 0xff, 0xff, 0xff];
+    for method in [
+        "/k3.v1.Engine/Tokenize",
+        "/k3.v1.Engine/Generate",
+        "/k3.v1.Engine/Cancel",
+    ] {
+        grpc.ready().await.expect("channel ready");
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+        let err = if method.ends_with("Generate") {
+            grpc.server_streaming(tonic::Request::new(garbage.clone()), path, RawCodec)
+                .await
+                .map(|_| ())
+                .expect_err("garbage generate")
+        } else {
+            grpc.unary(tonic::Request::new(garbage.clone()), path, RawCodec)
+                .await
+                .map(|_| ())
+                .expect_err("garbage unary call")
+        };
+        assert_eq!(
+            err.code(),
+            tonic::Code::InvalidArgument,
+            "{method}: {err:?}"
+        );
+        assert!(
+            err.message().contains("not a valid"),
+            "{method}: {}",
+            err.message()
+        );
+    }
+    assert_eq!(status(&mut c).await.state, "ready", "the daemon stays up");
+}
