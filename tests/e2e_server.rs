@@ -1149,3 +1149,62 @@ async fn a_request_that_is_not_protobuf_is_invalid_argument() {
     }
     assert_eq!(status(&mut c).await.state, "ready", "the daemon stays up");
 }
+
+/// Errors quote what they refuse, but a bounded excerpt of it: a 100 KB session name is
+/// refused as an invalid argument (before, quoting it whole overflowed the reply's header and
+/// the client saw a transport error instead of the refusal).
+#[tokio::test]
+async fn an_error_quotes_a_huge_input_cut_short_with_its_length() {
+    let (_d, mut c) = ready_daemon("huge_echo", &[]).await;
+    let name = "n".repeat(100_000);
+    let mut req = ids_request(prompt(0), 2);
+    req.session = name.clone();
+    let err = c.generate(req).await.expect_err("invalid session name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let msg = err.message();
+    assert!(msg.contains("invalid session name"), "{msg}");
+    assert!(msg.contains("… (100000 bytes)"), "{msg}");
+    assert!(msg.len() < 512, "{} bytes: {msg}", msg.len());
+
+    let err = c
+        .delete_session(pb::DeleteSessionRequest { name: name.clone() })
+        .await
+        .expect_err("invalid session name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().len() < 512, "{}", err.message().len());
+
+    // A conversation quoting a 100 KB tool-call id it does not know.
+    let chat = pb::ChatRequest {
+        messages: vec![
+            pb::ChatMessage {
+                role: pb::Role::User.into(),
+                content: "hi".into(),
+                ..Default::default()
+            },
+            pb::ChatMessage {
+                role: pb::Role::Assistant.into(),
+                tool_calls: vec![pb::ToolCall {
+                    id: "call_0".into(),
+                    name: "f".into(),
+                    arguments: "{}".into(),
+                }],
+                ..Default::default()
+            },
+            pb::ChatMessage {
+                role: pb::Role::Tool.into(),
+                content: "result".into(),
+                tool_call_id: name,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let err = c.chat(chat).await.expect_err("unknown tool call id");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("… (100000 bytes)"),
+        "{}",
+        err.message()
+    );
+    assert!(err.message().len() < 512, "{}", err.message().len());
+}

@@ -4,9 +4,10 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use k3_engine::serve::ServeError;
+use k3_engine::serve::validate::{Echo, bounded};
 use k3_engine::session::StoreError;
+use serde::Serialize;
 
 /// Seconds a client is told to wait before retrying a 429 or 503.
 const RETRY_AFTER_SECONDS: u32 = 1;
@@ -35,10 +36,12 @@ struct Detail<'a> {
 }
 
 impl ApiError {
+    /// Every error goes through here: its message is bounded (a backstop for texts that
+    /// quote input formatted elsewhere, such as serde's "invalid type: string …").
     fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
-            message: message.into(),
+            message: bounded(message.into()),
             param: None,
             code: None,
         }
@@ -68,7 +71,8 @@ impl ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
             ..ApiError::not_found(format!(
-                "the model {model:?} does not exist here; this daemon serves {served:?} (GET /v1/models)"
+                "the model {} does not exist here; this daemon serves {served:?} (GET /v1/models)",
+                Echo(model)
             ))
         }
     }

@@ -123,8 +123,11 @@ fn message(index: usize, m: &pb::ChatMessage) -> Result<Message, Status> {
 
 /// JSON text from the wire; `field` names it in the error.
 fn json(field: &str, text: &str) -> Result<serde_json::Value, Status> {
-    serde_json::from_str(text)
-        .map_err(|e| Status::invalid_argument(format!("{field} is not JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| {
+        Status::invalid_argument(k3_engine::serve::validate::bounded(format!(
+            "{field} is not JSON: {e}"
+        )))
+    })
 }
 
 fn tool(index: usize, t: &pb::Tool) -> Result<Tool, Status> {
@@ -168,7 +171,8 @@ fn response_format(req: &pb::ChatRequest) -> Result<ResponseFormat, Status> {
 
 /// The gRPC status of a core refusal or failure.
 pub fn status(e: &ServeError) -> Status {
-    let text = e.to_string();
+    // Bounded: the message travels in a header (`grpc-message`), which a peer may refuse whole.
+    let text = k3_engine::serve::validate::bounded(e.to_string());
     match e {
         ServeError::Invalid(_) => Status::invalid_argument(text),
         ServeError::Busy(_) => Status::resource_exhausted(text),
