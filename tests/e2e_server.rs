@@ -1208,3 +1208,44 @@ async fn an_error_quotes_a_huge_input_cut_short_with_its_length() {
     );
     assert!(err.message().len() < 512, "{}", err.message().len());
 }
+
+/// Refused requests (nothing computed) are counted as rejected, never as failed: `failed` is
+/// the model's (or the storage's) failures only, which an operator alerts on.
+#[tokio::test]
+async fn refusals_are_counted_as_rejected_not_failed() {
+    let (_d, mut c) =
+        ready_daemon("refusal_counts", &["--max-active", "1", "--max-queue", "0"]).await;
+    let before = status(&mut c).await;
+    let mut bad_session = ids_request(prompt(0), 2);
+    bad_session.session = "..".into();
+    let refused = [
+        ids_request(vec![], 2),
+        ids_request(prompt(0), 1_000_000),
+        ids_request(vec![u32::MAX - 1], 2),
+        bad_session,
+    ];
+    let n = refused.len() as u64;
+    for req in refused {
+        let err = c.generate(req).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+    let err = c
+        .chat(pb::ChatRequest::default())
+        .await
+        .expect_err("no messages");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let ok = generate(&mut c, ids_request(prompt(1), 2)).await;
+    assert!(ok.error.is_none(), "{:?}", ok.error);
+    // The one compute slot taken and no queue: the next request is refused as busy.
+    let running = computing(&mut c, prompt(2)).await;
+    let err = c
+        .generate(ids_request(prompt(3), 2))
+        .await
+        .expect_err("queue full");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    drop(running);
+    let after = status(&mut c).await;
+    assert_eq!(after.requests_failed, before.requests_failed, "{after:?}");
+    assert_eq!(after.requests_rejected, before.requests_rejected + n + 2);
+    assert_eq!(after.requests_completed, before.requests_completed + 1);
+}

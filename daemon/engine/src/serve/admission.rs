@@ -87,8 +87,12 @@ pub struct Counters {
     pub admitted: u64,
     pub completed: u64,
     pub cancelled: u64,
+    /// Ended by a failure of the model or of the session storage while it ran: the daemon's
+    /// fault, never the request's.
     pub failed: u64,
-    /// Refused because the queue was full.
+    /// Refused, nothing computed: the queue was full, the request broke a rule, its session
+    /// was refused, or k3d was not serving ([`ServeError::is_refusal`]); also one refused when
+    /// it started (after admission).
     pub rejected: u64,
 }
 
@@ -98,6 +102,19 @@ pub(crate) enum Outcome {
     Completed,
     Cancelled,
     Failed,
+    /// Refused when it started (a rule only the engine checks, a session refused).
+    Refused,
+}
+
+impl Outcome {
+    /// How a job that ended with `error` is counted.
+    pub fn of(error: &ServeError) -> Outcome {
+        if error.is_refusal() {
+            Outcome::Refused
+        } else {
+            Outcome::Failed
+        }
+    }
 }
 
 /// One uid's jobs now (the fairness work reads it).
@@ -251,7 +268,7 @@ impl Admission {
         let gone = st.purge_abandoned();
         let position = self.position(&st, st.queue.len());
         if position as usize > self.capacity.max_queue {
-            st.counters.rejected += 1;
+            // Counted as a refusal by `Core::submit`, like every other refusal.
             let state = QueueState {
                 running: st.running.len(),
                 queued: st.queue.len(),
@@ -341,7 +358,13 @@ impl Admission {
             Outcome::Completed => st.counters.completed += 1,
             Outcome::Cancelled => st.counters.cancelled += 1,
             Outcome::Failed => st.counters.failed += 1,
+            Outcome::Refused => st.counters.rejected += 1,
         }
+    }
+
+    /// A submission was refused before it was queued.
+    pub fn refused(&self) {
+        self.lock().counters.rejected += 1;
     }
 
     /// A queued job leaves here and now (its lease released, its stream ended with

@@ -70,12 +70,73 @@ impl From<StoreError> for ServeError {
 }
 
 impl ServeError {
+    /// The request was turned away without anything computed (a bad request, a full queue,
+    /// a session refused, k3d not serving), as opposed to a job that failed or was cancelled.
+    /// The counters tell the two apart: refusals say nothing about the daemon's health.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            ServeError::Invalid(_)
+            | ServeError::Busy(_)
+            | ServeError::ShuttingDown
+            | ServeError::ModelFailed(_)
+            | ServeError::SessionsLoading
+            | ServeError::SessionsUnavailable(_)
+            | ServeError::UnknownRequest(_) => true,
+            // A storage failure (reading or writing the session directory) is the daemon's.
+            ServeError::Session(s) => !matches!(
+                s.as_ref(),
+                StoreError::File(crate::session::FileError::Io { .. }) | StoreError::Dir { .. }
+            ),
+            ServeError::Model(_)
+            | ServeError::Cancelled(_)
+            | ServeError::CancelledQueued(_)
+            | ServeError::Abandoned
+            | ServeError::Shutdown => false,
+        }
+    }
+
     /// An engine error met while starting or stepping a job: the request's own fault or the
     /// model's.
     pub(crate) fn from_engine(e: EngineError) -> ServeError {
         match e {
             EngineError::InvalidRequest(why) => Invalid::Engine(why).into(),
             other => ServeError::Model(Arc::new(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_told_from_failures() {
+        let refused = [
+            ServeError::Invalid(Invalid::NoMessages),
+            ServeError::Busy(QueueState {
+                running: 1,
+                queued: 1,
+                max_queue: 1,
+            }),
+            ServeError::ShuttingDown,
+            StoreError::NotFound("s".into()).into(),
+            StoreError::InvalidName("..".into()).into(),
+        ];
+        for e in &refused {
+            assert!(e.is_refusal(), "{e}");
+        }
+        let failed = [
+            ServeError::Model(Arc::new(EngineError::InvalidRequest("x".into()))),
+            StoreError::Dir {
+                path: "/sessions".into(),
+                error: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            }
+            .into(),
+            ServeError::Cancelled(3),
+            ServeError::Abandoned,
+        ];
+        for e in &failed {
+            assert!(!e.is_refusal(), "{e}");
         }
     }
 }

@@ -333,10 +333,12 @@ impl Core {
     pub fn new(config: Config) -> Result<Core, StartError> {
         let model_config = ModelConfig::from_file(&config.model.join("config.json"))?;
         // Refuses a tokenizer with ids the embedding has no row for before anything loads.
-        let tokenizer = Tokenizer::load_for_vocab(&config.model, model_config.vocab_size)
-            .map_err(|error| StartError::Tokenizer {
-                dir: config.model.clone(),
-                error,
+        let tokenizer =
+            Tokenizer::load_for_vocab(&config.model, model_config.vocab_size).map_err(|error| {
+                StartError::Tokenizer {
+                    dir: config.model.clone(),
+                    error,
+                }
             })?;
         let tokenizer = Arc::new(tokenizer);
         let model_limits = ModelLimits {
@@ -395,6 +397,14 @@ impl Core {
     /// Validates `request` and queues it for `uid` (the caller's peer credentials; `None` when
     /// unknown). Refusals are immediate and cost nothing.
     pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
+        let submitted = self.try_submit(uid, request);
+        if submitted.is_err() {
+            self.admission.refused();
+        }
+        submitted
+    }
+
+    fn try_submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
         self.admission.check_open()?;
         let session = request.session.clone();
         // A session's own states take precedence over automatic reuse.
@@ -540,7 +550,8 @@ impl Core {
             return false;
         }
         if handle.join().is_err() {
-            self.log.error(format_args!("the scheduler thread panicked"));
+            self.log
+                .error(format_args!("the scheduler thread panicked"));
         }
         true
     }

@@ -124,12 +124,11 @@ pub(crate) fn spawn(
             };
             let started = Instant::now();
             log.info(format_args!("loading {}", model.display()));
-            let engine = match Engine::open_with_tokenizer(&model, options, tokenizer, &mut report) {
+            let engine = match Engine::open_with_tokenizer(&model, options, tokenizer, &mut report)
+            {
                 Ok(engine) => engine,
                 Err(e) => {
-                    log.error(format_args!("loading {} failed: {e}",
-                        model.display()
-                    ));
+                    log.error(format_args!("loading {} failed: {e}", model.display()));
                     admission.set_failed(e);
                     on_health(&admission.health(), None);
                     return;
@@ -228,9 +227,11 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
             })
         }
         Err(error) => {
-            shared.log.info(format_args!("request {} refused: {error}", job.id));
+            shared
+                .log
+                .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
-            shared.admission.finish(job.id, Outcome::Failed);
+            shared.admission.finish(job.id, Outcome::of(&error));
             job.events.send(Event::Failed(error));
             None
         }
@@ -326,17 +327,22 @@ fn deliver(
             } else {
                 ServeError::Abandoned
             };
-            shared.log.info(format_args!("request {} cancelled: {error}", a.job.id));
+            shared
+                .log
+                .info(format_args!("request {} cancelled: {error}", a.job.id));
             drop(a.job.lease.take());
             shared.admission.finish(a.job.id, Outcome::Cancelled);
             a.job.events.send(Event::Failed(error));
             false
         }
         Err(e) => {
-            shared.log.error(format_args!("request {} failed: {e}", a.job.id));
+            shared
+                .log
+                .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, Outcome::Failed);
-            a.job.events.send(Event::Failed(ServeError::from_engine(e)));
+            let error = ServeError::from_engine(e);
+            shared.admission.finish(a.job.id, Outcome::of(&error));
+            a.job.events.send(Event::Failed(error));
             false
         }
     }
