@@ -1249,3 +1249,109 @@ async fn refusals_are_counted_as_rejected_not_failed() {
     assert_eq!(after.requests_rejected, before.requests_rejected + n + 2);
     assert_eq!(after.requests_completed, before.requests_completed + 1);
 }
+
+/// Run by [`only_the_owner_or_root_may_cancel_a_request`] as a second account: cancels the
+/// request `K3_TEST_CANCEL_ID` on the socket `K3_TEST_CANCEL_SOCKET` and prints the outcome.
+#[tokio::test]
+#[ignore = "a helper: run as another account by only_the_owner_or_root_may_cancel_a_request"]
+async fn helper_cancel_as_this_account() {
+    let socket = std::env::var("K3_TEST_CANCEL_SOCKET").expect("K3_TEST_CANCEL_SOCKET");
+    let id: u64 = std::env::var("K3_TEST_CANCEL_ID")
+        .expect("K3_TEST_CANCEL_ID")
+        .parse()
+        .expect("a request id");
+    let mut c = client(std::path::Path::new(&socket)).await;
+    match c.cancel(pb::CancelRequest { request_id: id }).await {
+        Ok(_) => println!("cancel-outcome: Ok"),
+        Err(s) => println!("cancel-outcome: {:?}: {}", s.code(), s.message()),
+    }
+}
+
+/// Ids are sequential, so a Cancel of any id must be its owner's (or root's): another member
+/// of the socket's group is refused and the request runs on; root's Cancel stops it, and the
+/// owner's `k3` says why it stopped (it used to exit 130 in silence).
+#[tokio::test]
+async fn only_the_owner_or_root_may_cancel_a_request() {
+    ensure_group("k3e2e");
+    ensure_user("k3e2e-member", Some("k3e2e"));
+    ensure_user("k3e2e-member2", Some("k3e2e"));
+    let (d, mut c) = ready_daemon("cancel_owner", &["--socket-group", "k3e2e"]).await;
+    let owner = uid_of("k3e2e-member");
+    let run = std::process::Command::new("runuser")
+        .args(["-u", "k3e2e-member", "--"])
+        .arg(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runuser k3 run");
+    let said = format!(": Generate from uid {owner} ");
+    d.wait_for_log(&said, Duration::from_secs(20));
+    let log = d.log_text();
+    let id: u64 = log
+        .lines()
+        .find(|l| l.contains(&said))
+        .and_then(|l| l.split("request ").nth(1))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the request's id in the log:\n{log}"));
+    d.wait_for_log(&format!("request {id} started"), Duration::from_secs(20));
+
+    let other = std::process::Command::new("runuser")
+        .args(["-u", "k3e2e-member2", "--"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args(["--ignored", "--exact", "helper_cancel_as_this_account", "--nocapture"])
+        .env("K3_TEST_CANCEL_SOCKET", &d.socket)
+        .env("K3_TEST_CANCEL_ID", id.to_string())
+        .output()
+        .expect("runuser helper");
+    let out = text(&other.stdout);
+    assert!(
+        out.contains("cancel-outcome: PermissionDenied") && out.contains("only its owner or root"),
+        "another user's cancel: {out}\n{}",
+        text(&other.stderr)
+    );
+    let s = status(&mut c).await;
+    assert_eq!(s.active_requests, 1, "the request runs on: {s:?}");
+    assert!(
+        !d.log_text().contains(&format!("request {id} cancelled")),
+        "{}",
+        d.log_text()
+    );
+
+    // Root may: the owner's k3 stops with 130 and says why.
+    c.cancel(pb::CancelRequest { request_id: id })
+        .await
+        .expect("root's cancel");
+    let out = run.wait_with_output().expect("k3 run");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("k3d cancelled the request") && err.contains("Cancel call"),
+        "says why: {err}"
+    );
+}
+
+/// A `k3 run` cancelled by the daemon's shutdown says so (it used to exit 130 in silence,
+/// like a Ctrl-C of its own).
+#[tokio::test]
+async fn k3_says_when_the_shutdown_cancelled_its_request() {
+    let (mut d, _c) = ready_daemon("k3-shutdown-says", &["--shutdown-grace", "0.2"]).await;
+    let run = std::process::Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("k3 run");
+    d.wait_for_log("started", Duration::from_secs(20));
+    d.signal(libc::SIGTERM);
+    let out = run.wait_with_output().expect("k3 run");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("k3d is shutting down"), "says why: {err}");
+    assert_eq!(d.wait(Duration::from_secs(10)).code(), Some(0));
+}

@@ -11,7 +11,8 @@
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
 //! * 8 — a session was refused: not found, owned by another user, in use by another request,
 //!   or its file is damaged or made for another model (the message names the file and field);
-//! * 130 — the generation was cancelled (Ctrl-C, or by another client).
+//! * 130 — the generation was cancelled: Ctrl-C, or by the daemon (a Cancel call of its owner or
+//!   root, or shutdown), which `k3` then says.
 
 use tonic::{Code as Grpc, Status};
 
@@ -42,6 +43,11 @@ impl Failure {
             code,
             message: message.into(),
         }
+    }
+
+    /// A failure already reported to the user where it happened: only the exit code is left.
+    pub fn said(code: Code) -> Failure {
+        Failure::new(code, "")
     }
 
     pub fn usage(message: impl Into<String>) -> Failure {
@@ -92,7 +98,10 @@ impl From<Status> for Failure {
             Grpc::Internal | Grpc::FailedPrecondition | Grpc::DataLoss => {
                 Failure::new(Code::Model, format!("the model failed: {msg}"))
             }
-            Grpc::Cancelled => Failure::new(Code::Cancelled, format!("cancelled: {msg}")),
+            // Not ours (our own Ctrl-C is reported as it happens): say who and why.
+            Grpc::Cancelled => {
+                Failure::new(Code::Cancelled, format!("k3d cancelled the request: {msg}"))
+            }
             Grpc::NotFound => Failure::new(Code::Invalid, msg.to_string()),
             _ => Failure::new(Code::Other, format!("k3d: {:?}: {msg}", s.code())),
         }

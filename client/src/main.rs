@@ -87,7 +87,9 @@ fn main() {
         }),
     };
     if let Err(f) = result {
-        if !matches!(f.code, Code::Cancelled | Code::OutputClosed) {
+        // A cancel of our own (Ctrl-C) was already reported where it happened; any other
+        // failure says why here, a cancel by the daemon (shutdown, a Cancel call) included.
+        if f.code != Code::OutputClosed && !f.message.is_empty() {
             eprintln!("k3: {}", f.message);
         }
         std::process::exit(f.code as i32);

@@ -117,6 +117,28 @@ impl Outcome {
     }
 }
 
+/// Who asks [`Admission::cancel`] to cancel a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Canceller {
+    /// The job's own [`super::JobHandle`]: its transport, acting for the owner.
+    Handle,
+    /// A caller naming the job by id, known by uid (`None`: unknown).
+    Uid(Option<u32>),
+}
+
+impl Canceller {
+    /// The owner and root may cancel a job; a caller of unknown uid may cancel nobody's, not
+    /// even another unknown caller's (nothing says they are the same).
+    fn may_cancel(self, owner: Option<u32>) -> bool {
+        match self {
+            Canceller::Handle => true,
+            Canceller::Uid(Some(0)) => true,
+            Canceller::Uid(Some(uid)) => owner == Some(uid),
+            Canceller::Uid(None) => false,
+        }
+    }
+}
+
 /// One uid's jobs now (the fairness work reads it).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UidLoad {
@@ -369,9 +391,19 @@ impl Admission {
 
     /// A queued job leaves here and now (its lease released, its stream ended with
     /// [`ServeError::CancelledQueued`]); a running one is flagged and stops at the engine's
-    /// next layer boundary.
-    pub fn cancel(&self, id: u64) -> Result<(), ServeError> {
+    /// next layer boundary. `by` is who asks: the job's own handle, or a caller by uid, who
+    /// must be its owner or root ([`ServeError::NotYours`] otherwise).
+    pub fn cancel(&self, id: u64, by: Canceller) -> Result<(), ServeError> {
         let mut st = self.lock();
+        let owner = match st.queue.iter().find(|j| j.id == id) {
+            Some(job) => Some(job.uid),
+            None => st.running.get(&id).map(|r| r.uid),
+        };
+        if let Some(owner) = owner
+            && !by.may_cancel(owner)
+        {
+            return Err(ServeError::NotYours(id));
+        }
         if let Some(index) = st.queue.iter().position(|j| j.id == id) {
             let job = st.unqueue(index);
             drop(st);

@@ -35,7 +35,7 @@ pub enum ServeError {
     #[error("the model failed to load, so k3d cannot generate: {0}")]
     ModelFailed(Arc<EngineError>),
     /// [`super::Core::cancel`] reached the job while it ran (`CANCELLED`).
-    #[error("request {0} cancelled")]
+    #[error("request {0} was cancelled by a Cancel call (its owner's or root's)")]
     Cancelled(u64),
     /// [`super::Core::cancel`] reached the job while it waited in the queue (`CANCELLED`).
     #[error("request {0} cancelled before it started")]
@@ -61,6 +61,10 @@ pub enum ServeError {
     /// [`super::Core::cancel`] of an id neither queued nor running (`NOT_FOUND`).
     #[error("no queued or running request {0} (it may have finished)")]
     UnknownRequest(u64),
+    /// [`super::Core::cancel`] of another user's job (`PERMISSION_DENIED`, HTTP 403): ids are
+    /// sequential, so anyone could otherwise cancel everyone's work by counting.
+    #[error("request {0} is another user's: only its owner or root may cancel it")]
+    NotYours(u64),
 }
 
 impl From<StoreError> for ServeError {
@@ -81,7 +85,8 @@ impl ServeError {
             | ServeError::ModelFailed(_)
             | ServeError::SessionsLoading
             | ServeError::SessionsUnavailable(_)
-            | ServeError::UnknownRequest(_) => true,
+            | ServeError::UnknownRequest(_)
+            | ServeError::NotYours(_) => true,
             // A storage failure (reading or writing the session directory) is the daemon's.
             ServeError::Session(s) => !matches!(
                 s.as_ref(),

@@ -127,6 +127,7 @@ impl ApiError {
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ServeError::UnknownRequest(_) => StatusCode::NOT_FOUND,
+            ServeError::NotYours(_) => StatusCode::FORBIDDEN,
             ServeError::SessionsUnavailable(_) | ServeError::Model(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

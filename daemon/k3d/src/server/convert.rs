@@ -187,6 +187,7 @@ pub fn status(e: &ServeError) -> Status {
         ServeError::SessionsUnavailable(_) => Status::failed_precondition(text),
         ServeError::Model(_) => Status::internal(text),
         ServeError::UnknownRequest(_) => Status::not_found(text),
+        ServeError::NotYours(_) => Status::permission_denied(text),
     }
 }
 

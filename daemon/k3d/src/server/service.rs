@@ -167,7 +167,7 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::CancelReply>, Status> {
         let uid = peer_uid(&req);
         let id = req.into_inner().request_id;
-        self.core.cancel(id).map_err(|e| convert::status(&e))?;
+        self.core.cancel(id, uid).map_err(|e| convert::status(&e))?;
         log!(
             "request {id}: cancel from uid {}",
             k3_engine::serve::uid_text(uid)
