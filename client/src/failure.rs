@@ -11,6 +11,8 @@
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
 //! * 8 — a session was refused: not found, owned by another user, in use by another request,
 //!   or its file is damaged or made for another model (the message names the file and field);
+//! * 9 — the connection to k3d failed mid-request (a transport error: the daemon died, or
+//!   the HTTP/2 connection was torn down); the output is cut short; nothing was refused;
 //! * 130 — the generation was cancelled: Ctrl-C, or by the daemon (a Cancel call of its owner or
 //!   root, or shutdown), which `k3` then says.
 
@@ -28,6 +30,7 @@ pub enum Code {
     Invalid = 6,
     Model = 7,
     Session = 8,
+    Transport = 9,
     Cancelled = 130,
 }
 
@@ -67,6 +70,18 @@ impl Failure {
 impl From<Status> for Failure {
     fn from(s: Status) -> Failure {
         let msg = s.message();
+        // A status the daemon sent arrives as headers and carries no error source; one made
+        // here from a failed connection (an h2 GOAWAY, a reset, EOF) does. Its code is
+        // tonic's guess from the HTTP/2 reason (ENHANCE_YOUR_CALM reads RESOURCE_EXHAUSTED),
+        // not a refusal by k3d.
+        if let Some(source) = std::error::Error::source(&s) {
+            return Failure::new(
+                Code::Transport,
+                format!(
+                    "the connection to k3d failed mid-request ({source}); any output is cut short"
+                ),
+            );
+        }
         match s.code() {
             Grpc::PermissionDenied if msg.starts_with("session") => Failure::new(
                 Code::Session,
@@ -105,5 +120,34 @@ impl From<Status> for Failure {
             Grpc::NotFound => Failure::new(Code::Invalid, msg.to_string()),
             _ => Failure::new(Code::Other, format!("k3d: {:?}: {msg}", s.code())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_down_connection_is_a_transport_failure_not_a_refusal() {
+        // What h2 reports when its frame budget runs out: tonic reads it RESOURCE_EXHAUSTED.
+        let calm = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection error received: too_many_data_frames",
+        )));
+        let f = Failure::from(calm);
+        assert_eq!(f.code, Code::Transport, "{}", f.message);
+        assert!(f.message.contains("too_many_data_frames"), "{}", f.message);
+        assert!(!f.message.contains("refused"), "{}", f.message);
+    }
+
+    #[test]
+    fn statuses_the_daemon_sent_keep_their_meaning() {
+        let f = Failure::from(Status::resource_exhausted(
+            "k3d is busy: 4 requests running",
+        ));
+        assert_eq!(f.code, Code::Busy);
+        let f = Failure::from(Status::invalid_argument("the prompt is empty"));
+        assert_eq!(f.code, Code::Invalid);
+        assert!(f.message.contains("refused"), "{}", f.message);
     }
 }
