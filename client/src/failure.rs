@@ -11,12 +11,18 @@
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
 //! * 8 — a session was refused: not found, owned by another user, in use by another request,
 //!   or its file is damaged or made for another model (the message names the file and field);
+//! * 10 — the daemon's session storage failed (its disk is full, or unwritable): the session's
+//!   new state was not written; the model is fine;
 //! * 9 — the connection to k3d failed mid-request (a transport error: the daemon died, or
 //!   the HTTP/2 connection was torn down); the output is cut short; nothing was refused;
 //! * 130 — the generation was cancelled: Ctrl-C, or by the daemon (a Cancel call of its owner or
 //!   root, or shutdown), which `k3` then says.
 
 use tonic::{Code as Grpc, Status};
+
+/// How the daemon begins a session storage failure's message (`k3_engine::serve::STORAGE_FAILED`;
+/// the client does not link the engine).
+const STORAGE_FAILED: &str = "k3d could not store the session";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -31,6 +37,7 @@ pub enum Code {
     Model = 7,
     Session = 8,
     Transport = 9,
+    Storage = 10,
     Cancelled = 130,
 }
 
@@ -83,6 +90,14 @@ impl From<Status> for Failure {
             );
         }
         match s.code() {
+            // Before the codes: a full disk comes as RESOURCE_EXHAUSTED, another storage
+            // failure as INTERNAL; neither is a busy daemon nor a failing model.
+            _ if msg.starts_with(STORAGE_FAILED) => Failure::new(
+                Code::Storage,
+                format!(
+                    "{msg}\nThe daemon's session directory needs room (or repair); the model is fine."
+                ),
+            ),
             Grpc::PermissionDenied if msg.starts_with("session") => Failure::new(
                 Code::Session,
                 format!("{msg}: it is another user's; pick another session name"),
@@ -138,6 +153,18 @@ mod tests {
         assert_eq!(f.code, Code::Transport, "{}", f.message);
         assert!(f.message.contains("too_many_data_frames"), "{}", f.message);
         assert!(!f.message.contains("refused"), "{}", f.message);
+    }
+
+    #[test]
+    fn a_full_disk_is_a_storage_failure_not_the_model() {
+        let full = Status::resource_exhausted(
+            "k3d could not store the session: session file /s/a.k3s: No space left on device (os error 28)",
+        );
+        let f = Failure::from(full);
+        assert_eq!(f.code, Code::Storage, "{}", f.message);
+        assert!(!f.message.contains("model failed"), "{}", f.message);
+        let other = Status::internal("k3d could not store the session: session directory /s: EIO");
+        assert_eq!(Failure::from(other).code, Code::Storage);
     }
 
     #[test]

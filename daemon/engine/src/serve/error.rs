@@ -46,8 +46,9 @@ pub enum ServeError {
     /// The shutdown grace ran out before the job finished (`CANCELLED`).
     #[error("k3d is shutting down: the request was cancelled after the grace period")]
     Shutdown,
-    /// A session refusal: not found, another user's, in use, its file damaged.
-    #[error("{0}")]
+    /// A session refusal (not found, another user's, in use, its file damaged), or a failure
+    /// of the session storage ([`StoreError::is_storage_failure`]), which says so first.
+    #[error("{}", session_text(.0))]
     Session(Arc<StoreError>),
     /// Sessions are not open yet: the model is still loading (`UNAVAILABLE`).
     #[error("the daemon is loading its model; sessions are available once it is ready")]
@@ -66,6 +67,19 @@ pub enum ServeError {
     #[error("request {0} is another user's: only its owner or root may cancel it")]
     NotYours(u64),
 }
+
+/// What a session error says: a storage failure is named as one, so that no transport or
+/// client mistakes a full disk for a refusal or for the model failing.
+fn session_text(e: &StoreError) -> String {
+    if e.is_storage_failure() {
+        format!("{STORAGE_FAILED}: {e}")
+    } else {
+        e.to_string()
+    }
+}
+
+/// How every session storage failure's message begins (clients match on it).
+pub const STORAGE_FAILED: &str = "k3d could not store the session";
 
 impl From<StoreError> for ServeError {
     fn from(e: StoreError) -> Self {
@@ -88,10 +102,7 @@ impl ServeError {
             | ServeError::UnknownRequest(_)
             | ServeError::NotYours(_) => true,
             // A storage failure (reading or writing the session directory) is the daemon's.
-            ServeError::Session(s) => !matches!(
-                s.as_ref(),
-                StoreError::File(crate::session::FileError::Io { .. }) | StoreError::Dir { .. }
-            ),
+            ServeError::Session(s) => !s.is_storage_failure(),
             ServeError::Model(_)
             | ServeError::Cancelled(_)
             | ServeError::CancelledQueued(_)
@@ -143,5 +154,29 @@ mod tests {
         for e in &failed {
             assert!(!e.is_refusal(), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod storage_tests {
+    use super::*;
+    use crate::session::FileError;
+
+    #[test]
+    fn a_full_disk_says_it_is_a_storage_failure() {
+        let full: ServeError = StoreError::File(FileError::Io {
+            path: "/sessions/a.k3s".into(),
+            error: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        })
+        .into();
+        let text = full.to_string();
+        assert!(text.starts_with(STORAGE_FAILED), "{text}");
+        assert!(!full.is_refusal(), "a storage failure is the daemon's");
+        match &full {
+            ServeError::Session(s) => assert!(s.is_out_of_space()),
+            other => panic!("{other}"),
+        }
+        let refused: ServeError = StoreError::NotFound("a".into()).into();
+        assert!(!refused.to_string().starts_with(STORAGE_FAILED));
     }
 }

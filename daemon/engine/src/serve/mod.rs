@@ -86,7 +86,7 @@ pub mod validate;
 
 pub use admission::{Canceller, Capacity, Counters, UidLoad};
 pub use batch::{Batch, Member};
-pub use error::{QueueState, ServeError};
+pub use error::{QueueState, STORAGE_FAILED, ServeError};
 pub use events::Events;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;

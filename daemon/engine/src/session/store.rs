@@ -53,6 +53,26 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Reading or writing the session directory failed (the disk's fault, not the request's
+    /// nor the model's): the session's state may not have been kept.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. }
+        )
+    }
+
+    /// A storage failure because the disk (or the quota) is full.
+    pub fn is_out_of_space(&self) -> bool {
+        let error = match self {
+            StoreError::File(FileError::Io { error, .. }) | StoreError::Dir { error, .. } => error,
+            _ => return false,
+        };
+        matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
+}
+
 fn permission_text(name: &str, owner: Option<u32>) -> String {
     match owner {
         Some(uid) => format!("session {} belongs to uid {uid}", Echo(name)),

@@ -120,6 +120,7 @@ impl ApiError {
             | ServeError::Abandoned
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ServeError::Session(s) => match s.as_ref() {
+                e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
                 StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
                 StoreError::NotFound(_) => StatusCode::NOT_FOUND,
                 StoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
