@@ -1302,7 +1302,12 @@ async fn only_the_owner_or_root_may_cancel_a_request() {
     let other = std::process::Command::new("runuser")
         .args(["-u", "k3e2e-member2", "--"])
         .arg(std::env::current_exe().expect("this test binary"))
-        .args(["--ignored", "--exact", "helper_cancel_as_this_account", "--nocapture"])
+        .args([
+            "--ignored",
+            "--exact",
+            "helper_cancel_as_this_account",
+            "--nocapture",
+        ])
         .env("K3_TEST_CANCEL_SOCKET", &d.socket)
         .env("K3_TEST_CANCEL_ID", id.to_string())
         .output()

@@ -563,11 +563,21 @@ impl Tmpfs {
     fn mount(at: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(at).expect("mount point");
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(at)
             .output()
             .expect("mount");
-        assert!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Tmpfs(at.to_path_buf())
     }
 }
