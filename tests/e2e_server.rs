@@ -1250,6 +1250,25 @@ async fn refusals_are_counted_as_rejected_not_failed() {
     assert_eq!(after.requests_completed, before.requests_completed + 1);
 }
 
+/// `k3 run` of a 4,000-token generation (as `user`, with runuser), its stderr piped.
+fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Child {
+    let mut cmd = match user {
+        Some(user) => {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", user, "--"]).arg(bin("k3"));
+            c
+        }
+        None => std::process::Command::new(bin("k3")),
+    };
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("k3 run")
+}
+
 /// Run by [`only_the_owner_or_root_may_cancel_a_request`] as a second account: cancels the
 /// request `K3_TEST_CANCEL_ID` on the socket `K3_TEST_CANCEL_SOCKET` and prints the outcome.
 #[tokio::test]
@@ -1277,16 +1296,7 @@ async fn only_the_owner_or_root_may_cancel_a_request() {
     ensure_user("k3e2e-member2", Some("k3e2e"));
     let (d, mut c) = ready_daemon("cancel_owner", &["--socket-group", "k3e2e"]).await;
     let owner = uid_of("k3e2e-member");
-    let run = std::process::Command::new("runuser")
-        .args(["-u", "k3e2e-member", "--"])
-        .arg(bin("k3"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("runuser k3 run");
+    let run = long_k3_run(&d.socket, Some("k3e2e-member"));
     let said = format!(": Generate from uid {owner} ");
     d.wait_for_log(&said, Duration::from_secs(20));
     let log = d.log_text();
@@ -1344,14 +1354,7 @@ async fn only_the_owner_or_root_may_cancel_a_request() {
 #[tokio::test]
 async fn k3_says_when_the_shutdown_cancelled_its_request() {
     let (mut d, _c) = ready_daemon("k3-shutdown-says", &["--shutdown-grace", "0.2"]).await;
-    let run = std::process::Command::new(bin("k3"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("k3 run");
+    let run = long_k3_run(&d.socket, None);
     d.wait_for_log("started", Duration::from_secs(20));
     d.signal(libc::SIGTERM);
     let out = run.wait_with_output().expect("k3 run");

@@ -46,6 +46,17 @@ async fn list(c: &mut EngineClient<Channel>) -> Vec<pb::SessionInfo> {
         .sessions
 }
 
+/// Sessions in `sessions` with an in-memory allowance, so listings see a session in memory
+/// (by default the allowance is the plan's headroom, which may be nothing).
+fn session_args(sessions: &Path) -> [&str; 4] {
+    [
+        "--session-dir",
+        sessions.to_str().expect("utf-8 path"),
+        "--session-gb",
+        "0.01",
+    ]
+}
+
 fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = match user {
         Some(u) => {
@@ -67,14 +78,7 @@ async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     let tmp = scratch("sess-restart");
     let dir = tmp.path();
     let sessions = dir.join("sessions");
-    // An in-memory allowance, so the listing below sees the session in memory (by default
-    // it is the plan's headroom, which may be nothing).
-    let args = [
-        "--session-dir",
-        sessions.to_str().expect("utf-8 path"),
-        "--session-gb",
-        "0.01",
-    ];
+    let args = session_args(&sessions);
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
@@ -596,13 +600,11 @@ async fn saving_to_a_full_disk_is_reported_as_a_storage_failure() {
     let dir = tmp.path();
     let sessions = dir.join("sessions");
     let _disk = Tmpfs::mount(&sessions, "64k");
-    let args = [
-        "--session-dir",
-        sessions.to_str().expect("utf-8 path"),
-        "--session-gb",
-        "0.01",
-    ];
-    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let d = Daemon::start(
+        tiny_model(),
+        &dir.join("k3d.sock"),
+        &session_args(&sessions),
+    );
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
     turn(&mut c, &[11, 22, 33], "full").await;
