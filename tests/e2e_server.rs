@@ -1363,3 +1363,55 @@ async fn k3_says_when_the_shutdown_cancelled_its_request() {
     assert!(err.contains("k3d is shutting down"), "says why: {err}");
     assert_eq!(d.wait(Duration::from_secs(10)).code(), Some(0));
 }
+
+/// CPU ticks (utime + stime, in clock ticks: 1/100 s) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = stat.rsplit_once(')').expect("stat format").1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let at = |i: usize| fields[i].parse::<u64>().expect("a tick count");
+    at(11) + at(12)
+}
+
+/// With its descriptor table full, the daemon pauses its accept loop instead of spinning on
+/// EMFILE (~60% of a core before), says so, and accepts again once descriptors free up.
+#[tokio::test]
+async fn a_full_descriptor_table_pauses_the_accept_loop() {
+    let (d, mut c) = ready_daemon("emfile", &[]).await;
+    let pid = d.child.id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .count();
+    let limit = (open + 4).to_string();
+    run_ok(std::process::Command::new("prlimit").args([
+        "--pid",
+        &pid.to_string(),
+        // The soft limit only: lowering the hard one could not be undone.
+        &format!("--nofile={limit}:"),
+    ]));
+    // More connections than descriptors left: the rest wait in the backlog.
+    let held: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).expect("connect"))
+        .collect();
+    d.wait_for_log("cannot accept connections", Duration::from_secs(10));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    eprintln!("CPU with the descriptor table full: {used} ticks in 2 s");
+    assert!(
+        used < 40,
+        "{used} ticks of CPU in 2 s with the table full: the accept loop spins"
+    );
+    drop(held);
+    run_ok(std::process::Command::new("prlimit").args([
+        "--pid",
+        &pid.to_string(),
+        "--nofile=512:",
+    ]));
+    // A new client is served once descriptors are free.
+    let mut fresh = client(&d.socket).await;
+    assert_eq!(status(&mut fresh).await.state, "ready");
+    assert_eq!(status(&mut c).await.state, "ready");
+    d.wait_for_log("accepting connections again", Duration::from_secs(10));
+}
