@@ -7,6 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // and cannot drift from it.
     tonic_prost_build::configure()
         .type_attribute(".k3.v1", "#[derive(serde::Serialize)]")
+        // prost's codec, but a request that does not decode is INVALID_ARGUMENT (src/codec.rs).
+        .codec_path("crate::codec::Codec")
         .compile_fds(descriptors)?;
     Ok(())
 }

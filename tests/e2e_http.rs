@@ -131,7 +131,8 @@ async fn chat_reference(
 async fn tools_reference(
     c: &mut k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
 ) -> serde_json::Value {
-    let parameters = r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
+    let parameters =
+        r#"{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}"#;
     let message = |role: pb::Role, content: &str| pb::ChatMessage {
         role: role.into(),
         content: content.into(),
@@ -428,5 +429,55 @@ async fn the_neovim_plugin_streams_a_reply_into_a_split_and_cancels() {
             "the cancelled reply still computes"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Every 400/404 quotes the caller's input cut short: a 100 KB role, model name or mistyped
+/// field comes back as an excerpt with its length, not echoed whole.
+#[test]
+fn errors_quote_huge_inputs_cut_short_with_their_length() {
+    let tmp = scratch("http-echo");
+    let dir = tmp.path();
+    let http_socket = dir.join("http.sock");
+    let endpoint = format!("unix:{}", http_socket.display());
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &["--http", &endpoint]);
+    d.wait_for_log("HTTP API on", Duration::from_secs(30));
+    let (_, _, models) = http(&http_socket, "GET", "/v1/models", "");
+    let models: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    let model = models["data"][0]["id"]
+        .as_str()
+        .expect("the served model")
+        .to_string();
+    let huge = "x".repeat(100_000);
+    let bodies = [
+        (
+            400,
+            format!(
+                r#"{{"model": "{model}", "messages": [{{"role": "{huge}", "content": "hi"}}]}}"#
+            ),
+        ),
+        (
+            404,
+            format!(r#"{{"model": "{huge}", "messages": [{{"role": "user", "content": "hi"}}]}}"#),
+        ),
+        (
+            400,
+            format!(
+                r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": "{huge}"}}"#
+            ),
+        ),
+    ];
+    for (want, body) in bodies {
+        let (status, _, reply) = http(&http_socket, "POST", "/v1/chat/completions", &body);
+        assert_eq!(status, want, "{}", &reply[..reply.len().min(300)]);
+        let error: serde_json::Value = serde_json::from_str(&reply).expect("JSON");
+        let message = error["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.len() < 1100,
+            "{} bytes: {}",
+            message.len(),
+            &message[..200]
+        );
+        assert!(message.contains("bytes)"), "{message}");
     }
 }

@@ -1067,3 +1067,351 @@ async fn chat_renders_tools_and_names_bad_fields() {
     };
     assert!(refused(no_schema).await.contains("json_schema"));
 }
+
+/// A gRPC codec that sends its bytes as they are: a message body no protobuf decoder accepts.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(buf);
+        Ok(Some(bytes::Buf::copy_to_bytes(buf, n).to_vec()))
+    }
+}
+
+/// A body that is not protobuf is the caller's fault (`INVALID_ARGUMENT`), not a model failure
+/// (`INTERNAL`, which `k3` reports as "the model failed"), on unary and streaming calls alike.
+#[tokio::test]
+async fn a_request_that_is_not_protobuf_is_invalid_argument() {
+    let (d, mut c) = ready_daemon("not_protobuf", &[]).await;
+    let mut grpc = tonic::client::Grpc::new(channel(&d.socket).await);
+    // Field 1, length-delimited, then a length varint that never ends.
+    let garbage = vec![0x0a, 0xff, 0xff, 0xff];
+    for method in [
+        "/k3.v1.Engine/Tokenize",
+        "/k3.v1.Engine/Generate",
+        "/k3.v1.Engine/Cancel",
+    ] {
+        grpc.ready().await.expect("channel ready");
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+        let err = if method.ends_with("Generate") {
+            grpc.server_streaming(tonic::Request::new(garbage.clone()), path, RawCodec)
+                .await
+                .map(|_| ())
+                .expect_err("garbage generate")
+        } else {
+            grpc.unary(tonic::Request::new(garbage.clone()), path, RawCodec)
+                .await
+                .map(|_| ())
+                .expect_err("garbage unary call")
+        };
+        assert_eq!(
+            err.code(),
+            tonic::Code::InvalidArgument,
+            "{method}: {err:?}"
+        );
+        assert!(
+            err.message().contains("not a valid"),
+            "{method}: {}",
+            err.message()
+        );
+    }
+    assert_eq!(status(&mut c).await.state, "ready", "the daemon stays up");
+}
+
+/// Errors quote what they refuse, but a bounded excerpt of it: a 100 KB session name is
+/// refused as an invalid argument (before, quoting it whole overflowed the reply's header and
+/// the client saw a transport error instead of the refusal).
+#[tokio::test]
+async fn an_error_quotes_a_huge_input_cut_short_with_its_length() {
+    let (_d, mut c) = ready_daemon("huge_echo", &[]).await;
+    let name = "n".repeat(100_000);
+    let mut req = ids_request(prompt(0), 2);
+    req.session = name.clone();
+    let err = c.generate(req).await.expect_err("invalid session name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let msg = err.message();
+    assert!(msg.contains("invalid session name"), "{msg}");
+    assert!(msg.contains("… (100000 bytes)"), "{msg}");
+    assert!(msg.len() < 512, "{} bytes: {msg}", msg.len());
+
+    let err = c
+        .delete_session(pb::DeleteSessionRequest { name: name.clone() })
+        .await
+        .expect_err("invalid session name");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().len() < 512, "{}", err.message().len());
+
+    // A conversation quoting a 100 KB tool-call id it does not know.
+    let chat = pb::ChatRequest {
+        messages: vec![
+            pb::ChatMessage {
+                role: pb::Role::User.into(),
+                content: "hi".into(),
+                ..Default::default()
+            },
+            pb::ChatMessage {
+                role: pb::Role::Assistant.into(),
+                tool_calls: vec![pb::ToolCall {
+                    id: "call_0".into(),
+                    name: "f".into(),
+                    arguments: "{}".into(),
+                }],
+                ..Default::default()
+            },
+            pb::ChatMessage {
+                role: pb::Role::Tool.into(),
+                content: "result".into(),
+                tool_call_id: name,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let err = c.chat(chat).await.expect_err("unknown tool call id");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("… (100000 bytes)"),
+        "{}",
+        err.message()
+    );
+    assert!(err.message().len() < 512, "{}", err.message().len());
+}
+
+/// Refused requests (nothing computed) are counted as rejected, never as failed: `failed` is
+/// the model's (or the storage's) failures only, which an operator alerts on.
+#[tokio::test]
+async fn refusals_are_counted_as_rejected_not_failed() {
+    let (_d, mut c) =
+        ready_daemon("refusal_counts", &["--max-active", "1", "--max-queue", "0"]).await;
+    let before = status(&mut c).await;
+    let mut bad_session = ids_request(prompt(0), 2);
+    bad_session.session = "..".into();
+    let refused = [
+        ids_request(vec![], 2),
+        ids_request(prompt(0), 1_000_000),
+        ids_request(vec![u32::MAX - 1], 2),
+        bad_session,
+    ];
+    let n = refused.len() as u64;
+    for req in refused {
+        let err = c.generate(req).await.expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+    let err = c
+        .chat(pb::ChatRequest::default())
+        .await
+        .expect_err("no messages");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    let ok = generate(&mut c, ids_request(prompt(1), 2)).await;
+    assert!(ok.error.is_none(), "{:?}", ok.error);
+    // The one compute slot taken and no queue: the next request is refused as busy.
+    let running = computing(&mut c, prompt(2)).await;
+    let err = c
+        .generate(ids_request(prompt(3), 2))
+        .await
+        .expect_err("queue full");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    drop(running);
+    let after = status(&mut c).await;
+    assert_eq!(after.requests_failed, before.requests_failed, "{after:?}");
+    assert_eq!(after.requests_rejected, before.requests_rejected + n + 2);
+    assert_eq!(after.requests_completed, before.requests_completed + 1);
+}
+
+/// `k3 run` of a 4,000-token generation (as `user`, with runuser), its stderr piped.
+fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Child {
+    let mut cmd = match user {
+        Some(user) => {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", user, "--"]).arg(bin("k3"));
+            c
+        }
+        None => std::process::Command::new(bin("k3")),
+    };
+    cmd.arg("--socket")
+        .arg(socket)
+        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("k3 run")
+}
+
+/// Run by [`only_the_owner_or_root_may_cancel_a_request`] as a second account: cancels the
+/// request `K3_TEST_CANCEL_ID` on the socket `K3_TEST_CANCEL_SOCKET` and prints the outcome.
+#[tokio::test]
+#[ignore = "a helper: run as another account by only_the_owner_or_root_may_cancel_a_request"]
+async fn helper_cancel_as_this_account() {
+    let socket = std::env::var("K3_TEST_CANCEL_SOCKET").expect("K3_TEST_CANCEL_SOCKET");
+    let id: u64 = std::env::var("K3_TEST_CANCEL_ID")
+        .expect("K3_TEST_CANCEL_ID")
+        .parse()
+        .expect("a request id");
+    let mut c = client(std::path::Path::new(&socket)).await;
+    match c.cancel(pb::CancelRequest { request_id: id }).await {
+        Ok(_) => println!("cancel-outcome: Ok"),
+        Err(s) => println!("cancel-outcome: {:?}: {}", s.code(), s.message()),
+    }
+}
+
+/// Ids are sequential, so a Cancel of any id must be its owner's (or root's): another member
+/// of the socket's group is refused and the request runs on; root's Cancel stops it, and the
+/// owner's `k3` says why it stopped (it used to exit 130 in silence).
+#[tokio::test]
+async fn only_the_owner_or_root_may_cancel_a_request() {
+    ensure_group("k3e2e");
+    ensure_user("k3e2e-member", Some("k3e2e"));
+    ensure_user("k3e2e-member2", Some("k3e2e"));
+    let (d, mut c) = ready_daemon("cancel_owner", &["--socket-group", "k3e2e"]).await;
+    let owner = uid_of("k3e2e-member");
+    let run = long_k3_run(&d.socket, Some("k3e2e-member"));
+    let said = format!(": Generate from uid {owner} ");
+    d.wait_for_log(&said, Duration::from_secs(20));
+    let log = d.log_text();
+    let id: u64 = log
+        .lines()
+        .find(|l| l.contains(&said))
+        .and_then(|l| l.split("request ").nth(1))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the request's id in the log:\n{log}"));
+    d.wait_for_log(&format!("request {id} started"), Duration::from_secs(20));
+
+    let other = std::process::Command::new("runuser")
+        .args(["-u", "k3e2e-member2", "--"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "helper_cancel_as_this_account",
+            "--nocapture",
+        ])
+        .env("K3_TEST_CANCEL_SOCKET", &d.socket)
+        .env("K3_TEST_CANCEL_ID", id.to_string())
+        .output()
+        .expect("runuser helper");
+    let out = text(&other.stdout);
+    assert!(
+        out.contains("cancel-outcome: PermissionDenied") && out.contains("only its owner or root"),
+        "another user's cancel: {out}\n{}",
+        text(&other.stderr)
+    );
+    let s = status(&mut c).await;
+    assert_eq!(s.active_requests, 1, "the request runs on: {s:?}");
+    assert!(
+        !d.log_text().contains(&format!("request {id} cancelled")),
+        "{}",
+        d.log_text()
+    );
+
+    // Root may: the owner's k3 stops with 130 and says why.
+    c.cancel(pb::CancelRequest { request_id: id })
+        .await
+        .expect("root's cancel");
+    let out = run.wait_with_output().expect("k3 run");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("k3d cancelled the request") && err.contains("Cancel call"),
+        "says why: {err}"
+    );
+}
+
+/// A `k3 run` cancelled by the daemon's shutdown says so (it used to exit 130 in silence,
+/// like a Ctrl-C of its own).
+#[tokio::test]
+async fn k3_says_when_the_shutdown_cancelled_its_request() {
+    let (mut d, _c) = ready_daemon("k3-shutdown-says", &["--shutdown-grace", "0.2"]).await;
+    let run = long_k3_run(&d.socket, None);
+    d.wait_for_log("started", Duration::from_secs(20));
+    d.signal(libc::SIGTERM);
+    let out = run.wait_with_output().expect("k3 run");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("k3d is shutting down"), "says why: {err}");
+    assert_eq!(d.wait(Duration::from_secs(10)).code(), Some(0));
+}
+
+/// CPU ticks (utime + stime, in clock ticks: 1/100 s) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = stat.rsplit_once(')').expect("stat format").1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let at = |i: usize| fields[i].parse::<u64>().expect("a tick count");
+    at(11) + at(12)
+}
+
+/// With its descriptor table full, the daemon pauses its accept loop instead of spinning on
+/// EMFILE (~60% of a core before), says so, and accepts again once descriptors free up.
+#[tokio::test]
+async fn a_full_descriptor_table_pauses_the_accept_loop() {
+    let (d, mut c) = ready_daemon("emfile", &[]).await;
+    let pid = d.child.id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .count();
+    let limit = (open + 4).to_string();
+    run_ok(std::process::Command::new("prlimit").args([
+        "--pid",
+        &pid.to_string(),
+        // The soft limit only: lowering the hard one could not be undone.
+        &format!("--nofile={limit}:"),
+    ]));
+    // More connections than descriptors left: the rest wait in the backlog.
+    let held: Vec<_> = (0..32)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.socket).expect("connect"))
+        .collect();
+    d.wait_for_log("cannot accept connections", Duration::from_secs(10));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    eprintln!("CPU with the descriptor table full: {used} ticks in 2 s");
+    assert!(
+        used < 40,
+        "{used} ticks of CPU in 2 s with the table full: the accept loop spins"
+    );
+    drop(held);
+    run_ok(std::process::Command::new("prlimit").args([
+        "--pid",
+        &pid.to_string(),
+        "--nofile=512:",
+    ]));
+    // A new client is served once descriptors are free.
+    let mut fresh = client(&d.socket).await;
+    assert_eq!(status(&mut fresh).await.state, "ready");
+    assert_eq!(status(&mut c).await.state, "ready");
+    d.wait_for_log("accepting connections again", Duration::from_secs(10));
+}

@@ -46,6 +46,17 @@ async fn list(c: &mut EngineClient<Channel>) -> Vec<pb::SessionInfo> {
         .sessions
 }
 
+/// Sessions in `sessions` with an in-memory allowance, so listings see a session in memory
+/// (by default the allowance is the plan's headroom, which may be nothing).
+fn session_args(sessions: &Path) -> [&str; 4] {
+    [
+        "--session-dir",
+        sessions.to_str().expect("utf-8 path"),
+        "--session-gb",
+        "0.01",
+    ]
+}
+
 fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = match user {
         Some(u) => {
@@ -67,14 +78,7 @@ async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     let tmp = scratch("sess-restart");
     let dir = tmp.path();
     let sessions = dir.join("sessions");
-    // An in-memory allowance, so the listing below sees the session in memory (by default
-    // it is the plan's headroom, which may be nothing).
-    let args = [
-        "--session-dir",
-        sessions.to_str().expect("utf-8 path"),
-        "--session-gb",
-        "0.01",
-    ];
+    let args = session_args(&sessions);
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
@@ -554,4 +558,71 @@ async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() 
     assert!(d2.log_text().contains("chmod go-w"), "{}", d2.log_text());
     let out = k3(&d2.socket, None, &["sessions", "list"]);
     assert!(!out.status.success(), "{}", text(&out.stdout));
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped (also when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).expect("mount point");
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// `k3 sessions save` on a full disk says the daemon's storage failed (exit 10), not "the
+/// model failed" (exit 7, as it did), and the daemon keeps serving.
+#[tokio::test]
+async fn saving_to_a_full_disk_is_reported_as_a_storage_failure() {
+    let tmp = scratch("sess-full");
+    let dir = tmp.path();
+    let sessions = dir.join("sessions");
+    let _disk = Tmpfs::mount(&sessions, "64k");
+    let d = Daemon::start(
+        tiny_model(),
+        &dir.join("k3d.sock"),
+        &session_args(&sessions),
+    );
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    turn(&mut c, &[11, 22, 33], "full").await;
+    // Fill the disk to the last byte.
+    {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(sessions.join("filler")).expect("filler");
+        let block = [0u8; 4096];
+        while filler.write_all(&block).is_ok() {}
+        let _ = filler.write_all(&[0u8; 1]);
+    }
+    let out = k3(&d.socket, None, &["sessions", "save", "full"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(10), "{err}");
+    assert!(err.contains("could not store the session"), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!err.contains("model failed"), "{err}");
+    // Still serving.
+    let (ids, _) = turn(&mut c, &[5, 6, 7], "other").await;
+    assert!(!ids.is_empty());
 }

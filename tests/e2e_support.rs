@@ -196,16 +196,20 @@ impl Drop for Daemon {
     }
 }
 
-pub async fn client(socket: &Path) -> EngineClient<Channel> {
+/// An HTTP/2 channel to the daemon's socket (for calls the generated client cannot make).
+pub async fn channel(socket: &Path) -> Channel {
     let path = socket.to_path_buf();
-    let channel = Endpoint::from_static("http://k3d.invalid")
+    Endpoint::from_static("http://k3d.invalid")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
         }))
         .await
-        .expect("connect to k3d");
-    EngineClient::new(channel)
+        .expect("connect to k3d")
+}
+
+pub async fn client(socket: &Path) -> EngineClient<Channel> {
+    EngineClient::new(channel(socket).await)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
 }

@@ -35,6 +35,10 @@ pub fn resolve(flag: Option<PathBuf>) -> SocketPath {
     }
 }
 
+/// See [`connect`]: a paused reader must be flow-controlled before h2's frame budget runs out.
+const STREAM_WINDOW: u32 = 64 << 10;
+const CONNECTION_WINDOW: u32 = 5 << 20;
+
 pub async fn connect(socket: &SocketPath) -> Result<EngineClient<Channel>, Failure> {
     let stream = UnixStream::connect(&socket.path)
         .await
@@ -42,6 +46,16 @@ pub async fn connect(socket: &SocketPath) -> Result<EngineClient<Channel>, Failu
     // tonic asks its connector for a connection; the first ask gets the one made above.
     let slot = Arc::new(Mutex::new(Some(stream)));
     let channel = Endpoint::from_static("http://k3d.invalid")
+        // h2 guards its receiver against floods of small DATA frames: each buffered frame
+        // under 256 bytes costs up to 256 of a budget of half the connection window, and the
+        // connection dies (GOAWAY ENHANCE_YOUR_CALM, "too_many_data_frames") when it runs
+        // out. A token is one small frame, so a paused `k3` (Ctrl-Z) with hyper's 2 MiB
+        // stream window could buffer enough of them to be cut off. With a 64 KiB stream
+        // window the daemon stops sending (flow control, its stream waits) after at most
+        // 64 Ki frames' worth of bytes: ≤ 6,554 frames of ≥ 10 bytes, ≤ 1.7 MB of budget,
+        // below the 2.5 MiB that a 5 MiB connection window gives.
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let taken = slot.lock().ok().and_then(|mut s| s.take());
             async move {

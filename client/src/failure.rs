@@ -11,9 +11,18 @@
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
 //! * 8 — a session was refused: not found, owned by another user, in use by another request,
 //!   or its file is damaged or made for another model (the message names the file and field);
-//! * 130 — the generation was cancelled (Ctrl-C, or by another client).
+//! * 10 — the daemon's session storage failed (its disk is full, or unwritable): the session's
+//!   new state was not written; the model is fine;
+//! * 9 — the connection to k3d failed mid-request (a transport error: the daemon died, or
+//!   the HTTP/2 connection was torn down); the output is cut short; nothing was refused;
+//! * 130 — the generation was cancelled: Ctrl-C, or by the daemon (a Cancel call of its owner or
+//!   root, or shutdown), which `k3` then says.
 
 use tonic::{Code as Grpc, Status};
+
+/// How the daemon begins a session storage failure's message (`k3_engine::serve::STORAGE_FAILED`;
+/// the client does not link the engine).
+const STORAGE_FAILED: &str = "k3d could not store the session";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Code {
@@ -27,6 +36,8 @@ pub enum Code {
     Invalid = 6,
     Model = 7,
     Session = 8,
+    Transport = 9,
+    Storage = 10,
     Cancelled = 130,
 }
 
@@ -42,6 +53,11 @@ impl Failure {
             code,
             message: message.into(),
         }
+    }
+
+    /// A failure already reported to the user where it happened: only the exit code is left.
+    pub fn said(code: Code) -> Failure {
+        Failure::new(code, "")
     }
 
     pub fn usage(message: impl Into<String>) -> Failure {
@@ -61,7 +77,27 @@ impl Failure {
 impl From<Status> for Failure {
     fn from(s: Status) -> Failure {
         let msg = s.message();
+        // A status the daemon sent arrives as headers and carries no error source; one made
+        // here from a failed connection (an h2 GOAWAY, a reset, EOF) does. Its code is
+        // tonic's guess from the HTTP/2 reason (ENHANCE_YOUR_CALM reads RESOURCE_EXHAUSTED),
+        // not a refusal by k3d.
+        if let Some(source) = std::error::Error::source(&s) {
+            return Failure::new(
+                Code::Transport,
+                format!(
+                    "the connection to k3d failed mid-request ({source}); any output is cut short"
+                ),
+            );
+        }
         match s.code() {
+            // Before the codes: a full disk comes as RESOURCE_EXHAUSTED, another storage
+            // failure as INTERNAL; neither is a busy daemon nor a failing model.
+            _ if msg.starts_with(STORAGE_FAILED) => Failure::new(
+                Code::Storage,
+                format!(
+                    "{msg}\nThe daemon's session directory needs room (or repair); the model is fine."
+                ),
+            ),
             Grpc::PermissionDenied if msg.starts_with("session") => Failure::new(
                 Code::Session,
                 format!("{msg}: it is another user's; pick another session name"),
@@ -92,9 +128,53 @@ impl From<Status> for Failure {
             Grpc::Internal | Grpc::FailedPrecondition | Grpc::DataLoss => {
                 Failure::new(Code::Model, format!("the model failed: {msg}"))
             }
-            Grpc::Cancelled => Failure::new(Code::Cancelled, format!("cancelled: {msg}")),
+            // Not ours (our own Ctrl-C is reported as it happens): say who and why.
+            Grpc::Cancelled => {
+                Failure::new(Code::Cancelled, format!("k3d cancelled the request: {msg}"))
+            }
             Grpc::NotFound => Failure::new(Code::Invalid, msg.to_string()),
             _ => Failure::new(Code::Other, format!("k3d: {:?}: {msg}", s.code())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_down_connection_is_a_transport_failure_not_a_refusal() {
+        // What h2 reports when its frame budget runs out: tonic reads it RESOURCE_EXHAUSTED.
+        let calm = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection error received: too_many_data_frames",
+        )));
+        let f = Failure::from(calm);
+        assert_eq!(f.code, Code::Transport, "{}", f.message);
+        assert!(f.message.contains("too_many_data_frames"), "{}", f.message);
+        assert!(!f.message.contains("refused"), "{}", f.message);
+    }
+
+    #[test]
+    fn a_full_disk_is_a_storage_failure_not_the_model() {
+        let full = Status::resource_exhausted(
+            "k3d could not store the session: session file /s/a.k3s: No space left on device (os error 28)",
+        );
+        let f = Failure::from(full);
+        assert_eq!(f.code, Code::Storage, "{}", f.message);
+        assert!(!f.message.contains("model failed"), "{}", f.message);
+        let other = Status::internal("k3d could not store the session: session directory /s: EIO");
+        assert_eq!(Failure::from(other).code, Code::Storage);
+    }
+
+    #[test]
+    fn statuses_the_daemon_sent_keep_their_meaning() {
+        let f = Failure::from(Status::resource_exhausted(
+            "k3d is busy: 4 requests running",
+        ));
+        assert_eq!(f.code, Code::Busy);
+        let f = Failure::from(Status::invalid_argument("the prompt is empty"));
+        assert_eq!(f.code, Code::Invalid);
+        assert!(f.message.contains("refused"), "{}", f.message);
     }
 }

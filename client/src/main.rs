@@ -22,7 +22,8 @@ use std::path::PathBuf;
 Exit codes: 0 ok, 1 other failure, 2 bad usage or input, 3 daemon not running, 4 permission \
 denied on the socket, 5 daemon busy or unavailable (retry later), 6 request refused as invalid, \
 7 model error, 8 session refused (not found, another user's, in use, or its file is damaged), \
-130 cancelled.\n\n\
+9 the connection to k3d failed mid-request (output cut short; not a refusal), 10 the daemon's \
+session storage failed (disk full), 130 cancelled.\n\n\
 Examples (with the trained 2 MB model of the repository, which continues Python code):\n  \
 k3d serve --model tests/fixtures/trained/model --socket /tmp/k3d.sock --speculate 4 &\n  \
 k3 --socket /tmp/k3d.sock run $'def fibonacci(n):\\n' --max-tokens 40\n  \
@@ -87,7 +88,9 @@ fn main() {
         }),
     };
     if let Err(f) = result {
-        if !matches!(f.code, Code::Cancelled | Code::OutputClosed) {
+        // A cancel of our own (Ctrl-C) was already reported where it happened; any other
+        // failure says why here, a cancel by the daemon (shutdown, a Cancel call) included.
+        if f.code != Code::OutputClosed && !f.message.is_empty() {
             eprintln!("k3: {}", f.message);
         }
         std::process::exit(f.code as i32);

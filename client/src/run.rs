@@ -101,7 +101,8 @@ pub async fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
     };
     let outcome = stream::show(&mut client, events, &show, &mut interrupts).await?;
     if outcome.cancelled {
-        return Err(Failure::new(Code::Cancelled, "cancelled"));
+        // `show` printed "[cancelled]" already.
+        return Err(Failure::said(Code::Cancelled));
     }
     Ok(())
 }

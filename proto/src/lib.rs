@@ -4,4 +4,5 @@ pub mod v1 {
     tonic::include_proto!("k3.v1");
 }
 
+pub mod codec;
 pub mod socket;

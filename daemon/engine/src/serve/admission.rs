@@ -92,8 +92,12 @@ pub struct Counters {
     pub admitted: u64,
     pub completed: u64,
     pub cancelled: u64,
+    /// Ended by a failure of the model or of the session storage while it ran: the daemon's
+    /// fault, never the request's.
     pub failed: u64,
-    /// Refused because the queue was full.
+    /// Refused, nothing computed: the queue was full, the request broke a rule, its session
+    /// was refused, or k3d was not serving ([`ServeError::is_refusal`]); also one refused when
+    /// it started (after admission).
     pub rejected: u64,
 }
 
@@ -103,6 +107,41 @@ pub(crate) enum Outcome {
     Completed,
     Cancelled,
     Failed,
+    /// Refused when it started (a rule only the engine checks, a session refused).
+    Refused,
+}
+
+impl Outcome {
+    /// How a job that ended with `error` is counted.
+    pub fn of(error: &ServeError) -> Outcome {
+        if error.is_refusal() {
+            Outcome::Refused
+        } else {
+            Outcome::Failed
+        }
+    }
+}
+
+/// Who asks [`Admission::cancel`] to cancel a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Canceller {
+    /// The job's own [`super::JobHandle`]: its transport, acting for the owner.
+    Handle,
+    /// A caller naming the job by id, known by uid (`None`: unknown).
+    Uid(Option<u32>),
+}
+
+impl Canceller {
+    /// The owner and root may cancel a job; a caller of unknown uid may cancel nobody's, not
+    /// even another unknown caller's (nothing says they are the same).
+    fn may_cancel(self, owner: Option<u32>) -> bool {
+        match self {
+            Canceller::Handle => true,
+            Canceller::Uid(Some(0)) => true,
+            Canceller::Uid(Some(uid)) => owner == Some(uid),
+            Canceller::Uid(None) => false,
+        }
+    }
 }
 
 /// One uid's jobs now (the fairness work reads it).
@@ -259,7 +298,7 @@ impl Admission {
         let gone = st.purge_abandoned();
         let position = self.position(&st, st.queue.len());
         if position as usize > self.capacity.max_queue {
-            st.counters.rejected += 1;
+            // Counted as a refusal by `Core::submit`, like every other refusal.
             let state = QueueState {
                 running: st.running.len(),
                 queued: st.queue.len(),
@@ -354,14 +393,30 @@ impl Admission {
             Outcome::Completed => st.counters.completed += 1,
             Outcome::Cancelled => st.counters.cancelled += 1,
             Outcome::Failed => st.counters.failed += 1,
+            Outcome::Refused => st.counters.rejected += 1,
         }
+    }
+
+    /// A submission was refused before it was queued.
+    pub fn refused(&self) {
+        self.lock().counters.rejected += 1;
     }
 
     /// A queued job leaves here and now (its lease released, its stream ended with
     /// [`ServeError::CancelledQueued`]); a running one is flagged and stops at the engine's
-    /// next layer boundary.
-    pub fn cancel(&self, id: u64) -> Result<(), ServeError> {
+    /// next layer boundary. `by` is who asks: the job's own handle, or a caller by uid, who
+    /// must be its owner or root ([`ServeError::NotYours`] otherwise).
+    pub fn cancel(&self, id: u64, by: Canceller) -> Result<(), ServeError> {
         let mut st = self.lock();
+        let owner = match st.queue.iter().find(|j| j.id == id) {
+            Some(job) => Some(job.uid),
+            None => st.running.get(&id).map(|r| r.uid),
+        };
+        if let Some(owner) = owner
+            && !by.may_cancel(owner)
+        {
+            return Err(ServeError::NotYours(id));
+        }
         if let Some(index) = st.queue.iter().position(|j| j.id == id) {
             let job = st.unqueue(index);
             drop(st);

@@ -35,7 +35,7 @@ pub enum ServeError {
     #[error("the model failed to load, so k3d cannot generate: {0}")]
     ModelFailed(Arc<EngineError>),
     /// [`super::Core::cancel`] reached the job while it ran (`CANCELLED`).
-    #[error("request {0} cancelled")]
+    #[error("request {0} was cancelled by a Cancel call (its owner's or root's)")]
     Cancelled(u64),
     /// [`super::Core::cancel`] reached the job while it waited in the queue (`CANCELLED`).
     #[error("request {0} cancelled before it started")]
@@ -46,8 +46,9 @@ pub enum ServeError {
     /// The shutdown grace ran out before the job finished (`CANCELLED`).
     #[error("k3d is shutting down: the request was cancelled after the grace period")]
     Shutdown,
-    /// A session refusal: not found, another user's, in use, its file damaged.
-    #[error("{0}")]
+    /// A session refusal (not found, another user's, in use, its file damaged), or a failure
+    /// of the session storage ([`StoreError::is_storage_failure`]), which says so first.
+    #[error("{}", session_text(.0))]
     Session(Arc<StoreError>),
     /// Sessions are not open yet: the model is still loading (`UNAVAILABLE`).
     #[error("the daemon is loading its model; sessions are available once it is ready")]
@@ -61,7 +62,24 @@ pub enum ServeError {
     /// [`super::Core::cancel`] of an id neither queued nor running (`NOT_FOUND`).
     #[error("no queued or running request {0} (it may have finished)")]
     UnknownRequest(u64),
+    /// [`super::Core::cancel`] of another user's job (`PERMISSION_DENIED`, HTTP 403): ids are
+    /// sequential, so anyone could otherwise cancel everyone's work by counting.
+    #[error("request {0} is another user's: only its owner or root may cancel it")]
+    NotYours(u64),
 }
+
+/// What a session error says: a storage failure is named as one, so that no transport or
+/// client mistakes a full disk for a refusal or for the model failing.
+fn session_text(e: &StoreError) -> String {
+    if e.is_storage_failure() {
+        format!("{STORAGE_FAILED}: {e}")
+    } else {
+        e.to_string()
+    }
+}
+
+/// How every session storage failure's message begins (clients match on it).
+pub const STORAGE_FAILED: &str = "k3d could not store the session";
 
 impl From<StoreError> for ServeError {
     fn from(e: StoreError) -> Self {
@@ -70,6 +88,29 @@ impl From<StoreError> for ServeError {
 }
 
 impl ServeError {
+    /// The request was turned away without anything computed (a bad request, a full queue,
+    /// a session refused, k3d not serving), as opposed to a job that failed or was cancelled.
+    /// The counters tell the two apart: refusals say nothing about the daemon's health.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            ServeError::Invalid(_)
+            | ServeError::Busy(_)
+            | ServeError::ShuttingDown
+            | ServeError::ModelFailed(_)
+            | ServeError::SessionsLoading
+            | ServeError::SessionsUnavailable(_)
+            | ServeError::UnknownRequest(_)
+            | ServeError::NotYours(_) => true,
+            // A storage failure (reading or writing the session directory) is the daemon's.
+            ServeError::Session(s) => !s.is_storage_failure(),
+            ServeError::Model(_)
+            | ServeError::Cancelled(_)
+            | ServeError::CancelledQueued(_)
+            | ServeError::Abandoned
+            | ServeError::Shutdown => false,
+        }
+    }
+
     /// An engine error met while starting or stepping a job: the request's own fault or the
     /// model's.
     pub(crate) fn from_engine(e: EngineError) -> ServeError {
@@ -77,5 +118,65 @@ impl ServeError {
             EngineError::InvalidRequest(why) => Invalid::Engine(why).into(),
             other => ServeError::Model(Arc::new(other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_told_from_failures() {
+        let refused = [
+            ServeError::Invalid(Invalid::NoMessages),
+            ServeError::Busy(QueueState {
+                running: 1,
+                queued: 1,
+                max_queue: 1,
+            }),
+            ServeError::ShuttingDown,
+            StoreError::NotFound("s".into()).into(),
+            StoreError::InvalidName("..".into()).into(),
+        ];
+        for e in &refused {
+            assert!(e.is_refusal(), "{e}");
+        }
+        let failed = [
+            ServeError::Model(Arc::new(EngineError::InvalidRequest("x".into()))),
+            StoreError::Dir {
+                path: "/sessions".into(),
+                error: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            }
+            .into(),
+            ServeError::Cancelled(3),
+            ServeError::Abandoned,
+        ];
+        for e in &failed {
+            assert!(!e.is_refusal(), "{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod storage_tests {
+    use super::*;
+    use crate::session::FileError;
+
+    #[test]
+    fn a_full_disk_says_it_is_a_storage_failure() {
+        let full: ServeError = StoreError::File(FileError::Io {
+            path: "/sessions/a.k3s".into(),
+            error: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        })
+        .into();
+        let text = full.to_string();
+        assert!(text.starts_with(STORAGE_FAILED), "{text}");
+        assert!(!full.is_refusal(), "a storage failure is the daemon's");
+        match &full {
+            ServeError::Session(s) => assert!(s.is_out_of_space()),
+            other => panic!("{other}"),
+        }
+        let refused: ServeError = StoreError::NotFound("a".into()).into();
+        assert!(!refused.to_string().starts_with(STORAGE_FAILED));
     }
 }

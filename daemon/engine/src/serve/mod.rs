@@ -84,9 +84,9 @@ mod scheduler;
 pub mod sessions;
 pub mod validate;
 
-pub use admission::{Capacity, Counters, UidLoad};
+pub use admission::{Canceller, Capacity, Counters, UidLoad};
 pub use batch::{Batch, Member};
-pub use error::{QueueState, ServeError};
+pub use error::{QueueState, STORAGE_FAILED, ServeError};
 pub use events::Events;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
@@ -207,7 +207,7 @@ impl JobHandle {
     /// Cancels the job (see [`Core::cancel`]); its stream then ends with [`Event::Failed`].
     pub fn cancel(&self) {
         // A job that already ended is no longer known: nothing to cancel.
-        let _ = self.admission.cancel(self.id);
+        let _ = self.admission.cancel(self.id, Canceller::Handle);
     }
 }
 
@@ -384,6 +384,14 @@ impl Core {
     /// Validates `request` and queues it for `uid` (the caller's peer credentials; `None` when
     /// unknown). Refusals are immediate and cost nothing.
     pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
+        let submitted = self.try_submit(uid, request);
+        if submitted.is_err() {
+            self.admission.refused();
+        }
+        submitted
+    }
+
+    fn try_submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
         self.admission.check_open()?;
         let session = request.session.clone();
         // A session's own states take precedence over automatic reuse.
@@ -436,10 +444,11 @@ impl Core {
         })
     }
 
-    /// Cancels job `id`: a queued job ends at once, a running one at its next layer boundary.
+    /// Cancels job `id` for caller `uid`: a queued job ends at once, a running one at its
+    /// next layer boundary. Only the job's owner and root may ([`ServeError::NotYours`]);
     /// [`ServeError::UnknownRequest`] if it is neither queued nor running.
-    pub fn cancel(&self, id: u64) -> Result<(), ServeError> {
-        self.admission.cancel(id)
+    pub fn cancel(&self, id: u64, uid: Option<u32>) -> Result<(), ServeError> {
+        self.admission.cancel(id, Canceller::Uid(uid))
     }
 
     pub fn health(&self) -> Health {

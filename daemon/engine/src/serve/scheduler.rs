@@ -385,7 +385,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 .log
                 .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
-            shared.admission.finish(job.id, Outcome::Failed);
+            shared.admission.finish(job.id, Outcome::of(&error));
             job.events.send(Event::Failed(error));
             None
         }
@@ -494,8 +494,9 @@ fn deliver<'e>(
                 .log
                 .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, Outcome::Failed);
-            a.job.events.send(Event::Failed(ServeError::from_engine(e)));
+            let error = ServeError::from_engine(e);
+            shared.admission.finish(a.job.id, Outcome::of(&error));
+            a.job.events.send(Event::Failed(error));
             None
         }
     }

@@ -28,17 +28,21 @@ use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader};
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
+use crate::serve::validate::Echo;
 
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("invalid session name {0:?}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.')")]
+    #[error("invalid session name {}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.')", Echo(.0))]
     InvalidName(String),
-    #[error("no session named {0:?}")]
+    #[error("no session named {}", Echo(.0))]
     NotFound(String),
     #[error("{}", permission_text(name, *owner))]
     PermissionDenied { name: String, owner: Option<u32> },
-    #[error("session {name:?} is in use by request {request}; retry when it finishes")]
+    #[error(
+        "session {} is in use by request {request}; retry when it finishes",
+        Echo(name)
+    )]
     Busy { name: String, request: u64 },
     #[error(transparent)]
     File(#[from] FileError),
@@ -49,11 +53,32 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Reading or writing the session directory failed (the disk's fault, not the request's
+    /// nor the model's): the session's state may not have been kept.
+    pub fn is_storage_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. }
+        )
+    }
+
+    /// A storage failure because the disk (or the quota) is full.
+    pub fn is_out_of_space(&self) -> bool {
+        let error = match self {
+            StoreError::File(FileError::Io { error, .. }) | StoreError::Dir { error, .. } => error,
+            _ => return false,
+        };
+        matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+    }
+}
+
 fn permission_text(name: &str, owner: Option<u32>) -> String {
     match owner {
-        Some(uid) => format!("session {name:?} belongs to uid {uid}"),
+        Some(uid) => format!("session {} belongs to uid {uid}", Echo(name)),
         None => format!(
-            "session {name:?} has no owner the daemon can vouch for; only root may act on it"
+            "session {} has no owner the daemon can vouch for; only root may act on it",
+            Echo(name)
         ),
     }
 }

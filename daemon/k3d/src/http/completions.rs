@@ -179,9 +179,13 @@ pub async fn complete(
     if common.prefix_reuse {
         request.reuse = caller;
     }
-    let job = app
-        .core
-        .submit(peer.uid(), request)
+    // Submission tokenises and renders the prompt (seconds for a large one): off the async
+    // workers, which every other request shares.
+    let core = Arc::clone(&app.core);
+    let uid = peer.uid();
+    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
     let reader = Reader::new(job, shape == Shape::Chat, &common.stop_strings);
     respond(app, shape, common, reader, arrived).await

@@ -4,9 +4,10 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use k3_engine::serve::ServeError;
+use k3_engine::serve::validate::{Echo, bounded};
 use k3_engine::session::StoreError;
+use serde::Serialize;
 
 /// Seconds a client is told to wait before retrying a 429 or 503.
 const RETRY_AFTER_SECONDS: u32 = 1;
@@ -35,10 +36,12 @@ struct Detail<'a> {
 }
 
 impl ApiError {
+    /// Every error goes through here: its message is bounded (a backstop for texts that
+    /// quote input formatted elsewhere, such as serde's "invalid type: string …").
     fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
-            message: message.into(),
+            message: bounded(message.into()),
             param: None,
             code: None,
         }
@@ -68,7 +71,8 @@ impl ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
             ..ApiError::not_found(format!(
-                "the model {model:?} does not exist here; this daemon serves {served:?} (GET /v1/models)"
+                "the model {} does not exist here; this daemon serves {served:?} (GET /v1/models)",
+                Echo(model)
             ))
         }
     }
@@ -116,6 +120,7 @@ impl ApiError {
             | ServeError::Abandoned
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ServeError::Session(s) => match s.as_ref() {
+                e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
                 StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
                 StoreError::NotFound(_) => StatusCode::NOT_FOUND,
                 StoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
@@ -123,6 +128,7 @@ impl ApiError {
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ServeError::UnknownRequest(_) => StatusCode::NOT_FOUND,
+            ServeError::NotYours(_) => StatusCode::FORBIDDEN,
             ServeError::SessionsUnavailable(_) | ServeError::Model(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

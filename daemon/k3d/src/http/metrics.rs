@@ -276,7 +276,7 @@ impl Collector for CoreFigures {
         Self::counter(
             &mut e,
             "requests_rejected",
-            "Generations refused with a full queue (every transport)",
+            "Generations refused, nothing computed: full queue, invalid request, session refused, not serving (every transport)",
             c.rejected,
         )
     }

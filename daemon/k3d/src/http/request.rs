@@ -7,6 +7,7 @@
 
 use super::error::ApiError;
 use k3_engine::engine::Sampling;
+use k3_engine::serve::validate::Echo;
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -254,7 +255,7 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
             other => {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    format!("tool_choice {other:?}: use auto, none or required"),
+                    format!("tool_choice {}: use auto, none or required", Echo(other)),
                 ));
             }
         },
@@ -298,8 +299,8 @@ fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
         other => Err(ApiError::invalid(
             "response_format.type",
             format!(
-                "response_format type {:?}: use text, json_object or json_schema",
-                other.unwrap_or("(none)")
+                "response_format type {}: use text, json_object or json_schema",
+                Echo(other.unwrap_or("(none)"))
             ),
         )),
     }
@@ -334,7 +335,10 @@ fn thinking(f: &Fields) -> Result<Thinking, ApiError> {
             other => {
                 return Err(ApiError::invalid(
                     "thinking",
-                    format!("thinking.type {other:?}: use \"enabled\" or \"disabled\""),
+                    format!(
+                        "thinking.type {}: use \"enabled\" or \"disabled\"",
+                        Echo(other)
+                    ),
                 ));
             }
         },
@@ -368,7 +372,10 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
         other => {
             return Err(ApiError::invalid(
                 at("role"),
-                format!("role {other:?}: use system, developer, user, assistant or tool"),
+                format!(
+                    "role {}: use system, developer, user, assistant or tool",
+                    Echo(other)
+                ),
             ));
         }
     };
@@ -402,13 +409,13 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
 /// An assistant message's `tool_calls[j]`: `{"id", "type": "function", "function": {"name",
 /// "arguments"}}`, arguments as JSON text (checked by the template when it renders them).
 fn tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
-    let function = c
-        .get("function")
-        .filter(|v| v.is_object())
-        .ok_or_else(|| ApiError::invalid(format!("{at}.function"), "a tool call needs `function`"))?;
+    let function = c.get("function").filter(|v| v.is_object()).ok_or_else(|| {
+        ApiError::invalid(format!("{at}.function"), "a tool call needs `function`")
+    })?;
     let field = |v: Option<&Value>, name: &str| -> Result<String, ApiError> {
-        value::<String>(&format!("{at}.{name}"), v)?
-            .ok_or_else(|| ApiError::invalid(format!("{at}.{name}"), format!("`{name}` is required")))
+        value::<String>(&format!("{at}.{name}"), v)?.ok_or_else(|| {
+            ApiError::invalid(format!("{at}.{name}"), format!("`{name}` is required"))
+        })
     };
     Ok(ToolCall {
         id: field(c.get("id"), "id")?,
@@ -437,8 +444,8 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
                         return Err(ApiError::invalid(
                             at,
                             format!(
-                                "content part type {:?}: k3 reads text parts only",
-                                other.unwrap_or("(none)")
+                                "content part type {}: k3 reads text parts only",
+                                Echo(other.unwrap_or("(none)"))
                             ),
                         ));
                     }

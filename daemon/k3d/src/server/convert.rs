@@ -123,8 +123,11 @@ fn message(index: usize, m: &pb::ChatMessage) -> Result<Message, Status> {
 
 /// JSON text from the wire; `field` names it in the error.
 fn json(field: &str, text: &str) -> Result<serde_json::Value, Status> {
-    serde_json::from_str(text)
-        .map_err(|e| Status::invalid_argument(format!("{field} is not JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| {
+        Status::invalid_argument(k3_engine::serve::validate::bounded(format!(
+            "{field} is not JSON: {e}"
+        )))
+    })
 }
 
 fn tool(index: usize, t: &pb::Tool) -> Result<Tool, Status> {
@@ -168,7 +171,8 @@ fn response_format(req: &pb::ChatRequest) -> Result<ResponseFormat, Status> {
 
 /// The gRPC status of a core refusal or failure.
 pub fn status(e: &ServeError) -> Status {
-    let text = e.to_string();
+    // Bounded: the message travels in a header (`grpc-message`), which a peer may refuse whole.
+    let text = k3_engine::serve::validate::bounded(e.to_string());
     match e {
         ServeError::Invalid(_) => Status::invalid_argument(text),
         ServeError::Busy(_) => Status::resource_exhausted(text),
@@ -183,6 +187,7 @@ pub fn status(e: &ServeError) -> Status {
         ServeError::SessionsUnavailable(_) => Status::failed_precondition(text),
         ServeError::Model(_) => Status::internal(text),
         ServeError::UnknownRequest(_) => Status::not_found(text),
+        ServeError::NotYours(_) => Status::permission_denied(text),
     }
 }
 
@@ -192,6 +197,9 @@ fn session_status(e: &StoreError, text: String) -> Status {
         StoreError::NotFound(_) => Status::not_found(text),
         StoreError::PermissionDenied { .. } => Status::permission_denied(text),
         StoreError::Busy { .. } => Status::aborted(text),
+        // The disk's fault: RESOURCE_EXHAUSTED when it is full (gRPC's code for "the file
+        // system is out of space"), else INTERNAL; the text says "could not store" either way.
+        e if e.is_out_of_space() => Status::resource_exhausted(text),
         StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. } => Status::internal(text),
         StoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"

@@ -13,6 +13,7 @@
 
 #[macro_use]
 pub mod logging;
+mod accept;
 mod convert;
 mod listener;
 mod service;
@@ -30,7 +31,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::wrappers::UnixListenerStream;
 
 /// Largest gRPC message either way. Prompts are at most a few MB of text; anything larger is
 /// refused by tonic with a status naming both sizes.
@@ -194,7 +194,7 @@ async fn serve(
         .socket
         .try_clone()
         .context("duplicating the listening socket")?;
-    let incoming = UnixListenerStream::new(
+    let incoming = accept::Accepting::new(
         tokio::net::UnixListener::from_std(socket).context("registering the socket")?,
     );
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);

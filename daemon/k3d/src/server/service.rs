@@ -60,16 +60,16 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 }
 
 impl Service {
-    /// Submits a job; its stream starts with Accepted.
-    fn admit(
+    /// Submits a job; its stream starts with Accepted. Submission validates, and so tokenises
+    /// and renders the prompt: off the RPC workers.
+    async fn admit(
         &self,
         uid: Option<u32>,
         request: CoreRequest,
     ) -> Result<Response<EventStream>, Status> {
         let job = self
-            .core
-            .submit(uid, request)
-            .map_err(|e| convert::status(&e))?;
+            .off_runtime(move |core| core.submit(uid, request).map_err(|e| convert::status(&e)))
+            .await?;
         let accepted = pb::Event {
             event: Some(pb::event::Event::Accepted(pb::Accepted {
                 request_id: job.id,
@@ -100,6 +100,7 @@ impl pb::engine_server::Engine for Service {
             None => return Err(Status::invalid_argument("no prompt: give text or ids")),
         };
         self.admit(uid, convert::request(prompt, req.options, req.session))
+            .await
     }
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<EventStream>, Status> {
@@ -110,6 +111,7 @@ impl pb::engine_server::Engine for Service {
             uid,
             convert::request(Prompt::Chat(conversation), req.options, req.session),
         )
+        .await
     }
 
     async fn tokenize(
@@ -123,10 +125,12 @@ impl pb::engine_server::Engine for Service {
             Specials::Plain
         };
         let ids = self
-            .core
-            .tokenizer()
-            .encode(&req.text, specials)
-            .map_err(|e| Status::invalid_argument(format!("cannot tokenise: {e}")))?;
+            .off_runtime(move |core| {
+                core.tokenizer()
+                    .encode(&req.text, specials)
+                    .map_err(|e| Status::invalid_argument(format!("cannot tokenise: {e}")))
+            })
+            .await?;
         Ok(Response::new(pb::TokenizeReply { ids }))
     }
 
@@ -136,10 +140,12 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::DetokenizeReply>, Status> {
         let req = req.into_inner();
         let bytes = self
-            .core
-            .tokenizer()
-            .decode(&req.ids)
-            .map_err(|e| Status::invalid_argument(format!("cannot detokenise: {e}")))?;
+            .off_runtime(move |core| {
+                core.tokenizer()
+                    .decode(&req.ids)
+                    .map_err(|e| Status::invalid_argument(format!("cannot detokenise: {e}")))
+            })
+            .await?;
         Ok(Response::new(pb::DetokenizeReply {
             text: String::from_utf8_lossy(&bytes).into_owned(),
         }))
@@ -161,7 +167,7 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<pb::CancelReply>, Status> {
         let uid = peer_uid(&req);
         let id = req.into_inner().request_id;
-        self.core.cancel(id).map_err(|e| convert::status(&e))?;
+        self.core.cancel(id, uid).map_err(|e| convert::status(&e))?;
         log!(
             "request {id}: cancel from uid {}",
             k3_engine::serve::uid_text(uid)
@@ -224,10 +230,72 @@ impl Service {
         &self,
         f: impl FnOnce(&Core) -> Result<T, ServeError> + Send + 'static,
     ) -> Result<Response<T>, Status> {
+        self.off_runtime(move |core| f(core).map_err(|e| convert::status(&e)))
+            .await
+            .map(Response::new)
+    }
+
+    /// Runs `f` on tokio's blocking pool. The runtime has two workers: tokenising a 16 MiB
+    /// text (Tokenize, or a prompt at submission) or touching the disk takes long enough on a
+    /// worker to stall every other call it serves, Status and Cancel included.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Core) -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
         let core = Arc::clone(&self.core);
         match tokio::task::spawn_blocking(move || f(&core)).await {
-            Ok(result) => result.map(Response::new).map_err(|e| convert::status(&e)),
-            Err(e) => Err(Status::internal(format!("session task failed: {e}"))),
+            Ok(result) => result,
+            Err(e) => Err(Status::internal(format!("the request's task failed: {e}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3proto::v1::engine_server::Engine;
+    use std::sync::Mutex;
+
+    /// A service on the tiny synthetic model's tokenizer (the model is never loaded).
+    fn service(dir: &std::path::Path) -> Service {
+        let shape = k3_engine::synth::shape::Shape::named("tiny").expect("the tiny shape");
+        let plan = k3_engine::synth::plan(&shape).expect("plan");
+        let model = dir.join("model");
+        k3_engine::synth::write(&plan, &model, 0, false, &mut |_| {}).expect("synth");
+        let config = k3_engine::serve::Config::new(model, dir.join("sessions"));
+        Service {
+            core: Arc::new(Core::new(config).expect("core")),
+            threads: 1,
+        }
+    }
+
+    /// A huge Tokenize yields its RPC worker while it tokenises: on one worker, a Status that
+    /// arrives behind it is answered first. (Tokenising on the worker, the call ran to its end
+    /// before anything else on that worker was polled.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_huge_tokenize_leaves_the_worker_to_other_calls() {
+        let dir = tempfile::tempdir().expect("scratch");
+        let svc = service(dir.path());
+        let text = "the quick brown fox, 123 jumps! ".repeat((4 << 20) / 32);
+        let order = Mutex::new(Vec::new());
+        let tokenize = async {
+            let reply = svc
+                .tokenize(Request::new(pb::TokenizeRequest {
+                    text,
+                    allow_special: false,
+                }))
+                .await;
+            order.lock().expect("order").push("tokenize");
+            reply
+        };
+        let status = async {
+            let reply = svc.status(Request::new(pb::StatusRequest {})).await;
+            order.lock().expect("order").push("status");
+            reply
+        };
+        let (tokenized, status) = tokio::join!(tokenize, status);
+        assert!(!tokenized.expect("tokenize").into_inner().ids.is_empty());
+        assert!(status.is_ok());
+        assert_eq!(*order.lock().expect("order"), ["status", "tokenize"]);
     }
 }

@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
+use crate::serve::validate::Echo;
 use crate::tokenizer::TokenizerError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,11 +229,11 @@ pub enum ChatError {
     },
     #[error("tool_choice \"required\" needs at least one tool in `tools`")]
     RequiredWithoutTools,
-    #[error("thinking effort {0:?} is not one of low, high, max")]
+    #[error("thinking effort {} is not one of low, high, max", Echo(.0))]
     BadEffort(String),
-    #[error("reasoning_effort {0:?} is not one of none, minimal, low, medium, high, max")]
+    #[error("reasoning_effort {} is not one of none, minimal, low, medium, high, max", Echo(.0))]
     BadOpenAiEffort(String),
-    #[error("thinking {thinking} contradicts reasoning_effort {effort:?}")]
+    #[error("thinking {thinking} contradicts reasoning_effort {}", Echo(effort))]
     ThinkingConflict { thinking: bool, effort: String },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),

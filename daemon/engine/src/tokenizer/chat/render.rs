@@ -6,6 +6,7 @@ use serde_json::json;
 use super::json::{Json, compact_sorted};
 use super::model::{ChatError, Conversation, Effort, Message, ResponseFormat, Role, ToolCall};
 use super::model::{Tool, ToolChoice};
+use crate::serve::validate::Echo;
 use crate::tokenizer::{CLOSE, END_OF_MSG, OPEN, SEP, Specials, Tokenizer};
 
 /// One unit of rendering (spec §8.1): encoded separately, never merged with its neighbours.
@@ -147,7 +148,7 @@ fn tool_list(tools: &[Tool]) -> Result<String, ChatError> {
             return Err(ChatError::Tool {
                 index,
                 field: "name",
-                reason: format!("{:?} is declared twice", tool.name),
+                reason: format!("{} is declared twice", Echo(&tool.name)),
             });
         }
         let mut function = json!({ "name": tool.name });
@@ -207,7 +208,10 @@ fn check_fields(index: usize, m: &Message) -> Result<(), ChatError> {
             return Err(ChatError::message(
                 index,
                 format!("tool_calls[{i}].id"),
-                format!("{:?} is used by an earlier call of this message", call.id),
+                format!(
+                    "{} is used by an earlier call of this message",
+                    Echo(&call.id)
+                ),
             ));
         }
     }
@@ -232,14 +236,17 @@ fn tool_results<'c>(
             ChatError::message(
                 index,
                 "tool_call_id",
-                format!("{id:?} is not a call of the preceding assistant message"),
+                format!(
+                    "{} is not a call of the preceding assistant message",
+                    Echo(id)
+                ),
             )
         })?;
         if run.iter().any(|&(_, p)| p == position) {
             return Err(ChatError::message(
                 index,
                 "tool_call_id",
-                format!("call {id:?} already has a result"),
+                format!("call {} already has a result", Echo(id)),
             ));
         }
         run.push((index, position));
