@@ -5,3 +5,4 @@ pub mod v1 {
 }
 
 pub mod socket;
+pub mod progress;

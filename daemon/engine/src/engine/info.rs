@@ -10,13 +10,15 @@ use crate::checkpoint::Checkpoint;
 use crate::checkpoint::config::MixerKind;
 use crate::store::StoreStats;
 
-/// Load phases reported while [`super::Engine::open`] runs.
+/// Load progress reported while [`super::Engine::open`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadProgress {
     /// Reading and validating config and shard headers.
     Checking,
-    /// Loading the weights the memory plan keeps resident.
-    Weights,
+    /// `done` of `total` bytes of the weights the memory plan keeps resident are read
+    /// ([`crate::store::resident_load_bytes`]). Reported once at 0, then at most once per
+    /// [`super::LOAD_REPORT_BYTES`] read, and at `total`.
+    Weights { done: u64, total: u64 },
     Ready,
 }
 

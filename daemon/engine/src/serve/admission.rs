@@ -17,7 +17,7 @@ use super::events::EventSender;
 use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
-use super::{Event, Health, QueueState, ServeError};
+use super::{Event, Health, LoadFigures, QueueState, ServeError};
 use crate::engine::{EngineError, EngineInfo, EngineStats, GenerateRequest};
 
 /// One admitted job on its way to (or in) the scheduler.
@@ -191,7 +191,7 @@ impl Admission {
     pub fn new(capacity: Capacity) -> Admission {
         Admission {
             state: Mutex::new(State {
-                health: Health::Loading { done: 0, total: 0 },
+                health: Health::Loading(LoadFigures::default()),
                 accepting: true,
                 queue: VecDeque::new(),
                 running: HashMap::new(),
@@ -264,8 +264,8 @@ impl Admission {
         if position > 0 {
             job.announce(position);
         }
-        if let Health::Loading { done, total } = st.health {
-            job.events.offer(Event::Loading { done, total });
+        if let Health::Loading(figures) = st.health {
+            job.events.offer(Event::Loading(figures));
         }
         st.load(job.uid).queued += 1;
         st.counters.admitted += 1;
@@ -408,11 +408,11 @@ impl Admission {
         st.queue.is_empty() && st.running.is_empty()
     }
 
-    pub fn set_loading(&self, done: u64, total: u64) {
+    pub fn set_loading(&self, figures: LoadFigures) {
         let mut st = self.lock();
-        st.health = Health::Loading { done, total };
+        st.health = Health::Loading(figures);
         for job in &st.queue {
-            job.events.offer(Event::Loading { done, total });
+            job.events.offer(Event::Loading(figures));
         }
     }
 
