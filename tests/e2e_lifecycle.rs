@@ -243,6 +243,42 @@ async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
     );
 }
 
+/// One model fingerprint everywhere: what `k3d synth` prints is what `k3d check --json`, the
+/// daemon's Status and `k3 status` report for the checkpoint it wrote.
+#[tokio::test]
+async fn synth_check_and_status_print_one_fingerprint() {
+    let tmp = scratch("life-fingerprint");
+    let dir = tmp.path();
+    let model = dir.join("tiny");
+    let printed = command_support::synth_printed(&bin("k3d"), "tiny", &model, "fingerprint");
+    let content = command_support::synth(&bin("k3d"), "tiny", &model);
+    assert_ne!(printed, content, "the content digest is another value, printed apart");
+    let check = Command::new(bin("k3d"))
+        .args(["check", "--json"])
+        .arg(&model)
+        .output()
+        .expect("k3d check");
+    let check: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check JSON");
+    assert_eq!(check["fingerprint"].as_str(), Some(printed.as_str()));
+    let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
+    let mut c = client(&d.socket).await;
+    let ready = wait_ready(&mut c).await;
+    let reported = ready.model.expect("a ready daemon names its model").fingerprint;
+    assert_eq!(reported, printed, "Status reports synth's fingerprint");
+    let status = Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("status")
+        .output()
+        .expect("k3 status");
+    let text = text(&status.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("fingerprint") && l.ends_with(&printed)),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn sigterm_with_requests_queued_prefilling_and_decoding_keeps_the_session() {
     let (mut d, mut c) = ready_daemon(

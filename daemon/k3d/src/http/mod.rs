@@ -204,13 +204,18 @@ async fn complete(
     completions::complete(app, peer, caller, shape, &bytes, arrived).await
 }
 
+/// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
 fn model_entry(app: &App) -> serde_json::Value {
-    json!({
+    let mut entry = json!({
         "id": app.settings.model_id,
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
-    })
+    });
+    if let Some(info) = app.core.status().info {
+        entry["fingerprint"] = info.fingerprint.into();
+    }
+    entry
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
