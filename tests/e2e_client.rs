@@ -45,7 +45,9 @@ fn run_while_the_model_loads_shows_byte_progress_and_no_queue_position() {
         .collect();
     assert!(
         loads.last().is_some_and(|l| {
-            let mut parts = l.trim_start_matches("k3: loading the model: loaded ").split(" of ");
+            let mut parts = l
+                .trim_start_matches("k3: loading the model: loaded ")
+                .split(" of ");
             let (done, total) = (parts.next(), parts.next().and_then(|t| t.split(',').next()));
             done.is_some() && done == total
         }),

@@ -198,7 +198,9 @@ async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
             break s;
         }
         assert_eq!(s.state, "loading", "{s:?}");
-        let p = s.load_progress.expect("a loading daemon reports its progress");
+        let p = s
+            .load_progress
+            .expect("a loading daemon reports its progress");
         assert_eq!(p.phase, pb::Phase::Load as i32);
         if p.total > 0 {
             seen.push(p);
@@ -214,7 +216,12 @@ async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
     );
     for w in seen.windows(2) {
         assert_eq!(w[1].total, total, "one total throughout");
-        assert!(w[1].done >= w[0].done, "monotone: {:?} then {:?}", w[0], w[1]);
+        assert!(
+            w[1].done >= w[0].done,
+            "monotone: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
     }
     let distinct: std::collections::BTreeSet<u64> = seen.iter().map(|p| p.done).collect();
     assert!(
@@ -252,7 +259,10 @@ async fn synth_check_and_status_print_one_fingerprint() {
     let model = dir.join("tiny");
     let printed = command_support::synth_printed(&bin("k3d"), "tiny", &model, "fingerprint");
     let content = command_support::synth(&bin("k3d"), "tiny", &model);
-    assert_ne!(printed, content, "the content digest is another value, printed apart");
+    assert_ne!(
+        printed, content,
+        "the content digest is another value, printed apart"
+    );
     let check = Command::new(bin("k3d"))
         .args(["check", "--json"])
         .arg(&model)
@@ -263,7 +273,10 @@ async fn synth_check_and_status_print_one_fingerprint() {
     let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
     let mut c = client(&d.socket).await;
     let ready = wait_ready(&mut c).await;
-    let reported = ready.model.expect("a ready daemon names its model").fingerprint;
+    let reported = ready
+        .model
+        .expect("a ready daemon names its model")
+        .fingerprint;
     assert_eq!(reported, printed, "Status reports synth's fingerprint");
     let status = Command::new(bin("k3"))
         .arg("--socket")

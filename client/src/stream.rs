@@ -6,11 +6,11 @@
 
 use crate::failure::{Code, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
+use k3proto::progress::load_text;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
 use pb::event::Event;
 use std::io::{IsTerminal, Write};
-use k3proto::progress::load_text;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_stream::StreamExt;

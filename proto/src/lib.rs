@@ -4,5 +4,5 @@ pub mod v1 {
     tonic::include_proto!("k3.v1");
 }
 
-pub mod socket;
 pub mod progress;
+pub mod socket;

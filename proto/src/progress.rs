@@ -13,7 +13,9 @@ pub fn load_text(p: &Progress) -> String {
     let size = |b: u64| bytesize::ByteSize::b(b).display().iec().to_string();
     let mut text = format!("loaded {} of {}", size(p.done), size(p.total));
     if p.bytes_per_second > 0.0 {
-        let rate = bytesize::ByteSize::b(p.bytes_per_second as u64).display().si();
+        let rate = bytesize::ByteSize::b(p.bytes_per_second as u64)
+            .display()
+            .si();
         text.push_str(&format!(", {rate}/s"));
     }
     if let Some(eta) = p.eta_seconds.filter(|_| p.done < p.total) {

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-
 use super::EngineError;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::config::MixerKind;
@@ -17,7 +16,10 @@ pub enum LoadProgress {
     /// `done` of `total` bytes of the weights the memory plan keeps resident are read
     /// ([`crate::store::resident_load_bytes`]). Reported once at 0, then at most once per
     /// [`super::LOAD_REPORT_BYTES`] read, and at `total`.
-    Weights { done: u64, total: u64 },
+    Weights {
+        done: u64,
+        total: u64,
+    },
     Ready,
 }
 

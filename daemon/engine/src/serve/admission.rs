@@ -503,7 +503,11 @@ mod tests {
             max_batch: 2,
             max_queue: 4,
         });
-        admission.set_loading(LoadFigures::measure(1 << 20, 4 << 20, Duration::from_secs(1)));
+        admission.set_loading(LoadFigures::measure(
+            1 << 20,
+            4 << 20,
+            Duration::from_secs(1),
+        ));
         let jobs: Vec<Events> = (0..3)
             .map(|i| {
                 let (j, rx) = job(i);
@@ -519,6 +523,10 @@ mod tests {
                 "{events:?}"
             );
         }
-        assert_eq!(positions(&held(&jobs[2])), vec![1], "the third waits for a slot");
+        assert_eq!(
+            positions(&held(&jobs[2])),
+            vec![1],
+            "the third waits for a slot"
+        );
     }
 }

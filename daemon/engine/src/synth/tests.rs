@@ -56,7 +56,10 @@ fn same_seed_same_bytes_any_thread_count() {
     let p = plan(&Shape::named("tiny-c").unwrap()).unwrap();
     assert_eq!(content_sha256_dir(&p, a.path()).unwrap(), s1.content_sha256);
     let c = scratch("det-c");
-    assert_ne!(synth("tiny-c", c.path(), 6).content_sha256, s1.content_sha256);
+    assert_ne!(
+        synth("tiny-c", c.path(), 6).content_sha256,
+        s1.content_sha256
+    );
 }
 
 /// Spec §3.2/§3.4: data tiles the file, F32 then BF16 then U8 each by bytewise name, the trunk

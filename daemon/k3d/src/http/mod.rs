@@ -21,8 +21,6 @@ mod request;
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
 use crate::server::convert::load_progress;
-use k3_engine::serve::{Caller, Core, Health};
-use k3proto::progress::load_text;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -31,6 +29,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
+use k3_engine::serve::{Caller, Core, Health};
+use k3proto::progress::load_text;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};

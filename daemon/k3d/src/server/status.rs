@@ -8,9 +8,7 @@ use k3proto::v1 as pb;
 pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
     let (state, load_progress) = match (&s.health, s.accepting) {
         (_, false) => ("shutting down".to_string(), None),
-        (Health::Loading(figures), true) => {
-            ("loading".to_string(), Some(load_progress(figures)))
-        }
+        (Health::Loading(figures), true) => ("loading".to_string(), Some(load_progress(figures))),
         (Health::Ready, true) => ("ready".to_string(), None),
         (Health::Failed(e), true) => (format!("failed: {e}"), None),
     };
