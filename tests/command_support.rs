@@ -22,16 +22,24 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 }
 
 /// `k3d synth --shape SHAPE --seed 0 --force DIR` through the real binary at `k3d`; returns the
-/// checkpoint's fingerprint (the last word synth prints).
+/// checkpoint's content digest (what the reference fixtures record as `fingerprint`).
 pub fn synth(k3d: &Path, shape: &str, dir: &Path) -> String {
+    synth_printed(k3d, shape, dir, "content-sha256")
+}
+
+/// [`synth`], returning the value synth prints after `key` (`content-sha256`, `fingerprint`:
+/// its line is `shape S seed N vocab V bytes B content-sha256 C fingerprint F`).
+pub fn synth_printed(k3d: &Path, shape: &str, dir: &Path, key: &str) -> String {
     let out = run_ok(
         Command::new(k3d)
             .args(["synth", "--shape", shape, "--seed", "0", "--force"])
             .arg(dir),
     );
     let line = String::from_utf8(out.stdout).expect("synth prints UTF-8");
-    line.split_whitespace()
-        .last()
-        .expect("synth prints the fingerprint")
-        .to_string()
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0] == key)
+        .map(|w| w[1].to_string())
+        .unwrap_or_else(|| panic!("synth prints no {key}: {line}"))
 }

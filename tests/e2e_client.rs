@@ -22,6 +22,39 @@ fn k3(socket: &Path, args: &[&str]) -> Output {
         .expect("run k3")
 }
 
+/// `k3 run` on a daemon still loading its model, stderr not a terminal: plain lines with the
+/// load's bytes (the first and the last figure at least), and no queue position, since nothing
+/// else is running.
+#[test]
+fn run_while_the_model_loads_shows_byte_progress_and_no_queue_position() {
+    let tmp = scratch("client-loading");
+    let dir = tmp.path();
+    // The `small` shape takes about a second to load: `k3 run` starts before it is ready.
+    let model = synth_model("small", &dir.join("small"));
+    let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
+    let out = k3(&d.socket, &["run", "--ids", "--max-tokens", "2", "1 2 3"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        d.log_text().contains("] loaded ") && !err.contains("waiting for a compute slot"),
+        "{err}"
+    );
+    let loads: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("k3: loading the model: loaded "))
+        .collect();
+    assert!(
+        loads.last().is_some_and(|l| {
+            let mut parts = l
+                .trim_start_matches("k3: loading the model: loaded ")
+                .split(" of ");
+            let (done, total) = (parts.next(), parts.next().and_then(|t| t.split(',').next()));
+            done.is_some() && done == total
+        }),
+        "the last figure is the whole load: {err}"
+    );
+}
+
 #[tokio::test]
 async fn run_prints_exactly_what_the_daemon_generates() {
     let (d, mut c) = ready_daemon("client-run", &[]).await;

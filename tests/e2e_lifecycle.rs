@@ -166,8 +166,9 @@ fn sigterm_while_the_model_loads_exits_0_at_once() {
     let socket = dir.join("k3d.sock");
     let mut d = Daemon::start(&model, &socket, &["--shutdown-grace", "2"]);
     d.wait_for_log("] loading ", Duration::from_secs(30));
+    // "] loaded NAME in": the end of the load (progress lines read "…: loaded X of Y").
     assert!(
-        !d.log_text().contains("loaded "),
+        !d.log_text().contains("] loaded "),
         "the model loaded before the signal:\n{}",
         d.log_text()
     );
@@ -177,6 +178,118 @@ fn sigterm_while_the_model_loads_exits_0_at_once() {
     assert_eq!(status.code(), Some(0), "{}", d.log_text());
     assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
     assert!(!socket.exists(), "the socket is removed");
+}
+
+/// While the `small` model (327 MiB, all resident) loads, Status reports bytes: increasing, of
+/// one total, with a rate and an ETA once reading; the total is what the load read (Status's
+/// `bytes_read` once ready, before any request), and the log words the same figures.
+#[tokio::test]
+async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
+    let tmp = scratch("life-progress");
+    let dir = tmp.path();
+    let model = synth_model("small", &dir.join("small"));
+    let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
+    let mut c = client(&d.socket).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen: Vec<pb::Progress> = Vec::new();
+    let ready = loop {
+        let s = status(&mut c).await;
+        if s.state == "ready" {
+            break s;
+        }
+        assert_eq!(s.state, "loading", "{s:?}");
+        let p = s
+            .load_progress
+            .expect("a loading daemon reports its progress");
+        assert_eq!(p.phase, pb::Phase::Load as i32);
+        if p.total > 0 {
+            seen.push(p);
+        }
+        assert!(Instant::now() < deadline, "not ready after 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(!seen.is_empty(), "no byte figure seen while loading");
+    let total = seen[0].total;
+    assert_eq!(
+        total, ready.bytes_read,
+        "the total is the bytes the load reads (every layer of `small` is pinned)"
+    );
+    for w in seen.windows(2) {
+        assert_eq!(w[1].total, total, "one total throughout");
+        assert!(
+            w[1].done >= w[0].done,
+            "monotone: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    let distinct: std::collections::BTreeSet<u64> = seen.iter().map(|p| p.done).collect();
+    assert!(
+        distinct.len() >= 2 && seen.iter().any(|p| p.done > 0 && p.done < total),
+        "the figure advanced while loading: {distinct:?} of {total}"
+    );
+    for p in seen.iter().filter(|p| p.done > 0 && p.done < total) {
+        assert!(p.bytes_per_second > 0.0, "{p:?}");
+        let eta = p.eta_seconds.expect("an ETA once a rate is known");
+        let expected = (total - p.done) as f64 / p.bytes_per_second;
+        assert!((eta - expected).abs() < 1e-6 * expected.max(1.0), "{p:?}");
+    }
+    let log = d.log_text();
+    let line = |done| {
+        let p = pb::Progress {
+            phase: pb::Phase::Load.into(),
+            done,
+            total,
+            ..pb::Progress::default()
+        };
+        format!("loading the model: {}", k3proto::progress::load_text(&p))
+    };
+    assert!(
+        log.contains(&line(0)) && log.contains(&format!("{}, ", line(total))),
+        "the log words the first and the last figure:\n{log}"
+    );
+}
+
+/// One model fingerprint everywhere: what `k3d synth` prints is what `k3d check --json`, the
+/// daemon's Status and `k3 status` report for the checkpoint it wrote.
+#[tokio::test]
+async fn synth_check_and_status_print_one_fingerprint() {
+    let tmp = scratch("life-fingerprint");
+    let dir = tmp.path();
+    let model = dir.join("tiny");
+    let printed = command_support::synth_printed(&bin("k3d"), "tiny", &model, "fingerprint");
+    let content = command_support::synth(&bin("k3d"), "tiny", &model);
+    assert_ne!(
+        printed, content,
+        "the content digest is another value, printed apart"
+    );
+    let check = Command::new(bin("k3d"))
+        .args(["check", "--json"])
+        .arg(&model)
+        .output()
+        .expect("k3d check");
+    let check: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check JSON");
+    assert_eq!(check["fingerprint"].as_str(), Some(printed.as_str()));
+    let d = Daemon::start(&model, &dir.join("k3d.sock"), &[]);
+    let mut c = client(&d.socket).await;
+    let ready = wait_ready(&mut c).await;
+    let reported = ready
+        .model
+        .expect("a ready daemon names its model")
+        .fingerprint;
+    assert_eq!(reported, printed, "Status reports synth's fingerprint");
+    let status = Command::new(bin("k3"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("status")
+        .output()
+        .expect("k3 status");
+    let text = text(&status.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("fingerprint") && l.ends_with(&printed)),
+        "{text}"
+    );
 }
 
 #[tokio::test]

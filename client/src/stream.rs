@@ -6,11 +6,12 @@
 
 use crate::failure::{Code, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
+use k3proto::progress::load_text;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
 use pb::event::Event;
 use std::io::{IsTerminal, Write};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
@@ -60,19 +61,28 @@ fn colour(tty_out: bool) -> bool {
     tty_out && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-/// "step 1 of 2: checking the checkpoint": the daemon's load phases (it counts phases, not
-/// bytes: checking the checkpoint, then reading the weights it keeps resident).
-pub fn load_step(p: &pb::Progress) -> String {
-    let what = match (p.total, p.done) {
-        (2, 0) => ": checking the checkpoint",
-        (2, 1) => ": reading the resident weights",
-        _ => "",
-    };
-    format!(
-        "step {} of {}{what}",
-        (p.done + 1).min(p.total.max(1)),
-        p.total
-    )
+/// How often a load's progress is printed as a plain line (stderr not a terminal): the daemon
+/// sends a figure per 64 MiB read, a log wants a line every few seconds.
+const LOAD_LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// Plain load lines, one per [`LOAD_LINE_EVERY`] at most, plus the first line of each stage
+/// (checking the checkpoint, reading the weights) and the last figure.
+#[derive(Default)]
+struct LoadLines {
+    last: Option<(bool, Instant)>,
+}
+
+impl LoadLines {
+    fn offer(&mut self, p: &pb::Progress) {
+        let reading = p.total > 0;
+        let due = self.last.is_none_or(|(was, at)| {
+            was != reading || at.elapsed() >= LOAD_LINE_EVERY || (reading && p.done == p.total)
+        });
+        if due {
+            self.last = Some((reading, Instant::now()));
+            eprintln!("k3: loading the model: {}", load_text(p));
+        }
+    }
 }
 
 /// The progress shown on a terminal: a spinner while the model loads, a bar with rate and
@@ -93,7 +103,7 @@ impl Bar {
         }
         let (_, bar) = self.shown.get_or_insert_with(|| (p.phase, new_bar(p)));
         if p.phase == pb::Phase::Load as i32 {
-            bar.set_message(format!("loading the model, {}", load_step(p)));
+            bar.set_message(format!("loading the model: {}", load_text(p)));
         } else {
             bar.set_length(p.total);
             bar.set_position(p.done);
@@ -152,6 +162,7 @@ pub async fn show(
     let mut request_id = None;
     let mut dimmed = false;
     let mut bar = Bar::default();
+    let mut load_lines = LoadLines::default();
     // The channel last written (for labels) and whether the text written so far ends a line.
     let mut last_channel = None;
     let mut line_ended = true;
@@ -199,7 +210,7 @@ pub async fn show(
                 if tty_err {
                     bar.update(&p);
                 } else if p.phase == pb::Phase::Load as i32 {
-                    eprintln!("k3: loading the model, {}", load_step(&p));
+                    load_lines.offer(&p);
                 } else {
                     eprintln!("k3: prefill {}/{}", p.done, p.total);
                 }
@@ -317,6 +328,7 @@ pub fn json(event: &Event) -> serde_json::Value {
             "event": "progress",
             "phase": if p.phase == pb::Phase::Load as i32 { "load" } else { "prefill" },
             "done": p.done, "total": p.total,
+            "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
         }),
         Event::Token(t) => json!({
             "event": "token", "id": t.id, "text": t.text,

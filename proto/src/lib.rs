@@ -5,4 +5,5 @@ pub mod v1 {
 }
 
 pub mod codec;
+pub mod progress;
 pub mod socket;

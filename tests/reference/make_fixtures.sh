@@ -27,9 +27,11 @@ trap cleanup EXIT
 
 for shape in "${shapes[@]}"; do
     ckpt="$tmp/$shape"
-    # `k3d synth` prints: shape S seed N vocab V bytes B fingerprint F
+    # `k3d synth` prints: shape S seed N vocab V bytes B content-sha256 C fingerprint F; the
+    # fixtures record C (the files' bytes) under the name `fingerprint`.
     line="$("$k3d" synth --shape "$shape" --seed "$seed" --force "$ckpt")"
-    fingerprint="${line##* fingerprint }"
+    fingerprint="${line##* content-sha256 }"
+    fingerprint="${fingerprint%% *}"
     "$venv/bin/python" "$repo/tests/reference/make_fixtures.py" "$ckpt" \
         "$repo/tests/fixtures/reference/$shape" \
         --shape "$shape" --seed "$seed" --fingerprint "$fingerprint"

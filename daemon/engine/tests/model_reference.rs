@@ -95,7 +95,7 @@ fn trained_matches_mlx() {
         files.push((name, digest));
     }
     assert_eq!(
-        k3_engine::synth::fingerprint(&files),
+        k3_engine::synth::content_sha256(&files),
         meta["fingerprint"].as_str().expect("fingerprint"),
         "trained: fixtures stale: regenerate with tools/train/make_trained.sh"
     );

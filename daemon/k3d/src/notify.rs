@@ -43,8 +43,10 @@ pub fn ready(text: &str) {
 pub fn health(health: &k3_engine::serve::Health, info: Option<&k3_engine::engine::EngineInfo>) {
     use k3_engine::serve::Health;
     match health {
-        Health::Loading { done: 0, .. } => status("loading: checking the checkpoint (step 1 of 2)"),
-        Health::Loading { .. } => status("loading: reading the resident weights (step 2 of 2)"),
+        Health::Loading(figures) => status(&format!(
+            "loading: {}",
+            k3proto::progress::load_text(&crate::server::convert::load_progress(figures))
+        )),
         Health::Ready => ready(&format!(
             "serving {}",
             info.map_or("the model", |i| i.name.as_str())

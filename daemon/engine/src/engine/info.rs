@@ -3,20 +3,23 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
-
 use super::EngineError;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::config::MixerKind;
 use crate::store::StoreStats;
 
-/// Load phases reported while [`super::Engine::open`] runs.
+/// Load progress reported while [`super::Engine::open`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadProgress {
     /// Reading and validating config and shard headers.
     Checking,
-    /// Loading the weights the memory plan keeps resident.
-    Weights,
+    /// `done` of `total` bytes of the weights the memory plan keeps resident are read
+    /// ([`crate::store::resident_load_bytes`]). Reported once at 0, then at most once per
+    /// [`super::LOAD_REPORT_BYTES`] read, and at `total`.
+    Weights {
+        done: u64,
+        total: u64,
+    },
     Ready,
 }
 
@@ -26,8 +29,7 @@ pub struct EngineInfo {
     /// The model directory's name.
     pub name: String,
     pub dir: PathBuf,
-    /// sha256 over `config.json` and every shard's name, size and header: two checkpoints with
-    /// the same fingerprint bind the same tensors to the same bytes positions.
+    /// [`Checkpoint::fingerprint`].
     pub fingerprint: String,
     /// One line: layers, mixers, width, experts, vocabulary.
     pub summary: String,
@@ -66,7 +68,7 @@ impl EngineInfo {
                 |n| n.to_string_lossy().into_owned(),
             ),
             dir: checkpoint.dir.clone(),
-            fingerprint: fingerprint(checkpoint)?,
+            fingerprint: checkpoint.fingerprint()?,
             summary,
             num_layers: c.num_hidden_layers,
             vocab_size: c.vocab_size,
@@ -75,30 +77,6 @@ impl EngineInfo {
             cache_capacity_bytes: 0,
         })
     }
-}
-
-/// sha256 of `config.json` bytes, then per shard (sorted as indexed): file name, size and the
-/// digest of its header taken while indexing (no header is read twice).
-fn fingerprint(checkpoint: &Checkpoint) -> Result<String, EngineError> {
-    let mut h = Sha256::new();
-    let config_path = checkpoint.dir.join("config.json");
-    let config = crate::input_file::read(&config_path).map_err(|error| EngineError::Io {
-        path: config_path.clone(),
-        error,
-    })?;
-    h.update(&config);
-    for shard in &checkpoint.shards {
-        h.update(
-            shard
-                .path
-                .file_name()
-                .map(|n| n.as_encoded_bytes())
-                .unwrap_or_default(),
-        );
-        h.update(shard.size.to_le_bytes());
-        h.update(shard.header_sha256);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Counters since the engine was opened.

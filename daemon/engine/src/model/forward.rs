@@ -92,12 +92,23 @@ impl Model {
         checkpoint: &crate::checkpoint::Checkpoint,
         options: LoadOptions,
     ) -> Result<Model, ModelError> {
+        Model::load_reporting(checkpoint, options, &mut |_, _| {})
+    }
+
+    /// [`Model::load`], reporting the resident bytes read as
+    /// [`WeightStore::open_reporting`] does.
+    pub fn load_reporting(
+        checkpoint: &crate::checkpoint::Checkpoint,
+        options: LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model, ModelError> {
         let shards = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
-        Model::from_parts(
+        Model::from_parts_reporting(
             checkpoint.config.clone(),
             checkpoint.layout.clone(),
             shards,
             options,
+            progress,
         )
     }
 
@@ -109,6 +120,18 @@ impl Model {
         shards: Vec<PathBuf>,
         options: LoadOptions,
     ) -> Result<Model, ModelError> {
+        Model::from_parts_reporting(config, layout, shards, options, &mut |_, _| {})
+    }
+
+    /// [`Model::from_parts`], reporting the resident bytes read as
+    /// [`WeightStore::open_reporting`] does.
+    pub fn from_parts_reporting(
+        config: ModelConfig,
+        layout: ModelLayout,
+        shards: Vec<PathBuf>,
+        options: LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model, ModelError> {
         let n = config.num_hidden_layers;
         if layout.layers.len() != n || config.layer_kinds.len() != n {
             return Err(ModelError::LayoutMismatch(format!(
@@ -119,12 +142,13 @@ impl Model {
         }
         let dims = ModelDims::of(&config, &layout);
         let plan = Plan::for_model(&config, &layout, &options.plan)?;
-        let store = WeightStore::open(
+        let store = WeightStore::open_reporting(
             layout,
             &shards,
             plan,
             options.store,
             &LayerLayout::stream_order,
+            progress,
         )?;
 
         let binder = Binder {

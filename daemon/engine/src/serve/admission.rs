@@ -17,7 +17,7 @@ use super::events::EventSender;
 use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
-use super::{Event, Health, QueueState, ServeError};
+use super::{Event, Health, LoadFigures, QueueState, ServeError};
 use crate::engine::{EngineError, EngineInfo, EngineStats, GenerateRequest};
 use crate::tokenizer::chat::Conversation;
 
@@ -238,7 +238,7 @@ impl Admission {
     pub fn new(capacity: Capacity) -> Admission {
         Admission {
             state: Mutex::new(State {
-                health: Health::Loading { done: 0, total: 0 },
+                health: Health::Loading(LoadFigures::default()),
                 accepting: true,
                 queue: VecDeque::new(),
                 running: HashMap::new(),
@@ -311,8 +311,8 @@ impl Admission {
         if position > 0 {
             job.announce(position);
         }
-        if let Health::Loading { done, total } = st.health {
-            job.events.offer(Event::Loading { done, total });
+        if let Health::Loading(figures) = st.health {
+            job.events.offer(Event::Loading(figures));
         }
         st.load(job.uid).queued += 1;
         st.counters.admitted += 1;
@@ -326,10 +326,10 @@ impl Admission {
     /// 1-based position of the job at queue index `index` among those that must wait for a
     /// compute slot, or 0 if it will start at once.
     fn position(&self, st: &State, index: usize) -> u32 {
-        let free = match st.health {
-            Health::Ready => self.capacity.max_active.saturating_sub(st.running.len()),
-            _ => 0,
-        };
+        // While the model loads nothing runs, and the first `max_active` jobs start as soon as
+        // it is ready: they wait for the load (their Loading events say so), not for a compute
+        // slot, so they are not told a queue position ("position 1" with nothing running).
+        let free = self.capacity.max_active.saturating_sub(st.running.len());
         u32::try_from((index + 1).saturating_sub(free)).unwrap_or(u32::MAX)
     }
 
@@ -476,11 +476,11 @@ impl Admission {
         st.queue.is_empty() && st.running.is_empty()
     }
 
-    pub fn set_loading(&self, done: u64, total: u64) {
+    pub fn set_loading(&self, figures: LoadFigures) {
         let mut st = self.lock();
-        st.health = Health::Loading { done, total };
+        st.health = Health::Loading(figures);
         for job in &st.queue {
-            job.events.offer(Event::Loading { done, total });
+            job.events.offer(Event::Loading(figures));
         }
     }
 
@@ -529,5 +529,72 @@ impl Admission {
             queued: st.queue.len(),
             counters: st.counters,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::events::{Events, channel};
+
+    fn job(id: u64) -> (Job, Events) {
+        let (tx, rx) = channel(8, Box::new(|| {}));
+        let request = GenerateRequest {
+            prompt: vec![1, 2, 3],
+            max_tokens: 4,
+            ..GenerateRequest::default()
+        };
+        (Job::new(id, None, request, Kind::Text, tx, None), rx)
+    }
+
+    /// The events a job holds now, without waiting.
+    fn held(rx: &Events) -> Vec<Event> {
+        std::iter::from_fn(|| rx.recv_timeout(Duration::ZERO).ok().flatten()).collect()
+    }
+
+    fn positions(events: &[Event]) -> Vec<u32> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Queued { position } => Some(*position),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// While the model loads, the jobs that will start once it is ready hear of the load and
+    /// of no queue position; only those beyond `max_active` are told where they wait.
+    #[test]
+    fn jobs_within_the_compute_slots_get_no_queue_position_while_loading() {
+        let admission = Admission::new(Capacity {
+            max_active: 2,
+            max_batch: 2,
+            max_queue: 4,
+        });
+        admission.set_loading(LoadFigures::measure(
+            1 << 20,
+            4 << 20,
+            Duration::from_secs(1),
+        ));
+        let jobs: Vec<Events> = (0..3)
+            .map(|i| {
+                let (j, rx) = job(i);
+                admission.submit(j).expect("admitted");
+                rx
+            })
+            .collect();
+        for rx in &jobs[..2] {
+            let events = held(rx);
+            assert_eq!(positions(&events), Vec::<u32>::new(), "{events:?}");
+            assert!(
+                matches!(events.as_slice(), [Event::Loading(f)] if f.done == 1 << 20),
+                "{events:?}"
+            );
+        }
+        assert_eq!(
+            positions(&held(&jobs[2])),
+            vec![1],
+            "the third waits for a slot"
+        );
     }
 }

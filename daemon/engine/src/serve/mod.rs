@@ -62,7 +62,7 @@
 //!   within one batched step when others share its pass. **Dropping the receiver** abandons the
 //!   job the same way. Either way its session lease is released before anything else can see
 //!   the session.
-//! * **Health** ([`Core::health`]): `Loading { done, total }`, `Ready`, `Failed(error)` — readable
+//! * **Health** ([`Core::health`]): `Loading(`[`LoadFigures`]`)` (bytes, rate, ETA), `Ready`, `Failed(error)` — readable
 //!   at any time, for a health endpoint and 503s. [`Core::status`] adds the engine's figures,
 //!   queue, counters and sessions; [`Core::metrics`] the counters a metrics endpoint reads.
 //! * **Shutdown**: [`Core::close`] stops admitting; [`Core::drained`] says when every job has
@@ -76,6 +76,7 @@ pub mod admission;
 pub mod batch;
 mod error;
 pub mod events;
+mod load;
 mod log;
 pub mod metrics;
 pub mod prefix;
@@ -88,6 +89,7 @@ pub use admission::{Canceller, Capacity, Counters, UidLoad};
 pub use batch::{Batch, Member};
 pub use error::{QueueState, STORAGE_FAILED, ServeError};
 pub use events::Events;
+pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
 pub use prefix::{Caller, PrefixCache, PrefixFigures};
@@ -118,8 +120,8 @@ pub enum Event {
     /// The job waits for a compute slot: `position` jobs (this one included) are ahead of the
     /// slot. Sent when the position changes.
     Queued { position: u32 },
-    /// The model is still loading: `done` of `total` phases.
-    Loading { done: u64, total: u64 },
+    /// The model is still loading: resident bytes read, rate and time left.
+    Loading(LoadFigures),
     /// A prefill chunk was fed: `done` of `total` prompt tokens are in the state.
     Prefill { done: usize, total: usize },
     /// One generated id and the text it completes, classified.
@@ -183,11 +185,8 @@ impl Done {
 /// The model's state.
 #[derive(Debug, Clone)]
 pub enum Health {
-    /// Loading: `done` of `total` phases.
-    Loading {
-        done: u64,
-        total: u64,
-    },
+    /// Loading: resident bytes read of the total, rate and time left.
+    Loading(LoadFigures),
     Ready,
     /// The model could not be loaded; nothing will be generated.
     Failed(Arc<EngineError>),

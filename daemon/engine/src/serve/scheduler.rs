@@ -29,13 +29,18 @@ use super::prefix::{self, Caller, PrefixCache};
 use super::reply::ReplyReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
-use super::{Done, Event, Finish, Health, ServeError, uid_text};
+use super::{Done, Event, Finish, Health, LoadFigures, ServeError, uid_text};
 use crate::engine::{
     Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
 use crate::session::Snapshot;
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::chat;
+
+/// The least time between two load reports to the embedder ([`OnHealth`]: its log line and
+/// systemd's status line): a 1.5 TB load reports thousands of figures, a reader wants a line
+/// every few seconds. `Status` and queued jobs get every figure.
+const LOAD_NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// How long to wait before retrying when every active reader's buffer is full.
 const STALL_WAIT: Duration = Duration::from_millis(2);
@@ -161,18 +166,31 @@ pub(crate) fn spawn(
         .spawn(move || {
             let log = shared.log;
             let admission = &shared.admission;
-            // The engine reports phases, not bytes: progress counts phases (checking the
-            // checkpoint, then loading resident weights), so done/total = 0/2, then 1/2.
             let on_health = shared.on_health;
+            // The rate is timed from the first weight report, not from the checks before it.
+            let mut reads_began: Option<Instant> = None;
+            let mut noticed: Option<(bool, Instant)> = None;
             let mut report = |p: LoadProgress| {
-                let (done, total) = match p {
-                    LoadProgress::Checking => (0, 2),
-                    LoadProgress::Weights => (1, 2),
+                let figures = match p {
+                    LoadProgress::Checking => LoadFigures::default(),
+                    LoadProgress::Weights { done, total } => {
+                        let began = *reads_began.get_or_insert_with(Instant::now);
+                        LoadFigures::measure(done, total, began.elapsed())
+                    }
                     // Published with the engine's info right after `open` returns.
                     LoadProgress::Ready => return,
                 };
-                admission.set_loading(done, total);
-                on_health(&Health::Loading { done, total }, None);
+                admission.set_loading(figures);
+                // A new phase and the last figure are told at once, others when one is due.
+                let due = noticed.is_none_or(|(reading, at)| {
+                    reading != figures.reading()
+                        || at.elapsed() >= LOAD_NOTICE_EVERY
+                        || (figures.reading() && figures.done == figures.total)
+                });
+                if due {
+                    noticed = Some((figures.reading(), Instant::now()));
+                    on_health(&Health::Loading(figures), None);
+                }
             };
             let started = Instant::now();
             log.info(format_args!("loading {}", model.display()));

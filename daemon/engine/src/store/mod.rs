@@ -449,16 +449,36 @@ impl WeightStore {
         options: StoreOptions,
         trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
     ) -> Result<Self, StoreError> {
+        Self::open_reporting(layout, shards, plan, options, trunk_order, &mut |_, _| {})
+    }
+
+    /// [`Self::open`], calling `progress(done, total)` with the resident bytes read so far
+    /// ([`resident_load_bytes`] in all) once before the first read and after each run (or each
+    /// layer's preloaded experts): a run is one layer's trunk or one table, so a caller gets a
+    /// figure at least every few hundred MiB without the reads being split for it.
+    pub fn open_reporting(
+        layout: ModelLayout,
+        shards: &[PathBuf],
+        plan: Plan,
+        options: StoreOptions,
+        trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, StoreError> {
         let set = Arc::new(ShardSet::open(shards, options.direct)?);
         let pool = ReaderPool::new(set, options.reader)?;
         let counters = Counters::default();
         let guesses = (0..layout.layers.len())
             .map(|_| GuessCounters::default())
             .collect();
-        let read_new = |run: ByteRun, class: Class| -> Result<LoadedRun, StoreError> {
+        let total = resident_load_bytes(&layout, &plan);
+        progress(0, total);
+        let mut done = 0u64;
+        let mut read_new = |run: ByteRun, class: Class| -> Result<LoadedRun, StoreError> {
             let buf = AlignedBuf::zeroed(window_capacity(run)?)?;
             let loaded = pool.read(run, buf).map_err(|f| f.error)?;
             counters.read(class, run.len);
+            done += run.len;
+            progress(done, total);
             Ok(loaded)
         };
         let n = layout.layers.len();
@@ -537,6 +557,7 @@ impl WeightStore {
         let norm = read_new(layout.norm.run, Class::Trunk)?;
         let output_attn_res_norm = read_new(layout.output_attn_res_norm.run, Class::Trunk)?;
         let output_attn_res_proj = read_new(layout.output_attn_res_proj.run, Class::Trunk)?;
+        let vectors_done = done;
         let store = WeightStore {
             layout,
             plan,
@@ -557,7 +578,9 @@ impl WeightStore {
             guesses,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };
-        store.preload_experts()?;
+        store.preload_experts(&mut |layer_bytes| {
+            progress((vectors_done + layer_bytes).min(total), total)
+        })?;
         if let Some(c) = &store.chunks {
             c.top_up(&store.pool);
         }
@@ -566,15 +589,18 @@ impl WeightStore {
 
     /// With a cache that holds every expert (the `max` plan) all are read at load, layer by
     /// layer, so a run never waits on an expert read.
-    fn preload_experts(&self) -> Result<(), StoreError> {
-        let pool: usize = self.verdicts.iter().map(Vec::len).sum();
-        if pool == 0 || self.plan.cache_slots < pool {
+    /// `progress` gets the expert bytes read so far after each layer.
+    fn preload_experts(&self, progress: &mut dyn FnMut(u64)) -> Result<(), StoreError> {
+        if !preloads_experts(&self.layout, &self.plan) {
             return Ok(());
         }
+        let mut read = 0u64;
         for (l, v) in self.verdicts.iter().enumerate() {
             if !v.is_empty() {
                 let ids: Vec<usize> = (0..v.len()).collect();
                 self.fetch_each(l, &ids, None, || {}, |_| Ok::<(), StoreError>(()))?;
+                read += expert_bytes(&self.layout.layers[l]);
+                progress(read);
             }
         }
         Ok(())
@@ -1248,6 +1274,57 @@ fn head_block_rows(s: &Slice) -> usize {
 }
 
 /// The aligned buffer a run needs at its own offset.
+/// Whether [`WeightStore::open`] reads every routed expert into the cache: the cache holds
+/// them all (the `max` plan), so a run never waits on an expert read.
+fn preloads_experts(layout: &ModelLayout, plan: &Plan) -> bool {
+    let pool: usize = layout
+        .layers
+        .iter()
+        .map(|l| match &l.ffn {
+            FfnLayout::Moe(m) => m.experts.len(),
+            FfnLayout::Dense(_) => 0,
+        })
+        .sum();
+    pool > 0 && plan.cache_slots >= pool
+}
+
+/// The routed experts' bytes of one layer (0 for a dense one).
+fn expert_bytes(layer: &LayerLayout) -> u64 {
+    match &layer.ffn {
+        FfnLayout::Moe(m) => m.experts.iter().map(|(run, _)| run.len).sum(),
+        FfnLayout::Dense(_) => 0,
+    }
+}
+
+/// The bytes [`WeightStore::open`] reads into memory that stays resident under `plan`: pinned
+/// trunk layers, a resident embedding and lm_head, the model vectors and, when the cache holds
+/// every expert, the experts. What a load's progress counts to; streamed weights are read
+/// later, as tokens need them.
+pub fn resident_load_bytes(layout: &ModelLayout, plan: &Plan) -> u64 {
+    let pinned: u64 = plan
+        .pinned_layers
+        .iter()
+        .filter_map(|&l| layout.layers.get(l))
+        .map(|l| l.trunk.len)
+        .sum();
+    let resident = |r: Residency, run: ByteRun| match r {
+        Residency::Resident => run.len,
+        Residency::Streamed => 0,
+    };
+    let experts = if preloads_experts(layout, plan) {
+        layout.layers.iter().map(expert_bytes).sum()
+    } else {
+        0
+    };
+    pinned
+        + resident(plan.embedding, layout.embed_tokens.run)
+        + resident(plan.lm_head, layout.lm_head.run)
+        + layout.norm.run.len
+        + layout.output_attn_res_norm.run.len
+        + layout.output_attn_res_proj.run.len
+        + experts
+}
+
 fn window_capacity(run: ByteRun) -> Result<usize, StoreError> {
     Ok(Window::of(run)?.len)
 }

@@ -9,11 +9,15 @@
 //! * [`tokenizer_files`] — a small real BPE vocabulary and the K3 added tokens (spec §7).
 //! * [`config_files`] — `config.json`, `generation_config.json`, the index.
 //!
-//! The checkpoint's **fingerprint** identifies its exact bytes: the SHA-256 of the manifest
+//! The checkpoint's **content digest** ([`content_sha256`]) identifies its exact bytes: the
+//! SHA-256 of the manifest
 //! made of one line `<sha256 hex of the file>  <file name>\n` per written file, lines sorted
 //! by file name (the format of `sha256sum`; reproduce with
 //! `sha256sum * | sort -k2 | sha256sum` in the directory). Committed reference fixtures
-//! record it, so a change to anything written here shows up as stale fixtures.
+//! record it (as `fingerprint` in their `meta.json`), so a change to anything written here
+//! shows up as stale fixtures. It is not the model fingerprint: that one
+//! ([`crate::checkpoint::Checkpoint::fingerprint`]) reads no tensor data, and `k3d synth`
+//! prints both.
 
 pub mod config_files;
 pub mod inventory;
@@ -189,13 +193,17 @@ pub struct Progress {
 pub struct Summary {
     /// (file name, SHA-256 hex), sorted by name.
     pub files: Vec<(String, String)>,
-    pub fingerprint: String,
+    /// [`content_sha256`] of `files`: the bytes' identity, which the reference fixtures record
+    /// (their `meta.json` calls it `fingerprint`). Not the model fingerprint
+    /// ([`crate::checkpoint::Checkpoint::fingerprint`]) the daemon reports.
+    pub content_sha256: String,
     pub total_bytes: u64,
     pub vocab_size: usize,
 }
 
-/// The fingerprint of a set of (file name, SHA-256 hex) (see the module docs).
-pub fn fingerprint(files: &[(String, String)]) -> String {
+/// The content digest of a set of (file name, SHA-256 hex): SHA-256 of their `sha256sum`-style
+/// manifest, sorted by name (see the module docs).
+pub fn content_sha256(files: &[(String, String)]) -> String {
     let mut sorted: Vec<&(String, String)> = files.iter().collect();
     sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     let mut h = Sha256::new();
@@ -293,16 +301,16 @@ pub fn write(
     }
     files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     Ok(Summary {
-        fingerprint: fingerprint(&files),
+        content_sha256: content_sha256(&files),
         files,
         total_bytes: bytes_total,
         vocab_size: plan.config.vocab_size,
     })
 }
 
-/// Recomputes the fingerprint of the checkpoint files a plan would write, from the files in
+/// Recomputes the [`content_sha256`] of the checkpoint files a plan would write, from the files in
 /// `dir` (e.g. to check a checkpoint against a fixture without rewriting it).
-pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
+pub fn content_sha256_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
     let names = plan
         .small_files
         .iter()
@@ -319,7 +327,7 @@ pub fn fingerprint_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
         std::io::copy(&mut f, &mut h).map_err(|error| SynthError::Io { path, error })?;
         files.push((name.clone(), writer::hex(&h.finalize())));
     }
-    Ok(fingerprint(&files))
+    Ok(content_sha256(&files))
 }
 
 #[cfg(test)]

@@ -51,12 +51,15 @@ fn same_seed_same_bytes_any_thread_count() {
         .build()
         .unwrap();
     let s2 = pool.install(|| synth("tiny-c", b.path(), 5));
-    assert_eq!(s1.fingerprint, s2.fingerprint);
+    assert_eq!(s1.content_sha256, s2.content_sha256);
     assert_eq!(s1.files, s2.files);
     let p = plan(&Shape::named("tiny-c").unwrap()).unwrap();
-    assert_eq!(fingerprint_dir(&p, a.path()).unwrap(), s1.fingerprint);
+    assert_eq!(content_sha256_dir(&p, a.path()).unwrap(), s1.content_sha256);
     let c = scratch("det-c");
-    assert_ne!(synth("tiny-c", c.path(), 6).fingerprint, s1.fingerprint);
+    assert_ne!(
+        synth("tiny-c", c.path(), 6).content_sha256,
+        s1.content_sha256
+    );
 }
 
 /// Spec §3.2/§3.4: data tiles the file, F32 then BF16 then U8 each by bytewise name, the trunk
@@ -176,7 +179,7 @@ fn reference_fixtures_match_the_synthesizer() {
         let s = synth(shape, d.path(), seed);
         assert_eq!(
             meta["fingerprint"].as_str(),
-            Some(s.fingerprint.as_str()),
+            Some(s.content_sha256.as_str()),
             "{shape}: fixtures stale: regenerate with tests/reference/make_fixtures.sh"
         );
         assert_eq!(meta["vocab_size"].as_u64(), Some(s.vocab_size as u64));

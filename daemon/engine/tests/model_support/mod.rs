@@ -214,7 +214,7 @@ pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
         .unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
     TempCheckpoint {
         dir,
-        fingerprint: summary.fingerprint,
+        fingerprint: summary.content_sha256,
         _scratch: scratch,
     }
 }

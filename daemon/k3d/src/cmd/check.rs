@@ -28,12 +28,13 @@ pub fn run(args: Args) -> CliResult {
         .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
     let tokens = TokenizerFigures::of(&tokenizer, checkpoint.config.vocab_size);
     let variants = checkpoint.layout.variant_groups();
+    let fingerprint = checkpoint.fingerprint().map_err(classify)?;
     if args.json {
-        let json = json_report(&checkpoint, &tokens, &variants)
+        let json = json_report(&checkpoint, &fingerprint, &tokens, &variants)
             .map_err(|e| CliError::new(Exit::Failure, e))?;
         println!("{json}");
     } else {
-        print!("{}", report(&checkpoint, &tokens, &variants));
+        print!("{}", report(&checkpoint, &fingerprint, &tokens, &variants));
     }
     Ok(())
 }
@@ -59,10 +60,12 @@ impl TokenizerFigures {
 /// The census, with the tokenizer figures and the accepted variants beside its fields.
 fn json_report(
     ck: &Checkpoint,
+    fingerprint: &str,
     tokens: &TokenizerFigures,
     variants: &[VariantGroup],
 ) -> serde_json::Result<String> {
     let mut json = serde_json::to_value(&ck.census)?;
+    json["fingerprint"] = fingerprint.into();
     json["tokenizer"] = serde_json::json!({
         "ids": tokens.ids,
         "ranks": tokens.ranks,
@@ -113,11 +116,17 @@ fn classify(e: CheckpointError) -> CliError {
     CliError::new(exit, e)
 }
 
-fn report(ck: &Checkpoint, tokens: &TokenizerFigures, variants: &[VariantGroup]) -> String {
+fn report(
+    ck: &Checkpoint,
+    fingerprint: &str,
+    tokens: &TokenizerFigures,
+    variants: &[VariantGroup],
+) -> String {
     let c: &Census = &ck.census;
     let gb = |b: u64| format!("{b:>19} B  {:>10.3} GB", b as f64 / 1e9);
     let mut out = format!(
-        "checkpoint {}: OK\n{}\
+        "checkpoint {}: OK\n\
+         fingerprint           {fingerprint}\n{}\
          tokenizer             {:>19}  ids ({} ranks + {} added slots; vocab_size {})\n\
          shards                {:>19}\n\
          layers                {:>19}  ({} KDA, {} MLA; {} dense, {} MoE)\n",

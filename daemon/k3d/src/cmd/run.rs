@@ -174,6 +174,7 @@ pub fn run(args: Args) -> CliResult {
                 "predicted_embedding_bytes_per_token": plan.reads.embedding,
             },
             "threads": engine.options().threads,
+            "fingerprint": engine.info().fingerprint,
         });
         println!("{report}");
     } else {

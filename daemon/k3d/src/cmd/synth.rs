@@ -1,9 +1,12 @@
 //! `k3d synth`: write a random-weight checkpoint in exactly the released layout (spec §9.1).
-//! Prints the checkpoint's fingerprint on stdout; progress goes to stderr for big shapes.
+//! Prints on stdout the checkpoint's content digest (what the reference fixtures record) and
+//! its model fingerprint (what `k3 status` and every other output show); progress goes to
+//! stderr for big shapes.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use k3_engine::checkpoint::Checkpoint;
 use k3_engine::synth::{self, Progress, SynthError, shape::SHAPE_NAMES, shape::Shape};
 
 use crate::exit::{CliError, CliResult, Exit};
@@ -86,9 +89,13 @@ pub fn run(args: Args) -> CliResult {
             start.elapsed().as_secs_f64()
         );
     }
+    // The model fingerprint from the written directory, by the one function that computes it.
+    let fingerprint = Checkpoint::open(&args.out_dir)
+        .and_then(|c| c.fingerprint())
+        .map_err(|e| CliError::new(Exit::Failure, e))?;
     println!(
-        "shape {} seed {} vocab {} bytes {} fingerprint {}",
-        shape.name, args.seed, summary.vocab_size, summary.total_bytes, summary.fingerprint
+        "shape {} seed {} vocab {} bytes {} content-sha256 {} fingerprint {fingerprint}",
+        shape.name, args.seed, summary.vocab_size, summary.total_bytes, summary.content_sha256
     );
     Ok(())
 }

@@ -20,7 +20,7 @@ mod request;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
-use k3_engine::serve::{Caller, Core, Health};
+use crate::server::convert::load_progress;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -29,6 +29,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
+use k3_engine::serve::{Caller, Core, Health};
+use k3proto::progress::load_text;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -80,9 +82,9 @@ impl App {
     fn check_ready(&self) -> Result<(), ApiError> {
         match self.core.health() {
             Health::Ready => Ok(()),
-            Health::Loading { done, total } => Err(ApiError::unavailable(format!(
-                "the model is loading (step {} of {total}); retry shortly",
-                done + 1
+            Health::Loading(figures) => Err(ApiError::unavailable(format!(
+                "the model is loading ({}); retry shortly",
+                load_text(&load_progress(&figures))
             ))),
             Health::Failed(e) => Err(ApiError::unavailable(format!(
                 "the model failed to load, so k3d cannot generate: {e}"
@@ -202,13 +204,18 @@ async fn complete(
     completions::complete(app, peer, caller, shape, &bytes, arrived).await
 }
 
+/// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
 fn model_entry(app: &App) -> serde_json::Value {
-    json!({
+    let mut entry = json!({
         "id": app.settings.model_id,
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
-    })
+    });
+    if let Some(info) = app.core.status().info {
+        entry["fingerprint"] = info.fingerprint.into();
+    }
+    entry
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
@@ -223,7 +230,8 @@ async fn model(
     Ok(axum::Json(model_entry(&app)).into_response())
 }
 
-/// `{"status": "loading", "progress": {"done", "total"}}` (503), `{"status": "ready"}` (200),
+/// `{"status": "loading", "progress": {"done", "total", "bytes_per_second", "eta_seconds",
+/// "text"}}` (503: bytes of the resident weights read), `{"status": "ready"}` (200),
 /// `{"status": "failed", "error"}` (503), `{"status": "shutting_down"}` (503).
 async fn health(State(app): State<Arc<App>>) -> Response {
     let status = app.core.status();
@@ -236,10 +244,17 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             StatusCode::OK,
             json!({"status": "ready", "model": app.settings.model_id}),
         ),
-        (Health::Loading { done, total }, true) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"status": "loading", "progress": {"done": done, "total": total}}),
-        ),
+        (Health::Loading(figures), true) => {
+            let p = load_progress(figures);
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "loading", "progress": {
+                    "done": p.done, "total": p.total,
+                    "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
+                    "text": load_text(&p),
+                }}),
+            )
+        }
         (Health::Failed(e), true) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "failed", "error": e.to_string()}),

@@ -1,7 +1,9 @@
 //! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
 //! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
-use k3_engine::serve::{Channel, Done, Event, Finish, Prompt, Request, ServeError, SessionFigures};
+use k3_engine::serve::{
+    Channel, Done, Event, Finish, LoadFigures, Prompt, Request, ServeError, SessionFigures,
+};
 use k3_engine::session::{FileError, SessionInfo, StoreError};
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -211,7 +213,7 @@ fn session_status(e: &StoreError, text: String) -> Status {
 pub fn event(e: Event) -> Result<pb::Event, Status> {
     let event = match e {
         Event::Queued { position } => pb::event::Event::Queued(pb::Queued { position }),
-        Event::Loading { done, total } => progress(pb::Phase::Load, done, total),
+        Event::Loading(figures) => pb::event::Event::Progress(load_progress(&figures)),
         Event::Prefill { done, total } => progress(pb::Phase::Prefill, done as u64, total as u64),
         Event::Token { id, piece } => pb::event::Event::Token(pb::Token {
             id,
@@ -235,7 +237,19 @@ fn progress(phase: pb::Phase, done: u64, total: u64) -> pb::event::Event {
         phase: phase.into(),
         done,
         total,
+        ..pb::Progress::default()
     })
+}
+
+/// The serve core's load figures on the wire; [`k3proto::progress::load_text`] words them.
+pub fn load_progress(f: &LoadFigures) -> pb::Progress {
+    pb::Progress {
+        phase: pb::Phase::Load.into(),
+        done: f.done,
+        total: f.total,
+        bytes_per_second: f.bytes_per_second,
+        eta_seconds: f.eta_seconds,
+    }
 }
 
 fn channel(c: Channel) -> pb::Channel {

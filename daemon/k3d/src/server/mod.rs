@@ -14,7 +14,7 @@
 #[macro_use]
 pub mod logging;
 mod accept;
-mod convert;
+pub(crate) mod convert;
 mod listener;
 mod service;
 mod status;
@@ -68,6 +68,18 @@ enum Ended {
     LoadFailed(Arc<k3_engine::engine::EngineError>),
 }
 
+/// The serve core's state changes: a log line for each load report (the core sends one every
+/// few seconds at most), and systemd's status line.
+fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
+    if let Health::Loading(figures) = health {
+        log!(
+            "loading the model: {}",
+            k3proto::progress::load_text(&convert::load_progress(figures))
+        );
+    }
+    crate::notify::health(health, info);
+}
+
 pub fn run(cfg: Config) -> CliResult {
     logging::start();
     let core = Core::new(k3_engine::serve::Config {
@@ -82,7 +94,7 @@ pub fn run(cfg: Config) -> CliResult {
         session_dir: cfg.session_dir,
         session_bytes: cfg.session_bytes,
         log: k3_engine::serve::Log(logging::core_line),
-        on_health: crate::notify::health,
+        on_health,
     })
     .map_err(|e| {
         let exit = match &e {

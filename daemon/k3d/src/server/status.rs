@@ -1,21 +1,14 @@
 //! The `Status` reply: the serve core's status plus process figures read here (resident memory:
 //! `system::ProcessMemory`, engine-lessons §8.1: report real peak RSS).
 
-use super::convert::count;
+use super::convert::{count, load_progress};
 use k3_engine::serve::{Health, Status};
 use k3proto::v1 as pb;
 
 pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
     let (state, load_progress) = match (&s.health, s.accepting) {
         (_, false) => ("shutting down".to_string(), None),
-        (Health::Loading { done, total }, true) => (
-            "loading".to_string(),
-            Some(pb::Progress {
-                phase: pb::Phase::Load.into(),
-                done: *done,
-                total: *total,
-            }),
-        ),
+        (Health::Loading(figures), true) => ("loading".to_string(), Some(load_progress(figures))),
         (Health::Ready, true) => ("ready".to_string(), None),
         (Health::Failed(e), true) => (format!("failed: {e}"), None),
     };
