@@ -8,6 +8,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -429,8 +430,6 @@ impl Drop for Systemd {
     }
 }
 
-use std::time::Duration;
-
 const SOCK: &str = "/run/k3d/k3d.sock";
 
 /// The installed units under a real systemd: k3d.socket listens, one `k3` request through the
@@ -456,7 +455,7 @@ fn units_socket_activate_the_daemon_under_a_real_systemd() {
         panic!("the k3 client {} is missing ({e}): cargo build -p k3", client.display())
     });
 
-    let sd = Systemd::boot(dir, &bins);
+    let mut sd = Systemd::boot(dir, &bins);
     sd.ok(&["systemctl", "start", "k3d.socket"]);
     assert_eq!(sd.active("k3d.socket"), "active");
     assert_eq!(sd.active("k3d.service"), "inactive", "nothing started it yet");
@@ -465,7 +464,6 @@ fn units_socket_activate_the_daemon_under_a_real_systemd() {
     // The first connection starts the service; `k3 status` answers (loading or serving).
     let status = sd.ok(&["timeout", "60", "/usr/local/bin/k3", "--socket", SOCK, "status"]);
     assert!(status.contains(&format!("on {SOCK}")), "k3 status:\n{status}");
-    let mut sd = sd;
     sd.poll(Duration::from_secs(60), "k3d.service active (READY=1)", |s| {
         (s.active("k3d.service") == "active").then_some(())
     });
