@@ -322,7 +322,14 @@ impl Systemd {
     fn boot(scratch: &Path, bins: &Path) -> Systemd {
         let log = scratch.join("boot.log");
         let unshare = Command::new("unshare")
-            .args(["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private"])
+            .args([
+                "--pid",
+                "--fork",
+                "--mount",
+                "--mount-proc",
+                "--propagation",
+                "private",
+            ])
             .arg(repo().join("daemon/k3d/tests/systemd/boot.sh"))
             .arg(scratch.join("overlay"))
             .arg(repo())
@@ -341,9 +348,15 @@ impl Systemd {
         // unshare --fork's one child is boot.sh, which execs systemd once the mounts are set.
         booting.pid = booting.poll(Duration::from_secs(30), "systemd to start", |s| {
             let children = format!("/proc/{0}/task/{0}/children", s.unshare.id());
-            let pid: u32 = std::fs::read_to_string(children).ok()?.trim().parse().ok()?;
+            let pid: u32 = std::fs::read_to_string(children)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            cmdline.starts_with(b"/lib/systemd/systemd\0").then_some(pid)
+            cmdline
+                .starts_with(b"/lib/systemd/systemd\0")
+                .then_some(pid)
         });
         booting.poll(Duration::from_secs(60), "is-system-running: running", |s| {
             let out = s.nsenter(&["systemctl", "is-system-running"]);
@@ -374,7 +387,9 @@ impl Systemd {
                 start.elapsed() < limit,
                 "no {what} after {limit:?}; boot log:\n{}\nsystemctl status:\n{}",
                 self.log_text(),
-                String::from_utf8_lossy(&self.nsenter(&["systemctl", "status", "--no-pager"]).stdout)
+                String::from_utf8_lossy(
+                    &self.nsenter(&["systemctl", "status", "--no-pager"]).stdout
+                )
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -422,7 +437,10 @@ impl Systemd {
 impl Drop for Systemd {
     fn drop(&mut self) {
         if self.pid != 0 {
-            let _ = Command::new("kill").arg("-9").arg(self.pid.to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-9")
+                .arg(self.pid.to_string())
+                .status();
         } else {
             let _ = self.unshare.kill();
         }
@@ -452,27 +470,49 @@ fn units_socket_activate_the_daemon_under_a_real_systemd() {
     // The real client, built beside k3d by the workspace (`cargo build -p k3`).
     let client = Path::new(env!("CARGO_BIN_EXE_k3d")).with_file_name("k3");
     std::fs::copy(&client, bins.join("k3")).unwrap_or_else(|e| {
-        panic!("the k3 client {} is missing ({e}): cargo build -p k3", client.display())
+        panic!(
+            "the k3 client {} is missing ({e}): cargo build -p k3",
+            client.display()
+        )
     });
 
     let mut sd = Systemd::boot(dir, &bins);
     sd.ok(&["systemctl", "start", "k3d.socket"]);
     assert_eq!(sd.active("k3d.socket"), "active");
-    assert_eq!(sd.active("k3d.service"), "inactive", "nothing started it yet");
+    assert_eq!(
+        sd.active("k3d.service"),
+        "inactive",
+        "nothing started it yet"
+    );
     sd.ok(&["test", "-S", SOCK]);
 
     // The first connection starts the service; `k3 status` answers (loading or serving).
-    let status = sd.ok(&["timeout", "60", "/usr/local/bin/k3", "--socket", SOCK, "status"]);
-    assert!(status.contains(&format!("on {SOCK}")), "k3 status:\n{status}");
-    sd.poll(Duration::from_secs(60), "k3d.service active (READY=1)", |s| {
-        (s.active("k3d.service") == "active").then_some(())
-    });
+    let status = sd.ok(&[
+        "timeout",
+        "60",
+        "/usr/local/bin/k3",
+        "--socket",
+        SOCK,
+        "status",
+    ]);
+    assert!(
+        status.contains(&format!("on {SOCK}")),
+        "k3 status:\n{status}"
+    );
+    sd.poll(
+        Duration::from_secs(60),
+        "k3d.service active (READY=1)",
+        |s| (s.active("k3d.service") == "active").then_some(()),
+    );
     let shown = sd.ok(&["systemctl", "status", "--no-pager", "k3d.service"]);
     assert!(
         shown.contains("Status: \"serving kimi-k3\""),
         "the daemon's STATUS= after READY=1:\n{shown}"
     );
-    assert!(shown.contains("TriggeredBy:") && shown.contains("k3d.socket"), "{shown}");
+    assert!(
+        shown.contains("TriggeredBy:") && shown.contains("k3d.socket"),
+        "{shown}"
+    );
     let run = |sd: &Systemd| {
         sd.ok(&[
             "timeout",
@@ -494,7 +534,10 @@ fn units_socket_activate_the_daemon_under_a_real_systemd() {
     assert_eq!(sd.active("k3d.service"), "inactive");
     assert_eq!(sd.active("k3d.socket"), "active");
     sd.ok(&["test", "-S", SOCK]);
-    assert!(!run(&sd).is_empty(), "k3 run after the restart printed no text");
+    assert!(
+        !run(&sd).is_empty(),
+        "k3 run after the restart printed no text"
+    );
     assert_eq!(sd.active("k3d.service"), "active");
     sd.ok(&["systemctl", "restart", "k3d.service"]);
     sd.ok(&["test", "-S", SOCK]);
