@@ -1,12 +1,14 @@
-//! packaging/: the systemd units pass `systemd-analyze verify` without a single warning, and
+//! packaging/: the systemd units pass `systemd-analyze verify` without a single warning,
 //! `install.sh --root` lays every file with the right mode — binaries, units, config, shell
-//! completions and man pages — (and `uninstall.sh` removes them).
-//! Without systemd-analyze the test fails, unless K3_SKIP_SYSTEMD_ANALYZE=1 says to skip that
-//! half on purpose.
+//! completions and man pages — (and `uninstall.sh` removes them), and the installed units
+//! socket-activate the daemon under a real systemd booted in its own PID+mount namespace.
+//! Without systemd-analyze the verify test fails, unless K3_SKIP_SYSTEMD_ANALYZE=1 says to skip
+//! that half on purpose; a systemd that cannot boot in a namespace fails the activation test.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -304,5 +306,248 @@ fn shipped_config_is_accepted_by_k3d_serve() {
     assert!(
         !stderr.contains("--config") && stderr.contains("no-such-model"),
         "the config file was refused or the error is not about the model:\n{stderr}"
+    );
+}
+
+/// A real systemd, PID 1 of its own PID+mount namespace (tests/systemd/boot.sh). Dropping it
+/// SIGKILLs that PID 1 (it ignores SIGTERM), which ends every process of the namespace and
+/// with it the namespace's mounts, even when the test panics.
+struct Systemd {
+    unshare: std::process::Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Systemd {
+    fn boot(scratch: &Path, bins: &Path) -> Systemd {
+        let log = scratch.join("boot.log");
+        let unshare = Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount",
+                "--mount-proc",
+                "--propagation",
+                "private",
+            ])
+            .arg(repo().join("daemon/k3d/tests/systemd/boot.sh"))
+            .arg(scratch.join("overlay"))
+            .arg(repo())
+            .arg(bins)
+            .arg(repo().join("tests/fixtures/trained/model"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("create boot log"))
+            .stderr(std::fs::File::create(&log).expect("open boot log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run unshare (util-linux) to boot systemd: {e}"));
+        let mut booting = Systemd {
+            pid: 0,
+            unshare,
+            log,
+        };
+        // unshare --fork's one child is boot.sh, which execs systemd once the mounts are set.
+        booting.pid = booting.poll(Duration::from_secs(30), "systemd to start", |s| {
+            let children = format!("/proc/{0}/task/{0}/children", s.unshare.id());
+            let pid: u32 = std::fs::read_to_string(children)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            cmdline
+                .starts_with(b"/lib/systemd/systemd\0")
+                .then_some(pid)
+        });
+        booting.poll(Duration::from_secs(60), "is-system-running: running", |s| {
+            let out = s.nsenter(&["systemctl", "is-system-running"]);
+            let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            // degraded: some host unit unrelated to k3d failed in the namespace; still booted.
+            matches!(state.as_str(), "running" | "degraded").then_some(())
+        });
+        booting
+    }
+
+    /// Polls `f` until it yields, failing with the boot log (what systemd said) on timeout or
+    /// when the namespace died.
+    fn poll<T>(&mut self, limit: Duration, what: &str, mut f: impl FnMut(&Self) -> Option<T>) -> T {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(v) = f(self) {
+                return v;
+            }
+            if let Ok(Some(status)) = self.unshare.try_wait() {
+                panic!(
+                    "systemd could not boot in a PID+mount namespace (unshare exited {status}) \
+                     while waiting for {what}; this test needs root and a kernel allowing \
+                     namespaces and overlayfs:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no {what} after {limit:?}; boot log:\n{}\nsystemctl status:\n{}",
+                self.log_text(),
+                String::from_utf8_lossy(
+                    &self.nsenter(&["systemctl", "status", "--no-pager"]).stdout
+                )
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `args` run inside the namespace (its mounts: /run/k3d, the scratch /etc and /var).
+    fn nsenter(&self, args: &[&str]) -> std::process::Output {
+        Command::new("nsenter")
+            .arg("-t")
+            .arg(self.pid.to_string())
+            .args(["-m", "-p", "--"])
+            .args(args)
+            .output()
+            .expect("spawn nsenter")
+    }
+
+    /// `args` inside the namespace, which must succeed; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.nsenter(args);
+        assert!(
+            out.status.success(),
+            "{args:?} in the systemd namespace failed ({}): {}\n{}\njournal:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(
+                &self
+                    .nsenter(&["journalctl", "--no-pager", "-n", "40", "-u", "k3d.service"])
+                    .stdout
+            )
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn active(&self, unit: &str) -> String {
+        let out = self.nsenter(&["systemctl", "is-active", unit]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for Systemd {
+    fn drop(&mut self) {
+        if self.pid != 0 {
+            let _ = Command::new("kill")
+                .arg("-9")
+                .arg(self.pid.to_string())
+                .status();
+        } else {
+            let _ = self.unshare.kill();
+        }
+        let _ = self.unshare.wait();
+    }
+}
+
+const SOCK: &str = "/run/k3d/k3d.sock";
+
+/// The installed units under a real systemd: k3d.socket listens, one `k3` request through the
+/// socket starts k3d.service (Type=notify: active only after READY=1, its STATUS= shown by
+/// systemctl), a short `k3 run` is served, and after `systemctl stop k3d.service` the socket
+/// file is still there and activates the service again (no RuntimeDirectory= removing /run/k3d).
+#[test]
+fn units_socket_activate_the_daemon_under_a_real_systemd() {
+    let passwd_before = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    // The scratch overlay upper dirs must not lie inside the trees they cover (/etc, /var):
+    // CARGO_TARGET_TMPDIR is under target/.
+    let tmp = tempfile::Builder::new()
+        .prefix("k3-ops-systemd-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("create scratch dir");
+    let dir = tmp.path();
+    let bins = dir.join("bins");
+    std::fs::create_dir_all(&bins).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_k3d"), bins.join("k3d")).unwrap();
+    // The real client, built beside k3d by the workspace (`cargo build -p k3`).
+    let client = Path::new(env!("CARGO_BIN_EXE_k3d")).with_file_name("k3");
+    std::fs::copy(&client, bins.join("k3")).unwrap_or_else(|e| {
+        panic!(
+            "the k3 client {} is missing ({e}): cargo build -p k3",
+            client.display()
+        )
+    });
+
+    let mut sd = Systemd::boot(dir, &bins);
+    sd.ok(&["systemctl", "start", "k3d.socket"]);
+    assert_eq!(sd.active("k3d.socket"), "active");
+    assert_eq!(
+        sd.active("k3d.service"),
+        "inactive",
+        "nothing started it yet"
+    );
+    sd.ok(&["test", "-S", SOCK]);
+
+    // The first connection starts the service; `k3 status` answers (loading or serving).
+    let status = sd.ok(&[
+        "timeout",
+        "60",
+        "/usr/local/bin/k3",
+        "--socket",
+        SOCK,
+        "status",
+    ]);
+    assert!(
+        status.contains(&format!("on {SOCK}")),
+        "k3 status:\n{status}"
+    );
+    sd.poll(
+        Duration::from_secs(60),
+        "k3d.service active (READY=1)",
+        |s| (s.active("k3d.service") == "active").then_some(()),
+    );
+    let shown = sd.ok(&["systemctl", "status", "--no-pager", "k3d.service"]);
+    assert!(
+        shown.contains("Status: \"serving kimi-k3\""),
+        "the daemon's STATUS= after READY=1:\n{shown}"
+    );
+    assert!(
+        shown.contains("TriggeredBy:") && shown.contains("k3d.socket"),
+        "{shown}"
+    );
+    let run = |sd: &Systemd| {
+        sd.ok(&[
+            "timeout",
+            "60",
+            "/usr/local/bin/k3",
+            "--socket",
+            SOCK,
+            "run",
+            "def fibonacci(n):\n",
+            "--max-tokens",
+            "8",
+        ])
+    };
+    assert!(!run(&sd).is_empty(), "k3 run printed no text");
+
+    // Stopping the service leaves the socket unit's /run/k3d/k3d.sock listening, and the
+    // next request activates the service again.
+    sd.ok(&["systemctl", "stop", "k3d.service"]);
+    assert_eq!(sd.active("k3d.service"), "inactive");
+    assert_eq!(sd.active("k3d.socket"), "active");
+    sd.ok(&["test", "-S", SOCK]);
+    assert!(
+        !run(&sd).is_empty(),
+        "k3 run after the restart printed no text"
+    );
+    assert_eq!(sd.active("k3d.service"), "active");
+    sd.ok(&["systemctl", "restart", "k3d.service"]);
+    sd.ok(&["test", "-S", SOCK]);
+    drop(sd);
+
+    // install.sh created its `k3d` user in the scratch /etc only.
+    let passwd_after = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    assert_eq!(
+        passwd_after.lines().any(|l| l.starts_with("k3d:")),
+        passwd_before.lines().any(|l| l.starts_with("k3d:")),
+        "the k3d account leaked into the host's /etc/passwd"
     );
 }
