@@ -23,6 +23,7 @@
 //!   matvecs, norms and elementwise functions; SIMD paths bit-identical to the portable one.
 //! * [`model`] — the forward pass: AttnRes, KDA, MLA, router, LatentMoE, dense MLP, head.
 //! * [`tokenizer`] — tiktoken-style BPE, the K3 pre-tokeniser, chat template, streaming detok.
+//! * [`echo`] — quoting a caller's text in error messages, bounded.
 //! * [`input_file`] — opens input files so that a FIFO or device in their place is refused,
 //!   never blocked on.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
@@ -38,6 +39,7 @@
 pub mod advice;
 pub mod checkpoint;
 pub mod engine;
+pub mod echo;
 pub mod input_file;
 pub mod kernels;
 pub mod model;

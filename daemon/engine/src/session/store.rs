@@ -28,7 +28,7 @@ use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader};
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
-use crate::serve::validate::Echo;
+use crate::echo::Echo;
 
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]

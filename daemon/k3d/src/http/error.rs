@@ -5,7 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::ServeError;
-use k3_engine::serve::validate::{Echo, bounded};
+use k3_engine::echo::{Echo, bounded};
 use k3_engine::session::StoreError;
 use serde::Serialize;
 

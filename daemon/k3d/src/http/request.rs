@@ -7,7 +7,7 @@
 
 use super::error::ApiError;
 use k3_engine::engine::Sampling;
-use k3_engine::serve::validate::Echo;
+use k3_engine::echo::Echo;
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,

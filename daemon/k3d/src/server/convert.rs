@@ -126,7 +126,7 @@ fn message(index: usize, m: &pb::ChatMessage) -> Result<Message, Status> {
 /// JSON text from the wire; `field` names it in the error.
 fn json(field: &str, text: &str) -> Result<serde_json::Value, Status> {
     serde_json::from_str(text).map_err(|e| {
-        Status::invalid_argument(k3_engine::serve::validate::bounded(format!(
+        Status::invalid_argument(k3_engine::echo::bounded(format!(
             "{field} is not JSON: {e}"
         )))
     })
@@ -174,7 +174,7 @@ fn response_format(req: &pb::ChatRequest) -> Result<ResponseFormat, Status> {
 /// The gRPC status of a core refusal or failure.
 pub fn status(e: &ServeError) -> Status {
     // Bounded: the message travels in a header (`grpc-message`), which a peer may refuse whole.
-    let text = k3_engine::serve::validate::bounded(e.to_string());
+    let text = k3_engine::echo::bounded(e.to_string());
     match e {
         ServeError::Invalid(_) => Status::invalid_argument(text),
         ServeError::Busy(_) => Status::resource_exhausted(text),

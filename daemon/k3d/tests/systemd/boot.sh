@@ -16,6 +16,13 @@ for d in /etc /var /usr/local; do
     mkdir -p "$s/up$n" "$s/work$n"
     mount -t overlay overlay -o "lowerdir=$d,upperdir=$s/up$n,workdir=$s/work$n" "$d"
 done
+# What the rest needs from the repository, staged inside the /usr/local overlay first: the
+# repository (and the binaries, the model) may themselves lie under /tmp, which is hidden next.
+stage=/usr/local/lib/k3-systemd-test
+mkdir -p "$stage"
+cp -r "$repo/packaging" "$stage/packaging"
+cp -r "$bins" "$stage/bins"
+cp -r "$model" "$stage/model"
 mount -t tmpfs -o mode=0755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 # Units that would reach past the private mounts (kernel settings, modules, devices, files
@@ -26,8 +33,8 @@ for u in systemd-tmpfiles-setup.service systemd-tmpfiles-setup-dev.service \
     systemd-udev-trigger.service; do
     ln -sf /dev/null "/etc/systemd/system/$u"
 done
-"$repo/packaging/install.sh" --bin-dir "$bins"
-ln -s "$model" /var/lib/k3d/models/kimi-k3
+"$stage/packaging/install.sh" --bin-dir "$stage/bins"
+cp -r "$stage/model" /var/lib/k3d/models/kimi-k3
 # The test model is tiny; a budget the machine may not have would only slow the plan.
 sed -i 's/^ram_gb = .*/ram_gb = 2/' /etc/k3d/k3d.toml
 exec /lib/systemd/systemd --system --log-target=console

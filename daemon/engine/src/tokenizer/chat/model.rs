@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde_json::Value;
 
-use crate::serve::validate::Echo;
+use crate::echo::Echo;
 use crate::tokenizer::TokenizerError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

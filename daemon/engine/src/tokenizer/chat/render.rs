@@ -6,7 +6,7 @@ use serde_json::json;
 use super::json::{Json, compact_sorted};
 use super::model::{ChatError, Conversation, Effort, Message, ResponseFormat, Role, ToolCall};
 use super::model::{Tool, ToolChoice};
-use crate::serve::validate::Echo;
+use crate::echo::Echo;
 use crate::tokenizer::{CLOSE, END_OF_MSG, OPEN, SEP, Specials, Tokenizer};
 
 /// One unit of rendering (spec §8.1): encoded separately, never merged with its neighbours.
