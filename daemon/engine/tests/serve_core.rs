@@ -381,22 +381,28 @@ fn every_refusal_names_its_rule() {
     ));
 }
 
+/// [`one_slot`] with room for kept states (they live in the session allowance), for the
+/// automatic prefix reuse tests.
+fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
+    let ck = synth("tiny", seed);
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue: 4,
+    };
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
+        c.session_bytes = Some(64 << 20)
+    });
+    (ck, core)
+}
+
 /// Automatic prefix reuse warms a chat's next turn once its reply is out (`serve::prefix`):
 /// the caller's next request — sent at once, as an agent's is — prefills only what the user
 /// added, although the re-rendered reply need not be the generated ids, and its output is
 /// the fresh computation's.
 #[test]
 fn a_chats_next_turn_prefills_only_what_the_user_added() {
-    let ck = synth("tiny", 11);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-    };
-    // Kept states live in the session allowance.
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.session_bytes = Some(64 << 20)
-    });
+    let (ck, core) = reusing_slot(11);
     let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
     let me = k3_engine::serve::Caller::Uid(Some(7));
     let conversation = |messages: Vec<Message>| Conversation {
@@ -466,15 +472,7 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
 /// when the reply ends takes it, and the warming is dropped before it fed anything.
 #[test]
 fn warming_yields_its_slot_to_another_callers_waiting_request() {
-    let ck = synth("tiny", 12);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-    };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.session_bytes = Some(64 << 20)
-    });
+    let (_ck, core) = reusing_slot(12);
     let chat = Request {
         max_tokens: Some(24),
         reuse: Some(k3_engine::serve::Caller::Uid(Some(7))),
