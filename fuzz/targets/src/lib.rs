@@ -48,15 +48,18 @@ pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|&(_, f)| f)
 }
 
-/// A scratch directory private to this process and thread (tests run targets in parallel).
+thread_local! {
+    /// A scratch directory private to this thread (tests run targets in parallel threads; a
+    /// fuzzer runs one per process), made once and reused for every input, and removed when the
+    /// thread ends.
+    static SCRATCH: tempfile::TempDir = tempfile::Builder::new()
+        .prefix("k3-fuzz-")
+        .tempdir()
+        .expect("scratch directory for fuzz inputs");
+}
+
 fn scratch(file: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "k3-fuzz-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    fs::create_dir_all(&dir).expect("scratch directory for fuzz inputs");
-    dir.join(file)
+    SCRATCH.with(|dir| dir.path().join(file))
 }
 
 fn write_scratch(file: &str, data: &[u8]) -> PathBuf {
