@@ -74,15 +74,19 @@ def warmed_tokens(client):
     raise SystemExit("bench: /metrics has no k3d_prefix_warmed_tokens")
 
 
-def settle(client, before, patience):
-    """Waits (at most `patience` seconds) until the warming that follows a reply has finished,
-    as it has when a person reads the reply before typing the next turn; True if it did."""
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if warmed_tokens(client) > before:
-            return True
+def reused_turn(client, body):
+    """Time to first token of `body` continuing the caller's kept state; returns once the
+    warming its reply starts has finished (as it has when a person reads the reply before
+    typing the next turn), so the next measured request starts on an idle daemon."""
+    before = warmed_tokens(client)
+    ttft = stream(client, "/v1/chat/completions", body)[0]
+    deadline = time.monotonic() + 5 + 3 * ttft
+    while warmed_tokens(client) <= before:
+        if time.monotonic() > deadline:
+            print("bench: warming did not end")
+            break
         time.sleep(0.05)
-    return False
+    return ttft
 
 
 def prefix_reuse(args, client):
@@ -95,19 +99,13 @@ def prefix_reuse(args, client):
     body = {**common, "messages": turns, "max_tokens": 1}
     # At once: turn 3 sent the moment turn 2's reply ends, as an agent's next turn is, so it
     # waits for the daemon to finish warming turn 2's history. One figure per conversation.
-    before = warmed_tokens(client)
-    at_once = stream(client, "/v1/chat/completions", body)[0]
-    # Each measured request starts on an idle daemon: a reused request's one-token reply is
-    # warmed in turn, and that warming is waited for (a fresh request would otherwise wait for
-    # one of its rounds).
-    settle(client, before, patience=5 + 3 * at_once) or print("bench: warming did not end")
+    at_once = reused_turn(client, body)
+    # Each measured request starts on an idle daemon (a fresh request would otherwise wait for
+    # a round of the warming that follows a reused one).
     fresh, reused = [], []
     for _ in range(args.runs):
         fresh.append(stream(client, "/v1/chat/completions", {**body, "prefix_reuse": False})[0])
-        before = warmed_tokens(client)
-        t = stream(client, "/v1/chat/completions", body)[0]
-        reused.append(t)
-        settle(client, before, patience=5 + 3 * t) or print("bench: warming did not end")
+        reused.append(reused_turn(client, body))
     usage = client.post("/v1/chat/completions", json=body).json()["usage"]
     f, r = statistics.median(fresh), statistics.median(reused)
     print(f"prefix reuse: turn 3 ({usage['prompt_tokens']} prompt tokens, "
