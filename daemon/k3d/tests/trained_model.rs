@@ -1,6 +1,6 @@
 //! The trained fixture model (`tests/fixtures/trained/model`) through the `k3d` binary: what the
 //! demo shows is in-domain text, and exact speculation on repetitive input accepts drafts while
-//! giving plain greedy's ids.
+//! giving plain greedy's ids; the routing lookahead across the dense layer changes no bit.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -75,4 +75,83 @@ fn speculation_on_repetitive_input_accepts_drafts_and_equals_plain_greedy() {
     assert_eq!(plain["drafts_proposed"], 0);
     let accepted = spec["drafts_accepted"].as_u64().expect("drafts_accepted");
     assert!(accepted > 0, "no draft accepted: {spec}");
+}
+
+/// Routing lookahead across the dense layer 0 (issue 16 item 4): guessing layer 1's experts
+/// from layer 0's input or its MLP's input only moves when reads start — the ids and the
+/// `--dump-logits` bytes are those of `off` — and every guess for layer 1 is then made early,
+/// while no other layer's is. `input` is the default. At 0.004 GiB the whole trunk is resident
+/// and the plan grants lookahead slots.
+#[test]
+fn dense_lookahead_guesses_layer_1_early_and_changes_no_bit() {
+    let dir = tempfile::Builder::new()
+        .prefix("k3d-trained-dense-")
+        .tempdir()
+        .expect("scratch dir");
+    let run = |mode: Option<&str>| {
+        let dump = dir
+            .path()
+            .join(format!("{}.f32", mode.unwrap_or("default")));
+        let mut args = vec![
+            "--prompt",
+            "def fibonacci(n):\n",
+            "--gen",
+            "16",
+            "--ram-gb",
+            "0.004",
+            "--json",
+            "--dump-logits",
+            dump.to_str().expect("UTF-8 path"),
+        ];
+        if let Some(mode) = mode {
+            args.extend(["--dense-lookahead", mode]);
+        }
+        let out = k3d_run(&args);
+        let json: Value = serde_json::from_slice(&out).expect("--json prints one JSON object");
+        (json, std::fs::read(&dump).expect("logits file"))
+    };
+    // (layer, guessed passes, early passes) of every layer that had guesses.
+    let guesses = |json: &Value| -> Vec<(u64, u64, u64)> {
+        json["store"]["lookahead_by_layer"]
+            .as_array()
+            .expect("lookahead_by_layer")
+            .iter()
+            .map(|g| {
+                let n = |k: &str| g[k].as_u64().expect(k);
+                (n("layer"), n("guessed_passes"), n("early_passes"))
+            })
+            .collect()
+    };
+    let (off, off_logits) = run(Some("off"));
+    let off_guesses = guesses(&off);
+    assert!(
+        off_guesses.iter().any(|&(l, p, _)| l == 1 && p > 0),
+        "layer 1 guesses before its mixer by default: {off}"
+    );
+    assert!(off_guesses.iter().all(|&(_, _, e)| e == 0), "{off}");
+    let (default, _) = run(None);
+    assert_eq!(default["plan"]["dense_lookahead"], "input");
+    for mode in ["input", "mlp-input"] {
+        let (on, on_logits) = run(Some(mode));
+        assert_eq!(on["plan"]["dense_lookahead"], mode);
+        assert_eq!(on["generated_ids"], off["generated_ids"], "{mode}");
+        assert!(on_logits == off_logits, "logits differ with {mode}");
+        let on_guesses = guesses(&on);
+        for &(l, passes, early) in &on_guesses {
+            let want = if l == 1 { passes } else { 0 };
+            assert!(passes > 0 && early == want, "{mode}, layer {l}: {on}");
+        }
+        assert_eq!(
+            on_guesses.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+            off_guesses.iter().map(|g| (g.0, g.1)).collect::<Vec<_>>(),
+            "{mode}: the same layers guess as often"
+        );
+        if mode == "input" {
+            assert_eq!(
+                guesses(&default),
+                on_guesses,
+                "the default guesses as `input`"
+            );
+        }
+    }
 }

@@ -40,7 +40,7 @@ use crate::checkpoint::layout::{FfnLayout, LayerLayout, ModelLayout, Slice};
 use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
-use crate::plan::{Plan, PlanInputs};
+use crate::plan::{DenseLookahead, Plan, PlanInputs};
 use crate::store::{ExpertPrefetch, StoreOptions, TrunkView, WeightStore};
 
 /// How the model is loaded: what the memory plan must hold ([`PlanInputs`]: budget, stream
@@ -393,6 +393,10 @@ impl Model {
             dims: &self.dims,
         };
         let mut blocks: Vec<Vec<f32>> = Vec::new();
+        let dense_lookahead = self.store.plan().dense_lookahead;
+        let rows = cur.len() / h;
+        // The next layer's guess, made across a dense layer (issue 16).
+        let mut early: Option<ExpertPrefetch<'_>> = None;
         for (l, lp) in self.layers.iter().enumerate() {
             if l > 0 && cancel() {
                 return Err(ModelError::Cancelled);
@@ -417,13 +421,18 @@ impl Model {
                 (FfnParams::Moe(p), FfnLayout::Moe(ml)) => Some((p, binder.moe(l, ml, &trunk)?)),
                 _ => None,
             };
-            // Routing lookahead: this layer's experts start reading while its mixer runs.
-            let mut ahead = match &moe_parts {
-                Some((p, m)) => {
-                    self.read_ahead(l, (p, m), &blocks, base.as_deref(), x.len() / h)?
+            // Routing lookahead: this layer's experts start reading while its mixer runs, or
+            // earlier if guessed across the dense layer before it.
+            let mut ahead = match (&moe_parts, early.take()) {
+                (Some(_), Some(guessed)) => Some(guessed),
+                (Some((p, m)), None) => {
+                    self.read_ahead(l, (p, m), &blocks, base.as_deref(), rows)?
                 }
-                None => None,
+                (None, _) => None,
             };
+            if moe_parts.is_none() && dense_lookahead == DenseLookahead::Input {
+                early = self.read_across_dense(l, &blocks, base.as_deref(), rows)?;
+            }
             let mut a = vec![0.0f32; x.len()];
             let matrices = binder.mixer(ll, &trunk)?;
             // The mixers carry each sequence's own history: each gets every member's state and
@@ -460,6 +469,9 @@ impl Model {
                     p
                 }
             };
+            if moe_parts.is_none() && dense_lookahead == DenseLookahead::MlpInput {
+                early = self.read_across_dense(l, &blocks, Some(&partial), rows)?;
+            }
             let h2 = aggregate_rows(&blocks, &partial, &lp.vectors.mlp_res, eps, h);
             let x2 = norm_rows(&h2, &lp.vectors.post_norm, eps, h);
             let mut f = vec![0.0f32; x2.len()];
@@ -528,10 +540,8 @@ impl Model {
     /// never a computed value.
     ///
     /// Measured on `bench` at 8.5 GiB (12 tokens): 92–99 % of each layer's 16 experts guessed
-    /// right, ~100 % of the 8 most confident. Guessing further ahead, across the dense layer 0,
-    /// was right only 67 % of the time from its input and 55 % from its MLP's input: it read
-    /// 6–11 % more bytes per token and gained no speed, so the lookahead stays one sub-layer
-    /// ahead.
+    /// right, ~100 % of the 8 most confident. Guessing further ahead across the dense layer 0
+    /// is [`Model::read_across_dense`].
     fn read_ahead(
         &self,
         l: usize,
@@ -559,6 +569,62 @@ impl Model {
         let (p, m) = moe;
         let guess = moe::predict(&self.dims.moe, m, p, &x)?;
         Ok(self.store.prefetch_experts(l, &guess)?)
+    }
+
+    /// Routing lookahead across a dense layer (issue 16, plan `dense_lookahead`): while dense
+    /// layer `l` computes, starts reading the experts MoE layer `l + 1` would pick if every
+    /// sub-layer from here to its MoE added nothing — [`Model::read_ahead`] on the state it
+    /// would then see: `blocks`, plus `cur_next` (the running block sum known now, `None`
+    /// for zero) banked if `l + 1` starts a block, else as its running sum. `None` when `l + 1`
+    /// is not MoE or its trunk is not pinned (the plan grants lookahead slots only when every
+    /// layer is). The layer `l + 1` then makes no guess of its own: the slots are taken.
+    ///
+    /// Measured (issue 16, `tests/fixtures/trained/README.md`), share of layer 1's routing
+    /// guessed: on the trained fixture model 96.5–96.9 % from layer 0's input, 66.5–67.3 % from
+    /// its MLP's input, 98.8–99.2 % by layer 1's own guess before its mixer; on random weights
+    /// 73–76 % (`tiny`, `tiny-b`) and 67 % / 55 % (`bench`, where the MLP-input guess read 6–11 %
+    /// more bytes per token and gained no speed). From the input, at K3 sizes 272 of layer 1's
+    /// 281 MB per token start while the dense layer computes and the drive would idle, for
+    /// +6.5 MB of wrong guesses and as many read after routing: hence the default `input`.
+    fn read_across_dense(
+        &self,
+        l: usize,
+        blocks: &[Vec<f32>],
+        cur_next: Option<&[f32]>,
+        rows: usize,
+    ) -> Result<Option<ExpertPrefetch<'_>>, ModelError> {
+        let next = l + 1;
+        let (
+            Some(LayerParams {
+                ffn: FfnParams::Moe(p),
+                ..
+            }),
+            Some(FfnLayout::Moe(ml)),
+            Some(run),
+        ) = (
+            self.layers.get(next),
+            self.store.layout().layers.get(next).map(|ll| &ll.ffn),
+            self.store.pinned_trunk(next),
+        )
+        else {
+            return Ok(None);
+        };
+        let binder = Binder {
+            config: &self.config,
+            dims: &self.dims,
+        };
+        let m = binder.moe(next, ml, &Trunk::Whole(run))?;
+        if is_block_start(next, self.config.attn_res_block_size) {
+            let mut banked = blocks.to_vec();
+            banked.push(cur_next.map_or_else(
+                || vec![0.0; rows * self.config.hidden_size],
+                <[f32]>::to_vec,
+            ));
+            self.read_ahead(next, (p, &m), &banked, None, rows)
+        } else {
+            self.read_ahead(next, (p, &m), blocks, cur_next, rows)
+        }
+        .map(|guess| guess.map(ExpertPrefetch::early))
     }
 
     /// Model-level AR, final norm and lm_head (spec §4.10) for the rows each sequence wants;

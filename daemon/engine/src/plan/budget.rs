@@ -125,6 +125,44 @@ pub enum Lookahead {
     Off,
 }
 
+/// Whether the first MoE layer after a dense one is guessed across that dense layer (issue 16
+/// item 4): its experts start reading while the dense layer computes, on its router applied to
+/// the dense layer's input or its MLP's input, instead of while its own mixer computes. It
+/// uses the same lookahead slots, so it applies only where [`Lookahead`] grants them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DenseLookahead {
+    /// The MoE layer guesses before its own mixer, like every other (for comparisons).
+    Off,
+    /// From the dense layer's input, before its mixer: the default, as it named 96.5–96.9 % of
+    /// layer 1's routing on the trained fixture model (`Model::read_across_dense`).
+    #[default]
+    Input,
+    /// From the dense layer's MLP input, after its mixer.
+    MlpInput,
+}
+
+impl DenseLookahead {
+    /// The name `--dense-lookahead` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Input => "input",
+            Self::MlpInput => "mlp-input",
+        }
+    }
+}
+
+impl std::str::FromStr for DenseLookahead {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, PlanError> {
+        [Self::Off, Self::Input, Self::MlpInput]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| PlanError::UnknownDenseLookahead(s.into()))
+    }
+}
+
 /// The user's budget: `--ram-gb` (GiB; `None` = max) and optional caps for trunk and cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Budget {
@@ -132,6 +170,7 @@ pub struct Budget {
     pub trunk: Option<u64>,
     pub cache: Option<u64>,
     pub lookahead: Lookahead,
+    pub dense_lookahead: DenseLookahead,
 }
 
 impl Budget {

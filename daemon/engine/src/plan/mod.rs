@@ -65,7 +65,7 @@ pub mod state;
 
 use std::fmt;
 
-pub use budget::{Budget, Lookahead, Preset, StreamScheme};
+pub use budget::{Budget, DenseLookahead, Lookahead, Preset, StreamScheme};
 pub use census::Census;
 pub use inputs::{PlanInputs, Serving};
 pub use state::StateShape;
@@ -103,6 +103,8 @@ pub enum PlanError {
     BadBudget { what: &'static str, value: String },
     #[error("unknown memory preset {0:?} (laptop, desktop, workstation, server, max)")]
     UnknownPreset(String),
+    #[error("unknown dense lookahead {0:?} (off, input, mlp-input)")]
+    UnknownDenseLookahead(String),
     #[error("--session-gb ({sessions} B) leaves nothing of the RAM budget ({ram} B)")]
     SessionsTakeBudget { sessions: u64, ram: u64 },
 }
@@ -152,6 +154,9 @@ pub struct Plan {
     /// Slots kept for the reads a MoE layer issues before its mixer on a routing predicted
     /// from the mixer's input (rule 4): top-k when granted, else 0.
     pub lookahead_slots: usize,
+    /// Whether the first MoE layer after a dense one guesses across it (issue 16): the budget's
+    /// wish where lookahead slots are granted, else off.
+    pub dense_lookahead: DenseLookahead,
     pub cache_slot_bytes: u64,
     pub state_bytes: u64,
     pub scratch_bytes: u64,
@@ -228,6 +233,7 @@ impl Plan {
                 trunk: None,
                 cache: Some(cache),
                 lookahead: Lookahead::Off,
+                dense_lookahead: DenseLookahead::Off,
             };
             let mut plan = Self::new(census, budget, scheme)?;
             plan.budget = plan.total();
@@ -340,6 +346,11 @@ impl Plan {
             cache_slots,
             cache_min_slots: min_slots,
             lookahead_slots,
+            dense_lookahead: if lookahead_slots > 0 {
+                budget.dense_lookahead
+            } else {
+                DenseLookahead::Off
+            },
             cache_slot_bytes: slot,
             state_bytes: census.state_bytes,
             scratch_bytes: census.scratch_bytes,
@@ -477,8 +488,12 @@ impl fmt::Display for Plan {
             self.cache_min_slots,
             if self.lookahead_slots > 0 {
                 format!(
-                    "; {} for reads issued ahead on a predicted routing",
-                    self.lookahead_slots
+                    "; {} for reads issued ahead on a predicted routing{}",
+                    self.lookahead_slots,
+                    match self.dense_lookahead {
+                        DenseLookahead::Off => String::new(),
+                        d => format!(" (across the dense layer: {})", d.name()),
+                    }
                 )
             } else {
                 String::new()
@@ -672,9 +687,47 @@ mod tests {
             Preset::Workstation,
             Preset::Max,
         ] {
-            let p = Plan::new(&c, Budget::preset(preset), RING).unwrap();
+            let across = Budget {
+                dense_lookahead: DenseLookahead::Input,
+                ..Budget::preset(preset)
+            };
+            let p = Plan::new(&c, across, RING).unwrap();
             assert_eq!(p.lookahead_slots, 0, "{preset:?}: {p}");
+            assert_eq!(p.dense_lookahead, DenseLookahead::Off, "{preset:?}: {p}");
         }
+    }
+
+    #[test]
+    fn dense_lookahead_rides_on_granted_lookahead_slots() {
+        let c = k3();
+        for dense in [DenseLookahead::Input, DenseLookahead::MlpInput] {
+            let b = Budget {
+                dense_lookahead: dense,
+                ..Budget::preset(Preset::Server)
+            };
+            let p = Plan::new(&c, b, RING).unwrap();
+            assert_eq!((p.lookahead_slots, p.dense_lookahead), (16, dense));
+            assert!(p.to_string().contains(dense.name()), "{p}");
+            let off = Budget {
+                lookahead: Lookahead::Off,
+                ..b
+            };
+            let p = Plan::new(&c, off, RING).unwrap();
+            assert_eq!(
+                (p.lookahead_slots, p.dense_lookahead),
+                (0, DenseLookahead::Off)
+            );
+        }
+        for name in ["off", "input", "mlp-input"] {
+            assert_eq!(
+                name.parse::<DenseLookahead>().map(DenseLookahead::name),
+                Ok(name)
+            );
+        }
+        assert_eq!(
+            "mlp".parse::<DenseLookahead>(),
+            Err(PlanError::UnknownDenseLookahead("mlp".into()))
+        );
     }
 
     #[test]

@@ -212,9 +212,20 @@ pub struct ExpertPrefetch<'s> {
     held: Vec<(usize, Arc<LoadedRun>)>,
     /// Every expert guessed, read or not: what [`WeightStore::lookahead_by_layer`] scores.
     predicted: Vec<usize>,
+    /// Guessed before an earlier layer ran ([`ExpertPrefetch::early`]).
+    early: bool,
 }
 
 impl ExpertPrefetch<'_> {
+    /// Marks the guess as made before an earlier layer ran (across a dense layer, issue 16)
+    /// rather than before this layer's mixer: [`LayerGuesses::early_passes`] counts it.
+    pub fn early(self) -> Self {
+        Self {
+            early: true,
+            ..self
+        }
+    }
+
     /// Whether expert `e` is among the guesses (being read, or held resident).
     pub fn covers(&self, e: usize) -> bool {
         self.reads.iter().any(|(x, ..)| *x == e) || self.held.iter().any(|(x, _)| *x == e)
@@ -282,6 +293,8 @@ pub struct LayerGuesses {
     pub layer: usize,
     /// Routings of this layer that had a guess (one per forward pass over it).
     pub guessed_passes: u64,
+    /// Of those, the ones guessed before an earlier layer ran ([`ExpertPrefetch::early`]).
+    pub early_passes: u64,
     /// Experts guessed, summed over those passes.
     pub predicted: u64,
     /// Experts the routing then asked for, summed over those passes.
@@ -294,6 +307,7 @@ pub struct LayerGuesses {
 #[derive(Debug, Default)]
 struct GuessCounters {
     passes: AtomicU64,
+    early: AtomicU64,
     predicted: AtomicU64,
     routed: AtomicU64,
     confirmed: AtomicU64,
@@ -649,6 +663,13 @@ impl WeightStore {
         &self.layout
     }
 
+    /// Layer `layer`'s trunk run if the plan pins it, else `None`. Unlike
+    /// [`WeightStore::trunk`] it counts no bytes avoided: a look that replaces no read (the
+    /// routing lookahead reaching a later layer's router across a dense layer, issue 16).
+    pub fn pinned_trunk(&self, layer: usize) -> Option<&[u8]> {
+        self.pinned.get(layer)?.as_ref().map(LoadedRun::payload)
+    }
+
     /// The bytes of layer `layer`'s trunk run (all its non-expert tensors). A ring-streamed
     /// layer occupies a ring slot until the view is dropped; the next streamed layer (wrapping
     /// to the first, for the next token) is read into another slot meanwhile. A chunk-streamed
@@ -841,6 +862,7 @@ impl WeightStore {
             .map(|(layer, g)| LayerGuesses {
                 layer,
                 guessed_passes: g.passes.load(Ordering::Relaxed),
+                early_passes: g.early.load(Ordering::Relaxed),
                 predicted: g.predicted.load(Ordering::Relaxed),
                 routed: g.routed.load(Ordering::Relaxed),
                 confirmed: g.confirmed.load(Ordering::Relaxed),
@@ -891,6 +913,7 @@ impl WeightStore {
             reads,
             held,
             predicted: predicted.to_vec(),
+            early: false,
         }))
     }
 
@@ -963,6 +986,7 @@ impl WeightStore {
         if let (Some(a), Some(g)) = (&ahead, self.guesses.get(layer)) {
             let confirmed = a.predicted.iter().filter(|e| ids.contains(e)).count();
             g.passes.fetch_add(1, Ordering::Relaxed);
+            g.early.fetch_add(u64::from(a.early), Ordering::Relaxed);
             g.predicted
                 .fetch_add(a.predicted.len() as u64, Ordering::Relaxed);
             g.routed.fetch_add(ids.len() as u64, Ordering::Relaxed);

@@ -51,7 +51,7 @@ pub struct Args {
     /// The checkpoint directory.
     model_dir: PathBuf,
     /// Budgets to measure, comma-separated, each GiB (fractional allowed) or a preset name.
-    /// `--trunk-gb`, `--cache-gb` and `--no-lookahead` apply to every one.
+    /// `--trunk-gb`, `--cache-gb`, `--no-lookahead` and `--dense-lookahead` apply to every one.
     #[arg(
         long,
         value_delimiter = ',',

@@ -1,10 +1,10 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
-//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead` (which `k3d bench` also
-//! takes, for every budget it measures). Figures are GiB and may be fractional (tiny test
-//! models need budgets of a few MiB).
+//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`
+//! (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
+//! fractional (tiny test models need budgets of a few MiB).
 
 use k3_engine::model::LoadOptions;
-use k3_engine::plan::{Budget, Lookahead, PlanInputs, Preset};
+use k3_engine::plan::{Budget, DenseLookahead, Lookahead, PlanInputs, Preset};
 
 use crate::exit::{CliError, Exit};
 
@@ -21,6 +21,11 @@ pub struct PlanArgs {
     /// uses lookahead only when the whole trunk is resident). Output does not depend on it.
     #[arg(long)]
     no_lookahead: bool,
+    /// Guess the first MoE layer's experts across the dense layer before it, from that
+    /// layer's `input` (the default) or its `mlp-input`, or `off`: before its own mixer
+    /// (issue 16; only where the plan grants lookahead). Output does not depend on it.
+    #[arg(long, value_name = "FROM", default_value = "input")]
+    dense_lookahead: DenseLookahead,
 }
 
 impl PlanArgs {
@@ -35,6 +40,12 @@ impl PlanArgs {
         }
         if self.no_lookahead {
             out.push("--no-lookahead".to_string());
+        }
+        if self.dense_lookahead != DenseLookahead::default() {
+            out.extend([
+                "--dense-lookahead".to_string(),
+                self.dense_lookahead.name().to_string(),
+            ]);
         }
         out
     }
@@ -80,6 +91,7 @@ impl BudgetArgs {
         if self.plan.no_lookahead {
             budget.lookahead = Lookahead::Off;
         }
+        budget.dense_lookahead = self.plan.dense_lookahead;
         Ok(budget)
     }
 
@@ -96,6 +108,7 @@ impl BudgetArgs {
                 trunk_gb: self.plan.trunk_gb.or(trunk_gb),
                 cache_gb: self.plan.cache_gb.or(cache_gb),
                 no_lookahead: self.plan.no_lookahead,
+                dense_lookahead: self.plan.dense_lookahead,
             },
         }
     }

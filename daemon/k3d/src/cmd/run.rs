@@ -149,6 +149,7 @@ pub fn run(args: Args) -> CliResult {
                     serde_json::json!({
                         "layer": g.layer,
                         "guessed_passes": g.guessed_passes,
+                        "early_passes": g.early_passes,
                         "predicted": g.predicted,
                         "routed": g.routed,
                         "confirmed": g.confirmed,
@@ -167,6 +168,7 @@ pub fn run(args: Args) -> CliResult {
                 "embedding_resident": plan.embedding == k3_engine::plan::Residency::Resident,
                 "cache_slots": plan.cache_slots,
                 "lookahead_slots": plan.lookahead_slots,
+                "dense_lookahead": plan.dense_lookahead.name(),
                 "predicted_bytes_per_token": plan.reads.total(),
                 "predicted_trunk_bytes_per_token": plan.reads.trunk,
                 "predicted_expert_bytes_per_token": plan.reads.experts,
