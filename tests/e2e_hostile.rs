@@ -29,16 +29,7 @@ async fn daemon_with_http(name: &str, extra: &[&str]) -> (Daemon, PathBuf) {
 }
 
 fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> std::process::Output {
-    let mut cmd = match user {
-        Some(u) => {
-            let mut c = Command::new("runuser");
-            c.args(["-u", u, "--"]).arg(bin("k3"));
-            c
-        }
-        None => Command::new(bin("k3")),
-    };
-    cmd.arg("--socket")
-        .arg(socket)
+    k3_command(socket, user)
         .args(args)
         .output()
         .expect("run k3")
@@ -337,9 +328,7 @@ async fn a_client_that_never_reads_stalls_neither_another_request_nor_memory() {
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let start = Instant::now();
-    let mut other = Command::new(bin("k3"))
-        .arg("--socket")
-        .arg(&d.socket)
+    let mut other = k3_command(&d.socket, None)
         .args(["run", "--ids", "--max-tokens", "64", "8 9 10"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -390,9 +379,7 @@ async fn a_paused_k3_run_completes_with_its_whole_output() {
     let unpaused_time = start.elapsed();
     assert!(unpaused.status.success(), "{}", text(&unpaused.stderr));
 
-    let mut run = Command::new(bin("k3"))
-        .arg("--socket")
-        .arg(&d.socket)
+    let mut run = k3_command(&d.socket, None)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
