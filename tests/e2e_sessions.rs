@@ -58,16 +58,7 @@ fn session_args(sessions: &Path) -> [&str; 4] {
 }
 
 fn k3(socket: &Path, user: Option<&str>, args: &[&str]) -> Output {
-    let mut cmd = match user {
-        Some(u) => {
-            let mut c = Command::new("runuser");
-            c.args(["-u", u, "--"]).arg(bin("k3"));
-            c
-        }
-        None => Command::new(bin("k3")),
-    };
-    cmd.arg("--socket")
-        .arg(socket)
+    k3_command(socket, user)
         .args(args)
         .output()
         .expect("run k3")

@@ -404,6 +404,20 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `k3 --socket SOCKET`, run as account `user` (through runuser) or as this process's.
+pub fn k3_command(socket: &Path, user: Option<&str>) -> Command {
+    let mut cmd = match user {
+        Some(u) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", u, "--"]).arg(bin("k3"));
+            c
+        }
+        None => Command::new(bin("k3")),
+    };
+    cmd.arg("--socket").arg(socket);
+    cmd
+}
+
 /// The uid of account `name` (`id -u`).
 pub fn uid_of(name: &str) -> String {
     text(

@@ -72,6 +72,15 @@ pub struct Args {
     /// in --config). Repeatable.
     #[arg(long = "http", value_name = "unix:PATH|IP:PORT")]
     http: Vec<crate::http::Endpoint>,
+    /// Connections one peer may hold at once, over the gRPC socket and every HTTP endpoint
+    /// together (a Unix socket peer is a uid, a TCP one an IP address); more are closed at
+    /// once [default: 64].
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
+    /// Seconds a new connection may take to send its HTTP/2 preface (gRPC) or its first
+    /// request head (HTTP) before it is closed [default: 10].
+    #[arg(long)]
+    handshake_timeout: Option<f64>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -104,6 +113,8 @@ struct ConfigFile {
     http_api_keys: Option<Vec<String>>,
     /// Largest HTTP request body in bytes (larger gets 413).
     http_body_limit: Option<usize>,
+    max_connections_per_peer: Option<usize>,
+    handshake_timeout: Option<f64>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -291,6 +302,22 @@ pub fn run(args: Args) -> CliResult {
     if body_limit == 0 {
         return Err(usage("--config: http_body_limit must be at least 1".into()));
     }
+    let per_peer = args
+        .max_connections_per_peer
+        .or(file.max_connections_per_peer)
+        .unwrap_or(server::gate::DEFAULT_PER_PEER);
+    if per_peer == 0 {
+        return Err(usage("max_connections_per_peer must be at least 1".into()));
+    }
+    let handshake = match args.handshake_timeout.or(file.handshake_timeout) {
+        None => server::gate::DEFAULT_HANDSHAKE,
+        Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
+        Some(_) => {
+            return Err(usage(
+                "handshake_timeout must be between 0.1 and 3600 seconds".into(),
+            ));
+        }
+    };
     let http_settings = crate::http::Settings {
         keys,
         body_limit,
@@ -320,6 +347,10 @@ pub fn run(args: Args) -> CliResult {
         session_bytes,
         http,
         http_settings,
+        connections: server::gate::Limits {
+            per_peer,
+            handshake,
+        },
     })
 }
 

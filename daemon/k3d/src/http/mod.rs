@@ -283,6 +283,7 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
 pub async fn serve(
     app: Arc<App>,
     bound: Vec<Bound>,
+    gate: Arc<crate::server::gate::Gate>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -295,8 +296,11 @@ pub async fn serve(
         };
         match b {
             Bound::Unix { socket, .. } => {
-                let listener = tokio::net::UnixListener::from_std(socket)
-                    .context("registering the HTTP Unix socket")?;
+                let listener = listen::Gated::new(
+                    tokio::net::UnixListener::from_std(socket)
+                        .context("registering the HTTP Unix socket")?,
+                    Arc::clone(&gate),
+                );
                 let service = router.into_make_service_with_connect_info::<Peer>();
                 tasks.spawn(async move {
                     axum::serve(listener, service)
@@ -305,8 +309,11 @@ pub async fn serve(
                 });
             }
             Bound::Tcp(socket) => {
-                let listener = tokio::net::TcpListener::from_std(socket)
-                    .context("registering the HTTP socket")?;
+                let listener = listen::Gated::new(
+                    tokio::net::TcpListener::from_std(socket)
+                        .context("registering the HTTP socket")?,
+                    Arc::clone(&gate),
+                );
                 let service = router.into_make_service_with_connect_info::<Peer>();
                 tasks.spawn(async move {
                     axum::serve(listener, service)

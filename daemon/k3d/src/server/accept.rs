@@ -1,4 +1,6 @@
-//! The accept loop's connections, with a pause when the process is out of descriptors.
+//! The accept loops' connections (gRPC socket and HTTP endpoints): each passes the connection
+//! [`Gate`] (per-peer cap, handshake deadline), with a pause when the process is out of
+//! descriptors.
 //!
 //! tonic retries a failed accept at once. With the descriptor table full (EMFILE) the pending
 //! connection stays in the backlog, so every retry fails the same way: the loop spun at ~60%
@@ -6,29 +8,70 @@
 //! accept (connections closing meanwhile free descriptors), says so once per episode, and
 //! never reaches tonic.
 
+use super::gate::{Gate, Greeting, Guarded, PeerKey};
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Sleep;
 use tokio_stream::Stream;
 
 /// How long to wait after an accept failed for want of descriptors or memory.
 pub const BACKOFF: Duration = Duration::from_millis(100);
 
-pub struct Accepting {
-    listener: UnixListener,
+/// A listening socket whose connections are counted by peer.
+pub trait Listen {
+    type Io;
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Io>>;
+    fn peer(io: &Self::Io) -> PeerKey;
+}
+
+impl Listen for UnixListener {
+    type Io = UnixStream;
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<UnixStream>> {
+        UnixListener::poll_accept(self, cx).map_ok(|(stream, _)| stream)
+    }
+
+    fn peer(io: &UnixStream) -> PeerKey {
+        io.peer_cred()
+            .map_or(PeerKey::UnknownUid, |c| PeerKey::Uid(c.uid()))
+    }
+}
+
+impl Listen for TcpListener {
+    type Io = TcpStream;
+
+    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<TcpStream>> {
+        TcpListener::poll_accept(self, cx).map_ok(|(stream, _)| stream)
+    }
+
+    fn peer(io: &TcpStream) -> PeerKey {
+        // A TCP connection always has a peer address; one torn down meanwhile is counted with
+        // the unidentified, and its first read fails anyway.
+        io.peer_addr()
+            .map_or(PeerKey::UnknownUid, |a| PeerKey::Ip(a.ip()))
+    }
+}
+
+pub struct Accepting<L> {
+    listener: L,
+    gate: Arc<Gate>,
+    greeting: Greeting,
     /// Set while backing off.
     pause: Option<Pin<Box<Sleep>>>,
     /// An accept failed for want of resources and none has succeeded since.
     exhausted: bool,
 }
 
-impl Accepting {
-    pub fn new(listener: UnixListener) -> Accepting {
+impl<L: Listen> Accepting<L> {
+    pub fn new(listener: L, gate: Arc<Gate>, greeting: Greeting) -> Accepting<L> {
         Accepting {
             listener,
+            gate,
+            greeting,
             pause: None,
             exhausted: false,
         }
@@ -44,8 +87,8 @@ fn out_of_resources(e: &io::Error) -> bool {
     )
 }
 
-impl Stream for Accepting {
-    type Item = io::Result<UnixStream>;
+impl<L: Listen + Unpin> Stream for Accepting<L> {
+    type Item = io::Result<Guarded<L::Io>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
@@ -57,11 +100,16 @@ impl Stream for Accepting {
             }
             match self.listener.poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok((stream, _))) => {
+                Poll::Ready(Ok(stream)) => {
                     if std::mem::take(&mut self.exhausted) {
                         log!("accepting connections again");
                     }
-                    return Poll::Ready(Some(Ok(stream)));
+                    let peer = L::peer(&stream);
+                    // Over its peer's cap the stream is dropped (closed) here, and the loop
+                    // goes on to the next connection without waiting.
+                    if let Some(admitted) = self.gate.admit(stream, peer, self.greeting) {
+                        return Poll::Ready(Some(Ok(admitted)));
+                    }
                 }
                 Poll::Ready(Err(e)) if out_of_resources(&e) => {
                     if !std::mem::replace(&mut self.exhausted, true) {

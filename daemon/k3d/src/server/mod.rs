@@ -13,8 +13,9 @@
 
 #[macro_use]
 pub mod logging;
-mod accept;
+pub(crate) mod accept;
 pub(crate) mod convert;
+pub(crate) mod gate;
 mod listener;
 mod service;
 mod status;
@@ -58,6 +59,8 @@ pub struct Config {
     /// The HTTP API's endpoints (`--http`, none = no HTTP) and settings.
     pub http: Vec<crate::http::Endpoint>,
     pub http_settings: crate::http::Settings,
+    /// Per-peer connection cap and handshake deadline, on every listener.
+    pub connections: gate::Limits,
 }
 
 /// How the serving loop ended.
@@ -146,6 +149,7 @@ pub fn run(cfg: Config) -> CliResult {
         &listener,
         service,
         Http { app, bound: http },
+        gate::Gate::new(cfg.connections),
         &core,
         signals,
         cfg.grace,
@@ -198,6 +202,7 @@ async fn serve(
     listener: &Listener,
     service: service::Service,
     http: Http,
+    gate: Arc<gate::Gate>,
     core: &Arc<Core>,
     mut signals: Signals,
     grace: Duration,
@@ -208,11 +213,18 @@ async fn serve(
         .context("duplicating the listening socket")?;
     let incoming = accept::Accepting::new(
         tokio::net::UnixListener::from_std(socket).context("registering the socket")?,
+        Arc::clone(&gate),
+        gate::Greeting::Http2Preface,
     );
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     // Without endpoints the HTTP task ends at once: only a failure of a real one ends serving.
     let serving_http = !http.bound.is_empty();
-    let mut http = tokio::spawn(crate::http::serve(http.app, http.bound, stop_rx.clone()));
+    let mut http = tokio::spawn(crate::http::serve(
+        http.app,
+        http.bound,
+        gate,
+        stop_rx.clone(),
+    ));
     let svc = EngineServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
