@@ -279,9 +279,20 @@ impl Timer {
 async fn whole(
     app: Arc<App>,
     head: Head,
+    reader: Reader,
+    timer: Timer,
+) -> Result<Response, ApiError> {
+    let (reasoning, content, finish) = collect(&app, reader, timer).await?;
+    Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response())
+}
+
+/// A whole (not streamed) reply: its reasoning, its content and how it finished (with its
+/// tool calls), timed for the metrics.
+pub async fn collect(
+    app: &App,
     mut reader: Reader,
     mut timer: Timer,
-) -> Result<Response, ApiError> {
+) -> Result<(String, String, Finish), ApiError> {
     let (mut reasoning, mut content) = (String::new(), String::new());
     while let Some(piece) = reader.next().await {
         match piece? {
@@ -296,8 +307,8 @@ async fn whole(
                 content.push_str(&t);
             }
             Piece::Finished(finish) => {
-                timer.record(&app, &finish.usage);
-                return Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response());
+                timer.record(app, &finish.usage);
+                return Ok((reasoning, content, finish));
             }
         }
     }

@@ -43,6 +43,16 @@ impl Fields {
             .ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required")))
     }
 
+    /// The list field `name` (absent: empty), each item mapped by `each(index, item)`.
+    pub fn list<T>(
+        &self,
+        name: &str,
+        each: impl Fn(usize, &Value) -> Result<T, ApiError>,
+    ) -> Result<Vec<T>, ApiError> {
+        let items = self.get::<Vec<Value>>(name)?.unwrap_or_default();
+        items.iter().enumerate().map(|(i, v)| each(i, v)).collect()
+    }
+
     pub fn object(&self) -> &Map<String, Value> {
         &self.0
     }
@@ -223,42 +233,36 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
 
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
-    let Some(raw) = f.get::<Vec<Value>>("tools")? else {
-        return Ok(Vec::new());
-    };
-    raw.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = |field: &str| format!("tools[{i}]{field}");
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(ApiError::invalid(
-                    at(".type"),
-                    "k3 declares function tools only (`\"type\": \"function\"`)",
-                ));
-            }
-            let function = t
-                .get("function")
-                .filter(|v| v.is_object())
-                .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
-            let name: String = value(&at(".function.name"), function.get("name"))?
-                .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
-            if name.is_empty() {
-                return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
-            }
-            let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
-            if parameters.as_ref().is_some_and(|p| !p.is_object()) {
-                return Err(ApiError::invalid(
-                    at(".function.parameters"),
-                    "`parameters` must be a JSON schema object",
-                ));
-            }
-            Ok(Tool {
-                name,
-                description: value(&at(".function.description"), function.get("description"))?,
-                parameters,
-            })
+    f.list("tools", |i, t| {
+        let at = |field: &str| format!("tools[{i}]{field}");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                at(".type"),
+                "k3 declares function tools only (`\"type\": \"function\"`)",
+            ));
+        }
+        let function = t
+            .get("function")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
+        let name: String = value(&at(".function.name"), function.get("name"))?
+            .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
+        if name.is_empty() {
+            return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
+        }
+        let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
+        if parameters.as_ref().is_some_and(|p| !p.is_object()) {
+            return Err(ApiError::invalid(
+                at(".function.parameters"),
+                "`parameters` must be a JSON schema object",
+            ));
+        }
+        Ok(Tool {
+            name,
+            description: value(&at(".function.description"), function.get("description"))?,
+            parameters,
         })
-        .collect()
+    })
 }
 
 /// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in

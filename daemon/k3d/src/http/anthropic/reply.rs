@@ -4,7 +4,7 @@
 //! through the OpenAI routes' one `Reader`, so a streamed reply concatenates to the whole one.
 
 use crate::http::App;
-use crate::http::completions::Timer;
+use crate::http::completions::{Timer, collect};
 use crate::http::error::ApiError;
 use crate::http::reply::{Finish, Piece, Reader, Usage};
 use axum::http::header;
@@ -140,33 +140,10 @@ pub async fn respond(
     }
 }
 
-async fn whole(
-    app: &App,
-    head: &Head,
-    mut reader: Reader,
-    mut timer: Timer,
-) -> Result<Response, ApiError> {
-    let (mut reasoning, mut text) = (String::new(), String::new());
-    while let Some(piece) = reader.next().await {
-        match piece? {
-            // The whole calls come with the finish.
-            Piece::ToolCall(_) => timer.piece(),
-            Piece::Reasoning(t) => {
-                timer.piece();
-                reasoning.push_str(&t);
-            }
-            Piece::Content(t) => {
-                timer.piece();
-                text.push_str(&t);
-            }
-            Piece::Finished(finish) => {
-                timer.record(app, &finish.usage);
-                let body = whole_body(head, &reasoning, &text, &finish)?;
-                return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
-            }
-        }
-    }
-    Err(ApiError::internal("the reply ended without finishing"))
+async fn whole(app: &App, head: &Head, reader: Reader, timer: Timer) -> Result<Response, ApiError> {
+    let (reasoning, text, finish) = collect(app, reader, timer).await?;
+    let body = whole_body(head, &reasoning, &text, &finish)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// The whole message as JSON text: `content` is the thinking block (if the reply reasoned),
@@ -401,6 +378,14 @@ mod tests {
         }
     }
 
+    fn head(request: u64) -> Head {
+        Head {
+            id: format!("msg_{request}"),
+            request,
+            model: "tiny".into(),
+        }
+    }
+
     fn call(index: usize, start: Option<&str>, arguments: &str) -> Piece {
         Piece::ToolCall(ToolCallDelta {
             index,
@@ -430,27 +415,16 @@ mod tests {
             .flat_map(|p| piece_events(&mut blocks, 7, p))
             .collect();
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(
-            kinds,
-            [
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_delta",
-                "content_block_stop",
-                "content_block_start",
-                "content_block_delta",
-                "content_block_stop",
-                "message_delta",
-                "message_stop",
-            ]
-        );
+        // Thinking (two deltas), text, a call in three pieces (the first only starts it), a
+        // call in one, then the finish.
+        let blocks_expected = "start delta delta stop start delta stop start delta delta stop \
+                               start delta stop";
+        let expected: Vec<String> = blocks_expected
+            .split_whitespace()
+            .map(|k| format!("content_block_{k}"))
+            .chain(["message_delta".into(), "message_stop".into()])
+            .collect();
+        assert_eq!(kinds, expected);
         // Every delta and stop belongs to the block started last.
         let mut open = None;
         for e in &events {
@@ -527,12 +501,7 @@ mod tests {
 
     #[test]
     fn a_tool_use_input_keeps_the_order_the_model_wrote_its_keys_in() {
-        let head = Head {
-            id: "msg_1".into(),
-            request: 1,
-            model: "tiny".into(),
-        };
-        let body = whole_body(&head, "", "", &finish("tool_calls", None)).unwrap();
+        let body = whole_body(&head(1), "", "", &finish("tool_calls", None)).unwrap();
         assert!(
             body.contains(r#""input":{"unit": "C", "city": "Paris"}"#),
             "{body}"

@@ -427,53 +427,47 @@ impl ToolInputs {
 /// `tools`: `[{"name", "description", "input_schema"}]` (client tools; Anthropic's server
 /// tools, which have another `type`, run on Anthropic's side and are refused).
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
-    let Some(raw) = f.get::<Vec<Value>>("tools")? else {
-        return Ok(Vec::new());
-    };
-    raw.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            let t = object(&at, t)?;
-            only(
-                t,
-                &at,
-                &[
-                    "type",
-                    "name",
-                    "description",
-                    "input_schema",
-                    "cache_control",
-                ],
-            )?;
-            if let Some(kind) = t.get("type").filter(|k| !k.is_null())
-                && kind.as_str() != Some("custom")
-            {
-                return Err(ApiError::invalid(
-                    format!("{at}.type"),
-                    "k3 declares client tools only (no `type`, or \"custom\")",
-                ));
-            }
-            let name: String = value(&format!("{at}.name"), t.get("name"))?
-                .filter(|n: &String| !n.is_empty())
-                .ok_or_else(|| ApiError::invalid(format!("{at}.name"), "a tool needs a name"))?;
-            let schema = t
-                .get("input_schema")
-                .filter(|s| s.is_object())
-                .cloned()
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("{at}.input_schema"),
-                        "a tool needs `input_schema`, a JSON schema object",
-                    )
-                })?;
-            Ok(Tool {
-                name,
-                description: value(&format!("{at}.description"), t.get("description"))?,
-                parameters: Some(schema),
-            })
+    f.list("tools", |i, t| {
+        let at = format!("tools[{i}]");
+        let t = object(&at, t)?;
+        only(
+            t,
+            &at,
+            &[
+                "type",
+                "name",
+                "description",
+                "input_schema",
+                "cache_control",
+            ],
+        )?;
+        if let Some(kind) = t.get("type").filter(|k| !k.is_null())
+            && kind.as_str() != Some("custom")
+        {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                "k3 declares client tools only (no `type`, or \"custom\")",
+            ));
+        }
+        let name: String = value(&format!("{at}.name"), t.get("name"))?
+            .filter(|n: &String| !n.is_empty())
+            .ok_or_else(|| ApiError::invalid(format!("{at}.name"), "a tool needs a name"))?;
+        let schema = t
+            .get("input_schema")
+            .filter(|s| s.is_object())
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("{at}.input_schema"),
+                    "a tool needs `input_schema`, a JSON schema object",
+                )
+            })?;
+        Ok(Tool {
+            name,
+            description: value(&format!("{at}.description"), t.get("description"))?,
+            parameters: Some(schema),
         })
-        .collect()
+    })
 }
 
 /// `tool_choice`: `{"type": "auto" | "any" | "none"}` are the template's notes (spec §8.2 step
