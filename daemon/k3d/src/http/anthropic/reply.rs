@@ -399,7 +399,7 @@ mod tests {
 
     #[test]
     fn streamed_blocks_open_close_and_index_in_order_and_concatenate_to_the_whole() {
-        let pieces = vec![
+        let pieces = [
             Piece::Reasoning("Let me".into()),
             Piece::Reasoning(" see.".into()),
             Piece::Content("Checking.".into()),

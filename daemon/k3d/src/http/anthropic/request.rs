@@ -531,7 +531,7 @@ fn output_config(f: &Fields) -> Result<(Thinking, ResponseFormat), ApiError> {
             match kind("thinking", t)? {
                 "enabled" => {
                     let budget = value::<u64>("thinking.budget_tokens", t.get("budget_tokens"))?;
-                    if !budget.is_some_and(|b| b > 0) {
+                    if budget.is_none_or(|b| b == 0) {
                         return Err(ApiError::invalid(
                             "thinking.budget_tokens",
                             "thinking \"enabled\" needs `budget_tokens`, a positive integer",
