@@ -22,8 +22,8 @@ fn python() -> PathBuf {
     let python = root.join("target/venv-http/bin/python");
     assert!(
         python.exists(),
-        "{} is missing: the HTTP tests need the official `openai` package in that venv; \
-         run ./tests/run.sh (it creates it)",
+        "{} is missing: the HTTP tests need the official `openai` and `anthropic` packages in \
+         that venv; run ./tests/run.sh (it creates it)",
         python.display()
     );
     python
@@ -181,11 +181,17 @@ async fn tools_reference(
     })
 }
 
-#[tokio::test]
-async fn the_openai_python_client_gets_what_grpc_gets() {
-    let python = python();
-    let tmp = scratch("http-openai");
-    let dir = tmp.path();
+/// A daemon on the tiny model serving HTTP on `dir/http.sock` and loopback TCP, with a key and
+/// a small body limit from its config file; `args` are more flags. Returns it with the HTTP
+/// socket and a gRPC client, once the model is ready.
+async fn keyed_daemon(
+    dir: &Path,
+    args: &[&str],
+) -> (
+    Daemon,
+    PathBuf,
+    k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+) {
     let http_socket = dir.join("http.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(
@@ -198,12 +204,54 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
     .expect("write the config");
     let socket = dir.join("k3d.sock");
     let config_arg = config.display().to_string();
-    let d = Daemon::start(
-        tiny_model(),
-        &socket,
+    let mut all = vec!["--config", &config_arg];
+    all.extend_from_slice(args);
+    let d = Daemon::start(tiny_model(), &socket, &all);
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    (d, http_socket, c)
+}
+
+/// Runs `tests/http/<file>` under pytest against `d` (its HTTP socket, TCP address, key and
+/// model id in the environment, with `env`), failing with pytest's report and the daemon's log.
+fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&str, &Path)]) {
+    let model_id = std::fs::canonicalize(tiny_model())
+        .expect("model dir")
+        .file_name()
+        .expect("a name")
+        .to_string_lossy()
+        .into_owned();
+    let mut command = Command::new(python);
+    command
+        .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"])
+        .arg(tests_dir().join(file))
+        .env("K3_HTTP_SOCKET", http_socket)
+        .env("K3_HTTP_URL", tcp_url(d))
+        .env("K3_HTTP_KEY", KEY)
+        .env("K3_MODEL", &model_id)
+        .env("K3_BODY_LIMIT", BODY_LIMIT.to_string());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("run pytest");
+    let report = format!(
+        "{}{}\ndaemon log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log_text()
+    );
+    assert!(out.status.success(), "{file} failed:\n{report}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[tokio::test]
+async fn the_openai_python_client_gets_what_grpc_gets() {
+    let python = python();
+    let tmp = scratch("http-openai");
+    let dir = tmp.path();
+    let (d, http_socket, mut c) = keyed_daemon(
+        dir,
         &[
-            "--config",
-            &config_arg,
             "--max-active",
             "1",
             "--max-queue",
@@ -212,10 +260,8 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
             "--session-gb",
             "0.25",
         ],
-    );
-    let mut c = client(&socket).await;
-    wait_ready(&mut c).await;
-    let url = tcp_url(&d);
+    )
+    .await;
     let off = chat_reference(&mut c, pb::Thinking::Off, pb::Effort::Default).await;
     let on = chat_reference(&mut c, pb::Thinking::On, pb::Effort::High).await;
     let tools = tools_reference(&mut c).await;
@@ -231,34 +277,24 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
     });
     let reference_path = dir.join("reference.json");
     std::fs::write(&reference_path, reference.to_string()).expect("write the reference");
-    let model_id = std::fs::canonicalize(tiny_model())
-        .expect("model dir")
-        .file_name()
-        .expect("a name")
-        .to_string_lossy()
-        .into_owned();
-    let out = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"])
-        .arg(tests_dir().join("test_openai.py"))
-        .env("K3_HTTP_SOCKET", &http_socket)
-        .env("K3_HTTP_URL", &url)
-        .env("K3_HTTP_KEY", KEY)
-        .env("K3_MODEL", &model_id)
-        .env("K3_BODY_LIMIT", BODY_LIMIT.to_string())
-        .env("K3_REFERENCE", &reference_path)
-        .output()
-        .expect("run pytest");
-    let report = format!(
-        "{}{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        d.log_text()
+    pytest(
+        &python,
+        "test_openai.py",
+        &d,
+        &http_socket,
+        &[("K3_REFERENCE", &reference_path)],
     );
-    assert!(
-        out.status.success(),
-        "the openai client tests failed:\n{report}"
-    );
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// Anthropic's Messages API through the official `anthropic` package, against the OpenAI
+/// route of the same daemon (the same conversation must render the same prompt and get the
+/// same greedy reply), on the socket and on TCP with the key (issue 15 point 9).
+#[tokio::test]
+async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
+    let python = python();
+    let tmp = scratch("http-anthropic");
+    let (d, http_socket, _c) = keyed_daemon(tmp.path(), &["--session-gb", "0.25"]).await;
+    pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
 }
 
 #[test]

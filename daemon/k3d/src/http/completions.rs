@@ -162,7 +162,7 @@ pub async fn complete(
 ) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
     // The core's refusals name values, not fields: the field they concern is the prompt.
-    let (common, mut request, param): (Common, CoreRequest, &str) = match shape {
+    let (common, request, param): (Common, CoreRequest, &str) = match shape {
         Shape::Chat => {
             let p = request::chat(&fields)?;
             (p.common, p.request, "messages")
@@ -172,10 +172,34 @@ pub async fn complete(
             (p.common, p.request, "prompt")
         }
     };
+    let reader = submit(
+        &app,
+        peer,
+        caller,
+        &common,
+        request,
+        shape == Shape::Chat,
+        param,
+    )
+    .await?;
+    respond(app, shape, common, reader, arrived).await
+}
+
+/// Queues `request` on the serve core for every route that generates (`chat`: whether its
+/// reasoning is counted); `param` is the field the core's refusals concern.
+pub async fn submit(
+    app: &App,
+    peer: Peer,
+    caller: Option<Caller>,
+    common: &Common,
+    mut request: CoreRequest,
+    chat: bool,
+    param: &str,
+) -> Result<Reader, ApiError> {
     app.check_model(&common.model)?;
     app.check_ready()?;
-    // OpenAI clients resend the whole conversation each turn: continue from the caller's
-    // longest kept prefix (bit-identical to computing it afresh) unless told not to.
+    // Clients resend the whole conversation each turn: continue from the caller's longest
+    // kept prefix (bit-identical to computing it afresh) unless told not to.
     if common.prefix_reuse {
         request.reuse = caller;
     }
@@ -187,8 +211,7 @@ pub async fn complete(
         .await
         .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
-    let reader = Reader::new(job, shape == Shape::Chat, &common.stop_strings);
-    respond(app, shape, common, reader, arrived).await
+    Ok(Reader::new(job, chat, &common.stop_strings))
 }
 
 async fn respond(
@@ -225,24 +248,24 @@ async fn respond(
 }
 
 /// Time to first token and decode time per token, for the metrics.
-struct Timer {
+pub struct Timer {
     arrived: Instant,
     first: Option<Instant>,
 }
 
 impl Timer {
-    fn new(arrived: Instant) -> Timer {
+    pub fn new(arrived: Instant) -> Timer {
         Timer {
             arrived,
             first: None,
         }
     }
 
-    fn piece(&mut self) {
+    pub fn piece(&mut self) {
         self.first.get_or_insert_with(Instant::now);
     }
 
-    fn record(&self, app: &App, usage: &Usage) {
+    pub fn record(&self, app: &App, usage: &Usage) {
         let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
         let decode = self
             .first
@@ -256,9 +279,20 @@ impl Timer {
 async fn whole(
     app: Arc<App>,
     head: Head,
+    reader: Reader,
+    timer: Timer,
+) -> Result<Response, ApiError> {
+    let (reasoning, content, finish) = collect(&app, reader, timer).await?;
+    Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response())
+}
+
+/// A whole (not streamed) reply: its reasoning, its content and how it finished (with its
+/// tool calls), timed for the metrics.
+pub async fn collect(
+    app: &App,
     mut reader: Reader,
     mut timer: Timer,
-) -> Result<Response, ApiError> {
+) -> Result<(String, String, Finish), ApiError> {
     let (mut reasoning, mut content) = (String::new(), String::new());
     while let Some(piece) = reader.next().await {
         match piece? {
@@ -273,8 +307,8 @@ async fn whole(
                 content.push_str(&t);
             }
             Piece::Finished(finish) => {
-                timer.record(&app, &finish.usage);
-                return Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response());
+                timer.record(app, &finish.usage);
+                return Ok((reasoning, content, finish));
             }
         }
     }

@@ -1,11 +1,13 @@
 //! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with the
-//! status the SDKs map to their exception classes (OpenAI's API reference, "Error codes").
-//! `from_serve` is the one place the serve core's refusals and failures become HTTP.
+//! status the SDKs map to their exception classes (OpenAI's API reference, "Error codes"), or,
+//! on the Anthropic routes, in Anthropic's (`{"type": "error", "error": {"type", "message"}}`,
+//! [`Anthropic`]) with the same status (issue 15 point 9). `from_serve` is the one place the
+//! serve core's refusals and failures become HTTP.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::ServeError;
 use k3_engine::echo::{Echo, bounded};
+use k3_engine::serve::ServeError;
 use k3_engine::session::StoreError;
 use serde::Serialize;
 
@@ -160,11 +162,30 @@ impl ApiError {
         })
         .unwrap_or_default()
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.json())).into_response();
+    /// The error in Anthropic's shape: no `param`, so a 400's message starts with the field.
+    pub fn anthropic_json(&self) -> serde_json::Value {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            // Anthropic's name for "try again later" (its own status for it is 529).
+            503 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        };
+        let message = match &self.param {
+            Some(param) if !param.is_empty() => format!("{param}: {}", self.message),
+            _ => self.message.clone(),
+        };
+        serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
+    }
+
+    /// The response with `body`, telling the client when to retry a 429 or 503.
+    fn respond(&self, body: serde_json::Value) -> Response {
+        let mut response = (self.status, axum::Json(body)).into_response();
         if matches!(
             self.status,
             StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
@@ -174,5 +195,27 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.respond(self.json())
+    }
+}
+
+/// An error answered in Anthropic's shape (the `/v1/messages` routes).
+#[derive(Debug)]
+pub struct Anthropic(pub ApiError);
+
+impl From<ApiError> for Anthropic {
+    fn from(e: ApiError) -> Anthropic {
+        Anthropic(e)
+    }
+}
+
+impl IntoResponse for Anthropic {
+    fn into_response(self) -> Response {
+        self.0.respond(self.0.anthropic_json())
     }
 }

@@ -4,13 +4,16 @@
 //! batching, sessions), exactly as the gRPC service is.
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; anything else is a 404 in OpenAI's error shape.
+//! `GET /health`, `GET /metrics`, and Anthropic's `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens` ([`anthropic`], issue 15 point 9); anything else is a 404 in
+//! OpenAI's error shape.
 //!
 //! Who may connect: on a Unix socket, whoever the socket's file mode lets in, identified by
 //! uid (SO_PEERCRED) exactly as on the gRPC socket; on TCP, with `http_api_keys` in the config
-//! file, only requests bearing one (`Authorization: Bearer KEY`); `/health` needs no key so
-//! supervisors can probe it.
+//! file, only requests bearing one (`Authorization: Bearer KEY`, or `x-api-key: KEY` as
+//! Anthropic's clients send it); `/health` needs no key so supervisors can probe it.
 
+mod anthropic;
 mod completions;
 mod error;
 mod listen;
@@ -111,6 +114,18 @@ pub fn router(app: Arc<App>) -> Router {
                 },
             ),
         )
+        .route(
+            "/v1/messages",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    anthropic::messages(app, peer, request)
+                },
+            ),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(|State(app): State<Arc<App>>, request| anthropic::count_tokens(app, request)),
+        )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -138,6 +153,8 @@ async fn guard(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
+        // Anthropic's clients read errors in Anthropic's shape.
+        Err(e) if endpoint.starts_with("/v1/messages") => error::Anthropic(e).into_response(),
         Err(e) => e.into_response(),
     };
     app.metrics.request(&endpoint, response.status().as_u16());
@@ -159,12 +176,14 @@ fn authorise(
     if keys.is_empty() || endpoint == "/health" {
         return Ok(Caller::Key(String::new()));
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+    let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let given = header_text(header::AUTHORIZATION)
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| header_text(X_API_KEY))
         .ok_or_else(|| {
-            ApiError::unauthorized("an API key is required: Authorization: Bearer KEY")
+            ApiError::unauthorized(
+                "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
+            )
         })?;
     if let Some(key) = keys
         .iter()
@@ -177,6 +196,10 @@ fn authorise(
         ))
     }
 }
+
+/// The header Anthropic's clients carry their key in (Claude Code's `ANTHROPIC_API_KEY`;
+/// its `ANTHROPIC_AUTH_TOKEN` goes out as a bearer token).
+const X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
 
 /// Compares without an early exit, so timing does not reveal how much of a key matched.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -29,6 +29,8 @@ pub struct Finish {
     pub tool_calls: Vec<k3_engine::tokenizer::chat::ToolCall>,
     /// What was malformed, with the raw output (`k3_malformed` in the response).
     pub malformed: Option<Malformed>,
+    /// The stop string that ended the reply (Anthropic's `stop_sequence`).
+    pub stop_string: Option<String>,
 }
 
 #[derive(Clone, Copy, Default, serde::Serialize)]
@@ -63,6 +65,8 @@ pub struct Reader {
     longest_stop: usize,
     /// The core's job id (for the response id and logs).
     pub request_id: u64,
+    /// Prompt tokens after rendering (known before the first token).
+    pub prompt_tokens: usize,
     /// The finish, once the last content before it has been returned.
     pending: Option<Finish>,
     finished: bool,
@@ -74,6 +78,7 @@ impl Reader {
     pub fn new(job: JobHandle, chat: bool, stop_strings: &[String]) -> Reader {
         Reader {
             request_id: job.id,
+            prompt_tokens: job.prompt_tokens,
             events: job.events,
             chat,
             reasoning_tokens: 0,
@@ -166,11 +171,15 @@ impl Reader {
             (_, None) if !done.tool_calls.is_empty() => "tool_calls",
             (_, None) => "stop",
         };
-        if let CoreFinish::StopString(s) = &done.finish
-            && let Some(at) = self.held.find(s.as_str())
-        {
-            self.held.truncate(at);
-        }
+        let stop_string = match done.finish {
+            CoreFinish::StopString(s) => {
+                if let Some(at) = self.held.find(s.as_str()) {
+                    self.held.truncate(at);
+                }
+                Some(s)
+            }
+            _ => None,
+        };
         let usage = Usage {
             prompt_tokens: core_usage.prompt_tokens,
             completion_tokens: core_usage.completion_tokens,
@@ -187,6 +196,7 @@ impl Reader {
             usage,
             tool_calls: done.tool_calls,
             malformed: done.malformed,
+            stop_string,
         }
     }
 }

@@ -6,8 +6,8 @@
 //! refused, never ignored.
 
 use super::error::ApiError;
-use k3_engine::engine::Sampling;
 use k3_engine::echo::Echo;
+use k3_engine::engine::Sampling;
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -42,9 +42,24 @@ impl Fields {
         self.get(name)?
             .ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required")))
     }
+
+    /// The list field `name` (absent: empty), each item mapped by `each(index, item)`.
+    pub fn list<T>(
+        &self,
+        name: &str,
+        each: impl Fn(usize, &Value) -> Result<T, ApiError>,
+    ) -> Result<Vec<T>, ApiError> {
+        let items = self.get::<Vec<Value>>(name)?.unwrap_or_default();
+        items.iter().enumerate().map(|(i, v)| each(i, v)).collect()
+    }
+
+    pub fn object(&self) -> &Map<String, Value> {
+        &self.0
+    }
 }
 
-fn value<T: DeserializeOwned>(name: &str, v: Option<&Value>) -> Result<Option<T>, ApiError> {
+/// `v` (the field `name`) as a `T`; absent and `null` are `None`.
+pub fn value<T: DeserializeOwned>(name: &str, v: Option<&Value>) -> Result<Option<T>, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => T::deserialize(v)
@@ -121,17 +136,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             break;
         }
     }
-    let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
-    if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
-        return Err(ApiError::invalid(
-            "temperature",
-            "`temperature` must be between 0 and 2",
-        ));
-    }
-    let top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
-    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
-    }
+    let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
     let seed = match f.get::<i64>("seed")? {
         // OpenAI's seed is a signed integer; the engine's is its bits.
         Some(s) => s as u64,
@@ -142,9 +147,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
-    if stop_strings.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "a stop string is empty"));
-    }
+    no_empty_stop("stop", &stop_strings)?;
     let stream = f.get::<bool>("stream")?.unwrap_or(false);
     #[derive(serde::Deserialize)]
     struct StreamOptions {
@@ -168,6 +171,31 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
     })
+}
+
+/// `temperature` (from 0 to `max`: OpenAI's 2, Anthropic's 1; default 0 = greedy, k3's exact
+/// mode) and `top_p` (default 1).
+pub fn temperature_and_top_p(f: &Fields, max: f32) -> Result<(f32, f32), ApiError> {
+    let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
+    if !(temperature.is_finite() && (0.0..=max).contains(&temperature)) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("`temperature` must be between 0 and {max}"),
+        ));
+    }
+    let top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
+    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
+    }
+    Ok((temperature, top_p))
+}
+
+/// An empty stop string would end every reply before it began.
+pub fn no_empty_stop(param: &str, stop_strings: &[String]) -> Result<(), ApiError> {
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(param, "a stop string is empty"));
+    }
+    Ok(())
 }
 
 /// `POST /v1/chat/completions`.
@@ -205,42 +233,36 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
 
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
-    let Some(raw) = f.get::<Vec<Value>>("tools")? else {
-        return Ok(Vec::new());
-    };
-    raw.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = |field: &str| format!("tools[{i}]{field}");
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(ApiError::invalid(
-                    at(".type"),
-                    "k3 declares function tools only (`\"type\": \"function\"`)",
-                ));
-            }
-            let function = t
-                .get("function")
-                .filter(|v| v.is_object())
-                .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
-            let name: String = value(&at(".function.name"), function.get("name"))?
-                .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
-            if name.is_empty() {
-                return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
-            }
-            let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
-            if parameters.as_ref().is_some_and(|p| !p.is_object()) {
-                return Err(ApiError::invalid(
-                    at(".function.parameters"),
-                    "`parameters` must be a JSON schema object",
-                ));
-            }
-            Ok(Tool {
-                name,
-                description: value(&at(".function.description"), function.get("description"))?,
-                parameters,
-            })
+    f.list("tools", |i, t| {
+        let at = |field: &str| format!("tools[{i}]{field}");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                at(".type"),
+                "k3 declares function tools only (`\"type\": \"function\"`)",
+            ));
+        }
+        let function = t
+            .get("function")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
+        let name: String = value(&at(".function.name"), function.get("name"))?
+            .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
+        if name.is_empty() {
+            return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
+        }
+        let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
+        if parameters.as_ref().is_some_and(|p| !p.is_object()) {
+            return Err(ApiError::invalid(
+                at(".function.parameters"),
+                "`parameters` must be a JSON schema object",
+            ));
+        }
+        Ok(Tool {
+            name,
+            description: value(&at(".function.description"), function.get("description"))?,
+            parameters,
         })
-        .collect()
+    })
 }
 
 /// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in

@@ -1,0 +1,53 @@
+//! Anthropic's Messages API (issue 15 point 9): `POST /v1/messages`, streamed or whole, and
+//! `POST /v1/messages/count_tokens`, so that agents which speak only Anthropic's API (Claude
+//! Code) can use k3d. A thin mapping onto the same serve core as the OpenAI routes, sharing
+//! their keys, limits, prefix reuse by caller and metrics by endpoint; errors come in
+//! Anthropic's shape with the same statuses. The `anthropic-version` header is accepted and not
+//! checked: the mapping follows the one version of the API there is.
+
+mod reply;
+mod request;
+
+use super::completions::{Timer, submit};
+use super::error::{Anthropic, ApiError};
+use super::request::Fields;
+use super::{App, Peer, body};
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use k3_engine::serve::Caller;
+use k3_engine::tokenizer::chat::render;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `POST /v1/messages`.
+pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Response, Anthropic> {
+    let arrived = Instant::now();
+    let caller = request.extensions().get::<Caller>().cloned();
+    let bytes = body(&app, request.into_body()).await?;
+    let fields = Fields::parse(&bytes)?;
+    let (common, core_request) = request::messages(&fields, &bytes)?;
+    // The core's refusals name values, not fields: the field they concern is the conversation.
+    let reader = submit(&app, peer, caller, &common, core_request, true, "messages").await?;
+    let head = reply::Head {
+        id: format!("msg_{}", reader.request_id),
+        request: reader.request_id,
+        model: common.model,
+    };
+    Ok(reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await?)
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the rendered prompt's length — what
+/// `/v1/messages` reports as `input_tokens` plus `cache_read_input_tokens` for the same body.
+pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
+    let bytes = body(&app, request.into_body()).await?;
+    let fields = Fields::parse(&bytes)?;
+    let (model, conversation) = request::count_tokens(&fields, &bytes)?;
+    app.check_model(&model)?;
+    // Rendering tokenises the whole conversation: off the async workers.
+    let core = Arc::clone(&app.core);
+    let ids = tokio::task::spawn_blocking(move || render(core.tokenizer(), &conversation))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
+        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(axum::Json(serde_json::json!({"input_tokens": ids.len()})).into_response())
+}

@@ -1,0 +1,538 @@
+//! The serve core's reply as an Anthropic message: whole (`content` blocks: thinking, text,
+//! tool_use) or streamed as Anthropic's named SSE events (`message_start`, `ping`, per block
+//! `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`). Both are read
+//! through the OpenAI routes' one `Reader`, so a streamed reply concatenates to the whole one.
+
+use crate::http::App;
+use crate::http::completions::{Timer, collect};
+use crate::http::error::ApiError;
+use crate::http::reply::{Finish, Piece, Reader, Usage};
+use axum::http::header;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// SSE events buffered per response: small, so a client that stops reading is noticed soon.
+const SSE_BUFFER: usize = 8;
+
+/// What every message carries.
+pub struct Head {
+    /// `msg_<request>`.
+    pub id: String,
+    /// The core's job id.
+    pub request: u64,
+    pub model: String,
+}
+
+/// An Anthropic message. Serialized as a struct, not through `serde_json::Value` (which sorts
+/// keys), so a `tool_use` block's `input` goes out as the model wrote it.
+#[derive(Serialize)]
+struct Message<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<Block<'a>>,
+    stop_reason: Option<&'static str>,
+    stop_sequence: Option<&'a str>,
+    usage: Value,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    /// k3 does not sign its reasoning: `signature` (which Anthropic's SDK types require) is
+    /// empty, and ignored when a client sends the block back.
+    Thinking {
+        thinking: &'a str,
+        signature: &'static str,
+    },
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: String,
+        name: &'a str,
+        input: Box<RawValue>,
+    },
+}
+
+impl Head {
+    fn message<'a>(
+        &'a self,
+        content: Vec<Block<'a>>,
+        end: Option<(&'static str, Option<&'a str>)>,
+        usage: Value,
+    ) -> Message<'a> {
+        Message {
+            id: &self.id,
+            kind: "message",
+            role: "assistant",
+            model: &self.model,
+            content,
+            stop_reason: end.map(|(reason, _)| reason),
+            stop_sequence: end.and_then(|(_, s)| s),
+            usage,
+        }
+    }
+}
+
+/// A tool call's id as Anthropic clients see it: unique per reply (`toolu_<request>_<call>`),
+/// since agents keep calls of many turns apart by id; the template renders no id (spec §8.2),
+/// so which one a client sends back does not change the prompt.
+fn tool_use_id(request: u64, call_id: &str) -> String {
+    format!("toolu_{request}_{call_id}")
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt tokens computed for this request and
+/// `cache_read_input_tokens` those a kept state already held (their sum is the prompt, as on
+/// Anthropic's API); `thinking_tokens` counts the reasoning.
+fn usage(u: &Usage) -> Value {
+    let cached = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+    json!({
+        "input_tokens": u.prompt_tokens - cached,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {
+            "thinking_tokens": u.completion_tokens_details.map_or(0, |d| d.reasoning_tokens),
+        },
+    })
+}
+
+/// Anthropic's `stop_reason` and `stop_sequence`. A reply that broke the template's grammar
+/// (spec §8.4) has no Anthropic stop reason: it is reported as an error, never repaired.
+fn ending(finish: &Finish) -> Result<(&'static str, Option<&str>), ApiError> {
+    if let Some(m) = &finish.malformed {
+        return Err(ApiError::internal(format!(
+            "the model's reply broke K3's reply grammar ({}); raw output: {}",
+            m.error, m.raw
+        )));
+    }
+    Ok(match (finish.reason, &finish.stop_string) {
+        ("length", _) => ("max_tokens", None),
+        ("tool_calls", _) => ("tool_use", None),
+        (_, Some(s)) => ("stop_sequence", Some(s.as_str())),
+        _ => ("end_turn", None),
+    })
+}
+
+pub async fn respond(
+    app: Arc<App>,
+    head: Head,
+    reader: Reader,
+    stream: bool,
+    timer: Timer,
+) -> Result<Response, ApiError> {
+    if stream {
+        let (tx, rx) = mpsc::channel(SSE_BUFFER);
+        tokio::spawn(events(app, head, reader, timer, tx));
+        Ok(Sse::new(ReceiverStream::new(rx)).into_response())
+    } else {
+        whole(&app, &head, reader, timer).await
+    }
+}
+
+async fn whole(app: &App, head: &Head, reader: Reader, timer: Timer) -> Result<Response, ApiError> {
+    let (reasoning, text, finish) = collect(app, reader, timer).await?;
+    let body = whole_body(head, &reasoning, &text, &finish)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The whole message as JSON text: `content` is the thinking block (if the reply reasoned),
+/// the text block (if it said anything) and a `tool_use` block per call.
+fn whole_body(
+    head: &Head,
+    reasoning: &str,
+    text: &str,
+    finish: &Finish,
+) -> Result<String, ApiError> {
+    let end = ending(finish)?;
+    let mut content = Vec::new();
+    if !reasoning.is_empty() {
+        content.push(Block::Thinking {
+            thinking: reasoning,
+            signature: "",
+        });
+    }
+    if !text.is_empty() {
+        content.push(Block::Text { text });
+    }
+    for call in &finish.tool_calls {
+        let input = RawValue::from_string(call.arguments.clone()).map_err(|e| {
+            ApiError::internal(format!(
+                "tool call {}'s arguments are not JSON: {e}",
+                call.id
+            ))
+        })?;
+        content.push(Block::ToolUse {
+            id: tool_use_id(head.request, &call.id),
+            name: &call.name,
+            input,
+        });
+    }
+    let message = head.message(content, Some(end), usage(&finish.usage));
+    serde_json::to_string(&message)
+        .map_err(|e| ApiError::internal(format!("encoding the message: {e}")))
+}
+
+/// The content block a streamed reply is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Thinking,
+    Text,
+    /// The reply's call with this index.
+    ToolUse(usize),
+}
+
+/// The streamed reply's blocks: each new kind of piece closes the open block and starts one.
+#[derive(Default)]
+struct Blocks {
+    open: Option<Open>,
+    /// Blocks started so far; the open one's index is one less.
+    started: usize,
+}
+
+impl Blocks {
+    /// The events that put the reply in block `kind` (`start`: its `content_block`).
+    fn enter(&mut self, kind: Open, start: impl FnOnce() -> Value) -> Vec<Value> {
+        if self.open == Some(kind) {
+            return Vec::new();
+        }
+        let mut events: Vec<Value> = self.close().into_iter().collect();
+        events.push(
+            json!({"type": "content_block_start", "index": self.started, "content_block": start()}),
+        );
+        self.open = Some(kind);
+        self.started += 1;
+        events
+    }
+
+    fn delta(&self, delta: Value) -> Value {
+        json!({"type": "content_block_delta", "index": self.started - 1, "delta": delta})
+    }
+
+    fn close(&mut self) -> Option<Value> {
+        self.open
+            .take()
+            .map(|_| json!({"type": "content_block_stop", "index": self.started - 1}))
+    }
+}
+
+/// The events one piece of the reply adds: a block's start (closing the open one) and its
+/// delta; for the finish, the last block's stop, `message_delta` and `message_stop`, or an
+/// `error` event for a reply that broke the grammar.
+fn piece_events(blocks: &mut Blocks, request: u64, piece: &Piece) -> Vec<Value> {
+    match piece {
+        Piece::Reasoning(t) => {
+            let mut out = blocks.enter(
+                Open::Thinking,
+                || json!({"type": "thinking", "thinking": "", "signature": ""}),
+            );
+            out.push(blocks.delta(json!({"type": "thinking_delta", "thinking": t})));
+            out
+        }
+        Piece::Content(t) => {
+            let mut out = blocks.enter(Open::Text, || json!({"type": "text", "text": ""}));
+            out.push(blocks.delta(json!({"type": "text_delta", "text": t})));
+            out
+        }
+        Piece::ToolCall(d) => {
+            let mut out = match &d.start {
+                Some(start) => blocks.enter(Open::ToolUse(d.index), || {
+                    json!({"type": "tool_use", "id": tool_use_id(request, &start.id),
+                           "name": start.name, "input": {}})
+                }),
+                None => Vec::new(),
+            };
+            if !d.arguments.is_empty() {
+                out.push(
+                    blocks.delta(json!({"type": "input_json_delta", "partial_json": d.arguments})),
+                );
+            }
+            out
+        }
+        Piece::Finished(finish) => {
+            let mut out: Vec<Value> = blocks.close().into_iter().collect();
+            match ending(finish) {
+                Ok((reason, sequence)) => {
+                    out.push(json!({"type": "message_delta",
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                        "usage": usage(&finish.usage)}));
+                    out.push(json!({"type": "message_stop"}));
+                }
+                Err(e) => out.push(e.anthropic_json()),
+            }
+            out
+        }
+    }
+}
+
+/// Writes the reply as Anthropic's SSE events into `tx`, each named by its `type`. Ends as
+/// soon as the client is gone: dropping `reader` cancels the generation at its next layer
+/// boundary, as on the OpenAI routes. An error after the stream began is an `error` event.
+async fn events(
+    app: Arc<App>,
+    head: Head,
+    mut reader: Reader,
+    mut timer: Timer,
+    tx: mpsc::Sender<Result<Event, Infallible>>,
+) {
+    let send = |events: Vec<Value>| {
+        let tx = tx.clone();
+        async move {
+            for v in events {
+                let name = v["type"].as_str().unwrap_or("error").to_string();
+                let event = Event::default().event(name).data(v.to_string());
+                if tx.send(Ok(event)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    // The prompt's size is known at once; what a kept state held is known at the end
+    // (message_delta's usage, whose figures replace these).
+    let start = head.message(
+        Vec::new(),
+        None,
+        json!({"input_tokens": reader.prompt_tokens, "output_tokens": 0}),
+    );
+    if !send(vec![
+        json!({"type": "message_start", "message": start}),
+        json!({"type": "ping"}),
+    ])
+    .await
+    {
+        return;
+    }
+    let mut blocks = Blocks::default();
+    loop {
+        let piece = tokio::select! {
+            piece = reader.next() => piece,
+            () = tx.closed() => return,
+        };
+        let piece = match piece {
+            None => return,
+            Some(Err(e)) => {
+                let _ = send(vec![e.anthropic_json()]).await;
+                return;
+            }
+            Some(Ok(piece)) => piece,
+        };
+        match &piece {
+            Piece::Finished(finish) => timer.record(&app, &finish.usage),
+            _ => timer.piece(),
+        }
+        let out = piece_events(&mut blocks, head.request, &piece);
+        if !send(out).await || matches!(piece, Piece::Finished(_)) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The reply's pieces as a scripted sequence (the random test models never call tools in
+    //! the grammar, so the e2e tests cannot make them): the events a streaming client reads,
+    //! and the whole message, tool calls included.
+
+    use super::*;
+    use crate::http::reply::{Details, PromptDetails};
+    use k3_engine::serve::{ToolCallDelta, ToolCallStart};
+    use k3_engine::tokenizer::chat::ToolCall;
+
+    fn finish(reason: &'static str, stop_string: Option<&str>) -> Finish {
+        Finish {
+            reason,
+            usage: Usage {
+                prompt_tokens: 30,
+                completion_tokens: 9,
+                total_tokens: 39,
+                prompt_tokens_details: Some(PromptDetails { cached_tokens: 20 }),
+                completion_tokens_details: Some(Details {
+                    reasoning_tokens: 2,
+                }),
+            },
+            tool_calls: vec![
+                ToolCall {
+                    id: "call_0".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"unit": "C", "city": "Paris"}"#.into(),
+                },
+                ToolCall {
+                    id: "call_1".into(),
+                    name: "get_time".into(),
+                    arguments: "{}".into(),
+                },
+            ],
+            malformed: None,
+            stop_string: stop_string.map(str::to_string),
+        }
+    }
+
+    fn head(request: u64) -> Head {
+        Head {
+            id: format!("msg_{request}"),
+            request,
+            model: "tiny".into(),
+        }
+    }
+
+    fn call(index: usize, start: Option<&str>, arguments: &str) -> Piece {
+        Piece::ToolCall(ToolCallDelta {
+            index,
+            start: start.map(|name| ToolCallStart {
+                id: format!("call_{index}"),
+                name: name.into(),
+            }),
+            arguments: arguments.into(),
+        })
+    }
+
+    #[test]
+    fn streamed_blocks_open_close_and_index_in_order_and_concatenate_to_the_whole() {
+        let pieces = [
+            Piece::Reasoning("Let me".into()),
+            Piece::Reasoning(" see.".into()),
+            Piece::Content("Checking.".into()),
+            call(0, Some("get_weather"), ""),
+            call(0, None, r#"{"unit": "C", "#),
+            call(0, None, r#""city": "Paris"}"#),
+            call(1, Some("get_time"), "{}"),
+            Piece::Finished(finish("tool_calls", None)),
+        ];
+        let mut blocks = Blocks::default();
+        let events: Vec<Value> = pieces
+            .iter()
+            .flat_map(|p| piece_events(&mut blocks, 7, p))
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        // Thinking (two deltas), text, a call in three pieces (the first only starts it), a
+        // call in one, then the finish.
+        let blocks_expected = "start delta delta stop start delta stop start delta delta stop \
+                               start delta stop";
+        let expected: Vec<String> = blocks_expected
+            .split_whitespace()
+            .map(|k| format!("content_block_{k}"))
+            .chain(["message_delta".into(), "message_stop".into()])
+            .collect();
+        assert_eq!(kinds, expected);
+        // Every delta and stop belongs to the block started last.
+        let mut open = None;
+        for e in &events {
+            match e["type"].as_str().unwrap() {
+                "content_block_start" => {
+                    let index = e["index"].as_u64().unwrap();
+                    assert_eq!(index, open.map_or(0, |i: u64| i + 1));
+                    open = Some(index);
+                }
+                "content_block_delta" | "content_block_stop" => {
+                    assert_eq!(e["index"].as_u64(), open)
+                }
+                _ => {}
+            }
+        }
+        // Accumulated as a client does, the blocks equal the whole message's.
+        let mut content: Vec<Value> = Vec::new();
+        let mut json_text = String::new();
+        for e in &events {
+            match e["type"].as_str().unwrap() {
+                "content_block_start" => content.push(e["content_block"].clone()),
+                "content_block_delta" => {
+                    let block = content.last_mut().unwrap();
+                    let d = &e["delta"];
+                    match d["type"].as_str().unwrap() {
+                        "thinking_delta" => {
+                            let t = block["thinking"].as_str().unwrap().to_string();
+                            block["thinking"] = json!(t + d["thinking"].as_str().unwrap());
+                        }
+                        "text_delta" => {
+                            let t = block["text"].as_str().unwrap().to_string();
+                            block["text"] = json!(t + d["text"].as_str().unwrap());
+                        }
+                        "input_json_delta" => {
+                            json_text.push_str(d["partial_json"].as_str().unwrap())
+                        }
+                        other => panic!("delta {other}"),
+                    }
+                }
+                "content_block_stop" if !json_text.is_empty() => {
+                    content.last_mut().unwrap()["input"] =
+                        serde_json::from_str(&std::mem::take(&mut json_text)).unwrap();
+                }
+                _ => {}
+            }
+        }
+        let head = Head {
+            id: "msg_7".into(),
+            request: 7,
+            model: "tiny".into(),
+        };
+        let whole: Value = serde_json::from_str(
+            &whole_body(
+                &head,
+                "Let me see.",
+                "Checking.",
+                &finish("tool_calls", None),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(Value::Array(content), whole["content"]);
+        assert_eq!(whole["content"][2]["id"], "toolu_7_call_0");
+        let delta = &events[events.len() - 2];
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        assert_eq!(delta["usage"], whole["usage"]);
+        assert_eq!(
+            whole["usage"],
+            json!({"input_tokens": 10, "cache_read_input_tokens": 20,
+                   "cache_creation_input_tokens": 0, "output_tokens": 9,
+                   "output_tokens_details": {"thinking_tokens": 2}})
+        );
+    }
+
+    #[test]
+    fn a_tool_use_input_keeps_the_order_the_model_wrote_its_keys_in() {
+        let body = whole_body(&head(1), "", "", &finish("tool_calls", None)).unwrap();
+        assert!(
+            body.contains(r#""input":{"unit": "C", "city": "Paris"}"#),
+            "{body}"
+        );
+    }
+
+    #[test]
+    fn stop_reasons_map_and_a_malformed_reply_is_an_error() {
+        let reasons = [
+            (finish("length", None), "max_tokens", Value::Null),
+            (finish("stop", Some("##")), "stop_sequence", json!("##")),
+            (finish("stop", None), "end_turn", Value::Null),
+        ];
+        for (f, reason, sequence) in reasons {
+            let events = piece_events(&mut Blocks::default(), 1, &Piece::Finished(f));
+            assert_eq!(events[0]["delta"]["stop_reason"], reason);
+            assert_eq!(events[0]["delta"]["stop_sequence"], sequence);
+        }
+        let mut broken = finish("error", None);
+        broken.malformed = Some(k3_engine::serve::Malformed {
+            error: "a control id inside an argument".into(),
+            raw: "<|open|>tools".into(),
+        });
+        let events = piece_events(&mut Blocks::default(), 1, &Piece::Finished(broken));
+        assert_eq!(events[0]["type"], "error");
+        assert_eq!(events[0]["error"]["type"], "api_error");
+        assert!(
+            events[0]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("<|open|>tools")
+        );
+    }
+}

@@ -1,0 +1,619 @@
+//! Anthropic Messages bodies to the serve core's requests: the conversation as the chat layer's
+//! typed `Conversation` (the same one the OpenAI route builds, so the same turns render the
+//! same prompt), the options as the OpenAI route's `Common`.
+//!
+//! Unlike OpenAI's clients, Anthropic's send no fields this route would have to ignore: any
+//! field, block key or block type k3 does not know or cannot honour is a 400 naming it, so
+//! nothing that would change the answer is dropped silently (issue 15 point 9). Keys that do
+//! not change the answer are accepted: `metadata`, `service_tier`, `cache_control` (k3 reuses
+//! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
+
+use crate::http::error::ApiError;
+use crate::http::request::{Common, Fields, no_empty_stop, temperature_and_top_p, value};
+use k3_engine::echo::Echo;
+use k3_engine::engine::Sampling;
+use k3_engine::serve::{Prompt, Request};
+use k3_engine::tokenizer::chat::{
+    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+/// The fields that shape the prompt, which `count_tokens` takes too.
+const CONVERSATION_FIELDS: [&str; 8] = [
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "cache_control",
+];
+
+/// The generation options `/v1/messages` takes besides; `prefix_reuse` is k3's extension
+/// (as on the OpenAI routes).
+const GENERATION_FIELDS: [&str; 9] = [
+    "max_tokens",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stream",
+    "metadata",
+    "service_tier",
+    "prefix_reuse",
+];
+
+/// `POST /v1/messages`: the options and the core's request.
+pub fn messages(f: &Fields, body: &[u8]) -> Result<(Common, Request), ApiError> {
+    let known: Vec<&str> = CONVERSATION_FIELDS
+        .iter()
+        .chain(&GENERATION_FIELDS)
+        .copied()
+        .collect();
+    only(f.object(), "", &known)?;
+    let conversation = conversation(f, body)?;
+    let max_tokens: usize = f.require("max_tokens")?;
+    if max_tokens == 0 {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "`max_tokens` must be at least 1",
+        ));
+    }
+    let (temperature, top_p) = temperature_and_top_p(f, 1.0)?;
+    let stop_strings: Vec<String> = f.get("stop_sequences")?.unwrap_or_default();
+    no_empty_stop("stop_sequences", &stop_strings)?;
+    let common = Common {
+        model: f.require("model")?,
+        stream: f.get::<bool>("stream")?.unwrap_or(false),
+        include_usage: false,
+        max_tokens: Some(max_tokens),
+        sampling: Sampling {
+            temperature,
+            top_p,
+            // 0 (absent) samples from every token, as the OpenAI routes do.
+            top_k: f.get::<usize>("top_k")?.unwrap_or(0),
+            seed: 0,
+        },
+        stop_strings,
+        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+    };
+    let request = common.request(Prompt::Chat(conversation));
+    Ok((common, request))
+}
+
+/// `POST /v1/messages/count_tokens`: the model named and the conversation to render.
+pub fn count_tokens(f: &Fields, body: &[u8]) -> Result<(String, Conversation), ApiError> {
+    only(f.object(), "", &CONVERSATION_FIELDS)?;
+    Ok((f.require("model")?, conversation(f, body)?))
+}
+
+/// Refuses any key of `object` outside `known` (a `null` one counts as absent), naming it
+/// under `at` (`messages[0].content[1]`; empty for the body itself).
+fn only(object: &Map<String, Value>, at: &str, known: &[&str]) -> Result<(), ApiError> {
+    match object
+        .iter()
+        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))
+    {
+        None => Ok(()),
+        Some((key, _)) => {
+            let param = if at.is_empty() {
+                key.clone()
+            } else {
+                format!("{at}.{key}")
+            };
+            Err(ApiError::invalid(
+                param,
+                format!(
+                    "k3 does not support the field {}; known here: {}",
+                    Echo(key),
+                    known.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// `v` (at `at`) as a JSON object.
+fn object<'v>(at: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError> {
+    v.as_object()
+        .ok_or_else(|| ApiError::invalid(at, "must be an object"))
+}
+
+fn conversation(f: &Fields, body: &[u8]) -> Result<Conversation, ApiError> {
+    let raw: Vec<Value> = f.require("messages")?;
+    if raw.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` is empty"));
+    }
+    let inputs = ToolInputs::read(body)?;
+    let mut messages = Vec::with_capacity(raw.len() + 1);
+    if let Some(system) = f.get::<Value>("system")? {
+        let text = text_content("system", &system)?;
+        if !text.is_empty() {
+            messages.push(Message::new(Role::System, text));
+        }
+    }
+    for (i, m) in raw.iter().enumerate() {
+        turn(i, m, &inputs, &mut messages)?;
+    }
+    // Anthropic continues a final assistant turn ("prefill"); K3's generation prompt opens a
+    // new assistant message (spec §8.2 step 5), so that cannot be expressed.
+    if raw
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        == Some("assistant")
+    {
+        return Err(ApiError::invalid(
+            format!("messages[{}]", raw.len() - 1),
+            "the last message is an assistant turn: k3 cannot continue a prefilled reply \
+             (K3's template opens a new assistant message); end with a user turn",
+        ));
+    }
+    let tools = tools(f)?;
+    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let (thinking, response_format) = output_config(f)?;
+    Ok(Conversation {
+        messages,
+        thinking,
+        generation_prompt: true,
+        tools,
+        tool_choice,
+        response_format,
+    })
+}
+
+/// The `type` of a block or option, required.
+fn kind<'v>(at: &str, object: &'v Map<String, Value>) -> Result<&'v str, ApiError> {
+    object
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(format!("{at}.type"), "`type` (a string) is required"))
+}
+
+/// A string, or a list of `{"type": "text", "text"}` blocks joined in order (as the OpenAI
+/// route joins text parts): `system` and a tool result's `content`.
+fn text_content(at: &str, v: &Value) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut text = String::new();
+            for (j, block) in blocks.iter().enumerate() {
+                let at = format!("{at}[{j}]");
+                let block = object(&at, block)?;
+                match kind(&at, block)? {
+                    "text" => text.push_str(&text_block(&at, block)?),
+                    other => return Err(unsupported_block(&at, other, "text")),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            at,
+            "must be a string or a list of text blocks",
+        )),
+    }
+}
+
+fn text_block(at: &str, block: &Map<String, Value>) -> Result<String, ApiError> {
+    only(block, at, &["type", "text", "cache_control", "citations"])?;
+    if block
+        .get("citations")
+        .is_some_and(|c| c != &Value::Array(Vec::new()) && !c.is_null())
+    {
+        return Err(ApiError::invalid(
+            format!("{at}.citations"),
+            "k3 does not read citations",
+        ));
+    }
+    value::<String>(&format!("{at}.text"), block.get("text"))?
+        .ok_or_else(|| ApiError::invalid(format!("{at}.text"), "a text block needs `text`"))
+}
+
+fn unsupported_block(at: &str, kind: &str, allowed: &str) -> ApiError {
+    ApiError::invalid(
+        format!("{at}.type"),
+        format!("block type {}: k3 reads {allowed} blocks here", Echo(kind)),
+    )
+}
+
+/// Message `i`: a user turn becomes a user message, with each `tool_result` block a tool
+/// message before it (Anthropic puts results first; the template wants them right after the
+/// assistant turn that called, spec §8.2); an assistant turn one assistant message.
+fn turn(i: usize, m: &Value, inputs: &ToolInputs, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let at = format!("messages[{i}]");
+    let m = object(&at, m)?;
+    only(m, &at, &["role", "content"])?;
+    let role: String = value(&format!("{at}.role"), m.get("role"))?
+        .ok_or_else(|| ApiError::invalid(format!("{at}.role"), "every message needs a `role`"))?;
+    let content_at = format!("{at}.content");
+    let blocks = match m.get("content") {
+        Some(Value::String(s)) => {
+            let role = match role.as_str() {
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => return Err(bad_role(&at, other)),
+            };
+            out.push(Message::new(role, s.clone()));
+            return Ok(());
+        }
+        Some(Value::Array(blocks)) if !blocks.is_empty() => blocks,
+        _ => {
+            return Err(ApiError::invalid(
+                content_at,
+                "`content` must be a string or a non-empty list of blocks",
+            ));
+        }
+    };
+    match role.as_str() {
+        "user" => user_turn(&content_at, blocks, out),
+        "assistant" => {
+            let message = assistant_turn(&content_at, blocks, |j| inputs.get(i, j))?;
+            out.push(message);
+            Ok(())
+        }
+        other => Err(bad_role(&at, other)),
+    }
+}
+
+fn bad_role(at: &str, role: &str) -> ApiError {
+    ApiError::invalid(
+        format!("{at}.role"),
+        format!(
+            "role {}: use user or assistant (system instructions go in `system`)",
+            Echo(role)
+        ),
+    )
+}
+
+fn user_turn(at: &str, blocks: &[Value], out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let mut text: Option<String> = None;
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        let block = object(&at, block)?;
+        match kind(&at, block)? {
+            "text" => text
+                .get_or_insert_default()
+                .push_str(&text_block(&at, block)?),
+            "tool_result" => {
+                if let Some(text) = text.take() {
+                    out.push(Message::new(Role::User, text));
+                }
+                out.push(tool_result(&at, block)?);
+            }
+            other => return Err(unsupported_block(&at, other, "text and tool_result")),
+        }
+    }
+    if let Some(text) = text {
+        out.push(Message::new(Role::User, text));
+    }
+    Ok(())
+}
+
+/// `{"type": "tool_result", "tool_use_id", "content", "is_error"}` as a tool message. The
+/// template's tool message has no error mark (spec §8.2: `role`, `tool`, `index` only), so
+/// `is_error` is checked and the result's own text is what tells the model it failed.
+fn tool_result(at: &str, block: &Map<String, Value>) -> Result<Message, ApiError> {
+    only(
+        block,
+        at,
+        &[
+            "type",
+            "tool_use_id",
+            "content",
+            "is_error",
+            "cache_control",
+        ],
+    )?;
+    let id: String =
+        value(&format!("{at}.tool_use_id"), block.get("tool_use_id"))?.ok_or_else(|| {
+            ApiError::invalid(
+                format!("{at}.tool_use_id"),
+                "a tool_result needs `tool_use_id`",
+            )
+        })?;
+    value::<bool>(&format!("{at}.is_error"), block.get("is_error"))?;
+    let content = match block.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(c) => text_content(&format!("{at}.content"), c)?,
+    };
+    Ok(Message::tool(id, content))
+}
+
+/// An assistant turn's blocks: text (the response), `thinking` (its reasoning, rendered only
+/// with thinking on, spec §8.2) and `tool_use` (its calls, `input` as the client wrote it).
+fn assistant_turn(
+    at: &str,
+    blocks: &[Value],
+    input: impl Fn(usize) -> Option<String>,
+) -> Result<Message, ApiError> {
+    let mut message = Message::new(Role::Assistant, String::new());
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        let block = object(&at, block)?;
+        match kind(&at, block)? {
+            "text" => message.content.push_str(&text_block(&at, block)?),
+            "thinking" => {
+                only(block, &at, &["type", "thinking", "signature"])?;
+                let text: String =
+                    value(&format!("{at}.thinking"), block.get("thinking"))?.unwrap_or_default();
+                message.reasoning.get_or_insert_default().push_str(&text);
+            }
+            "tool_use" => {
+                only(
+                    block,
+                    &at,
+                    &["type", "id", "name", "input", "cache_control"],
+                )?;
+                let field = |name: &str| -> Result<String, ApiError> {
+                    value::<String>(&format!("{at}.{name}"), block.get(name))?.ok_or_else(|| {
+                        ApiError::invalid(format!("{at}.{name}"), format!("`{name}` is required"))
+                    })
+                };
+                if !block.get("input").is_some_and(Value::is_object) {
+                    return Err(ApiError::invalid(
+                        format!("{at}.input"),
+                        "`input` must be an object",
+                    ));
+                }
+                let arguments = input(j).ok_or_else(|| {
+                    ApiError::internal(format!("{at}.input was not found on the second reading"))
+                })?;
+                message.tool_calls.push(ToolCall {
+                    id: field("id")?,
+                    name: field("name")?,
+                    arguments,
+                });
+            }
+            other => return Err(unsupported_block(&at, other, "text, thinking and tool_use")),
+        }
+    }
+    Ok(message)
+}
+
+/// Each `tool_use` block's `input` as the JSON text the client sent. `serde_json::Value` sorts
+/// object keys, but the template renders a call's arguments in their order (spec §8.2), which
+/// must be the order the model wrote them in for the history to render as it was generated
+/// (and for the warmed next turn to match): so the body is read a second time, keeping these
+/// texts raw. Indexed by message, then block.
+struct ToolInputs(Vec<Vec<Option<String>>>);
+
+impl ToolInputs {
+    fn read(body: &[u8]) -> Result<ToolInputs, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Body<'a> {
+            #[serde(borrow, default)]
+            messages: Vec<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Turn<'a> {
+            #[serde(borrow, default)]
+            content: Option<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Block<'a> {
+            #[serde(borrow, default)]
+            input: Option<&'a RawValue>,
+        }
+        let unreadable = |e: serde_json::Error| {
+            ApiError::invalid("messages", format!("the messages cannot be read: {e}"))
+        };
+        let body: Body = serde_json::from_slice(body).map_err(unreadable)?;
+        let mut inputs = Vec::with_capacity(body.messages.len());
+        for m in body.messages {
+            let turn: Turn = serde_json::from_str(m.get()).map_err(unreadable)?;
+            let blocks = match turn.content {
+                Some(c) if c.get().starts_with('[') => {
+                    serde_json::from_str::<Vec<Block>>(c.get()).map_err(unreadable)?
+                }
+                _ => Vec::new(),
+            };
+            inputs.push(
+                blocks
+                    .into_iter()
+                    .map(|b| b.input.map(|i| i.get().to_string()))
+                    .collect(),
+            );
+        }
+        Ok(ToolInputs(inputs))
+    }
+
+    fn get(&self, message: usize, block: usize) -> Option<String> {
+        self.0.get(message)?.get(block)?.clone()
+    }
+}
+
+/// `tools`: `[{"name", "description", "input_schema"}]` (client tools; Anthropic's server
+/// tools, which have another `type`, run on Anthropic's side and are refused).
+fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
+    f.list("tools", |i, t| {
+        let at = format!("tools[{i}]");
+        let t = object(&at, t)?;
+        only(
+            t,
+            &at,
+            &[
+                "type",
+                "name",
+                "description",
+                "input_schema",
+                "cache_control",
+            ],
+        )?;
+        if let Some(kind) = t.get("type").filter(|k| !k.is_null())
+            && kind.as_str() != Some("custom")
+        {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                "k3 declares client tools only (no `type`, or \"custom\")",
+            ));
+        }
+        let name: String = value(&format!("{at}.name"), t.get("name"))?
+            .filter(|n: &String| !n.is_empty())
+            .ok_or_else(|| ApiError::invalid(format!("{at}.name"), "a tool needs a name"))?;
+        let schema = t
+            .get("input_schema")
+            .filter(|s| s.is_object())
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("{at}.input_schema"),
+                    "a tool needs `input_schema`, a JSON schema object",
+                )
+            })?;
+        Ok(Tool {
+            name,
+            description: value(&format!("{at}.description"), t.get("description"))?,
+            parameters: Some(schema),
+        })
+    })
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "none"}` are the template's notes (spec §8.2 step
+/// 4: none for auto, `required` for any, `none`); forcing one named tool (`"tool"`) and
+/// `disable_parallel_tool_use` have no counterpart there and are refused, not weakened.
+fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+    let Some(choice) = f.get::<Value>("tool_choice")? else {
+        return Ok(ToolChoice::Auto);
+    };
+    let choice = object("tool_choice", &choice)?;
+    only(
+        choice,
+        "tool_choice",
+        &["type", "name", "disable_parallel_tool_use"],
+    )?;
+    if value::<bool>(
+        "tool_choice.disable_parallel_tool_use",
+        choice.get("disable_parallel_tool_use"),
+    )? == Some(true)
+    {
+        return Err(ApiError::invalid(
+            "tool_choice.disable_parallel_tool_use",
+            "K3's template cannot limit a reply to one tool call",
+        ));
+    }
+    match kind("tool_choice", choice)? {
+        "auto" => Ok(ToolChoice::Auto),
+        "none" => Ok(ToolChoice::None),
+        "any" if has_tools => Ok(ToolChoice::Required),
+        "any" => Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice \"any\" needs at least one tool in `tools`",
+        )),
+        "tool" => Err(ApiError::invalid(
+            "tool_choice",
+            "K3's template cannot force one named tool: use auto, any or none",
+        )),
+        other => Err(ApiError::invalid(
+            "tool_choice.type",
+            format!("tool_choice type {}: use auto, any or none", Echo(other)),
+        )),
+    }
+}
+
+/// `thinking` and `output_config` (`effort`, `format`) to K3's thinking switch and effort and
+/// the response-format note.
+///
+/// Thinking is off unless asked for, as on Anthropic's API (K3's template would think by
+/// default). `{"type": "enabled", "budget_tokens": N}` and `{"type": "adaptive"}` turn it on:
+/// K3 has no thinking budget, so `budget_tokens` is checked (a positive integer) and not
+/// enforced — the reasoning counts toward `max_tokens`, as on Anthropic's API. An
+/// `output_config.effort` is K3's effort (`low`; `medium` and `high` → `high`; `xhigh` and `max`
+/// → `max`, the OpenAI route's mapping) and turns thinking on, the only state in which the
+/// template renders an effort (spec §8.2 step 2); with thinking disabled it is refused.
+fn output_config(f: &Fields) -> Result<(Thinking, ResponseFormat), ApiError> {
+    let switch = match f.get::<Value>("thinking")? {
+        None => None,
+        Some(t) => {
+            let t = object("thinking", &t)?;
+            only(t, "thinking", &["type", "budget_tokens"])?;
+            match kind("thinking", t)? {
+                "enabled" => {
+                    let budget = value::<u64>("thinking.budget_tokens", t.get("budget_tokens"))?;
+                    if budget.is_none_or(|b| b == 0) {
+                        return Err(ApiError::invalid(
+                            "thinking.budget_tokens",
+                            "thinking \"enabled\" needs `budget_tokens`, a positive integer",
+                        ));
+                    }
+                    Some(true)
+                }
+                "adaptive" => Some(true),
+                "disabled" => Some(false),
+                other => {
+                    return Err(ApiError::invalid(
+                        "thinking.type",
+                        format!(
+                            "thinking type {}: use enabled, adaptive or disabled",
+                            Echo(other)
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    let config = f.get::<Value>("output_config")?;
+    let config = match &config {
+        Some(c) => Some(object("output_config", c)?),
+        None => None,
+    };
+    if let Some(c) = config {
+        only(c, "output_config", &["effort", "format"])?;
+    }
+    let effort: Option<String> = config
+        .map(|c| value("output_config.effort", c.get("effort")))
+        .transpose()?
+        .flatten();
+    let effort = match effort.as_deref() {
+        Some("xhigh") => Some("max"),
+        Some("none") => {
+            return Err(ApiError::invalid(
+                "output_config.effort",
+                "effort \"none\": use low, medium, high, xhigh or max (thinking.type \"disabled\" turns thinking off)",
+            ));
+        }
+        other => other,
+    };
+    let thinking = match (switch, effort) {
+        (None, None) => Thinking::Off,
+        (switch, effort) => Thinking::from_openai(switch, effort).map_err(|e| {
+            let param = if effort.is_some() {
+                "output_config.effort"
+            } else {
+                "thinking"
+            };
+            ApiError::invalid(param, e.to_string())
+        })?,
+    };
+    let format = match config
+        .and_then(|c| c.get("format"))
+        .filter(|v| !v.is_null())
+    {
+        None => ResponseFormat::Text,
+        Some(format) => {
+            let format = object("output_config.format", format)?;
+            only(format, "output_config.format", &["type", "schema"])?;
+            match kind("output_config.format", format)? {
+                "json_schema" => format
+                    .get("schema")
+                    .filter(|s| s.is_object())
+                    .cloned()
+                    .map(ResponseFormat::JsonSchema)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "output_config.format.schema",
+                            "a json_schema format needs `schema` (an object)",
+                        )
+                    })?,
+                other => {
+                    return Err(ApiError::invalid(
+                        "output_config.format.type",
+                        format!("format type {}: use json_schema", Echo(other)),
+                    ));
+                }
+            }
+        }
+    };
+    Ok((thinking, format))
+}
