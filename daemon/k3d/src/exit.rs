@@ -59,6 +59,7 @@ pub fn engine_exit(e: &k3_engine::engine::EngineError) -> Exit {
         E::Checkpoint(c) if c.is_config() => Exit::Usage,
         E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
         E::InvalidRequest(_) => Exit::Usage,
+        E::Internal(_) => Exit::Failure,
         E::Model(k3_engine::model::ModelError::Plan(_)) => Exit::Resources,
         E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
             Exit::RunInvalid
