@@ -592,6 +592,15 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Fills the filesystem of `dir` to the last byte.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut filler = std::fs::File::create(dir.join("filler")).expect("filler");
+    let block = [0u8; 4096];
+    while filler.write_all(&block).is_ok() {}
+    let _ = filler.write_all(&[0u8; 1]);
+}
+
 /// `k3 sessions save` on a full disk says the daemon's storage failed (exit 10), not "the
 /// model failed" (exit 7, as it did), and the daemon keeps serving.
 #[tokio::test]
@@ -608,14 +617,7 @@ async fn saving_to_a_full_disk_is_reported_as_a_storage_failure() {
     let mut c = client(&d.socket).await;
     wait_ready(&mut c).await;
     turn(&mut c, &[11, 22, 33], "full").await;
-    // Fill the disk to the last byte.
-    {
-        use std::io::Write;
-        let mut filler = std::fs::File::create(sessions.join("filler")).expect("filler");
-        let block = [0u8; 4096];
-        while filler.write_all(&block).is_ok() {}
-        let _ = filler.write_all(&[0u8; 1]);
-    }
+    fill(&sessions);
     let out = k3(&d.socket, None, &["sessions", "save", "full"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(10), "{err}");
@@ -625,4 +627,61 @@ async fn saving_to_a_full_disk_is_reported_as_a_storage_failure() {
     // Still serving.
     let (ids, _) = turn(&mut c, &[5, 6, 7], "other").await;
     assert!(!ids.is_empty());
+}
+
+/// Sessions that cannot be written at shutdown are not lost silently (issue 19.7: 4 of 16
+/// sessions and a continued turn were lost while k3d exited 0 and every client got 0): a turn
+/// still running when SIGTERM comes gets the storage failure instead of its Done, each session
+/// is logged by name, and k3d exits 6.
+#[tokio::test]
+async fn sessions_a_full_disk_loses_at_shutdown_are_named_and_fail_the_exit_status() {
+    let tmp = scratch("sess-lost");
+    let dir = tmp.path();
+    let sessions = dir.join("sessions");
+    let _disk = Tmpfs::mount(&sessions, "64k");
+    let mut args = session_args(&sessions).to_vec();
+    args.extend(["--shutdown-grace", "30"]);
+    let mut d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    let mut c = client(&d.socket).await;
+    wait_ready(&mut c).await;
+    let idle = ["idle-a", "idle-b", "idle-c"];
+    for (i, name) in idle.iter().enumerate() {
+        turn(&mut c, &prompt(i as u32), name).await;
+    }
+    fill(&sessions);
+    let mut stream = c
+        .generate(on_session(prompt(9), 64, "running"))
+        .await
+        .expect("accepted")
+        .into_inner();
+    until_token(&mut stream).await;
+    d.signal(libc::SIGTERM);
+    let rest = collect(stream).await;
+    let status = rest.error.unwrap_or_else(|| {
+        panic!(
+            "the running turn is told its state was not kept: {:?}",
+            rest.done
+        )
+    });
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("could not store the session"),
+        "{status:?}"
+    );
+    assert!(
+        rest.done.is_none(),
+        "no Done for a turn whose state was lost"
+    );
+    let exit = d.wait(Duration::from_secs(20));
+    let log = d.log_text();
+    assert_eq!(exit.code(), Some(6), "{log}");
+    for name in idle.iter().chain(&["running"]) {
+        assert!(
+            log.contains(&format!(
+                "session {name:?} could not be written at shutdown"
+            )),
+            "{name} named in the log:\n{log}"
+        );
+    }
+    assert!(log.contains("4 sessions could not be written"), "{log}");
 }

@@ -15,6 +15,9 @@ pub enum Exit {
     RunInvalid = 4,
     /// Not enough memory budget or disk space for what was asked.
     Resources = 5,
+    /// `serve` stopped, but sessions could not be written at shutdown (a full or unwritable
+    /// session directory): their newest states are lost, each logged by name (issue 19.7).
+    SessionsLost = 6,
 }
 
 /// An error on its way out of `main`, with the exit class it maps to.
