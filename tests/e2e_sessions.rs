@@ -685,3 +685,95 @@ async fn sessions_a_full_disk_loses_at_shutdown_are_named_and_fail_the_exit_stat
     }
     assert!(log.contains("4 sessions could not be written"), "{log}");
 }
+
+/// Rounds of [`sigkill_during_a_save_leaves_the_old_file_or_the_new_one`], each a daemon
+/// start, a turn, a save and a SIGKILL.
+const KILL_ROUNDS: u32 = 8;
+
+/// The tokens session `name` holds as listed (0 when it does not exist).
+async fn listed_tokens(c: &mut EngineClient<Channel>, name: &str) -> u64 {
+    list(c)
+        .await
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(0, |s| s.tokens)
+}
+
+/// SIGKILL during a session save (issue 19 point 3): the daemon is killed the moment the save's
+/// temporary file appears, or once it has bytes, round after round. After each restart the
+/// session's file is the previous one or the new one — listed with one of those two token
+/// counts, loaded without complaint and continued to the same ids as without a session — and
+/// the temporary file the kill left is gone.
+#[tokio::test]
+async fn sigkill_during_a_save_leaves_the_old_file_or_the_new_one() {
+    let tmp = scratch("sess-kill");
+    let dir = tmp.path();
+    let sessions = dir.join("sessions");
+    let temp_file = sessions.join(".k.k3s.tmp");
+    let mut history: Vec<u32> = vec![5, 6, 7];
+    // Token counts the file may hold: what it held before the last save, and what that save
+    // wrote.
+    let (mut old, mut new) = (0u64, 0u64);
+    let mut mid_write = 0;
+    for round in 0..KILL_ROUNDS {
+        let mut d = Daemon::start(
+            tiny_model(),
+            &dir.join(format!("k3d-{round}.sock")),
+            &session_args(&sessions),
+        );
+        let mut c = client(&d.socket).await;
+        wait_ready(&mut c).await;
+        assert!(
+            !temp_file.exists(),
+            "round {round}: the interrupted save's file is removed"
+        );
+        let on_disk = listed_tokens(&mut c, "k").await;
+        assert!(
+            on_disk == old || on_disk == new,
+            "round {round}: the file holds {on_disk} tokens, neither the old {old} nor the new {new}"
+        );
+        history.push(40 + round);
+        let (ids, reused) = turn(&mut c, &history, "k").await;
+        assert_eq!(
+            u64::from(reused),
+            on_disk,
+            "round {round}: the turn continued the state the file lists"
+        );
+        history.extend(ids);
+        old = on_disk;
+        new = listed_tokens(&mut c, "k").await;
+        // Kill as soon as the temporary file exists (even rounds) or has bytes (odd rounds).
+        let pid = d.child.id() as i32;
+        let least = u64::from(round % 2);
+        let watched = temp_file.clone();
+        let saved = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let saved = std::sync::Arc::clone(&saved);
+            std::thread::spawn(move || {
+                while !saved.load(std::sync::atomic::Ordering::Relaxed) {
+                    if std::fs::metadata(&watched).is_ok_and(|m| m.len() >= least) {
+                        // SAFETY: kill(2) on our own child's pid has no memory-safety
+                        // preconditions.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                        return;
+                    }
+                }
+            })
+        };
+        let _ = c
+            .save_session(pb::SaveSessionRequest { name: "k".into() })
+            .await;
+        saved.store(true, std::sync::atomic::Ordering::Relaxed);
+        watcher.join().expect("watcher");
+        d.signal(libc::SIGKILL);
+        d.wait(Duration::from_secs(10));
+        if temp_file.exists() {
+            mid_write += 1;
+        }
+    }
+    println!("{mid_write} of {KILL_ROUNDS} kills landed while the temporary file existed");
+    assert!(
+        mid_write > 0,
+        "no kill landed during a save: the test did not test anything"
+    );
+}
