@@ -649,14 +649,7 @@ async fn sessions_a_full_disk_loses_at_shutdown_are_named_and_fail_the_exit_stat
         turn(&mut c, &prompt(i as u32), name).await;
     }
     fill(&sessions);
-    let mut stream = c
-        .generate(on_session(prompt(9), 64, "running"))
-        .await
-        .expect("accepted")
-        .into_inner();
-    until_token(&mut stream).await;
-    d.signal(libc::SIGTERM);
-    let rest = collect(stream).await;
+    let rest = sigterm_while_computing(&d, &mut c, on_session(prompt(9), 64, "running")).await;
     let status = rest.error.unwrap_or_else(|| {
         panic!(
             "the running turn is told its state was not kept: {:?}",
