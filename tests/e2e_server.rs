@@ -398,14 +398,7 @@ fn a_model_directory_without_model_files_is_refused_at_start() {
 #[tokio::test]
 async fn sigterm_lets_a_generation_finish_within_the_grace_then_exits_0() {
     let (mut d, mut c) = ready_daemon("sigterm-grace", &["--shutdown-grace", "30"]).await;
-    let mut stream = c
-        .generate(ids_request(prompt(2), 24))
-        .await
-        .expect("accepted")
-        .into_inner();
-    until_token(&mut stream).await;
-    d.signal(libc::SIGTERM);
-    let rest = collect(stream).await;
+    let rest = sigterm_while_computing(&d, &mut c, ids_request(prompt(2), 24)).await;
     assert!(
         rest.error.is_none(),
         "finished within the grace: {:?}",

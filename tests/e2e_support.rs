@@ -362,6 +362,18 @@ pub async fn until_token(stream: &mut tonic::Streaming<pb::Event>) -> u64 {
     }
 }
 
+/// Starts `req`, sends the daemon SIGTERM once its first token has come, and collects the rest.
+pub async fn sigterm_while_computing(
+    d: &Daemon,
+    c: &mut EngineClient<Channel>,
+    req: pb::GenerateRequest,
+) -> Collected {
+    let mut stream = c.generate(req).await.expect("accepted").into_inner();
+    until_token(&mut stream).await;
+    d.signal(libc::SIGTERM);
+    collect(stream).await
+}
+
 /// A daemon serving the tiny model in a fresh scratch directory, and a client once it is ready.
 pub async fn ready_daemon(name: &str, extra: &[&str]) -> (Daemon, EngineClient<Channel>) {
     let dir = scratch(name);

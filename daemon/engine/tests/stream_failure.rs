@@ -6,7 +6,7 @@
 use k3_engine::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step};
 use k3_engine::model::ModelError;
 use k3_engine::plan::Plan;
-use k3_engine::store::StoreError;
+use k3_engine::store::{StoreError, Weights};
 
 mod synth_support;
 use synth_support::tiny_at_minimum_budget;
@@ -64,7 +64,10 @@ fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
     assert!(
         matches!(
             e,
-            EngineError::Model(ModelError::Store(StoreError::Read(_)))
+            EngineError::Model(ModelError::Store(StoreError::WeightRead {
+                what: Weights::Trunk { .. },
+                ..
+            }))
         ),
         "a read error, got {e:?}"
     );
@@ -73,4 +76,8 @@ fn shard_truncated_during_a_run_fails_the_step_with_file_and_offset() {
         "names the file: {text}"
     );
     assert!(text.contains("offset"), "names the offset: {text}");
+    assert!(
+        text.contains(&format!("the trunk of layer {victim}")),
+        "names the class: {text}"
+    );
 }

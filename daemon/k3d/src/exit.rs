@@ -15,6 +15,9 @@ pub enum Exit {
     RunInvalid = 4,
     /// Not enough memory budget or disk space for what was asked.
     Resources = 5,
+    /// `serve` stopped, but sessions could not be written at shutdown (a full or unwritable
+    /// session directory): their newest states are lost, each logged by name (issue 19.7).
+    SessionsLost = 6,
 }
 
 /// An error on its way out of `main`, with the exit class it maps to.
@@ -59,6 +62,7 @@ pub fn engine_exit(e: &k3_engine::engine::EngineError) -> Exit {
         E::Checkpoint(c) if c.is_config() => Exit::Usage,
         E::Checkpoint(_) | E::Tokenizer(_) | E::Io { .. } => Exit::Checkpoint,
         E::InvalidRequest(_) => Exit::Usage,
+        E::Internal(_) => Exit::Failure,
         E::Model(k3_engine::model::ModelError::Plan(_)) => Exit::Resources,
         E::Model(_) | E::Batch(_) | E::Cancelled | E::Finished | E::ThreadPool(_) => {
             Exit::RunInvalid

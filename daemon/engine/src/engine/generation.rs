@@ -245,7 +245,7 @@ impl Generation {
                 }
                 if self.fed == total {
                     let last = logits.len().checked_sub(vocab).ok_or_else(|| {
-                        EngineError::InvalidRequest("the model returned no logits".into())
+                        EngineError::Internal("the model returned no logits".into())
                     })?;
                     self.next_logits = Some(logits[last..].to_vec());
                     if self.request.max_tokens == 0 {
@@ -272,9 +272,8 @@ impl Generation {
                 self.verify(&ids[1..], &logits, vocab, tokenizer)?;
                 self.decode_seconds += seconds;
                 // The verification decided at least one token or the end.
-                self.decided().ok_or_else(|| {
-                    EngineError::InvalidRequest("the model returned no logits".into())
-                })
+                self.decided()
+                    .ok_or_else(|| EngineError::Internal("the model returned no logits".into()))
             }
             (Feed::Nothing, None) => {
                 if let Some(step) = self.decided() {
@@ -283,7 +282,7 @@ impl Generation {
                 let logits = self.next_logits.take().ok_or(EngineError::Finished)?;
                 self.sample(logits, tokenizer)
             }
-            _ => Err(EngineError::InvalidRequest(
+            _ => Err(EngineError::Internal(
                 "logits do not match what the step fed".into(),
             )),
         }
@@ -317,9 +316,7 @@ impl Generation {
         // Fed positions whose logits plain greedy would also have computed.
         let mut consumed = 0;
         for (i, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
-            let id = self.sampler.sample(row).ok_or_else(|| {
-                EngineError::InvalidRequest("the model produced NaN logits".into())
-            })?;
+            let id = sample_row(&mut self.sampler, row, i)?;
             consumed += 1;
             let confirmed = drafts.get(i) == Some(&id);
             if confirmed {
@@ -343,10 +340,7 @@ impl Generation {
     /// Draws the next token from `logits` and applies the stop rules.
     fn sample(&mut self, logits: Vec<f32>, tokenizer: &Tokenizer) -> Result<Step, EngineError> {
         let started = Instant::now();
-        let id = self
-            .sampler
-            .sample(&logits)
-            .ok_or_else(|| EngineError::InvalidRequest("the model produced NaN logits".into()))?;
+        let id = sample_row(&mut self.sampler, &logits, 0)?;
         self.decode_seconds += started.elapsed().as_secs_f64();
         match self.take(id, tokenizer) {
             Some(id) => Ok(Step::Token { id }),
@@ -409,9 +403,50 @@ fn first_completed_stop<'a>(stops: &'a [String], text: &[u8], new_from: usize) -
     })
 }
 
+/// Draws from output row `row`'s logits. A row the sampler cannot draw from holds a NaN (or is
+/// empty): the model's failure (spec §6.1 rule 12), named by row and index like the forward's
+/// own check, never the request's fault (issue 19.7: it was typed as an invalid request and
+/// reached clients as a refusal).
+fn sample_row(sampler: &mut Sampler, logits: &[f32], row: usize) -> Result<u32, EngineError> {
+    sampler
+        .sample(logits)
+        .ok_or_else(|| match logits.iter().position(|v| v.is_nan()) {
+            Some(index) => EngineError::Model(ModelError::NanLogits { row, index }),
+            None => EngineError::Internal(format!("output row {row} has no logits")),
+        })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::first_completed_stop;
+    use super::*;
+    use crate::engine::request::Sampling;
+
+    #[test]
+    fn nan_logits_are_the_models_failure_not_an_invalid_request() {
+        let mut greedy = Sampler::new(Sampling::default());
+        let e = sample_row(&mut greedy, &[0.5, f32::NAN, 2.0], 3).expect_err("NaN");
+        assert!(
+            matches!(
+                e,
+                EngineError::Model(ModelError::NanLogits { row: 3, index: 1 })
+            ),
+            "{e:?}"
+        );
+        let mut sampled = Sampler::new(Sampling {
+            temperature: 0.7,
+            top_p: 0.9,
+            top_k: 0,
+            seed: 1,
+        });
+        let e = sample_row(&mut sampled, &[f32::NAN], 0).expect_err("NaN");
+        assert!(
+            matches!(e, EngineError::Model(ModelError::NanLogits { .. })),
+            "{e:?}"
+        );
+        let e = sample_row(&mut greedy, &[], 0).expect_err("empty");
+        assert!(matches!(e, EngineError::Internal(_)), "{e:?}");
+        assert_eq!(sample_row(&mut greedy, &[0.5, 2.0], 0).ok(), Some(1));
+    }
 
     #[test]
     fn stop_string_completed_across_tokens_and_mid_token() {

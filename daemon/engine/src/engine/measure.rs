@@ -115,7 +115,7 @@ pub fn measure(
     let end = Snapshot::of(engine);
     // A validated prompt is non-empty, so its last prefill step always reports done == total.
     let prefilled =
-        prefilled.ok_or_else(|| EngineError::InvalidRequest("the prompt was never fed".into()))?;
+        prefilled.ok_or_else(|| EngineError::Internal("the prompt was never fed".into()))?;
     Ok(Measured {
         prefill: PhaseCost::between(&start, &prefilled, prompt.len()),
         decode: PhaseCost::between(&prefilled, &end, summary.generated.len().saturating_sub(1)),

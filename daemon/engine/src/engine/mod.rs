@@ -88,6 +88,11 @@ pub enum EngineError {
     /// The request itself is unacceptable (empty prompt, id out of range, …).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The engine broke one of its own rules (logits missing or not matching the step fed, a
+    /// caller's starting state it cannot continue): a failure of the daemon, never the
+    /// request's fault, so it must not be reported as a refusal (issue 19.7).
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The caller's cancel check returned true; the generation is abandoned.
     #[error("cancelled")]
     Cancelled,
@@ -244,13 +249,13 @@ impl Engine {
         let request = self.admit(request)?;
         let held = state.positions();
         if held >= request.prompt.len() {
-            return Err(EngineError::InvalidRequest(format!(
+            return Err(EngineError::Internal(format!(
                 "the starting state holds {held} positions; the prompt ({} tokens) must extend it",
                 request.prompt.len()
             )));
         }
         if state.is_poisoned() {
-            return Err(EngineError::InvalidRequest(
+            return Err(EngineError::Internal(
                 "the starting state is from a failed forward".into(),
             ));
         }

@@ -443,6 +443,11 @@ impl Admission {
         self.stop_all.load(Ordering::Relaxed)
     }
 
+    /// False once shutdown began ([`Self::close`]).
+    pub fn accepting(&self) -> bool {
+        self.lock().accepting
+    }
+
     /// Stop admitting; jobs already admitted still run.
     pub fn close(&self) {
         self.lock().accepting = false;

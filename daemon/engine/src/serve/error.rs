@@ -112,7 +112,8 @@ impl ServeError {
     }
 
     /// An engine error met while starting or stepping a job: the request's own fault or the
-    /// model's.
+    /// model's. Only [`EngineError::InvalidRequest`] is the request's; NaN logits and the
+    /// engine's internal errors are failures (issue 19.7), counted failed, `INTERNAL`/500.
     pub(crate) fn from_engine(e: EngineError) -> ServeError {
         match e {
             EngineError::InvalidRequest(why) => Invalid::Engine(why).into(),
@@ -154,6 +155,27 @@ mod tests {
         for e in &failed {
             assert!(!e.is_refusal(), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+    use crate::model::ModelError;
+
+    #[test]
+    fn nan_logits_and_internal_errors_are_failures_of_the_model() {
+        let failures = [
+            EngineError::Model(ModelError::NanLogits { row: 0, index: 5 }),
+            EngineError::Internal("the model returned no logits".into()),
+        ];
+        for e in failures {
+            let served = ServeError::from_engine(e);
+            assert!(matches!(served, ServeError::Model(_)), "{served:?}");
+            assert!(!served.is_refusal(), "{served}");
+        }
+        let refused = ServeError::from_engine(EngineError::InvalidRequest("empty".into()));
+        assert!(refused.is_refusal(), "{refused}");
     }
 }
 

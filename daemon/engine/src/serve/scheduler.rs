@@ -457,16 +457,34 @@ fn deliver<'e>(
                 StopReason::StopId(id) => Finish::StopId(*id),
                 StopReason::StopString(s) => Finish::StopString(s.clone()),
             };
+            let mut unkept = None;
             if let Some(lease) = a.job.lease.take() {
                 // Before Done: the client's next turn must find the session free.
                 let end = snapshot(&a.generation);
-                lease.finish(a.prefill.take().into_iter().chain([end]).collect());
+                let snapshots = a.prefill.take().into_iter().chain([end]).collect();
+                if shared.admission.accepting() {
+                    lease.finish(snapshots);
+                } else {
+                    // Shutdown began: the daemon exits once its jobs end, so the turn's state
+                    // is kept only if it reaches the disk, and its client is told if it did
+                    // not (issue 19.7).
+                    unkept = lease.finish_written(snapshots).err();
+                }
             } else if let Some(caller) = &a.job.reuse {
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
                 let end = snapshot(&a.generation);
                 let snapshots = a.prefill.take().into_iter().chain([end]).collect();
                 shared.prefix.keep(caller, snapshots, prefix_room(shared));
+            }
+            if let Some(error) = unkept {
+                shared.log.error(format_args!(
+                    "request {}: the session's new state could not be written at shutdown: {error}",
+                    a.job.id
+                ));
+                shared.admission.finish(a.job.id, Outcome::of(&error));
+                a.job.events.send(Event::Failed(error));
+                return None;
             }
             shared.admission.finish(a.job.id, Outcome::Completed);
             let end_id = match finish {

@@ -44,6 +44,8 @@ pub struct Sessions {
     /// `None`: the plan's headroom, decided when the model is loaded (see `open`).
     allowance: Option<u64>,
     phase: Mutex<Phase>,
+    /// The sessions shutdown could not write ([`Sessions::save_all`]).
+    lost: Mutex<Vec<String>>,
     log: Log,
 }
 
@@ -63,6 +65,15 @@ impl SessionLease {
     pub fn finish(mut self, snapshots: Vec<Snapshot>) {
         self.released = true;
         self.sessions.finish(&self.name, snapshots);
+    }
+
+    /// [`Self::finish`], then the session written to its file before returning: for a turn
+    /// that ends after shutdown began, whose state outlives the daemon only on disk. `Err`
+    /// (the storage failure) means it did not, and the turn's client must be told (issue
+    /// 19.7: a turn's state was lost at shutdown while its client got a success).
+    pub fn finish_written(mut self, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
+        self.released = true;
+        self.sessions.finish_written(&self.name, snapshots)
     }
 }
 
@@ -86,6 +97,7 @@ impl Sessions {
             dir,
             allowance,
             phase: Mutex::new(Phase::Waiting),
+            lost: Mutex::new(Vec::new()),
             log,
         }
     }
@@ -177,6 +189,21 @@ impl Sessions {
         log_failures(self.log, "spilling failed (kept in memory)", &failures);
     }
 
+    /// [`Self::finish`] and the session's file written, under one lock (no other request can
+    /// take the session in between).
+    fn finish_written(&self, name: &str, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
+        let (spill_failures, written) = self.with(|s| {
+            let spilled = s.finish(name, snapshots);
+            Ok((spilled, s.write(name)))
+        })?;
+        log_failures(
+            self.log,
+            "spilling failed (kept in memory)",
+            &spill_failures,
+        );
+        written.map(|_| ()).map_err(|e| StoreError::from(e).into())
+    }
+
     /// The sessions `who` may see.
     pub fn list(&self, who: Access) -> Result<Vec<SessionInfo>, ServeError> {
         self.with(|s| Ok(s.list(who)))
@@ -204,11 +231,26 @@ impl Sessions {
         Ok(())
     }
 
-    /// Writes every session whose file is not current (shutdown).
+    /// Writes every session whose file is not current (shutdown). Each one that could not be
+    /// written is logged as an error by name and kept for [`Self::lost`]: its newest state
+    /// ends with the daemon (issue 19.7: they were lost with a warning and exit status 0).
     pub(crate) fn save_all(&self) {
-        if let Ok(failures) = self.with(|s| Ok(s.save_all())) {
-            log_failures(self.log, "saving at shutdown failed", &failures);
+        let Ok(failures) = self.with(|s| Ok(s.save_all())) else {
+            return;
+        };
+        for (name, error) in &failures {
+            self.log.error(format_args!(
+                "sessions: session {name:?} could not be written at shutdown, its newest \
+                 state is lost: {error}"
+            ));
         }
+        let mut lost = self.lost.lock().unwrap_or_else(|p| p.into_inner());
+        lost.extend(failures.into_iter().map(|(name, _)| name));
+    }
+
+    /// The sessions shutdown could not write, by name (empty before shutdown).
+    pub fn lost(&self) -> Vec<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn figures(&self) -> SessionFigures {

@@ -453,7 +453,7 @@ impl SessionStore {
 
     /// Writes session `name`'s in-memory snapshots to its file (if they are not already
     /// there). Returns the file size, or 0 when there was nothing new to write.
-    fn write(&mut self, name: &str) -> Result<u64, FileError> {
+    pub fn write(&mut self, name: &str) -> Result<u64, FileError> {
         let Some(entry) = self.sessions.get_mut(name) else {
             return Ok(0);
         };
@@ -538,10 +538,13 @@ impl SessionStore {
     }
 
     /// Writes every in-memory session whose file is not current (daemon shutdown). Returns
-    /// the failures.
-    pub fn save_all(&mut self) -> Vec<FileError> {
+    /// the failures with the session each concerns: those sessions' newest states are lost.
+    pub fn save_all(&mut self) -> Vec<(String, FileError)> {
         let names: Vec<String> = self.sessions.keys().cloned().collect();
-        names.iter().filter_map(|n| self.write(n).err()).collect()
+        names
+            .into_iter()
+            .filter_map(|n| self.write(&n).err().map(|e| (n, e)))
+            .collect()
     }
 }
 

@@ -25,7 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::aligned::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
 use super::reader::{Batch, Priority, ReaderPool};
-use super::{Class, Counters, StoreError};
+use super::{Class, Counters, StoreError, Weights};
 use crate::checkpoint::layout::{ByteRun, Slice};
 use crate::plan::buffers::ALIGN;
 
@@ -190,8 +190,12 @@ impl ChunkStream {
                 unit: format!("{unit:?}"),
                 start,
             })?;
+        let what = match unit {
+            Unit::Layer(layer) => Weights::Trunk { layer },
+            Unit::LmHead => Weights::LmHead,
+        };
         for p in pieces {
-            let loaded = self.take(pool, counters, p)?;
+            let loaded = self.take(pool, counters, p).map_err(|e| e.reading(what))?;
             let result = f(self.pieces[p].first_row, loaded.payload());
             self.give_back(pool, loaded.into_buffer());
             result?;

@@ -308,27 +308,56 @@ impl Shard {
                 Ok(0) => break,
                 Ok(k) => got += k,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => {
-                    return Err(ReadError::Io {
-                        path: self.path.clone(),
-                        offset,
-                        len: dst.len(),
-                        errno: errno_of(&error),
-                        error,
-                    });
-                }
+                Err(error) => return Err(self.io_error(offset, dst.len(), error)),
             }
         }
         if got < required {
-            return Err(ReadError::ShortRead {
-                path: self.path.clone(),
-                offset,
-                len: dst.len(),
-                got,
-                required,
-            });
+            return Err(self.short_read(offset, dst.len(), got, required));
         }
         Ok(())
+    }
+
+    fn io_error(&self, offset: u64, len: usize, error: io::Error) -> ReadError {
+        ReadError::Io {
+            path: self.path.clone(),
+            offset,
+            len,
+            errno: errno_of(&error),
+            error,
+        }
+    }
+
+    fn short_read(&self, offset: u64, len: usize, got: usize, required: usize) -> ReadError {
+        ReadError::ShortRead {
+            path: self.path.clone(),
+            offset,
+            len,
+            got,
+            required,
+        }
+    }
+
+    /// [`Self::read_chunk`] failing as `kind` (feature `fault-injection`): `EIO` before any
+    /// byte, or end of file after half the required bytes (whole pages, really read).
+    #[cfg(feature = "fault-injection")]
+    fn read_failing(
+        &self,
+        kind: super::fault::FaultKind,
+        offset: u64,
+        dst: &mut [u8],
+        required: usize,
+    ) -> Result<(), ReadError> {
+        use super::fault::FaultKind;
+        match kind {
+            FaultKind::Eio => {
+                Err(self.io_error(offset, dst.len(), io::Error::from_raw_os_error(libc::EIO)))
+            }
+            FaultKind::Short => {
+                let got = (required.min(dst.len()) / 2) & !(ALIGN - 1);
+                self.read_chunk(offset, &mut dst[..got], got)?;
+                Err(self.short_read(offset, dst.len(), got, required))
+            }
+        }
     }
 }
 
@@ -367,6 +396,9 @@ fn warn_buffered(path: &Path, shard: Result<Shard, ReadError>) -> Result<Shard, 
 #[derive(Debug)]
 pub struct ShardSet {
     shards: Vec<Shard>,
+    /// Reads a test made to fail (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    faults: Option<&'static super::fault::Faults>,
 }
 
 impl ShardSet {
@@ -375,7 +407,27 @@ impl ShardSet {
             .iter()
             .map(|p| Shard::open(p, policy))
             .collect::<Result<_, _>>()?;
-        Ok(Self { shards })
+        Ok(Self {
+            shards,
+            #[cfg(feature = "fault-injection")]
+            faults: None,
+        })
+    }
+
+    /// The same shards, failing the reads `faults` is armed for.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(self, faults: Option<&'static super::fault::Faults>) -> Self {
+        Self { faults, ..self }
+    }
+
+    /// Request `c` of the read of `run` into `dst`: every weight read goes through here.
+    pub fn read_chunk(&self, run: ByteRun, c: &Chunk, dst: &mut [u8]) -> Result<(), ReadError> {
+        let shard = self.shard(run.shard)?;
+        #[cfg(feature = "fault-injection")]
+        if let Some(kind) = self.faults.and_then(|f| f.hit(run)) {
+            return shard.read_failing(kind, c.file_offset, dst, c.required);
+        }
+        shard.read_chunk(c.file_offset, dst, c.required)
     }
 
     pub fn len(&self) -> usize {
@@ -424,10 +476,9 @@ impl ShardSet {
     ) -> Result<LoadedRun, ReadFailure> {
         let result = (|| {
             let w = self.window_for(run, &buf)?;
-            let shard = self.shard(run.shard)?;
             for c in w.chunks(chunk)? {
                 let dst = &mut buf.as_mut_slice()[c.buf_start..c.buf_start + c.len];
-                shard.read_chunk(c.file_offset, dst, c.required)?;
+                self.read_chunk(run, &c, dst)?;
             }
             Ok(w)
         })();

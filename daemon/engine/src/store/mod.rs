@@ -24,6 +24,8 @@ pub mod aligned;
 mod chunks;
 pub mod direct_io;
 pub mod expert_cache;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod reader;
 
 use std::path::PathBuf;
@@ -45,6 +47,16 @@ use crate::checkpoint::layout::{
 use crate::kernels::mxfp4;
 use chunks::{ChunkStream, Unit};
 
+impl StoreError {
+    /// A failed read of `what` names it; any other error passes unchanged.
+    fn reading(self, what: Weights) -> StoreError {
+        match self {
+            StoreError::Read(error) => StoreError::WeightRead { what, error },
+            other => other,
+        }
+    }
+}
+
 impl From<reader::PoolError> for StoreError {
     fn from(e: reader::PoolError) -> Self {
         StoreError::Pool(e)
@@ -57,11 +69,33 @@ impl From<aligned::AllocError> for StoreError {
     }
 }
 
+/// Which weights a failed read was for, so the error names its class beside the file and
+/// offset (issue 19.3). Routed experts are named by [`CacheError::Read`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weights {
+    Trunk { layer: usize },
+    LmHead,
+    Embedding,
+}
+
+impl std::fmt::Display for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Weights::Trunk { layer } => write!(f, "the trunk of layer {layer}"),
+            Weights::LmHead => f.write_str("lm_head"),
+            Weights::Embedding => f.write_str("an embedding row"),
+        }
+    }
+}
+
 /// Failures of the weight store. Every variant names the file and offset it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// A read of streamed weights failed: which ones, then the read's file, offset and errno.
+    #[error("reading {what}: {error}")]
+    WeightRead { what: Weights, error: ReadError },
     #[error(transparent)]
     Expert(#[from] CacheError),
     /// These two include their cause's message, so they are not also its `source` (as
@@ -411,6 +445,9 @@ pub struct StoreOptions {
     /// Keep every routed-expert request in order ([`WeightStore::expert_trace`]), for
     /// replaying eviction policies against real routing (`k3d bench --policy-slots`).
     pub record_trace: bool,
+    /// Reads a test makes fail ([`fault`], feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    pub faults: Option<&'static fault::Faults>,
 }
 
 impl Default for StoreOptions {
@@ -419,6 +456,8 @@ impl Default for StoreOptions {
             direct: DirectPolicy::Prefer,
             reader: ReaderConfig::default(),
             record_trace: false,
+            #[cfg(feature = "fault-injection")]
+            faults: None,
         }
     }
 }
@@ -478,7 +517,10 @@ impl WeightStore {
         trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, StoreError> {
-        let set = Arc::new(ShardSet::open(shards, options.direct)?);
+        let set = ShardSet::open(shards, options.direct)?;
+        #[cfg(feature = "fault-injection")]
+        let set = set.with_faults(options.faults);
+        let set = Arc::new(set);
         let pool = ReaderPool::new(set, options.reader)?;
         let counters = Counters::default();
         let guesses = (0..layout.layers.len())
@@ -722,7 +764,7 @@ impl WeightStore {
                 if let Some(b) = f.buf {
                     self.ring.give_back(b);
                 }
-                return Err(f.error.into());
+                return Err(StoreError::from(f.error).reading(Weights::Trunk { layer }));
             }
         };
         self.counters.read(Class::Trunk, run.len);
@@ -787,7 +829,7 @@ impl WeightStore {
             let loaded = self
                 .counters
                 .waiting(|| self.pool.read(run, buf))
-                .map_err(|f| f.error)?;
+                .map_err(|f| StoreError::from(f.error).reading(Weights::Trunk { layer }))?;
             self.counters.read(Class::Trunk, run.len);
             out.push((s.start, loaded.payload().to_vec()));
         }
@@ -1165,7 +1207,7 @@ impl WeightStore {
             Ok(r) => r,
             Err(f) => {
                 *slot = f.buf;
-                return Err(f.error.into());
+                return Err(StoreError::from(f.error).reading(Weights::Embedding));
             }
         };
         self.counters.read(Class::Embedding, run.len);
@@ -1213,7 +1255,7 @@ impl WeightStore {
                     if let Some(b) = fail.buf {
                         self.ring.give_back(b);
                     }
-                    return Err(StoreError::from(fail.error).into());
+                    return Err(StoreError::from(fail.error).reading(Weights::LmHead).into());
                 }
             };
             self.counters.read(Class::Head, run.len);

@@ -61,7 +61,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Job {
     batch: Arc<BatchState>,
     slot: usize,
-    shard: usize,
+    /// The run this request is part of.
+    run: ByteRun,
     chunk: Chunk,
     part: BufPart,
 }
@@ -281,7 +282,7 @@ impl ReaderPool {
                     jobs.push(Job {
                         batch: Arc::clone(state),
                         slot,
-                        shard: run.shard,
+                        run,
                         chunk,
                         part,
                     });
@@ -289,7 +290,7 @@ impl ReaderPool {
             }
         }
         if sweep {
-            jobs.sort_by_key(|j| (j.shard, j.chunk.file_offset));
+            jobs.sort_by_key(|j| (j.run.shard, j.chunk.file_offset));
         }
         let n = jobs.len();
         if n > 0 {
@@ -388,7 +389,7 @@ fn worker(shared: &Shared) {
         let Job {
             batch,
             slot,
-            shard,
+            run,
             chunk,
             mut part,
         } = job;
@@ -398,8 +399,7 @@ fn worker(shared: &Shared) {
             lock(&shared.busy).start();
             let r = shared
                 .shards
-                .shard(shard)
-                .and_then(|s| s.read_chunk(chunk.file_offset, part.as_mut_slice(), chunk.required))
+                .read_chunk(run, &chunk, part.as_mut_slice())
                 .map_err(Some);
             lock(&shared.busy).stop();
             r

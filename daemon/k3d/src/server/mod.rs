@@ -8,7 +8,8 @@
 //! exit code of its class (so systemd's `Restart=` and `systemctl status` see it). On
 //! SIGTERM/SIGINT: stop accepting connections and requests, let admitted requests finish for up
 //! to the grace period, then cancel the rest (each stops within one layer), let the scheduler
-//! write every session, remove the socket and return so the process exits 0. A signal during
+//! write every session, remove the socket and return so the process exits 0 — or 6 when a
+//! session could not be written (each is logged by name). A signal during
 //! the model load exits at once: nothing is running and no session is open yet.
 
 #[macro_use]
@@ -161,7 +162,21 @@ pub fn run(cfg: Config) -> CliResult {
     if !core.join(UNWIND_LIMIT) && !matches!(core.health(), Health::Loading { .. }) {
         log!("the scheduler did not stop within {UNWIND_LIMIT:?}; exiting anyway");
     }
+    let lost = core.sessions().lost();
     match result? {
+        Ended::Signal(_) if !lost.is_empty() => {
+            log_err!("exiting: {} sessions could not be written", lost.len());
+            Err(CliError::new(
+                Exit::SessionsLost,
+                anyhow::anyhow!(
+                    "{} sessions could not be written to {} at shutdown and their newest \
+                     states are lost: {}",
+                    lost.len(),
+                    core.sessions().dir().display(),
+                    lost.join(", ")
+                ),
+            ))
+        }
         Ended::Signal(_) => {
             log!("stopped");
             Ok(())
