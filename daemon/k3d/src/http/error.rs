@@ -4,8 +4,8 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::ServeError;
 use k3_engine::echo::{Echo, bounded};
+use k3_engine::serve::ServeError;
 use k3_engine::session::StoreError;
 use serde::Serialize;
 
@@ -105,7 +105,7 @@ impl ApiError {
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
                 };
             }
-            ServeError::Busy(_) => {
+            ServeError::Busy(_) | ServeError::UidBusy(_) => {
                 return ApiError {
                     code: Some("queue_full"),
                     ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)
