@@ -1503,7 +1503,9 @@ async fn one_users_flood_does_not_starve_another_users_request() {
     let out = single.wait_with_output().expect("k3 run");
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
-    let first_told = err.lines().find(|l| l.contains("waiting for a compute slot"));
+    let first_told = err
+        .lines()
+        .find(|l| l.contains("waiting for a compute slot"));
     assert!(
         first_told.is_some_and(|l| l.ends_with("(position 1)")),
         "told at once it is next: {err}"
