@@ -824,6 +824,11 @@ async fn serve_reads_its_settings_from_a_toml_config() {
     };
     refuse("modle = \"/x\"\n", &[], "modle");
     refuse("max_queue = \"many\"\n", &[], "max_queue");
+    refuse(
+        "model = \"/x\"\nmax_active_per_uid = 0\n",
+        &[],
+        "max_active_per_uid must be at least 1",
+    );
     refuse("socket = \"/tmp/x.sock\"\n", &[], "--model");
     refuse(
         "model = \"/x\"\nsocket = \"/tmp/x.sock\"\nsocket_mode = \"0777\"\n",
