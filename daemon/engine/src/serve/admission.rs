@@ -449,8 +449,10 @@ impl Admission {
             .collect()
     }
 
-    /// Scheduler side: hand over up to `free` queued jobs (registering them as running), and
-    /// tell the rest their new positions. With `block`, wait until there is something to do.
+    /// Scheduler side: hand over up to `free` queued jobs in queue order, passing over those
+    /// whose uid is at its active limit (registering them as running), and tell the rest their
+    /// new positions. With `block`, wait until there is something to do (with nothing running
+    /// no uid is at its limit, so a non-empty queue always gives a job).
     pub fn take(&self, free: usize, block: bool) -> Taken {
         let mut st = self.lock();
         while block && st.queue.is_empty() && st.accepting {
