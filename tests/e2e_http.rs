@@ -61,6 +61,16 @@ fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String, St
     (status, head.to_ascii_lowercase(), body.to_string())
 }
 
+/// The id of the model the daemon serves, from `GET /v1/models`.
+fn served_model(socket: &Path) -> String {
+    let (_, _, models) = http(socket, "GET", "/v1/models", "");
+    let models: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    models["data"][0]["id"]
+        .as_str()
+        .expect("the served model")
+        .to_string()
+}
+
 fn texts_by_channel(r: &Collected) -> (String, String, usize) {
     let (mut reasoning, mut response, mut reasoning_tokens) = (String::new(), String::new(), 0);
     for e in &r.events {
@@ -478,12 +488,7 @@ fn errors_quote_huge_inputs_cut_short_with_their_length() {
     let endpoint = format!("unix:{}", http_socket.display());
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &["--http", &endpoint]);
     d.wait_for_log("HTTP API on", Duration::from_secs(30));
-    let (_, _, models) = http(&http_socket, "GET", "/v1/models", "");
-    let models: serde_json::Value = serde_json::from_str(&models).expect("JSON");
-    let model = models["data"][0]["id"]
-        .as_str()
-        .expect("the served model")
-        .to_string();
+    let model = served_model(&http_socket);
     let huge = "x".repeat(100_000);
     let bodies = [
         (
@@ -516,4 +521,47 @@ fn errors_quote_huge_inputs_cut_short_with_their_length() {
         );
         assert!(message.contains("bytes)"), "{message}");
     }
+}
+
+/// Issue 19 point 5 on HTTP: a caller at its per-uid limits gets 429 with Retry-After at once,
+/// the message naming both limits, although a compute slot is free (it is another uid's).
+#[tokio::test]
+async fn a_uid_over_its_limits_gets_429_naming_them() {
+    let tmp = scratch("http-uid-limits");
+    let dir = tmp.path();
+    let http_socket = dir.join("http.sock");
+    let endpoint = format!("unix:{}", http_socket.display());
+    let socket = dir.join("k3d.sock");
+    let _d = Daemon::start(
+        tiny_model(),
+        &socket,
+        &[
+            "--http",
+            &endpoint,
+            "--max-active",
+            "2",
+            "--max-active-per-uid",
+            "1",
+            "--max-queued-per-uid",
+            "0",
+        ],
+    );
+    let mut c = client(&socket).await;
+    wait_ready(&mut c).await;
+    // This uid's one compute slot taken over gRPC; HTTP on the Unix socket is the same uid.
+    let _running = computing(&mut c, prompt(0)).await;
+    let ids = format!(
+        r#"{{"model": "{}", "prompt": {:?}, "max_tokens": 2}}"#,
+        served_model(&http_socket),
+        prompt(1)
+    );
+    let (status, head, body) = http(&http_socket, "POST", "/v1/completions", &ids);
+    assert_eq!(status, 429, "{body}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("--max-active-per-uid 1") && message.contains("--max-queued-per-uid 0"),
+        "{body}"
+    );
 }

@@ -817,6 +817,11 @@ async fn serve_reads_its_settings_from_a_toml_config() {
     };
     refuse("modle = \"/x\"\n", &[], "modle");
     refuse("max_queue = \"many\"\n", &[], "max_queue");
+    refuse(
+        "model = \"/x\"\nmax_active_per_uid = 0\n",
+        &[],
+        "max_active_per_uid must be at least 1",
+    );
     refuse("socket = \"/tmp/x.sock\"\n", &[], "--model");
     refuse(
         "model = \"/x\"\nsocket = \"/tmp/x.sock\"\nsocket_mode = \"0777\"\n",
@@ -1245,6 +1250,11 @@ async fn refusals_are_counted_as_rejected_not_failed() {
 
 /// `k3 run` of a 4,000-token generation (as `user`, with runuser), its stderr piped.
 fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Child {
+    k3_run(socket, user, 4000)
+}
+
+/// `k3 run` of a `max_tokens` generation (as `user`, with runuser), its stderr piped.
+fn k3_run(socket: &std::path::Path, user: Option<&str>, max_tokens: u32) -> std::process::Child {
     let mut cmd = match user {
         Some(user) => {
             let mut c = std::process::Command::new("runuser");
@@ -1255,7 +1265,13 @@ fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Ch
     };
     cmd.arg("--socket")
         .arg(socket)
-        .args(["run", "--ids", "--max-tokens", "4000", "5 6 7"])
+        .args([
+            "run",
+            "--ids",
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "5 6 7",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1407,4 +1423,102 @@ async fn a_full_descriptor_table_pauses_the_accept_loop() {
     assert_eq!(status(&mut fresh).await.state, "ready");
     assert_eq!(status(&mut c).await.state, "ready");
     d.wait_for_log("accepting connections again", Duration::from_secs(10));
+}
+
+/// The request id and uid of each "request N started (uid U, …" line of the log, in order.
+fn starts(d: &Daemon) -> Vec<(u64, String)> {
+    d.log_text()
+        .lines()
+        .filter_map(|line| {
+            let (head, rest) = line.split_once(" started (uid ")?;
+            let id = head.rsplit("request ").next()?.parse().ok()?;
+            Some((id, rest.split(',').next()?.to_string()))
+        })
+        .collect()
+}
+
+/// Waits until the daemon has `n` requests queued.
+async fn until_queued(c: &mut pb::engine_client::EngineClient<tonic::transport::Channel>, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status(c).await.queued_requests != n {
+        assert!(Instant::now() < deadline, "{n} never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 19 point 5, with two real accounts: one user floods the queue, and another user's
+/// single request still starts next, ahead of the first user's waiting ones (the old FIFO ran
+/// it last); the flooder's request over `--max-queued-per-uid` is refused at once naming the
+/// limit (RESOURCE_EXHAUSTED: `k3` exits 5) and counted as rejected.
+#[tokio::test]
+async fn one_users_flood_does_not_starve_another_users_request() {
+    ensure_group("k3e2e");
+    ensure_user("k3e2e-member", Some("k3e2e"));
+    ensure_user("k3e2e-member2", Some("k3e2e"));
+    let (d, mut c) = ready_daemon(
+        "fair",
+        &[
+            "--socket-group",
+            "k3e2e",
+            "--max-active",
+            "1",
+            "--max-queued-per-uid",
+            "2",
+        ],
+    )
+    .await;
+    let (heavy, light) = (Some("k3e2e-member"), Some("k3e2e-member2"));
+    let (heavy_uid, light_uid) = (uid_of("k3e2e-member"), uid_of("k3e2e-member2"));
+    let first = long_k3_run(&d.socket, heavy);
+    d.wait_for_log(
+        &format!(" started (uid {heavy_uid},"),
+        Duration::from_secs(20),
+    );
+    let waiting: Vec<_> = (0..2).map(|_| k3_run(&d.socket, heavy, 2)).collect();
+    until_queued(&mut c, 2).await;
+    let before = status(&mut c).await;
+    let over = k3_run(&d.socket, heavy, 2)
+        .wait_with_output()
+        .expect("k3 run");
+    let err = text(&over.stderr);
+    assert_eq!(over.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains(&format!("uid {heavy_uid}")) && err.contains("--max-queued-per-uid 2"),
+        "names the limit: {err}"
+    );
+    let single = k3_run(&d.socket, light, 2);
+    until_queued(&mut c, 3).await;
+    let (first_id, _) = starts(&d)[0];
+    c.cancel(pb::CancelRequest {
+        request_id: first_id,
+    })
+    .await
+    .expect("root's cancel");
+    assert_eq!(
+        first.wait_with_output().expect("k3 run").status.code(),
+        Some(130)
+    );
+    let out = single.wait_with_output().expect("k3 run");
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let first_told = err
+        .lines()
+        .find(|l| l.contains("waiting for a compute slot"));
+    assert!(
+        first_told.is_some_and(|l| l.ends_with("(position 1)")),
+        "told at once it is next: {err}"
+    );
+    for run in waiting {
+        let out = run.wait_with_output().expect("k3 run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let uids: Vec<String> = starts(&d).into_iter().map(|(_, uid)| uid).collect();
+    assert_eq!(
+        uids,
+        [heavy_uid.clone(), light_uid, heavy_uid.clone(), heavy_uid],
+        "started in this order:\n{}",
+        d.log_text()
+    );
+    let after = status(&mut c).await;
+    assert_eq!(after.requests_rejected, before.requests_rejected + 1);
 }

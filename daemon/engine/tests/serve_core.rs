@@ -11,7 +11,7 @@ use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
     Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt, Request,
-    ServeError,
+    ServeError, UidLimits,
 };
 use k3_engine::session::StoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
@@ -143,6 +143,7 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
             max_active: ACTIVE,
             max_batch: ACTIVE,
             max_queue: 4,
+            per_uid: UidLimits::default(),
         },
     );
     let jobs: Vec<JobHandle> = prompts
@@ -184,6 +185,7 @@ fn one_slot(seed: u64, max_queue: usize) -> (TempCheckpoint, Core) {
             max_active: 1,
             max_batch: 1,
             max_queue,
+            per_uid: UidLimits::default(),
         },
     );
     (ck, core)
@@ -389,6 +391,7 @@ fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
         max_active: 1,
         max_batch: 1,
         max_queue: 4,
+        per_uid: UidLimits::default(),
     };
     let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
         c.session_bytes = Some(64 << 20)

@@ -1,6 +1,14 @@
 //! Admission: the one bounded queue between the transports and the scheduler thread, the
-//! registry of running jobs that a cancel reaches, per-uid accounting, the model's state and the
-//! counters status reports and metrics read.
+//! registry of running jobs that a cancel reaches, per-uid accounting and fairness, the model's
+//! state and the counters status reports and metrics read.
+//!
+//! The queue is kept in service order, fair across uids (issue 19 point 5): a job goes in by
+//! its *round* (its uid's running jobs plus those it has queued), behind every job of a round
+//! no higher, so uids take turns and one user's many requests cannot starve another's single
+//! one; a uid's own jobs keep their order. Per-uid limits ([`UidLimits`]) bound how many of one
+//! uid's jobs compute at once (the others wait while other uids' jobs start) and how many may
+//! wait (beyond, [`ServeError::UidBusy`] at once). The uid is the transport's: peer credentials
+//! on a Unix socket; callers whose uid is unknown — HTTP over TCP among them — share one turn.
 //!
 //! Everything sits behind one mutex taken only for short bookkeeping (never across compute),
 //! so transports stay responsive while the engine steps (engine-lessons §9: a bounded queue
@@ -17,7 +25,7 @@ use super::events::EventSender;
 use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
-use super::{Event, Health, LoadFigures, QueueState, ServeError};
+use super::{Event, Health, LoadFigures, QueueState, ServeError, UidQueueState};
 use crate::engine::{EngineError, EngineInfo, EngineStats, GenerateRequest};
 use crate::tokenizer::chat::Conversation;
 
@@ -83,6 +91,29 @@ pub struct Capacity {
     pub max_batch: usize,
     /// Jobs allowed to wait for a compute slot; beyond this, [`ServeError::Busy`].
     pub max_queue: usize,
+    /// The same limits for each uid.
+    pub per_uid: UidLimits,
+}
+
+/// One uid's share of the [`Capacity`] (issue 19 point 5); the default limits nothing beyond
+/// the machine's own limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidLimits {
+    /// Jobs of one uid computed at once (at least 1); its others wait while other uids' jobs
+    /// start.
+    pub max_active: usize,
+    /// Jobs of one uid allowed to wait for a compute slot; beyond this,
+    /// [`ServeError::UidBusy`].
+    pub max_queued: usize,
+}
+
+impl Default for UidLimits {
+    fn default() -> UidLimits {
+        UidLimits {
+            max_active: usize::MAX,
+            max_queued: usize::MAX,
+        }
+    }
 }
 
 /// Requests by how they ended.
@@ -144,7 +175,7 @@ impl Canceller {
     }
 }
 
-/// One uid's jobs now (the fairness work reads it).
+/// One uid's jobs now.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct UidLoad {
     pub queued: usize,
@@ -170,6 +201,30 @@ struct State {
 impl State {
     fn load(&mut self, uid: Option<u32>) -> &mut UidLoad {
         self.per_uid.entry(uid).or_default()
+    }
+
+    fn running_of(&self, uid: Option<u32>) -> usize {
+        self.per_uid.get(&uid).map_or(0, |l| l.running)
+    }
+
+    /// The queue index where a new job of `uid` goes: before the first job whose round is
+    /// higher than its own. A job's round is its uid's running jobs plus its uid's jobs queued
+    /// ahead of it; the new job's, its uid's running plus queued jobs. So a newcomer with
+    /// nothing running goes ahead of a heavy user's second job, uids alternate, and a uid's
+    /// own jobs keep their order (each has a higher round than those it follows).
+    fn fair_index(&self, uid: Option<u32>) -> usize {
+        let own = self.per_uid.get(&uid).map_or(0, |l| l.running + l.queued);
+        let mut rounds: HashMap<Option<u32>, usize> = HashMap::new();
+        for (index, job) in self.queue.iter().enumerate() {
+            let round = rounds
+                .entry(job.uid)
+                .or_insert_with(|| self.running_of(job.uid));
+            if *round > own {
+                return index;
+            }
+            *round += 1;
+        }
+        self.queue.len()
     }
 
     /// Forget an idle uid, so the map holds only uids with work.
@@ -285,9 +340,10 @@ impl Admission {
         drop(gone);
     }
 
-    /// Queue a job or refuse it (the job, and so its lease, is dropped on refusal). On success
-    /// the job's stream holds its Queued event (if it must wait) before the scheduler sees it.
-    pub fn submit(&self, mut job: Job) -> Result<(), ServeError> {
+    /// Queue a job at its fair place or refuse it (the job, and so its lease, is dropped on
+    /// refusal). On success the job's stream holds its Queued event (if it must wait) before
+    /// the scheduler sees it, and every job it went ahead of is told its new position.
+    pub fn submit(&self, job: Job) -> Result<(), ServeError> {
         let mut st = self.lock();
         if !st.accepting {
             return Err(ServeError::ShuttingDown);
@@ -296,56 +352,121 @@ impl Admission {
             return Err(ServeError::ModelFailed(Arc::clone(e)));
         }
         let gone = st.purge_abandoned();
-        let position = self.position(&st, st.queue.len());
-        if position as usize > self.capacity.max_queue {
-            // Counted as a refusal by `Core::submit`, like every other refusal.
-            let state = QueueState {
+        let uid = job.uid;
+        let index = st.fair_index(uid);
+        st.queue.insert(index, job);
+        st.load(uid).queued += 1;
+        let positions = self.positions(&st);
+        let waiting: Vec<Option<u32>> = st
+            .queue
+            .iter()
+            .zip(&positions)
+            .filter(|(_, position)| **position > 0)
+            .map(|(job, _)| job.uid)
+            .collect();
+        let own_waiting = waiting.iter().filter(|u| **u == uid).count();
+        // Counted as a refusal by `Core::submit`, like every other refusal. If any of its
+        // uid's jobs waits, so does the new one (it is behind them): it is among them.
+        let refusal = if own_waiting > self.capacity.per_uid.max_queued {
+            Some(ServeError::UidBusy(UidQueueState {
+                uid,
+                running: st.running_of(uid),
+                waiting: own_waiting.saturating_sub(1),
+                max_active: self.capacity.per_uid.max_active,
+                max_queued: self.capacity.per_uid.max_queued,
+            }))
+        } else if waiting.len() > self.capacity.max_queue {
+            Some(ServeError::Busy(QueueState {
                 running: st.running.len(),
-                queued: st.queue.len(),
+                queued: st.queue.len() - 1,
                 max_queue: self.capacity.max_queue,
-            };
+            }))
+        } else {
+            None
+        };
+        if let Some(error) = refusal {
+            let job = st.queue.remove(index);
+            st.load(uid).queued -= 1;
+            st.tidy(uid);
             drop(st);
-            drop(gone);
-            return Err(ServeError::Busy(state));
+            drop((gone, job));
+            return Err(error);
         }
-        if position > 0 {
+        for (job, position) in st.queue.iter_mut().zip(positions) {
             job.announce(position);
         }
-        if let Health::Loading(figures) = st.health {
+        if let Health::Loading(figures) = st.health
+            && let Some(job) = st.queue.get(index)
+        {
             job.events.offer(Event::Loading(figures));
         }
-        st.load(job.uid).queued += 1;
         st.counters.admitted += 1;
-        st.queue.push_back(job);
         drop(st);
         drop(gone);
         self.wake.notify_all();
         Ok(())
     }
 
-    /// 1-based position of the job at queue index `index` among those that must wait for a
-    /// compute slot, or 0 if it will start at once.
-    fn position(&self, st: &State, index: usize) -> u32 {
+    /// Which queued jobs a take with `free` compute slots starts: in queue order, each whose
+    /// uid is below its active limit, counting those chosen before it.
+    fn starters(&self, st: &State, free: usize) -> Vec<bool> {
+        let mut active: HashMap<Option<u32>, usize> = HashMap::new();
+        let mut free = free;
+        st.queue
+            .iter()
+            .map(|job| {
+                let active = active
+                    .entry(job.uid)
+                    .or_insert_with(|| st.running_of(job.uid));
+                let starts = free > 0 && *active < self.capacity.per_uid.max_active;
+                if starts {
+                    free -= 1;
+                    *active += 1;
+                }
+                starts
+            })
+            .collect()
+    }
+
+    /// Each queued job's 1-based position among those that must wait for a compute slot (or
+    /// for their uid's running jobs to finish), 0 for those that will start at once.
+    fn positions(&self, st: &State) -> Vec<u32> {
         // While the model loads nothing runs, and the first `max_active` jobs start as soon as
         // it is ready: they wait for the load (their Loading events say so), not for a compute
         // slot, so they are not told a queue position ("position 1" with nothing running).
         let free = self.capacity.max_active.saturating_sub(st.running.len());
-        u32::try_from((index + 1).saturating_sub(free)).unwrap_or(u32::MAX)
+        let mut waiting = 0u32;
+        self.starters(st, free)
+            .into_iter()
+            .map(|starts| {
+                if starts {
+                    0
+                } else {
+                    waiting = waiting.saturating_add(1);
+                    waiting
+                }
+            })
+            .collect()
     }
 
-    /// Scheduler side: hand over up to `free` queued jobs (registering them as running), and
-    /// tell the rest their new positions. With `block`, wait until there is something to do.
+    /// Scheduler side: hand over up to `free` queued jobs in queue order, passing over those
+    /// whose uid is at its active limit (registering them as running), and tell the rest their
+    /// new positions. With `block`, wait until there is something to do (with nothing running
+    /// no uid is at its limit, so a non-empty queue always gives a job).
     pub fn take(&self, free: usize, block: bool) -> Taken {
         let mut st = self.lock();
         while block && st.queue.is_empty() && st.accepting {
             st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         let gone = st.purge_abandoned();
-        let mut jobs = Vec::new();
-        while jobs.len() < free {
-            let Some(job) = st.queue.pop_front() else {
-                break;
-            };
+        let starts = self.starters(&st, free);
+        let (jobs, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.queue)
+            .into_iter()
+            .zip(starts)
+            .partition(|(_, starts)| *starts);
+        st.queue = kept.into_iter().map(|(job, _)| job).collect();
+        let jobs: Vec<Job> = jobs.into_iter().map(|(job, _)| job).collect();
+        for job in &jobs {
             let load = st.load(job.uid);
             load.queued -= 1;
             load.running += 1;
@@ -356,13 +477,10 @@ impl Admission {
                     uid: job.uid,
                 },
             );
-            jobs.push(job);
         }
-        for index in 0..st.queue.len() {
-            let position = self.position(&st, index);
-            if let Some(job) = st.queue.get_mut(index) {
-                job.announce(position);
-            }
+        let positions = self.positions(&st);
+        for (job, position) in st.queue.iter_mut().zip(positions) {
+            job.announce(position);
         }
         let closed = !st.accepting && st.queue.is_empty();
         let waiting = st.queue.iter().map(|j| j.reuse.clone()).collect();
@@ -543,13 +661,158 @@ mod tests {
     use crate::serve::events::{Events, channel};
 
     fn job(id: u64) -> (Job, Events) {
+        job_of(id, None)
+    }
+
+    fn job_of(id: u64, uid: Option<u32>) -> (Job, Events) {
         let (tx, rx) = channel(8, Box::new(|| {}));
         let request = GenerateRequest {
             prompt: vec![1, 2, 3],
             max_tokens: 4,
             ..GenerateRequest::default()
         };
-        (Job::new(id, None, request, Kind::Text, tx, None), rx)
+        (Job::new(id, uid, request, Kind::Text, tx, None), rx)
+    }
+
+    fn admission(max_active: usize, per_uid: UidLimits) -> Admission {
+        Admission::new(Capacity {
+            max_active,
+            max_batch: max_active,
+            max_queue: 8,
+            per_uid,
+        })
+    }
+
+    /// Submits job `id` of `uid`, which must be admitted; its events (dropping them abandons
+    /// the job).
+    fn admit(admission: &Admission, id: u64, uid: Option<u32>) -> Events {
+        let (j, rx) = job_of(id, uid);
+        admission.submit(j).expect("admitted");
+        rx
+    }
+
+    /// The ids of the jobs a take with `free` slots starts.
+    fn take_ids(admission: &Admission, free: usize) -> Vec<u64> {
+        admission
+            .take(free, false)
+            .jobs
+            .iter()
+            .map(|j| j.id)
+            .collect()
+    }
+
+    /// The order one compute slot serves the queue in: each job taken alone, then finished.
+    fn service_order(admission: &Admission) -> Vec<u64> {
+        std::iter::from_fn(|| {
+            let id = *take_ids(admission, 1).first()?;
+            admission.finish(id, Outcome::Completed);
+            Some(id)
+        })
+        .collect()
+    }
+
+    const A: Option<u32> = Some(1001);
+    const B: Option<u32> = Some(1002);
+
+    /// Issue 19 point 5: a user's single request goes ahead of another's many queued ones,
+    /// and the jobs it went ahead of are told their new places.
+    #[test]
+    fn a_newcomer_goes_ahead_of_a_heavy_users_queued_jobs() {
+        let admission = admission(1, UidLimits::default());
+        let a: Vec<Events> = (1..=4).map(|id| admit(&admission, id, A)).collect();
+        assert_eq!(take_ids(&admission, 1), vec![1]);
+        let b = admit(&admission, 5, B);
+        assert_eq!(positions(&held(&b)), vec![1], "first in line");
+        assert_eq!(positions(&held(&a[1])), vec![1, 2], "moved back one");
+        assert_eq!(positions(&held(&a[3])), vec![3, 4]);
+        admission.finish(1, Outcome::Completed);
+        assert_eq!(service_order(&admission), vec![5, 2, 3, 4]);
+    }
+
+    /// Uids take turns, each one's jobs in their order; callers of unknown uid (HTTP over
+    /// TCP among them) share one turn.
+    #[test]
+    fn uids_take_turns_in_the_queue() {
+        let admission = admission(1, UidLimits::default());
+        let _events: Vec<Events> = [(1, A), (2, A), (3, A), (4, B), (5, B), (6, B), (7, None)]
+            .into_iter()
+            .map(|(id, uid)| admit(&admission, id, uid))
+            .collect();
+        assert_eq!(service_order(&admission), vec![1, 4, 7, 2, 5, 3, 6]);
+    }
+
+    /// A uid at its active limit leaves its queued jobs waiting, told their position, while
+    /// another uid's job takes the free slot.
+    #[test]
+    fn a_uid_at_its_active_limit_waits_while_others_start() {
+        let admission = admission(
+            2,
+            UidLimits {
+                max_active: 1,
+                ..UidLimits::default()
+            },
+        );
+        let _a1 = admit(&admission, 1, A);
+        let a2 = admit(&admission, 2, A);
+        assert_eq!(take_ids(&admission, 2), vec![1], "one of A's at a time");
+        assert_eq!(positions(&held(&a2)), vec![1]);
+        let b = admit(&admission, 3, B);
+        assert_eq!(positions(&held(&b)), Vec::<u32>::new(), "starts at once");
+        assert_eq!(take_ids(&admission, 1), vec![3]);
+        assert_eq!(
+            admission.uid_load(A),
+            UidLoad {
+                queued: 1,
+                running: 1
+            }
+        );
+        admission.finish(1, Outcome::Completed);
+        assert_eq!(take_ids(&admission, 1), vec![2]);
+    }
+
+    /// A uid with as many jobs waiting as it may is refused at once, the refusal naming the
+    /// limit and its value; another uid is still admitted.
+    #[test]
+    fn a_uid_over_its_queue_limit_is_refused_naming_the_limit() {
+        let admission = admission(
+            1,
+            UidLimits {
+                max_active: 1,
+                max_queued: 1,
+            },
+        );
+        let _a1 = admit(&admission, 1, A);
+        assert_eq!(take_ids(&admission, 1), vec![1]);
+        let _a2 = admit(&admission, 2, A);
+        let (third, _rx) = job_of(3, A);
+        let refused = admission.submit(third).expect_err("over the limit");
+        let text = refused.to_string();
+        assert!(
+            matches!(
+                refused,
+                ServeError::UidBusy(UidQueueState {
+                    uid: A,
+                    running: 1,
+                    waiting: 1,
+                    max_queued: 1,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        assert!(
+            text.contains("uid 1001") && text.contains("--max-queued-per-uid 1"),
+            "{text}"
+        );
+        assert!(text.contains("--max-active-per-uid 1"), "{text}");
+        assert_eq!(
+            admission.uid_load(A),
+            UidLoad {
+                queued: 1,
+                running: 1
+            }
+        );
+        let _b = admit(&admission, 4, B);
     }
 
     /// The events a job holds now, without waiting.
@@ -575,6 +838,7 @@ mod tests {
             max_active: 2,
             max_batch: 2,
             max_queue: 4,
+            per_uid: UidLimits::default(),
         });
         admission.set_loading(LoadFigures::measure(
             1 << 20,

@@ -16,6 +16,17 @@ pub struct QueueState {
     pub max_queue: usize,
 }
 
+/// One uid's jobs when its job was refused ([`ServeError::UidBusy`]), with its limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidQueueState {
+    pub uid: Option<u32>,
+    pub running: usize,
+    pub waiting: usize,
+    /// `usize::MAX`: no limit of its own.
+    pub max_active: usize,
+    pub max_queued: usize,
+}
+
 /// Every way a job can be refused at submission or end without a [`super::Done`].
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ServeError {
@@ -28,6 +39,10 @@ pub enum ServeError {
         .0.running, .0.queued, .0.max_queue
     )]
     Busy(QueueState),
+    /// The caller's uid has as many jobs waiting as it may (issue 19 point 5; gRPC
+    /// `RESOURCE_EXHAUSTED`, HTTP 429); others may still be admitted.
+    #[error("{}", uid_busy_text(.0))]
+    UidBusy(UidQueueState),
     /// Shutdown has begun: nothing new is admitted (`UNAVAILABLE`, 503).
     #[error("k3d is shutting down and accepts no new requests")]
     ShuttingDown,
@@ -68,6 +83,25 @@ pub enum ServeError {
     NotYours(u64),
 }
 
+/// Names both per-uid limits with their values (the active one when it is set), so the
+/// caller sees which setting turned them away. Begins like [`ServeError::Busy`]'s text, which
+/// clients read as "retry later".
+fn uid_busy_text(s: &UidQueueState) -> String {
+    let active = if s.max_active == usize::MAX {
+        String::new()
+    } else {
+        format!(" (--max-active-per-uid {})", s.max_active)
+    };
+    format!(
+        "k3d is busy for uid {}: {} of its requests running{active} and {} waiting \
+         (--max-queued-per-uid {}); retry when one of them finishes",
+        super::uid_text(s.uid),
+        s.running,
+        s.waiting,
+        s.max_queued
+    )
+}
+
 /// What a session error says: a storage failure is named as one, so that no transport or
 /// client mistakes a full disk for a refusal or for the model failing.
 fn session_text(e: &StoreError) -> String {
@@ -95,6 +129,7 @@ impl ServeError {
         match self {
             ServeError::Invalid(_)
             | ServeError::Busy(_)
+            | ServeError::UidBusy(_)
             | ServeError::ShuttingDown
             | ServeError::ModelFailed(_)
             | ServeError::SessionsLoading

@@ -17,8 +17,8 @@
 //! * [`validate`] — every request limit, in one place (prompt length, the daemon's
 //!   `max_tokens` cap, context, stop lists, sampling ranges, speculate) and chat rendering
 //!   through the library's template.
-//! * [`admission`] — the one bounded queue: positions, per-uid accounting, cancel and
-//!   abandon, the model's state, the request counters.
+//! * [`admission`] — the one bounded queue, fair across uids: positions, per-uid accounting
+//!   and limits, cancel and abandon, the model's state, the request counters.
 //! * [`sessions`] — the session store and the [`SessionLease`] a job owns: released exactly
 //!   once however the job ends.
 //! * [`batch`] — the one batch loop (round robin over [`crate::engine::Engine::step_batch`]),
@@ -50,8 +50,10 @@
 //! ```
 //!
 //! * **Submit** ([`Core::submit`]) validates at once and either refuses with a [`ServeError`]
-//!   (`Invalid`, `Busy` with the [`QueueState`], `ShuttingDown`, `ModelFailed`, `Session`) or
-//!   returns a [`JobHandle`]: its id, its prompt length, and its [`Events`] receiver.
+//!   (`Invalid`, `Busy` with the [`QueueState`], `UidBusy` with the uid's [`UidQueueState`],
+//!   `ShuttingDown`, `ModelFailed`, `Session`) or returns a [`JobHandle`]: its id, its prompt
+//!   length, and its [`Events`] receiver. The queue is fair across uids: jobs are served in
+//!   turns, one uid's at a time, within [`UidLimits`] ([`admission`]).
 //! * **Events** arrive in order: [`Event::Queued`] (position, when it must wait),
 //!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk, one
 //!   [`Event::Token`] per generated id (id + classified [`Piece`]), then exactly one of
@@ -85,9 +87,9 @@ mod scheduler;
 pub mod sessions;
 pub mod validate;
 
-pub use admission::{Canceller, Capacity, Counters, UidLoad};
+pub use admission::{Canceller, Capacity, Counters, UidLimits, UidLoad};
 pub use batch::{Batch, Member};
-pub use error::{QueueState, STORAGE_FAILED, ServeError};
+pub use error::{QueueState, STORAGE_FAILED, ServeError, UidQueueState};
 pub use events::Events;
 pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
@@ -260,7 +262,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Defaults: all cores, 4 active jobs batched together, 16 queued, quiet.
+    /// Defaults: all cores, 4 active jobs batched together, 16 queued, no per-uid limits,
+    /// quiet.
     pub fn new(model: PathBuf, session_dir: PathBuf) -> Config {
         Config {
             model,
@@ -269,6 +272,7 @@ impl Config {
                 max_active: 4,
                 max_batch: 4,
                 max_queue: 16,
+                per_uid: UidLimits::default(),
             },
             limits: Limits::default(),
             session_dir,
@@ -334,6 +338,7 @@ impl Core {
         let mut capacity = config.capacity;
         capacity.max_active = capacity.max_active.max(1);
         capacity.max_batch = capacity.max_batch.max(1);
+        capacity.per_uid.max_active = capacity.per_uid.max_active.max(1);
         Ok(Core {
             admission: Arc::new(Admission::new(capacity)),
             sessions: Arc::new(Sessions::new(

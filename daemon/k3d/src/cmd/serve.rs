@@ -32,6 +32,14 @@ pub struct Args {
     /// Requests computed at once (each holds its own state) [default: 4].
     #[arg(long)]
     max_active: Option<usize>,
+    /// Requests of one user (uid) computed at once; their others wait while other users'
+    /// start [default: no limit but --max-active].
+    #[arg(long)]
+    max_active_per_uid: Option<usize>,
+    /// Requests of one user (uid) that may wait for a compute slot; more are refused with
+    /// RESOURCE_EXHAUSTED (HTTP 429) [default: no limit but --max-queue].
+    #[arg(long)]
+    max_queued_per_uid: Option<usize>,
     /// Requests stepped together through one forward pass: they share each layer's weights
     /// and the union of their experts, each output exactly what it would be alone
     /// [default: max_active].
@@ -94,6 +102,8 @@ struct ConfigFile {
     threads: Option<usize>,
     max_queue: Option<usize>,
     max_active: Option<usize>,
+    max_active_per_uid: Option<usize>,
+    max_queued_per_uid: Option<usize>,
     max_batch: Option<usize>,
     socket_mode: Option<String>,
     socket_group: Option<String>,
@@ -218,6 +228,17 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let per_uid = k3_engine::serve::UidLimits {
+        max_active: match args.max_active_per_uid.or(file.max_active_per_uid) {
+            Some(0) => return Err(usage("max_active_per_uid must be at least 1".into())),
+            Some(n) => n,
+            None => usize::MAX,
+        },
+        max_queued: args
+            .max_queued_per_uid
+            .or(file.max_queued_per_uid)
+            .unwrap_or(usize::MAX),
+    };
     let speculate = args.speculate.or(file.speculate).unwrap_or(0);
     if speculate > k3_engine::engine::request::MAX_SPECULATE {
         return Err(usage(format!(
@@ -337,6 +358,7 @@ pub fn run(args: Args) -> CliResult {
             max_active,
             max_batch,
             max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
+            per_uid,
         },
         limits: k3_engine::serve::Limits {
             max_tokens_cap,

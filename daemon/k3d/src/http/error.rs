@@ -107,7 +107,7 @@ impl ApiError {
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
                 };
             }
-            ServeError::Busy(_) => {
+            ServeError::Busy(_) | ServeError::UidBusy(_) => {
                 return ApiError {
                     code: Some("queue_full"),
                     ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)

@@ -177,7 +177,7 @@ pub fn status(e: &ServeError) -> Status {
     let text = k3_engine::echo::bounded(e.to_string());
     match e {
         ServeError::Invalid(_) => Status::invalid_argument(text),
-        ServeError::Busy(_) => Status::resource_exhausted(text),
+        ServeError::Busy(_) | ServeError::UidBusy(_) => Status::resource_exhausted(text),
         ServeError::ShuttingDown | ServeError::ModelFailed(_) | ServeError::SessionsLoading => {
             Status::unavailable(text)
         }
