@@ -26,7 +26,6 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::*;
-use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 /// Clients at once (issue #19 point 4).
