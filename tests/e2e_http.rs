@@ -6,8 +6,6 @@
 mod support;
 
 use k3proto::v1 as pb;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -39,26 +37,6 @@ fn tcp_url(d: &Daemon) -> String {
     let log = d.log_text();
     let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
     log[at..].lines().next().expect("a line").trim().to_string()
-}
-
-/// One HTTP/1.1 exchange over a Unix socket: (status, headers, body).
-fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String, String) {
-    let mut s = UnixStream::connect(socket).expect("connect to the HTTP socket");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: k3d\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the response");
-    let (head, body) = out.split_once("\r\n\r\n").expect("a response head");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    (status, head.to_ascii_lowercase(), body.to_string())
 }
 
 /// The id of the model the daemon serves, from `GET /v1/models`.

@@ -5,6 +5,7 @@
 use hyper_util::rt::TokioIo;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -196,6 +197,27 @@ impl Drop for Daemon {
     }
 }
 
+/// One HTTP/1.1 exchange over a Unix socket: (status, headers, body).
+pub fn http(socket: &Path, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let mut s =
+        std::os::unix::net::UnixStream::connect(socket).expect("connect to the HTTP socket");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: k3d\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the response");
+    let (head, body) = out.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
 /// An HTTP/2 channel to the daemon's socket (for calls the generated client cannot make).
 pub async fn channel(socket: &Path) -> Channel {
     let path = socket.to_path_buf();
@@ -346,8 +368,16 @@ pub fn prompt(i: u32) -> Vec<u32> {
 
 /// Read a stream until its first Token (the request is computing); returns its request id.
 pub async fn until_token(stream: &mut tonic::Streaming<pb::Event>) -> u64 {
-    let mut id = 0;
-    loop {
+    first_tokens(stream, 1).await.0
+}
+
+/// Reads `stream` until `tokens` tokens arrived: the request id and those ids.
+pub async fn first_tokens(
+    stream: &mut tonic::Streaming<pb::Event>,
+    tokens: usize,
+) -> (u64, Vec<u32>) {
+    let (mut id, mut ids) = (0, Vec::new());
+    while ids.len() < tokens {
         match stream
             .next()
             .await
@@ -356,10 +386,11 @@ pub async fn until_token(stream: &mut tonic::Streaming<pb::Event>) -> u64 {
             .event
         {
             Some(pb::event::Event::Accepted(a)) => id = a.request_id,
-            Some(pb::event::Event::Token(_)) => return id,
+            Some(pb::event::Event::Token(t)) => ids.push(t.id),
             _ => {}
         }
     }
+    (id, ids)
 }
 
 /// Starts `req`, sends the daemon SIGTERM once its first token has come, and collects the rest.

@@ -149,8 +149,9 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
             "sessions",
             if x.error.is_empty() {
                 format!(
-                    "{} ({} in memory of {} allowed) in {}",
+                    "{} ({} in use, {} in memory of {} allowed) in {}",
                     x.count,
+                    x.leased,
                     size(x.memory_bytes),
                     size(x.allowance_bytes),
                     x.dir

@@ -1,15 +1,11 @@
 //! `k3d`: the Kimi K3 daemon and its offline tools.
 //!
 //! Every subcommand lives in `cmd/<name>.rs`; this file only parses and dispatches, and turns
-//! errors into one line on stderr and a documented exit code (see `exit.rs`).
-
-mod cmd;
-mod exit;
-mod http;
-mod notify;
-mod server;
+//! errors into one line on stderr and a documented exit code (see `exit.rs`). The modules are
+//! the crate's library (`lib.rs`).
 
 use clap::{CommandFactory, Parser, Subcommand};
+use k3d::cmd;
 use std::path::PathBuf;
 
 #[derive(Parser)]

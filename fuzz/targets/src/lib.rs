@@ -19,11 +19,14 @@ use std::sync::OnceLock;
 
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
+use k3_engine::serve::validate::{ModelLimits, validate};
+use k3_engine::serve::{Limits, Request};
 use k3_engine::session::file as session_file;
 use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
+use k3d::http::request as http_body;
 use k3proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
@@ -41,6 +44,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("chat_template", chat_template),
     ("chat_reply", chat_reply),
     ("grpc_request", grpc_request),
+    ("http_request", http_request),
 ];
 
 /// The target called `name`.
@@ -289,6 +293,42 @@ pub fn grpc_request(data: &[u8]) {
         7 => decode_round_trip::<pb::DeleteSessionRequest>(body),
         _ => decode_round_trip::<pb::SaveSessionRequest>(body),
     }
+}
+
+/// OpenAI request bodies (`POST /v1/chat/completions` and `/v1/completions`) through the
+/// daemon's own conversion (`daemon/k3d/src/http/request.rs`), and each request it accepts
+/// through the serve core's validation, which renders a chat with the template (spec §8.2) and
+/// tokenises a text prompt, as the daemon does next: the same body is tried as both endpoints.
+pub fn http_request(data: &[u8]) {
+    http_request_reach(data);
+}
+
+/// How far `data` got as a chat body and as a completion body: `None` refused by the
+/// conversion (or not a JSON object), `Some(false)` converted and refused by validation,
+/// `Some(true)` accepted by both (the seeds are checked against this).
+pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 2] {
+    let Ok(fields) = http_body::Fields::parse(data) else {
+        return [None, None];
+    };
+    [
+        http_body::chat(&fields)
+            .ok()
+            .map(|chat| validates(chat.request)),
+        http_body::completion(&fields)
+            .ok()
+            .map(|completion| validates(completion.request)),
+    ]
+}
+
+/// The serve core's validation against the synthetic tokenizer, a 4096-token context and the
+/// daemon's default limits.
+fn validates(request: Request) -> bool {
+    let tokenizer = chat_tokenizer();
+    let model = ModelLimits {
+        vocab_size: tokenizer.vocab_size(),
+        context: 4096,
+    };
+    validate(tokenizer, model, &Limits::default(), request).is_ok()
 }
 
 /// Corpus directories of `target` under the repository's `fuzz/`: seeds, then regressions.

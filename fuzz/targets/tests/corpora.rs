@@ -97,3 +97,31 @@ fn session_seeds_load_completely() {
         }
     }
 }
+
+/// The HTTP body seeds reach as far as their names say: the chat bodies (tools, tool results,
+/// response formats) and the completion bodies (text, ids) convert and validate, so mutations
+/// start deep in the conversion and the template; `completion_ids` names an id beyond the
+/// synthetic vocabulary (refused by validation) and `completion_texts` two prompts (refused
+/// by the conversion).
+#[test]
+fn http_seeds_reach_the_stage_their_names_say() {
+    let [seeds, _] = k3_fuzz::corpus_dirs(&fuzz_dir(), "http_request");
+    let seeds = inputs(&seeds);
+    assert!(seeds.len() >= 6, "too few HTTP seeds: {seeds:?}");
+    for seed in seeds {
+        let name = seed.file_name().expect("a file name").to_string_lossy();
+        let data = std::fs::read(&seed).expect("seed reads");
+        let [chat, completion] = k3_fuzz::http_request_reach(&data);
+        let expected = match &*name {
+            "completion_ids" => Some(false),
+            "completion_texts" => None,
+            _ => Some(true),
+        };
+        let got = if name.starts_with("chat_") {
+            chat
+        } else {
+            completion
+        };
+        assert_eq!(got, expected, "fuzz/corpus/http_request/{name}");
+    }
+}

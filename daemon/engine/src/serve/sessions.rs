@@ -32,6 +32,9 @@ enum Phase {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SessionFigures {
     pub count: usize,
+    /// Sessions a request holds now: 0 on an idle daemon, whatever ended its requests
+    /// (completion, cancel, a dropped client; issue #19 point 4).
+    pub leased: usize,
     pub memory_bytes: u64,
     pub allowance_bytes: u64,
     pub dir: PathBuf,
@@ -258,6 +261,7 @@ impl Sessions {
         match &*self.lock() {
             Phase::Open(s) => SessionFigures {
                 count: s.len(),
+                leased: s.leased(),
                 memory_bytes: s.memory_bytes(),
                 allowance_bytes: s.allowance(),
                 dir,

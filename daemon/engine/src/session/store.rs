@@ -27,8 +27,8 @@ use std::time::SystemTime;
 use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader};
 use super::snapshot::{self, Snapshot};
-use crate::model::State;
 use crate::echo::Echo;
+use crate::model::State;
 
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -296,6 +296,14 @@ impl SessionStore {
 
     pub fn len(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// Sessions a request holds now (reserved and not yet finished or released).
+    pub fn leased(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|e| e.in_use.is_some())
+            .count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -601,8 +609,10 @@ mod tests {
         assert!(s.list(Some(11)).is_empty());
         assert_eq!(s.list(Some(10)).len(), 1);
         assert_eq!(s.list(Some(0)).len(), 1);
-        // One request at a time.
+        // One request at a time; leased while it runs, not after its release.
+        assert_eq!(s.leased(), 0);
         s.reserve("a", Some(10), 7).unwrap();
+        assert_eq!(s.leased(), 1);
         assert!(matches!(
             s.reserve("a", Some(10), 8),
             Err(StoreError::Busy { request: 7, .. })
@@ -612,6 +622,7 @@ mod tests {
             Err(StoreError::Busy { .. })
         ));
         s.release("a");
+        assert_eq!(s.leased(), 0);
         assert!(matches!(
             s.reserve("../x", Some(10), 9),
             Err(StoreError::InvalidName(_))

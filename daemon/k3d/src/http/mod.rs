@@ -19,7 +19,7 @@ mod error;
 mod listen;
 mod metrics;
 mod reply;
-mod request;
+pub mod request;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 

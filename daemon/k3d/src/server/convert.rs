@@ -322,6 +322,7 @@ pub fn session_info(s: &SessionInfo) -> pb::SessionInfo {
 pub fn session_figures(f: &SessionFigures) -> pb::SessionFigures {
     pb::SessionFigures {
         count: count(f.count),
+        leased: count(f.leased),
         memory_bytes: f.memory_bytes,
         allowance_bytes: f.allowance_bytes,
         dir: f.dir.display().to_string(),
