@@ -471,6 +471,10 @@ async fn run_load(load: Load) {
             MAX_ACTIVE,
             "--max-queue",
             MAX_QUEUE,
+            // Every client here is one account (root), which the per-peer connection cap
+            // (default 64) would otherwise meet: the test is of 64 clients, not of that cap.
+            "--max-connections-per-peer",
+            "256",
             "--http",
             &http_arg,
         ],
