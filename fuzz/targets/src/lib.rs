@@ -26,6 +26,7 @@ use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
+use k3d::http::anthropic::request as messages_body;
 use k3d::http::request as http_body;
 use k3proto::v1 as pb;
 use sha2::{Digest, Sha256};
@@ -295,20 +296,21 @@ pub fn grpc_request(data: &[u8]) {
     }
 }
 
-/// OpenAI request bodies (`POST /v1/chat/completions` and `/v1/completions`) through the
-/// daemon's own conversion (`daemon/k3d/src/http/request.rs`), and each request it accepts
+/// HTTP request bodies — OpenAI's (`POST /v1/chat/completions` and `/v1/completions`) and
+/// Anthropic's (`POST /v1/messages`) — through the daemon's own conversions
+/// (`daemon/k3d/src/http/request.rs`, `http/anthropic/request.rs`), and each request they accept
 /// through the serve core's validation, which renders a chat with the template (spec §8.2) and
-/// tokenises a text prompt, as the daemon does next: the same body is tried as both endpoints.
+/// tokenises text. Every body is tried as all three: the bytes decide which parts accept it.
 pub fn http_request(data: &[u8]) {
     http_request_reach(data);
 }
 
-/// How far `data` got as a chat body and as a completion body: `None` refused by the
-/// conversion (or not a JSON object), `Some(false)` converted and refused by validation,
+/// How far `data` got as a chat body, a completion body and a messages body: `None` refused by
+/// the conversion (or not a JSON object), `Some(false)` converted and refused by validation,
 /// `Some(true)` accepted by both (the seeds are checked against this).
-pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 2] {
+pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
     let Ok(fields) = http_body::Fields::parse(data) else {
-        return [None, None];
+        return [None, None, None];
     };
     [
         http_body::chat(&fields)
@@ -317,6 +319,9 @@ pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 2] {
         http_body::completion(&fields)
             .ok()
             .map(|completion| validates(completion.request)),
+        messages_body::messages(&fields, data)
+            .ok()
+            .map(|(_, request)| validates(request)),
     ]
 }
 

@@ -99,26 +99,31 @@ fn session_seeds_load_completely() {
 }
 
 /// The HTTP body seeds reach as far as their names say: the chat bodies (tools, tool results,
-/// response formats) and the completion bodies (text, ids) convert and validate, so mutations
-/// start deep in the conversion and the template; `completion_ids` names an id beyond the
-/// synthetic vocabulary (refused by validation) and `completion_texts` two prompts (refused
-/// by the conversion).
+/// response formats), the completion bodies (text, ids) and the Anthropic messages bodies
+/// (tool use and results, thinking, sampling) convert and validate, so mutations start deep in
+/// the conversions and the template; `completion_ids` names an id beyond the synthetic
+/// vocabulary (refused by validation), `completion_texts` two prompts and `messages_prefill` a
+/// conversation ending in the assistant's turn (both refused by the conversion).
 #[test]
 fn http_seeds_reach_the_stage_their_names_say() {
     let [seeds, _] = k3_fuzz::corpus_dirs(&fuzz_dir(), "http_request");
     let seeds = inputs(&seeds);
-    assert!(seeds.len() >= 6, "too few HTTP seeds: {seeds:?}");
+    assert!(seeds.len() >= 9, "too few HTTP seeds: {seeds:?}");
     for seed in seeds {
         let name = seed.file_name().expect("a file name").to_string_lossy();
         let data = std::fs::read(&seed).expect("seed reads");
-        let [chat, completion] = k3_fuzz::http_request_reach(&data);
+        let [chat, completion, messages] = k3_fuzz::http_request_reach(&data);
         let expected = match &*name {
             "completion_ids" => Some(false),
-            "completion_texts" => None,
+            // More than one prompt, and a conversation ending in the assistant's turn (a
+            // prefill, which the template cannot continue): refused by the conversion.
+            "completion_texts" | "messages_prefill" => None,
             _ => Some(true),
         };
         let got = if name.starts_with("chat_") {
             chat
+        } else if name.starts_with("messages_") {
+            messages
         } else {
             completion
         };

@@ -13,7 +13,7 @@
 //! file, only requests bearing one (`Authorization: Bearer KEY`, or `x-api-key: KEY` as
 //! Anthropic's clients send it); `/health` needs no key so supervisors can probe it.
 
-mod anthropic;
+pub mod anthropic;
 mod completions;
 mod error;
 mod listen;

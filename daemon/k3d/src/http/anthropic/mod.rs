@@ -6,7 +6,7 @@
 //! checked: the mapping follows the one version of the API there is.
 
 mod reply;
-mod request;
+pub mod request;
 
 use super::completions::{Timer, submit};
 use super::error::{Anthropic, ApiError};
