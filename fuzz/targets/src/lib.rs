@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
 use k3_engine::serve::validate::{ModelLimits, validate};
-use k3_engine::serve::{Limits, Request};
+use k3_engine::serve::{Limits, Prompt, Request};
 use k3_engine::session::file as session_file;
 use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
@@ -28,7 +28,9 @@ use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
 use k3d::http::anthropic::request as messages_body;
 use k3d::http::request as http_body;
+use k3d::server::convert as grpc_body;
 use k3proto::v1 as pb;
+use prost::Message as _;
 use sha2::{Digest, Sha256};
 
 /// A target body: arbitrary bytes in, no panic out.
@@ -276,16 +278,32 @@ fn decode_round_trip<M: prost::Message + Default + PartialEq + std::fmt::Debug>(
     }
 }
 
-/// The gRPC request bodies of every `k3.v1` RPC. Byte 0 picks the message type. The server's
-/// conversion (`daemon/k3d/src/server/convert.rs`) lives in the binary crate, which a library
-/// cannot depend on, and is being rewritten: it is not fuzzed here yet.
+/// The gRPC request bodies of every `k3.v1` RPC. Byte 0 picks the message type. Each is
+/// decoded (and must re-encode to itself); a `Generate` or `Chat` body then goes through the
+/// daemon's own conversion (`daemon/k3d/src/server/convert.rs`) and what converts through the
+/// serve core's validation, as the service does next.
 pub fn grpc_request(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else {
         return;
     };
     match kind % 9 {
-        0 => decode_round_trip::<pb::GenerateRequest>(body),
-        1 => decode_round_trip::<pb::ChatRequest>(body),
+        0 => {
+            decode_round_trip::<pb::GenerateRequest>(body);
+            if let Ok(req) = pb::GenerateRequest::decode(body)
+                && let Ok(prompt) = grpc_body::prompt(req.prompt)
+            {
+                validates(grpc_body::request(prompt, req.options, req.session));
+            }
+        }
+        1 => {
+            decode_round_trip::<pb::ChatRequest>(body);
+            if let Ok(req) = pb::ChatRequest::decode(body)
+                && let Ok(conversation) = grpc_body::conversation(&req)
+            {
+                let prompt = Prompt::Chat(conversation);
+                validates(grpc_body::request(prompt, req.options, req.session));
+            }
+        }
         2 => decode_round_trip::<pb::TokenizeRequest>(body),
         3 => decode_round_trip::<pb::DetokenizeRequest>(body),
         4 => decode_round_trip::<pb::StatusRequest>(body),

@@ -12,6 +12,15 @@ use k3proto::v1 as pb;
 use std::time::UNIX_EPOCH;
 use tonic::Status;
 
+/// A `Generate` call's prompt: ids or text, one of them required.
+pub fn prompt(prompt: Option<pb::generate_request::Prompt>) -> Result<Prompt, Status> {
+    match prompt {
+        Some(pb::generate_request::Prompt::Ids(ids)) => Ok(Prompt::Ids(ids.ids)),
+        Some(pb::generate_request::Prompt::Text(text)) => Ok(Prompt::Text(text)),
+        None => Err(Status::invalid_argument("no prompt: give text or ids")),
+    }
+}
+
 /// A core request from the wire's options; `0` on the wire means "the default".
 pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: String) -> Request {
     let o = options.unwrap_or_default();

@@ -15,7 +15,7 @@
 #[macro_use]
 pub mod logging;
 pub(crate) mod accept;
-pub(crate) mod convert;
+pub mod convert;
 pub(crate) mod gate;
 mod listener;
 mod service;

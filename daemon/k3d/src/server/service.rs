@@ -94,11 +94,7 @@ impl pb::engine_server::Engine for Service {
     ) -> Result<Response<EventStream>, Status> {
         let uid = peer_uid(&req);
         let req = req.into_inner();
-        let prompt = match req.prompt {
-            Some(pb::generate_request::Prompt::Ids(ids)) => Prompt::Ids(ids.ids),
-            Some(pb::generate_request::Prompt::Text(text)) => Prompt::Text(text),
-            None => return Err(Status::invalid_argument("no prompt: give text or ids")),
-        };
+        let prompt = convert::prompt(req.prompt)?;
         self.admit(uid, convert::request(prompt, req.options, req.session))
             .await
     }
