@@ -249,7 +249,15 @@ impl State {
         let mut i = 0;
         while i < self.queue.len() {
             if self.queue[i].events.is_abandoned() {
-                gone.extend(self.unqueue(i));
+                if let Some(mut job) = self.unqueue(i) {
+                    // The lease is released here, under the lock, not when `gone` is dropped
+                    // after it: when the scheduler's take purges a job its reader just dropped,
+                    // the reader's own purge finds nothing, and its next request on the same
+                    // session must not find the session still in use (sessions never take this
+                    // lock, so the order admission → sessions cannot deadlock).
+                    drop(job.lease.take());
+                    gone.push(job);
+                }
             } else {
                 i += 1;
             }
