@@ -23,7 +23,7 @@ import httpx2 as httpx
 
 
 def http_client(socket):
-    return httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://k3d", timeout=600)
+    return httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://k3d", timeout=3600)
 
 
 def stream(client, path, body):
