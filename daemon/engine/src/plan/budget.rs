@@ -63,6 +63,24 @@ impl StreamScheme {
         }
     }
 
+    /// Rule 5 (issue 17): a chunk stream reads ahead only as far as its buffers reach, and once
+    /// they have all landed the drive idles until the forward pass frees one — through every
+    /// pinned layer's compute. So the spare budget left after pinning (`spare`) buys more
+    /// buffers, until the reads in flight cover `cap` bytes (the plan's default: the largest
+    /// streamed layer's matrices, i.e. a whole layer read ahead). Returns the scheme and the
+    /// bytes it added. A ring, or nothing streaming, is left as it is.
+    pub(super) fn read_ahead(self, spare: u64, cap: u64, streams: bool) -> (Self, u64) {
+        match self {
+            Self::Chunks { chunk, in_flight } if streams && chunk > 0 => {
+                let reach = in_flight as u64 * chunk;
+                let extra = (cap.saturating_sub(reach).min(spare) / chunk) as usize;
+                let in_flight = in_flight + extra;
+                (Self::Chunks { chunk, in_flight }, extra as u64 * chunk)
+            }
+            s => (s, 0),
+        }
+    }
+
     /// Buffer bytes when `largest` is the largest streamed run (0: nothing streams); `gather`
     /// is the largest matrix a chunk-streamed forward needs whole ([`super::Census::gather_bytes`]).
     pub(super) fn bytes(self, largest: u64, gather: u64) -> u64 {
@@ -171,6 +189,9 @@ pub struct Budget {
     pub cache: Option<u64>,
     pub lookahead: Lookahead,
     pub dense_lookahead: DenseLookahead,
+    /// Bytes a chunk stream may read ahead of the forward pass, spare budget permitting
+    /// (`--read-ahead-gb`; `None`: the plan's rule 5, one streamed layer's matrices).
+    pub read_ahead: Option<u64>,
 }
 
 impl Budget {

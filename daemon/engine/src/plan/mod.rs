@@ -234,6 +234,7 @@ impl Plan {
                 cache: Some(cache),
                 lookahead: Lookahead::Off,
                 dense_lookahead: DenseLookahead::Off,
+                read_ahead: None,
             };
             let mut plan = Self::new(census, budget, scheme)?;
             plan.budget = plan.total();
@@ -314,12 +315,23 @@ impl Plan {
             .unwrap_or(0);
         cache_slots += lookahead_slots;
         let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
+        let streamed_matrices = (0..pinned.len())
+            .filter(|&l| !pinned[l])
+            .map(|l| census.trunk_matrix_bytes[l])
+            .max()
+            .unwrap_or(0);
+        let (scheme, read_ahead) = scheme.read_ahead(
+            left,
+            budget.read_ahead.unwrap_or(streamed_matrices),
+            largest_streamed(&pinned, lm_head) > 0,
+        );
+        let left = left - read_ahead;
         if budget.cache.is_none() && left >= census.token_expert_slots() as u64 * slot {
             cache_slots = (cache_slots + (left / slot) as usize)
                 .min(census.pool())
                 .max(cache_slots);
         }
-        if needs(&pinned, lm_head, Residency::Resident, cache_slots) <= ram {
+        if needs(&pinned, lm_head, Residency::Resident, cache_slots) + read_ahead <= ram {
             embedding = Residency::Resident;
         }
         let stream_bytes = scheme.bytes(largest_streamed(&pinned, lm_head), gather);
@@ -446,9 +458,10 @@ impl fmt::Display for Plan {
             (0, _) => writeln!(f, "  streaming  none (nothing streams)")?,
             (b, StreamScheme::Chunks { chunk, in_flight }) => writeln!(
                 f,
-                "  streaming  {} × {} KiB chunks ({in_flight} in flight + 1 being consumed){}: {}",
+                "  streaming  {} × {} KiB chunks ({in_flight} read ahead, {}, + 1 being consumed){}: {}",
                 in_flight + 1,
                 chunk >> 10,
+                gb(in_flight as u64 * chunk),
                 match b - (in_flight as u64 + 1) * chunk {
                     0 => String::new(),
                     g => format!(" + {} to gather a matrix used whole", gb(g)),
@@ -811,6 +824,53 @@ mod tests {
         assert_eq!(p.pinned_layers[0], 0);
         assert_eq!(p.lm_head, Residency::Streamed);
         assert_eq!(p.stream_bytes, 3 * window_capacity(1_267_744_256).unwrap());
+    }
+
+    #[test]
+    fn spare_budget_reads_further_ahead_while_trunk_streams() {
+        let c = k3();
+        let laptop = Budget::preset(Preset::Laptop);
+        let chunks = StreamScheme::default_chunks();
+        let p = Plan::new(&c, laptop, chunks).unwrap();
+        let StreamScheme::Chunks { chunk, in_flight } = p.scheme else {
+            panic!("{p}")
+        };
+        // Rule 5: the 0.61 GB left after pinning buys 18 more 32 MiB buffers than the default
+        // 8, within the cap of one streamed layer's matrices (1.27 GB) and the budget.
+        assert_eq!((chunk, in_flight), (32 << 20, 26), "{p}");
+        assert!(p.total() <= p.budget && p.headroom() < chunk, "{p}");
+        assert!(p.to_string().contains("26 read ahead, 0.87 GB"), "{p}");
+        // The same pinning and cache either way: read-ahead takes only what they left.
+        let none = Budget {
+            read_ahead: Some(0),
+            ..laptop
+        };
+        let q = Plan::new(&c, none, chunks).unwrap();
+        assert_eq!(q.scheme, chunks);
+        assert_eq!(
+            (q.pinned_layers, q.cache_slots),
+            (p.pinned_layers.clone(), p.cache_slots)
+        );
+        assert_eq!(q.headroom() - p.headroom(), 18 * chunk);
+        // A cap below the default's reach (0, above) never shrinks the stream; one above it
+        // takes whole buffers up to it.
+        let capped = |gib: u64| Budget {
+            read_ahead: Some(gib * GIB / 2),
+            ..laptop
+        };
+        let half = Plan::new(&c, capped(1), chunks).unwrap();
+        assert_eq!(
+            half.scheme,
+            StreamScheme::Chunks {
+                chunk,
+                in_flight: 16
+            }
+        );
+        // Nothing streams at max, and a ring is a ring: no buffers added.
+        let max = Plan::new(&c, Budget::default(), chunks).unwrap();
+        assert_eq!(max.scheme, chunks);
+        let ring = Plan::new(&c, laptop, RING).unwrap();
+        assert_eq!(ring.scheme, RING);
     }
 
     #[test]

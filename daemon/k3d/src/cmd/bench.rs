@@ -79,6 +79,10 @@ pub struct Args {
     /// ring prefetches further ahead but pins less at the same budget).
     #[arg(long, value_name = "N")]
     ring_slots: Option<usize>,
+    /// Chunk-stream buffer size, MiB (default 32; the plan may shrink it for a small model),
+    /// for every budget (plan experiments, with `--read-ahead-gb`).
+    #[arg(long, value_name = "MIB", conflicts_with = "ring_slots")]
+    chunk_mib: Option<u64>,
     /// Run each child in its own cgroup v1 memory group limited to budget + overhead, after
     /// dropping the page cache (needs root and cgroup v1).
     #[arg(long)]
@@ -176,6 +180,14 @@ impl Args {
         options.model.store.record_trace = !self.policy_slots.is_empty();
         if let Some(slots) = self.ring_slots {
             options.model.plan.scheme = StreamScheme::Ring { slots };
+        }
+        if let (Some(mib), StreamScheme::Chunks { in_flight, .. }) =
+            (self.chunk_mib, options.model.plan.scheme)
+        {
+            let chunk = mib.checked_mul(1 << 20).filter(|&c| c > 0).ok_or_else(|| {
+                CliError::new(Exit::Usage, anyhow!("--chunk-mib {mib}: not a buffer size"))
+            })?;
+            options.model.plan.scheme = StreamScheme::Chunks { chunk, in_flight };
         }
         Ok(options)
     }
@@ -413,6 +425,9 @@ fn one_child(
     cmd.args(args.plan.to_args());
     if let Some(n) = args.ring_slots {
         cmd.args(["--ring-slots", &n.to_string()]);
+    }
+    if let Some(m) = args.chunk_mib {
+        cmd.args(["--chunk-mib", &m.to_string()]);
     }
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();

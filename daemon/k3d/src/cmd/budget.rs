@@ -1,6 +1,6 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
-//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`
-//! (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
+//! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`,
+//! `--read-ahead-gb` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
 //! fractional (tiny test models need budgets of a few MiB).
 
 use k3_engine::model::LoadOptions;
@@ -26,6 +26,10 @@ pub struct PlanArgs {
     /// (issue 16; only where the plan grants lookahead). Output does not depend on it.
     #[arg(long, value_name = "FROM", default_value = "input")]
     dense_lookahead: DenseLookahead,
+    /// How far a chunk-streamed trunk may be read ahead of the forward pass, GiB, spare budget
+    /// permitting (default: one streamed layer's matrices). Output does not depend on it.
+    #[arg(long, value_name = "GIB")]
+    read_ahead_gb: Option<f64>,
 }
 
 impl PlanArgs {
@@ -40,6 +44,9 @@ impl PlanArgs {
         }
         if self.no_lookahead {
             out.push("--no-lookahead".to_string());
+        }
+        if let Some(r) = self.read_ahead_gb {
+            out.extend(["--read-ahead-gb".to_string(), r.to_string()]);
         }
         if self.dense_lookahead != DenseLookahead::default() {
             out.extend([
@@ -92,6 +99,9 @@ impl BudgetArgs {
             budget.lookahead = Lookahead::Off;
         }
         budget.dense_lookahead = self.plan.dense_lookahead;
+        if let Some(r) = self.plan.read_ahead_gb {
+            budget.read_ahead = Some(Budget::gib("--read-ahead-gb", r).map_err(usage)?);
+        }
         Ok(budget)
     }
 
@@ -109,6 +119,7 @@ impl BudgetArgs {
                 cache_gb: self.plan.cache_gb.or(cache_gb),
                 no_lookahead: self.plan.no_lookahead,
                 dense_lookahead: self.plan.dense_lookahead,
+                read_ahead_gb: self.plan.read_ahead_gb,
             },
         }
     }
