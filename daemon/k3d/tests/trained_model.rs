@@ -75,6 +75,34 @@ fn speculation_on_repetitive_input_accepts_drafts_and_equals_plain_greedy() {
     assert_eq!(plain["drafts_proposed"], 0);
     let accepted = spec["drafts_accepted"].as_u64().expect("drafts_accepted");
     assert!(accepted > 0, "no draft accepted: {spec}");
+    // Per-step accounting (issue 16 item 4): plain greedy runs 63 forwards for 64 ids (the
+    // first comes from the prompt's logits), none with drafts; with speculation the histogram
+    // sums to the forwards and to the drafts proposed, and each forward of the 63 ids' decode
+    // that a draft saved is one accepted draft.
+    let counts = |run: &Value, key: &str| -> Vec<u64> {
+        run[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {run}"))
+            .iter()
+            .map(|v| v.as_u64().expect("a count"))
+            .collect()
+    };
+    let weighted = |c: &[u64]| -> u64 { c.iter().zip(0..).map(|(n, d)| n * d).sum() };
+    assert_eq!(plain["decode_forwards"], 63);
+    assert_eq!(counts(&plain, "drafts_per_forward"), vec![63]);
+    assert!(counts(&plain, "accepted_per_verify").is_empty());
+    let forwards = spec["decode_forwards"].as_u64().expect("decode_forwards");
+    let per_forward = counts(&spec, "drafts_per_forward");
+    assert!(per_forward.len() <= 5, "{per_forward:?}");
+    assert_eq!(per_forward.iter().sum::<u64>(), forwards);
+    assert_eq!(
+        Some(weighted(&per_forward)),
+        spec["drafts_proposed"].as_u64()
+    );
+    let per_verify = counts(&spec, "accepted_per_verify");
+    assert_eq!(weighted(&per_verify), accepted);
+    assert_eq!(per_verify.iter().sum::<u64>(), forwards - per_forward[0]);
+    assert_eq!(forwards + accepted, 63);
 }
 
 /// Routing lookahead across the dense layer 0 (issue 16 item 4): guessing layer 1's experts
