@@ -72,7 +72,50 @@ fn same_as_plain(engine: &Engine, request: &GenerateRequest, speculate: usize) -
     );
     assert_eq!((p.drafts_proposed, p.drafts_accepted), (0, 0));
     assert!(s.drafts_accepted <= s.drafts_proposed);
+    assert_steps_add_up(&p, &s, speculate);
     s
+}
+
+/// The per-step accounting (issue 16 item 4) of a plain run `p` and a speculative run `s` of
+/// the same request. Plain: one forward per decided token after the first (which the prompt's
+/// logits give), plus the one that produced a stop id, none with drafts. Speculative: the
+/// histograms sum to the forwards and to the drafts proposed / accepted, and every accepted
+/// draft saved one of plain's forwards — except where a stop landed on a confirmed draft, which
+/// then decided no extra token of the model's own.
+fn assert_steps_add_up(p: &Summary, s: &Summary, speculate: usize) {
+    let stopped_on_id = matches!(p.stop_reason, StopReason::StopId(_));
+    let plain_forwards = (p.generated.len() + usize::from(stopped_on_id)).saturating_sub(1);
+    assert_eq!(
+        p.decode_steps.forwards(),
+        plain_forwards,
+        "{:?}",
+        p.decode_steps
+    );
+    assert!(p.decode_steps.by_drafts.len() <= 1, "{:?}", p.decode_steps);
+    assert!(
+        p.decode_steps.by_accepted.is_empty(),
+        "{:?}",
+        p.decode_steps
+    );
+
+    let steps = &s.decode_steps;
+    let weighted =
+        |counts: &[usize]| -> usize { counts.iter().enumerate().map(|(i, c)| i * c).sum() };
+    assert!(steps.by_drafts.len() <= speculate + 1, "{steps:?}");
+    assert_eq!(weighted(&steps.by_drafts), s.drafts_proposed, "{steps:?}");
+    assert_eq!(weighted(&steps.by_accepted), s.drafts_accepted, "{steps:?}");
+    let verify_steps: usize = steps.by_drafts.iter().skip(1).sum();
+    assert_eq!(
+        steps.by_accepted.iter().sum::<usize>(),
+        verify_steps,
+        "{steps:?}"
+    );
+    let saved = plain_forwards - steps.forwards();
+    assert!(
+        saved == s.drafts_accepted || saved + 1 == s.drafts_accepted,
+        "{saved} forwards saved by {} accepted drafts: {steps:?}",
+        s.drafts_accepted
+    );
 }
 
 /// A list of `len` distinct-looking random ids repeated `times` times: a list being continued.

@@ -150,6 +150,48 @@ fn bench_reports_plan_exact_bytes_and_identical_ids() {
     assert_eq!(u(&full["bytes_per_token"]["total"]["predicted"]), 0);
 }
 
+/// `--prompt-tokens K` (issue 16 item 4): the prefill phase is one forward of K tokens, the
+/// built-in prompt repeated or cut; the document gives the rollback journal a verify step of K
+/// fed ids would copy. Outside 1..=32 it is refused before anything runs.
+#[test]
+fn bench_prompt_tokens_sets_the_prefill_forward() {
+    let dir = tempfile::Builder::new()
+        .prefix("k3d-bench-prompt-tokens-")
+        .tempdir()
+        .expect("scratch dir");
+    let model = dir.path().join("tiny");
+    synth("tiny", &model);
+    let builtin = [100, 200, 300, 400, 50, 150, 250, 350];
+    let mut journals = Vec::new();
+    for k in [1usize, 5, 13] {
+        let doc = ok_json(&bench(
+            &model,
+            &["--ram-gb", "max", "--prompt-tokens", &k.to_string()],
+        ));
+        let want: Vec<u64> = builtin.iter().cycle().take(k).copied().collect();
+        assert_eq!(doc["prompt_ids"], serde_json::json!(want), "K = {k}");
+        for run in doc["budgets"][0]["runs"].as_array().expect("runs") {
+            assert_eq!(u(&run["prefill"]["tokens"]), k as u64, "prefill of K = {k}");
+            assert_eq!(u(&run["decode"]["tokens"]), 3);
+        }
+        journals.push(u(&doc["verify_journal_bytes"]));
+    }
+    // The journal is a state copy plus a fixed amount per fed id (spec §5.2).
+    let per_id = (journals[1] - journals[0]) / 4;
+    assert!(per_id > 0 && journals[0] > per_id, "{journals:?}");
+    assert_eq!(journals[2] - journals[1], 8 * per_id, "{journals:?}");
+    for k in ["0", "33"] {
+        let out = bench(&model, &["--ram-gb", "max", "--prompt-tokens", k]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--prompt-tokens {k}: a usage error"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--prompt-tokens"), "{err}");
+    }
+}
+
 #[test]
 fn bench_refuses_a_budget_below_the_minimum_before_measuring() {
     let (model, _scratch) = small("refused");

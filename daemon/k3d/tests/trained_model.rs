@@ -1,6 +1,7 @@
 //! The trained fixture model (`tests/fixtures/trained/model`) through the `k3d` binary: what the
 //! demo shows is in-domain text, and exact speculation on repetitive input accepts drafts while
-//! giving plain greedy's ids; the routing lookahead across the dense layer changes no bit.
+//! giving plain greedy's ids (its decode counted per step and priced by
+//! `tools/speculation_speedup.py`); the routing lookahead across the dense layer changes no bit.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -75,6 +76,84 @@ fn speculation_on_repetitive_input_accepts_drafts_and_equals_plain_greedy() {
     assert_eq!(plain["drafts_proposed"], 0);
     let accepted = spec["drafts_accepted"].as_u64().expect("drafts_accepted");
     assert!(accepted > 0, "no draft accepted: {spec}");
+    // Per-step accounting (issue 16 item 4): plain greedy runs 63 forwards for 64 ids (the
+    // first comes from the prompt's logits), none with drafts; with speculation the histogram
+    // sums to the forwards and to the drafts proposed, and each forward of the 63 ids' decode
+    // that a draft saved is one accepted draft.
+    let counts = |run: &Value, key: &str| -> Vec<u64> {
+        run[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {run}"))
+            .iter()
+            .map(|v| v.as_u64().expect("a count"))
+            .collect()
+    };
+    let weighted = |c: &[u64]| -> u64 { c.iter().zip(0..).map(|(n, d)| n * d).sum() };
+    assert_eq!(plain["decode_forwards"], 63);
+    assert_eq!(counts(&plain, "drafts_per_forward"), vec![63]);
+    assert!(counts(&plain, "accepted_per_verify").is_empty());
+    let forwards = spec["decode_forwards"].as_u64().expect("decode_forwards");
+    let per_forward = counts(&spec, "drafts_per_forward");
+    assert!(per_forward.len() <= 5, "{per_forward:?}");
+    assert_eq!(per_forward.iter().sum::<u64>(), forwards);
+    assert_eq!(
+        Some(weighted(&per_forward)),
+        spec["drafts_proposed"].as_u64()
+    );
+    let per_verify = counts(&spec, "accepted_per_verify");
+    assert_eq!(weighted(&per_verify), accepted);
+    assert_eq!(per_verify.iter().sum::<u64>(), forwards - per_forward[0]);
+    assert_eq!(forwards + accepted, 63);
+    speedup_script_prices_the_steps(&plain, &spec, &per_forward);
+}
+
+/// `tools/speculation_speedup.py` on the two runs: with every c(d) = 1 the estimate is ids per
+/// forward; with c(d) = 1 + d/4 it is 63 ÷ Σ c(d)·count, computed here from the histogram.
+fn speedup_script_prices_the_steps(plain: &Value, spec: &Value, per_forward: &[u64]) {
+    let dir = tempfile::Builder::new()
+        .prefix("k3d-trained-speedup-")
+        .tempdir()
+        .expect("scratch dir");
+    let (off, on) = (dir.path().join("off.json"), dir.path().join("on.json"));
+    std::fs::write(&off, plain.to_string()).expect("write off.json");
+    std::fs::write(&on, spec.to_string()).expect("write on.json");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/speculation_speedup.py");
+    let estimate = |costs: &str| -> String {
+        let out = Command::new("python3")
+            .arg(&script)
+            .arg("--plain")
+            .arg(&off)
+            .args(["--cost", costs])
+            .arg(&on)
+            .output()
+            .expect("python3 runs (the script needs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("ids identical to plain"), "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("estimated speed-up"))
+            .unwrap_or_else(|| panic!("no estimate in {text}"));
+        line.split_whitespace().nth(2).expect("a figure").to_owned()
+    };
+    let forwards: u64 = per_forward.iter().sum();
+    assert_eq!(
+        estimate("1,1,1,1"),
+        format!("{:.2}x", 63.0 / forwards as f64)
+    );
+    let priced: f64 = (0..)
+        .zip(per_forward)
+        .map(|(d, &n)| (1.0 + d as f64 / 4.0) * n as f64)
+        .sum();
+    assert_eq!(
+        estimate("1.25,1.5,1.75,2"),
+        format!("{:.2}x", 63.0 / priced)
+    );
 }
 
 /// Routing lookahead across the dense layer 0 (issue 16 item 4): guessing layer 1's experts

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::EngineError;
-use super::request::{GenerateRequest, StopReason, Summary};
+use super::request::{DecodeSteps, GenerateRequest, StopReason, Summary};
 use super::sampler::Sampler;
 use super::speculate;
 use crate::model::{Logits, ModelError, State};
@@ -52,6 +52,9 @@ pub struct Generation {
     /// Drafted ids sent for verification / confirmed by it.
     drafts_proposed: usize,
     drafts_accepted: usize,
+    /// Per-step accounting of the decode phase (issue 16 item 4): forwards by drafts carried,
+    /// verify steps by drafts accepted.
+    decode_steps: DecodeSteps,
     /// Why the speculation for the step in flight could not be opened (reported by `consume`).
     speculation_refused: Option<ModelError>,
     /// Set once the end is known; reported by the following step.
@@ -115,6 +118,7 @@ impl Generation {
             queued: VecDeque::new(),
             drafts_proposed: 0,
             drafts_accepted: 0,
+            decode_steps: DecodeSteps::default(),
             speculation_refused: None,
             finish: None,
             done: false,
@@ -263,6 +267,7 @@ impl Generation {
                     self.logits_log.extend_from_slice(&logits);
                 }
                 self.decode_seconds += seconds;
+                self.decode_steps.forward(0);
                 self.sample(logits, tokenizer)
             }
             (Feed::Verify { ids }, Some(logits)) => {
@@ -313,6 +318,7 @@ impl Generation {
             .speculation_base()
             .ok_or_else(|| ModelError::Speculation("no speculation open after a verify".into()))?;
         self.drafts_proposed += drafts.len();
+        let accepted_before = self.drafts_accepted;
         // Fed positions whose logits plain greedy would also have computed.
         let mut consumed = 0;
         for (i, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
@@ -334,6 +340,9 @@ impl Generation {
             self.logits_log
                 .extend_from_slice(&logits[..consumed * vocab]);
         }
+        self.decode_steps.forward(drafts.len());
+        self.decode_steps
+            .verified(self.drafts_accepted - accepted_before);
         Ok(self.state.rollback_to(base + consumed)?)
     }
 
@@ -387,6 +396,7 @@ impl Generation {
             bytes_avoided: self.io.avoided,
             drafts_proposed: self.drafts_proposed,
             drafts_accepted: self.drafts_accepted,
+            decode_steps: self.decode_steps.clone(),
             generated: self.generated.clone(),
             logits: std::mem::take(&mut self.logits_log),
         })

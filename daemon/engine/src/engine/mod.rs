@@ -22,7 +22,7 @@ use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
-pub use request::{GenerateRequest, RequestError, Sampling, StopReason, Summary};
+pub use request::{DecodeSteps, GenerateRequest, RequestError, Sampling, StopReason, Summary};
 
 use std::path::Path;
 use std::sync::Arc;

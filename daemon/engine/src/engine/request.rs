@@ -160,8 +160,48 @@ pub struct Summary {
     /// confirmed (acceptance rate = accepted / proposed).
     pub drafts_proposed: usize,
     pub drafts_accepted: usize,
+    /// The decode phase's forwards counted per step (speculation's cost model).
+    pub decode_steps: DecodeSteps,
     /// Generated ids in order (stop ids excluded).
     pub generated: Vec<u32>,
     /// With `record_logits`: one row of `vocab` logits per fed position.
     pub logits: Vec<f32>,
+}
+
+/// The forwards of a generation's decode phase, counted per step (issue 16 item 4): what a
+/// speed-up estimate needs, since a forward's cost depends on how many drafts it carries
+/// (`tools/speculation_speedup.py` prices each count with a measured c(d)). The first generated
+/// token is sampled from the prompt's logits and needs no decode forward, nor do tokens a
+/// verify step decided ahead.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecodeSteps {
+    /// `by_drafts[d]`: decode forwards that carried `d` drafted ids (`d = 0`: a plain token
+    /// forward). Sums to the decode forwards; Σ d·`by_drafts[d]` is the drafts proposed.
+    pub by_drafts: Vec<usize>,
+    /// `by_accepted[a]`: verify steps (forwards with d ≥ 1) whose first `a` drafts the model
+    /// confirmed. Sums to the forwards with d ≥ 1; Σ a·`by_accepted[a]` is the drafts accepted.
+    pub by_accepted: Vec<usize>,
+}
+
+impl DecodeSteps {
+    /// Decode forwards in all.
+    pub fn forwards(&self) -> usize {
+        self.by_drafts.iter().sum()
+    }
+
+    pub(super) fn forward(&mut self, drafts: usize) {
+        bump(&mut self.by_drafts, drafts);
+    }
+
+    pub(super) fn verified(&mut self, accepted: usize) {
+        bump(&mut self.by_accepted, accepted);
+    }
+}
+
+/// Adds one to `counts[index]`, growing the histogram as needed.
+fn bump(counts: &mut Vec<usize>, index: usize) {
+    if counts.len() <= index {
+        counts.resize(index + 1, 0);
+    }
+    counts[index] += 1;
 }

@@ -75,5 +75,15 @@ mod tests {
         assert_eq!(k3.bytes(0), Some(464_633_856));
         assert_eq!(k3.bytes(8192), Some(464_633_856 + 55_296 * 8192));
         assert_eq!(k3.bytes(u64::MAX), None);
+        // A step verifying 4 drafts feeds 5 ids: a copy of every KDA layer's state (the
+        // 464,633,856 bytes above) plus 20,375,424 bytes of recurrence inputs per id.
+        assert_eq!(k3.journal_bytes(5), Some(464_633_856 + 5 * 20_375_424));
+        // The synthetic `bench` shape: released layers, 4 of them KDA (README's figures).
+        let bench = StateShape {
+            kda_layers: 4,
+            ..k3
+        };
+        assert_eq!(bench.journal_bytes(1), Some(26_935_296 + 1_181_184));
+        assert_eq!(bench.journal_bytes(5), Some(32_841_216));
     }
 }

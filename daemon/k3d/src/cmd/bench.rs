@@ -22,8 +22,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::engine::measure::{Measured, PhaseCost, measure};
-use k3_engine::engine::{Engine, EngineOptions};
-use k3_engine::plan::{Census, GIB, Plan, StreamScheme};
+use k3_engine::engine::{Engine, EngineOptions, PREFILL_CHUNK};
+use k3_engine::plan::{Census, GIB, Plan, StateShape, StreamScheme};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::expert_cache::{PolicyKind, replay};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
@@ -36,8 +36,13 @@ use super::budget::{BudgetArgs, PlanArgs};
 use crate::exit::{CliError, CliResult, Exit};
 
 /// The benchmark prompt: eight fixed token ids, valid in every `k3d synth` vocabulary (≥ 512
-/// ids) and in K3's. Eight tokens make prefill one chunk.
+/// ids) and in K3's. `--prompt-tokens K` repeats it cyclically or truncates it ([`prompt`]).
 pub const PROMPT: [u32; 8] = [100, 200, 300, 400, 50, 150, 250, 350];
+
+/// The first `k` ids of [`PROMPT`] repeated: the bench's prompt of `k` tokens.
+pub fn prompt(k: usize) -> Vec<u32> {
+    PROMPT.iter().cycle().take(k).copied().collect()
+}
 
 /// What `--cgroup` adds to each child's limit beyond its budget, for what the plan does not
 /// count: the binary and its libraries, thread stacks (compute and 8 reader threads), the
@@ -63,6 +68,11 @@ pub struct Args {
     /// generated, from the prompt's logits).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
+    /// Prompt length K (1 to 32): prefill is then one forward of K tokens, priced like a
+    /// speculative step verifying K − 1 drafts (issue 16 item 4; see README's "Speculative
+    /// decoding").
+    #[arg(long, default_value_t = PROMPT.len())]
+    prompt_tokens: usize,
     /// Runs per budget; figures are medians over them.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -201,6 +211,12 @@ pub fn run(args: Args) -> CliResult {
     if args.runs == 0 || args.tokens == 0 {
         return Err(usage("--runs and --tokens must be at least 1".into()));
     }
+    // One prefill chunk, so the prefill phase is a single forward of K tokens.
+    if !(1..=PREFILL_CHUNK).contains(&args.prompt_tokens) {
+        return Err(usage(format!(
+            "--prompt-tokens must be between 1 and {PREFILL_CHUNK} (one prefill forward)"
+        )));
+    }
     if !args.probe_seconds.is_finite() || !(0.1..=60.0).contains(&args.probe_seconds) {
         return Err(usage("--probe-seconds must be between 0.1 and 60".into()));
     }
@@ -210,6 +226,8 @@ pub fn run(args: Args) -> CliResult {
     let checkpoint = Checkpoint::open(&args.model_dir)
         .map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
     let files: Vec<PathBuf> = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
+    // What a verify step of K fed ids copies besides its forward (spec §5.2).
+    let journal_bytes = StateShape::of(&checkpoint.config).journal_bytes(args.prompt_tokens as u64);
     // Every plan first: a refused budget fails before anything is measured.
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
@@ -293,7 +311,8 @@ pub fn run(args: Args) -> CliResult {
         .collect();
     let document = json!({
         "model_dir": args.model_dir,
-        "prompt_ids": PROMPT,
+        "prompt_ids": prompt(args.prompt_tokens),
+        "verify_journal_bytes": journal_bytes,
         "decode_tokens": args.tokens,
         "runs": args.runs,
         "cgroup": args.cgroup,
@@ -335,7 +354,7 @@ fn child(args: &Args) -> CliResult {
         .ok_or_else(|| CliError::new(Exit::Usage, anyhow!("--child needs one --ram-gb")))?;
     let options = args.engine_options(ram)?;
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
-    let measured: Measured = measure(&engine, &PROMPT, args.tokens)?;
+    let measured: Measured = measure(&engine, &prompt(args.prompt_tokens), args.tokens)?;
     let policies = replay_policies(&args.model_dir, &engine, &args.policy_slots)?;
     let report = ChildReport {
         plan: serde_json::to_value(engine.model().plan()).map_err(anyhow::Error::from)?,
@@ -418,7 +437,9 @@ fn one_child(
     cmd.arg("bench")
         .arg(&args.model_dir)
         .args(["--child", "--ram-gb", ram, "--tokens"])
-        .arg(args.tokens.to_string());
+        .arg(args.tokens.to_string())
+        .arg("--prompt-tokens")
+        .arg(args.prompt_tokens.to_string());
     if let Some(t) = args.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
@@ -686,7 +707,7 @@ fn print_table(budgets: &[BudgetResult]) {
         let Some(first) = b.runs.first() else {
             continue;
         };
-        let tokens = (first.report.generated.len() + PROMPT.len()) as f64;
+        let tokens = (first.report.generated.len() + first.report.prefill.tokens) as f64;
         for p in &first.report.policies {
             println!(
                 "{:>10} cache {:>5} slots {:>9}: {:>8.3} GB read, {:>8.3} GB avoided per token (over {} prompt + generated tokens)",

@@ -136,6 +136,11 @@ pub fn run(args: Args) -> CliResult {
             "speculate": args.speculate,
             "drafts_proposed": summary.drafts_proposed,
             "drafts_accepted": summary.drafts_accepted,
+            // Per step (issue 16 item 4): [d] = decode forwards carrying d drafts, [a] = verify
+            // steps accepting a of them.
+            "decode_forwards": summary.decode_steps.forwards(),
+            "drafts_per_forward": summary.decode_steps.by_drafts,
+            "accepted_per_verify": summary.decode_steps.by_accepted,
             "store": {
                 "bytes_read": store.bytes_read,
                 "trunk_bytes_read": store.trunk_bytes_read,
