@@ -31,6 +31,17 @@
 //!    0.40 → 0.22 s/token, for 0.024 GB/token of wrong guesses read (1.7 %). Spending the same
 //!    280 MB on cache instead would retain ~5 % of bench's pool under flat routing, and ~0 %
 //!    under LRU's cyclic layer order.
+//! 5. While trunk streams through chunks, the spare budget left after pinning and lm_head
+//!    buys **read-ahead**: more chunk buffers, until the reads in flight cover the largest
+//!    streamed layer's matrices (`--read-ahead-gb` sets another cap), before the expert cache
+//!    may grow. The stream reads ahead only as far as its buffers reach; once all have landed
+//!    the drive idles until the forward pass frees one, i.e. through every pinned layer's
+//!    compute. Measured with `k3d bench` on `bench` at 4.75 GiB (cgroup-limited, medians of 3,
+//!    three interleaved rounds; issue 17): 8 × 32 MiB of read-ahead kept the drive busy 83–90 %
+//!    of each token, 31 × 32 MiB (1.04 GB, all the spare) 96–98 %, and s/token fell 13–18 %
+//!    (2.68–3.09 → 2.35–2.59) at the same bytes per token; in the first round 16 × 32 MiB,
+//!    15 × 64 MiB and 14 × 16 MiB (smaller chunks pin one more layer and read ahead less) were
+//!    between the two.
 //!
 //! Unpinned trunk streams through [`StreamScheme`]: fixed chunks consumed by row ranges as they
 //! land (the default; `store::chunks`) or a ring of ≥ 2 whole-layer slots. Measured with
