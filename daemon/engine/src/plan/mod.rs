@@ -859,8 +859,8 @@ mod tests {
         let q = Plan::new(&c, none, chunks).unwrap();
         assert_eq!(q.scheme, chunks);
         assert_eq!(
-            (q.pinned_layers, q.cache_slots),
-            (p.pinned_layers.clone(), p.cache_slots)
+            (&q.pinned_layers, q.cache_slots),
+            (&p.pinned_layers, p.cache_slots)
         );
         assert_eq!(q.headroom() - p.headroom(), 18 * chunk);
         // A cap below the default's reach (0, above) never shrinks the stream; one above it

@@ -330,6 +330,41 @@ pub fn replay(
     d.counters
 }
 
+/// [`replay`] through one cache per MoE layer instead of one shared cache (issue 17 item 3):
+/// the `capacity` slots split evenly over the layers the trace names (the first layers take the
+/// remainder), so one layer's experts never evict another's. A layer left without a slot reads
+/// every request. The counters are the layers' sums.
+pub fn replay_per_layer(
+    trace: &[ExpertId],
+    expert_bytes: u64,
+    capacity: usize,
+    policy: PolicyKind,
+) -> CacheCounters {
+    let layers: BTreeSet<u32> = trace.iter().map(|k| k.layer).collect();
+    let share = |i: usize| capacity / layers.len() + usize::from(i < capacity % layers.len());
+    let mut total = CacheCounters::default();
+    for (i, &layer) in layers.iter().enumerate() {
+        let own: Vec<ExpertId> = trace.iter().copied().filter(|k| k.layer == layer).collect();
+        let c = match share(i) {
+            0 => CacheCounters {
+                requests: own.len() as u64,
+                reads: own.len() as u64,
+                bytes_read: own.len() as u64 * expert_bytes,
+                ..CacheCounters::default()
+            },
+            slots => replay(&own, expert_bytes, slots, policy),
+        };
+        total.requests += c.requests;
+        total.hits += c.hits;
+        total.reads += c.reads;
+        total.bytes_read += c.bytes_read;
+        total.bytes_avoided += c.bytes_avoided;
+        total.evictions += c.evictions;
+        total.read_errors += c.read_errors;
+    }
+    total
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error("expert cache needs at least one slot")]
@@ -639,6 +674,34 @@ mod tests {
             }
         );
         assert!((c.retention() - 2.0 / 7.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_per_layer_cache_keeps_a_quiet_layer_from_being_evicted_by_a_busy_one() {
+        let at = |layer, expert| ExpertId { layer, expert };
+        // Layer 0 reuses expert 1 every few requests; layer 1 streams new experts between.
+        let mut trace = Vec::new();
+        for round in 0..6u32 {
+            trace.push(at(0, 1));
+            trace.extend((0..3).map(|e| at(1, 10 + 3 * round + e)));
+        }
+        // Shared, 2 slots: layer 1's three misses per round push expert (0, 1) out every time.
+        let shared = replay(&trace, 10, 2, PolicyKind::Lru);
+        assert_eq!(shared.hits, 0);
+        // One slot per layer: (0, 1) stays and hits in rounds 2-6.
+        let split = replay_per_layer(&trace, 10, 2, PolicyKind::Lru);
+        assert_eq!(
+            (split.requests, split.hits, split.bytes_avoided),
+            (24, 5, 50)
+        );
+        assert_eq!(split.bytes_read + split.bytes_avoided, 240);
+        // One slot for two layers: the second layer gets none and reads every request.
+        let starved = replay_per_layer(&trace, 10, 1, PolicyKind::Lru);
+        assert_eq!((starved.requests, starved.hits, starved.reads), (24, 5, 19));
+        assert_eq!(
+            replay_per_layer(&[], 10, 4, PolicyKind::Lru),
+            CacheCounters::default()
+        );
     }
 
     #[test]

@@ -445,6 +445,12 @@ pub struct StoreOptions {
     /// Keep every routed-expert request in order ([`WeightStore::expert_trace`]), for
     /// replaying eviction policies against real routing (`k3d bench --policy-slots`).
     pub record_trace: bool,
+    /// The expert cache's eviction policy. LFU with aging by default: on the trained
+    /// fixture's real routing, with the lookahead on, it read 3 / 11 / 28 % fewer expert bytes
+    /// than LRU with 16 / 32 / 64 slots (1 % more with 8, below one token's experts, where the
+    /// plan never grows a cache); ids identical (issue 17 item 3, figures in
+    /// `docs/memory-plan.md`). `k3d bench --cache-policy` measures either in place.
+    pub cache_policy: PolicyKind,
     /// Reads a test makes fail ([`fault`], feature `fault-injection`).
     #[cfg(feature = "fault-injection")]
     pub faults: Option<&'static fault::Faults>,
@@ -456,6 +462,7 @@ impl Default for StoreOptions {
             direct: DirectPolicy::Prefer,
             reader: ReaderConfig::default(),
             record_trace: false,
+            cache_policy: PolicyKind::LfuAging { period: 0 },
             #[cfg(feature = "fault-injection")]
             faults: None,
         }
@@ -582,12 +589,11 @@ impl WeightStore {
             }
         };
         let slot_bytes = usize::try_from(plan.cache_slot_bytes).unwrap_or(usize::MAX);
-        // LRU by measurement (`k3d bench --policy-slots`, synthetic routing): with a cache of
-        // 14 % of the expert pool (small, 300 tokens) LRU avoided 6.8 MB/token against
-        // LFU-aging's 5.7; only from ~1/3 of the pool did LFU-aging win (17.2 vs 15.1 MB/token
-        // at 160 of 448 slots on small, +3 % at 146 of 320 on bench). The plan's extra cache
-        // for K3 is a few % of its 82,432 experts: the small-cache regime.
-        let cache = ExpertCache::new(plan.cache_slots.max(1), slot_bytes, PolicyKind::Lru)?;
+        // The policy is the options' (LFU-aging by default, see `StoreOptions::cache_policy`).
+        // On synthetic routing, which is flat, LRU had won at small caches (6.8 vs 5.7 MB/token
+        // avoided at 14 % of small's pool) and LFU-aging only from ~1/3 of the pool; flat
+        // routing has no popular experts to keep, so the trained model's real routing decides.
+        let cache = ExpertCache::new(plan.cache_slots.max(1), slot_bytes, options.cache_policy)?;
         let verdicts = layout
             .layers
             .iter()

@@ -25,7 +25,7 @@ use k3_engine::engine::measure::{Measured, PhaseCost, measure};
 use k3_engine::engine::{Engine, EngineOptions, PREFILL_CHUNK};
 use k3_engine::plan::{Census, GIB, Plan, StateShape, StreamScheme};
 use k3_engine::store::direct_io::DirectPolicy;
-use k3_engine::store::expert_cache::{PolicyKind, replay};
+use k3_engine::store::expert_cache::{PolicyKind, replay, replay_per_layer};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3_engine::system::ProcessMemory;
 use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
@@ -93,6 +93,10 @@ pub struct Args {
     /// for every budget (plan experiments, with `--read-ahead-gb`).
     #[arg(long, value_name = "MIB", conflicts_with = "ring_slots")]
     chunk_mib: Option<u64>,
+    /// The expert cache's eviction policy in every run: `lfu-aging` (the default; counts
+    /// halving every 8 × slots requests) or `lru`. Output does not depend on it.
+    #[arg(long, value_name = "POLICY", default_value = "lfu-aging", value_parser = ["lfu-aging", "lru"])]
+    cache_policy: String,
     /// Run each child in its own cgroup v1 memory group limited to budget + overhead, after
     /// dropping the page cache (needs root and cgroup v1).
     #[arg(long)]
@@ -188,6 +192,9 @@ impl Args {
             options.threads = t;
         }
         options.model.store.record_trace = !self.policy_slots.is_empty();
+        if self.cache_policy == "lru" {
+            options.model.store.cache_policy = PolicyKind::Lru;
+        }
         if let Some(slots) = self.ring_slots {
             options.model.plan.scheme = StreamScheme::Ring { slots };
         }
@@ -394,14 +401,19 @@ fn replay_policies(
     let mut out = Vec::new();
     for &n in slots {
         for policy in [PolicyKind::Lru, PolicyKind::LfuAging { period: 0 }] {
-            let c = replay(&trace, expert_bytes, n.max(1), policy);
-            out.push(PolicyReplay {
-                slots: n,
-                policy: policy.build(1).name().to_string(),
-                requests: c.requests,
-                bytes_read: c.bytes_read,
-                bytes_avoided: c.bytes_avoided,
-            });
+            // One cache shared by every layer (what the store builds), then the same slots
+            // split evenly per MoE layer.
+            let shared = replay(&trace, expert_bytes, n.max(1), policy);
+            let per_layer = replay_per_layer(&trace, expert_bytes, n.max(1), policy);
+            for (c, suffix) in [(shared, ""), (per_layer, "/layer")] {
+                out.push(PolicyReplay {
+                    slots: n,
+                    policy: format!("{}{suffix}", policy.build(1).name()),
+                    requests: c.requests,
+                    bytes_read: c.bytes_read,
+                    bytes_avoided: c.bytes_avoided,
+                });
+            }
         }
     }
     Ok(out)
@@ -450,6 +462,7 @@ fn one_child(
     if let Some(m) = args.chunk_mib {
         cmd.args(["--chunk-mib", &m.to_string()]);
     }
+    cmd.args(["--cache-policy", &args.cache_policy]);
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();
         cmd.args(["--policy-slots", &list.join(",")]);
