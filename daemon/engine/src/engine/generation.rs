@@ -396,7 +396,7 @@ impl Generation {
             bytes_avoided: self.io.avoided,
             drafts_proposed: self.drafts_proposed,
             drafts_accepted: self.drafts_accepted,
-            decode_steps: self.decode_steps.clone(),
+            decode_steps: Box::new(self.decode_steps.clone()),
             generated: self.generated.clone(),
             logits: std::mem::take(&mut self.logits_log),
         })

@@ -160,8 +160,9 @@ pub struct Summary {
     /// confirmed (acceptance rate = accepted / proposed).
     pub drafts_proposed: usize,
     pub drafts_accepted: usize,
-    /// The decode phase's forwards counted per step (speculation's cost model).
-    pub decode_steps: DecodeSteps,
+    /// The decode phase's forwards counted per step (speculation's cost model). Boxed: the
+    /// summary travels in every serve core `Done` event, which should stay small.
+    pub decode_steps: Box<DecodeSteps>,
     /// Generated ids in order (stop ids excluded).
     pub generated: Vec<u32>,
     /// With `record_logits`: one row of `vocab` logits per fed position.

@@ -121,7 +121,7 @@ impl Member for Warm {
 /// A member of the batch.
 enum Running<'e> {
     Job(Box<Active<'e>>),
-    Warm(Warm),
+    Warm(Box<Warm>),
 }
 
 impl Member for Running<'_> {
@@ -264,7 +264,7 @@ fn run(shared: &Shared, engine: &Engine) {
         for (member, result) in stepped {
             let next = match member {
                 Running::Job(a) => deliver(shared, engine, a, result),
-                Running::Warm(w) => warmed(shared, w, result).map(Running::Warm),
+                Running::Warm(w) => warmed(shared, *w, result).map(|w| Running::Warm(Box::new(w))),
             };
             if let Some(m) = next {
                 batch.push(m);
@@ -507,7 +507,8 @@ fn deliver<'e>(
                 summary,
             }));
             let caller = a.job.reuse.as_ref()?;
-            warm(shared, engine, &a.job, caller, ending.message?).map(Running::Warm)
+            warm(shared, engine, &a.job, caller, ending.message?)
+                .map(|w| Running::Warm(Box::new(w)))
         }
         Err(EngineError::Cancelled) => {
             let error = if a.job.cancel.load(Ordering::Relaxed) {
