@@ -14,19 +14,24 @@ fn trained_model() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/trained/model")
 }
 
-fn k3d_run(args: &[&str]) -> Vec<u8> {
+/// `k3d SUBCOMMAND <trained model> ARGS`'s stdout; fails the test on a non-zero exit.
+fn k3d(subcommand: &str, args: &[&str]) -> Vec<u8> {
     let out = Command::new(K3D)
-        .arg("run")
+        .arg(subcommand)
         .arg(trained_model())
         .args(args)
         .output()
         .expect("k3d runs");
     assert!(
         out.status.success(),
-        "k3d run {args:?}: {}",
+        "k3d {subcommand} {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+fn k3d_run(args: &[&str]) -> Vec<u8> {
+    k3d("run", args)
 }
 
 /// The demo's prompt and length (packaging/demo.sh: `def fibonacci(n):` + newline, 24 tokens),
@@ -242,27 +247,25 @@ fn dense_lookahead_guesses_layer_1_early_and_changes_no_bit() {
 fn lfu_aging_reads_fewer_expert_bytes_than_lru_on_trained_routing() {
     let bench = |policy: &str| -> (u64, Value) {
         let cache_gb = (64.0 * 8192.0 / f64::from(1u32 << 30)).to_string();
-        let out = Command::new(K3D)
-            .arg("bench")
-            .arg(trained_model())
-            .args([
+        let out = k3d(
+            "bench",
+            &[
                 "--ram-gb",
                 "0.005",
                 "--cache-gb",
                 &cache_gb,
                 "--tokens",
                 "64",
-            ])
-            .args(["--runs", "1", "--probe-seconds", "0.1", "--json"])
-            .args(["--cache-policy", policy])
-            .output()
-            .expect("k3d bench runs");
-        assert!(
-            out.status.success(),
-            "k3d bench --cache-policy {policy}: {}",
-            String::from_utf8_lossy(&out.stderr)
+                "--runs",
+                "1",
+                "--probe-seconds",
+                "0.1",
+                "--json",
+                "--cache-policy",
+                policy,
+            ],
         );
-        let doc: Value = serde_json::from_slice(&out.stdout).expect("bench prints JSON");
+        let doc: Value = serde_json::from_slice(&out).expect("bench prints JSON");
         let run = &doc["budgets"][0]["runs"][0];
         let expert = |phase: &str| run[phase]["expert_bytes"].as_u64().expect("expert bytes");
         (
