@@ -78,6 +78,14 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// The name `k3d bench --cache-policy` takes (`lfu-aging` is the default period).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::LfuAging { .. } => "lfu-aging",
+        }
+    }
+
     pub fn build(self, capacity: usize) -> Box<dyn EvictionPolicy> {
         match self {
             Self::Lru => Box::new(Lru::new(capacity)),
@@ -90,6 +98,16 @@ impl PolicyKind {
                 Box::new(LfuAging::new(capacity, period.max(1)))
             }
         }
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = CacheError;
+    fn from_str(s: &str) -> Result<Self, CacheError> {
+        [Self::Lru, Self::LfuAging { period: 0 }]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| CacheError::UnknownPolicy(s.into()))
     }
 }
 
@@ -369,6 +387,8 @@ pub fn replay_per_layer(
 pub enum CacheError {
     #[error("expert cache needs at least one slot")]
     NoSlots,
+    #[error("unknown cache policy {0:?} (lru, lfu-aging)")]
+    UnknownPolicy(String),
     #[error(transparent)]
     Alloc(#[from] AllocError),
     #[error(
@@ -735,5 +755,16 @@ mod tests {
             // A cyclic scan one larger than the cache never hits under LRU (§3.2).
         }
         assert_eq!(replay(&t, 7, 3, PolicyKind::Lru).hits, 0);
+    }
+
+    #[test]
+    fn policies_parse_from_their_names_and_unknown_names_are_refused() {
+        for p in [PolicyKind::Lru, PolicyKind::LfuAging { period: 0 }] {
+            assert!(matches!(p.name().parse::<PolicyKind>(), Ok(q) if q == p));
+        }
+        assert!(matches!(
+            "lfu".parse::<PolicyKind>(),
+            Err(CacheError::UnknownPolicy(name)) if name == "lfu"
+        ));
     }
 }

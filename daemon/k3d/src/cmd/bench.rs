@@ -95,8 +95,8 @@ pub struct Args {
     chunk_mib: Option<u64>,
     /// The expert cache's eviction policy in every run: `lfu-aging` (the default; counts
     /// halving every 8 × slots requests) or `lru`. Output does not depend on it.
-    #[arg(long, value_name = "POLICY", default_value = "lfu-aging", value_parser = ["lfu-aging", "lru"])]
-    cache_policy: String,
+    #[arg(long, value_name = "POLICY", default_value = "lfu-aging")]
+    cache_policy: PolicyKind,
     /// Run each child in its own cgroup v1 memory group limited to budget + overhead, after
     /// dropping the page cache (needs root and cgroup v1).
     #[arg(long)]
@@ -192,9 +192,7 @@ impl Args {
             options.threads = t;
         }
         options.model.store.record_trace = !self.policy_slots.is_empty();
-        if self.cache_policy == "lru" {
-            options.model.store.cache_policy = PolicyKind::Lru;
-        }
+        options.model.store.cache_policy = self.cache_policy;
         if let Some(slots) = self.ring_slots {
             options.model.plan.scheme = StreamScheme::Ring { slots };
         }
@@ -462,7 +460,7 @@ fn one_child(
     if let Some(m) = args.chunk_mib {
         cmd.args(["--chunk-mib", &m.to_string()]);
     }
-    cmd.args(["--cache-policy", &args.cache_policy]);
+    cmd.args(["--cache-policy", args.cache_policy.name()]);
     if !args.policy_slots.is_empty() {
         let list: Vec<String> = args.policy_slots.iter().map(|n| n.to_string()).collect();
         cmd.args(["--policy-slots", &list.join(",")]);
