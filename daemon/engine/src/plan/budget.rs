@@ -67,11 +67,12 @@ impl StreamScheme {
     /// they have all landed the drive idles until the forward pass frees one — through every
     /// pinned layer's compute. So the spare budget left after pinning (`spare`) buys more
     /// buffers, until the reads in flight cover `cap` bytes (the plan's default: the largest
-    /// streamed layer's matrices, i.e. a whole layer read ahead). Returns the scheme and the
+    /// streamed layer's matrices, i.e. a whole layer read ahead). `largest` is the largest
+    /// streamed run, as for [`Self::bytes`] (0: nothing streams). Returns the scheme and the
     /// bytes it added. A ring, or nothing streaming, is left as it is.
-    pub(super) fn read_ahead(self, spare: u64, cap: u64, streams: bool) -> (Self, u64) {
+    pub(super) fn read_ahead(self, spare: u64, cap: u64, largest: u64) -> (Self, u64) {
         match self {
-            Self::Chunks { chunk, in_flight } if streams && chunk > 0 => {
+            Self::Chunks { chunk, in_flight } if largest > 0 && chunk > 0 => {
                 let reach = in_flight as u64 * chunk;
                 let extra = (cap.saturating_sub(reach).min(spare) / chunk) as usize;
                 let in_flight = in_flight + extra;

@@ -331,11 +331,9 @@ impl Plan {
             .map(|l| census.trunk_matrix_bytes[l])
             .max()
             .unwrap_or(0);
-        let (scheme, read_ahead) = scheme.read_ahead(
-            left,
-            budget.read_ahead.unwrap_or(streamed_matrices),
-            largest_streamed(&pinned, lm_head) > 0,
-        );
+        let largest = largest_streamed(&pinned, lm_head);
+        let (scheme, read_ahead) =
+            scheme.read_ahead(left, budget.read_ahead.unwrap_or(streamed_matrices), largest);
         let left = left - read_ahead;
         if budget.cache.is_none() && left >= census.token_expert_slots() as u64 * slot {
             cache_slots = (cache_slots + (left / slot) as usize)
@@ -345,7 +343,7 @@ impl Plan {
         if needs(&pinned, lm_head, Residency::Resident, cache_slots) + read_ahead <= ram {
             embedding = Residency::Resident;
         }
-        let stream_bytes = scheme.bytes(largest_streamed(&pinned, lm_head), gather);
+        let stream_bytes = scheme.bytes(largest, gather);
         let smallest_streamed_layer = (0..pinned.len())
             .filter(|&l| !pinned[l])
             .map(|l| census.trunk_layers[l])
