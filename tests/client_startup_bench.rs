@@ -30,7 +30,11 @@ fn main() {
         .and_then(std::path::Path::parent)
         .expect("examples live in target/<profile>/examples")
         .join("k3");
-    assert!(k3.exists(), "{} is missing: `cargo build -p k3` first", k3.display());
+    assert!(
+        k3.exists(),
+        "{} is missing: `cargo build -p k3` first",
+        k3.display()
+    );
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("fake.sock");
     let listener = UnixListener::bind(&path).expect("bind");

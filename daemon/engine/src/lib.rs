@@ -38,8 +38,8 @@
 
 pub mod advice;
 pub mod checkpoint;
-pub mod engine;
 pub mod echo;
+pub mod engine;
 pub mod input_file;
 pub mod kernels;
 pub mod model;

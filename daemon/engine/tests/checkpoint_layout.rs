@@ -280,7 +280,7 @@ fn config_with_fewer_experts_than_the_files_is_refused() {
 /// Rewrite shard `i` of the tiny plan with its tensors in exactly `order`.
 fn write_shard_in_order(dir: &TempDir, i: usize, n: usize, order: &[TensorSpec]) {
     let (header, data_len) = header_in_order(order);
-    write_raw(&dir.path().join(&shard_name(i, n)), &header, data_len);
+    write_raw(&dir.path().join(shard_name(i, n)), &header, data_len);
 }
 
 #[test]

@@ -99,9 +99,8 @@ fn solo(dir: &std::path::Path, request: GenerateRequest) -> Vec<u32> {
     .expect("engine");
     let mut g = engine.start(request).expect("start");
     loop {
-        match engine.step(&mut g, &|| false).expect("step") {
-            Step::Finished(s) => return s.generated,
-            _ => {}
+        if let Step::Finished(s) = engine.step(&mut g, &|| false).expect("step") {
+            return s.generated;
         }
     }
 }

@@ -57,7 +57,11 @@ fn plain_continuations_are_text_throughout() {
     let ids = script("hi<|sep|>there");
     let mut reader = ReplyReader::new(tiny(), Kind::Text);
     let pieces: Vec<_> = ids.iter().map(|&id| reader.read(id)).collect();
-    assert!(pieces.iter().all(|p| p.channel == Channel::Text && p.tool_call.is_none()));
+    assert!(
+        pieces
+            .iter()
+            .all(|p| p.channel == Channel::Text && p.tool_call.is_none())
+    );
     let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
     assert_eq!(text, "hi<|sep|>there");
     // A stop id of a plain continuation is not read as an end of turn.
@@ -76,7 +80,10 @@ fn tool_calls_stream_as_deltas_and_arrive_whole_at_the_end() {
     let mut reader = ReplyReader::new(tiny(), Kind::Chat { thinking: false });
     let pieces: Vec<_> = ids.iter().map(|&id| reader.read(id)).collect();
     let deltas: Vec<_> = pieces.iter().filter_map(|p| p.tool_call.as_ref()).collect();
-    let start = deltas[0].start.as_ref().expect("the first delta starts the call");
+    let start = deltas[0]
+        .start
+        .as_ref()
+        .expect("the first delta starts the call");
     assert_eq!((start.id.as_str(), start.name.as_str()), ("call_0", "f"));
     assert!(deltas.iter().all(|d| d.index == 0));
     assert!(deltas[1..].iter().all(|d| d.start.is_none()));
@@ -113,5 +120,9 @@ fn a_reply_cut_short_is_not_malformed_and_a_broken_one_is_reported() {
         .malformed
         .expect("malformed");
     assert_eq!(malformed.raw, "a<|sep|>b<|end_of_msg|>");
-    assert!(malformed.error.contains("position 1"), "{}", malformed.error);
+    assert!(
+        malformed.error.contains("position 1"),
+        "{}",
+        malformed.error
+    );
 }

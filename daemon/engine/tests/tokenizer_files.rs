@@ -39,7 +39,7 @@ fn load_edited(
         dir.join("tokenizer_config.json"),
     )
     .expect("copy");
-    Tokenizer::load(&dir)
+    Tokenizer::load(dir)
 }
 
 fn load_with_config(test: &str, config: &str) -> Result<Tokenizer, TokenizerError> {
@@ -51,7 +51,7 @@ fn load_with_config(test: &str, config: &str) -> Result<Tokenizer, TokenizerErro
     )
     .expect("copy");
     std::fs::write(dir.join("tokenizer_config.json"), config).expect("write");
-    Tokenizer::load(&dir)
+    Tokenizer::load(dir)
 }
 
 fn message(result: Result<Tokenizer, TokenizerError>) -> (TokenizerError, String) {
@@ -128,7 +128,7 @@ fn crlf_and_blank_lines_are_tolerated() {
         dir.join("tokenizer_config.json"),
     )
     .unwrap();
-    let t = Tokenizer::load(&dir).expect("CRLF file");
+    let t = Tokenizer::load(dir).expect("CRLF file");
     assert_eq!(t.rank_count(), model_lines().len());
 }
 

@@ -78,7 +78,7 @@ fn install_into_a_root_lays_every_file_with_its_mode_and_uninstall_removes_them(
     let tmp = scratch("install");
     let dir = tmp.path();
     let root = dir.join("root");
-    let bins = bin_dir(&dir);
+    let bins = bin_dir(dir);
     install(&root, "/opt/k3", &bins);
     let expect: &[(&str, u32)] = &[
         ("opt/k3/bin/k3d", 0o755),
@@ -198,7 +198,7 @@ fn units_pass_systemd_analyze_verify_without_warnings() {
     let tmp = scratch("analyze");
     let dir = tmp.path();
     let root = dir.join("root");
-    install(&root, "/usr/local", &bin_dir(&dir));
+    install(&root, "/usr/local", &bin_dir(dir));
     // verify checks that ExecStart's binary exists, so point it at the copy in the temporary
     // root; every other line is verified as installed.
     let units = dir.join("units");

@@ -74,9 +74,9 @@ fn gib(bytes: u64) -> String {
 fn identical_at_every_budget(shape: &str) {
     let tmp = scratch(shape);
     let dir = tmp.path();
-    synth(shape, &dir);
-    let min = minimum_bytes(&dir);
-    let (ids, logits, max_json) = ok_run(&dir, "max", &["--ram-gb", "max"]);
+    synth(shape, dir);
+    let min = minimum_bytes(dir);
+    let (ids, logits, max_json) = ok_run(dir, "max", &["--ram-gb", "max"]);
     let full = max_json["plan"]["budget_bytes"]
         .as_u64()
         .expect("plan budget");
@@ -94,7 +94,7 @@ fn identical_at_every_budget(shape: &str) {
         for threads in ["1", "2"] {
             let g = gib(b);
             let tag = format!("{i}-{threads}");
-            let (i2, l2, json) = ok_run(&dir, &tag, &["--ram-gb", &g, "--threads", threads]);
+            let (i2, l2, json) = ok_run(dir, &tag, &["--ram-gb", &g, "--threads", threads]);
             assert_eq!(i2, ids, "generated ids at {g} GiB, {threads} threads");
             assert!(
                 l2 == logits,
@@ -115,7 +115,7 @@ fn identical_at_every_budget(shape: &str) {
     // reads experts on a predicted routing; without the lookahead, the same output.
     let g = gib(full - 4096);
     let least_cache = ["--ram-gb", &g, "--cache-gb", "0.000000001"];
-    let (i5, l5, json) = ok_run(&dir, "lookahead", &least_cache);
+    let (i5, l5, json) = ok_run(dir, "lookahead", &least_cache);
     assert!(
         json["store"]["lookahead_bytes_read"].as_u64() > Some(0),
         "a trunk-resident budget with the least cache reads experts ahead of routing: {}",
@@ -124,13 +124,13 @@ fn identical_at_every_budget(shape: &str) {
     assert_eq!(i5, ids, "generated ids at {g} GiB with the least cache");
     assert!(l5 == logits, "logits at {g} GiB with the least cache");
     let no_lookahead = [&least_cache[..], &["--no-lookahead"]].concat();
-    let (i4, l4, json) = ok_run(&dir, "no-lookahead", &no_lookahead);
+    let (i4, l4, json) = ok_run(dir, "no-lookahead", &no_lookahead);
     assert_eq!(json["store"]["lookahead_bytes_read"].as_u64(), Some(0));
     assert_eq!(i4, ids, "generated ids at {g} GiB without lookahead");
     assert!(l4 == logits, "logits at {g} GiB without lookahead");
     // Token-by-token prefill under the minimum budget.
     let (i3, l3, _) = ok_run(
-        &dir,
+        dir,
         "chunk1",
         &["--ram-gb", &gib(min + 4096), "--prefill-chunk", "1"],
     );
@@ -155,8 +155,8 @@ fn small_identical_at_every_budget() {
 fn budget_below_minimum_is_refused_with_both_numbers() {
     let tmp = scratch("refuse");
     let dir = tmp.path();
-    synth("tiny", &dir);
-    let out = k3d_run(&dir, &dir.join("x.f32"), &["--ram-gb", "0.001"]);
+    synth("tiny", dir);
+    let out = k3d_run(dir, &dir.join("x.f32"), &["--ram-gb", "0.001"]);
     assert_eq!(out.status.code(), Some(5));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

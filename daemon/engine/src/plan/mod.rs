@@ -332,8 +332,11 @@ impl Plan {
             .max()
             .unwrap_or(0);
         let largest = largest_streamed(&pinned, lm_head);
-        let (scheme, read_ahead) =
-            scheme.read_ahead(left, budget.read_ahead.unwrap_or(streamed_matrices), largest);
+        let (scheme, read_ahead) = scheme.read_ahead(
+            left,
+            budget.read_ahead.unwrap_or(streamed_matrices),
+            largest,
+        );
         let left = left - read_ahead;
         if budget.cache.is_none() && left >= census.token_expert_slots() as u64 * slot {
             cache_slots = (cache_slots + (left / slot) as usize)
