@@ -7,9 +7,9 @@
 #
 # Needs a release build (`cargo build --release -p k3d`, done here if missing), python3 for the
 # speed-up estimate and the venv of make_trained.sh for routing_stats.py (skipped, and said so,
-# without it). The speed-up on `bench` prices each forward with the c(d) measured there at
-# 4.75 GiB (docs/measurements/issue-16/c*.json, `k3d bench --prompt-tokens K`) and at 2 GiB
-# (docs/measurements/issue-16/budget-2gib/c*.json); see the fixture README.
+# without it). The speed-up on `bench` prices each forward with the c(d) measured there
+# (`k3d bench --prompt-tokens K`) at 4.75 GiB (docs/measurements/issue-16/c*.json), 2 GiB and
+# 1 GiB (docs/measurements/issue-16/budget-*/c*.json); see the fixture README.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -27,21 +27,24 @@ declare -A prompts=(
     [imports]=$'import os\nimport sys\nimport re\n\n\nimport os\nimport sys\n'
     [fibonacci]=$'def fibonacci(n):\n'
 )
-costs=() costs_2gib=()
-for k in 1 2 3 4 5 6 7 8 9; do
-    costs+=(--bench "$repo/docs/measurements/issue-16/c$k.json")
-    costs_2gib+=(--bench "$repo/docs/measurements/issue-16/budget-2gib/c$k.json")
-done
+budgets=(4.75gib 2gib 1gib)
+declare -A cost_dir=(
+    [4.75gib]="$repo/docs/measurements/issue-16"
+    [2gib]="$repo/docs/measurements/issue-16/budget-2gib"
+    [1gib]="$repo/docs/measurements/issue-16/budget-1gib"
+)
 for name in list function imports fibonacci; do
     for n in 0 4 8; do
         echo "speculation: $name, N = $n" >&2
         "$k3d" run "$model" --prompt "${prompts[$name]}" --gen 128 --json --speculate "$n" \
             >"$out/spec-$name-$n.json"
     done
-    python3 "$repo/tools/speculation_speedup.py" --plain "$out/spec-$name-0.json" "${costs[@]}" \
-        "$out/spec-$name-4.json" "$out/spec-$name-8.json" >"$out/speedup-$name.txt"
-    python3 "$repo/tools/speculation_speedup.py" --plain "$out/spec-$name-0.json" "${costs_2gib[@]}" \
-        "$out/spec-$name-4.json" "$out/spec-$name-8.json" >"$out/speedup-$name-2gib.txt"
+    for budget in "${budgets[@]}"; do
+        costs=()
+        for k in 1 2 3 4 5 6 7 8 9; do costs+=(--bench "${cost_dir[$budget]}/c$k.json"); done
+        python3 "$repo/tools/speculation_speedup.py" --plain "$out/spec-$name-0.json" "${costs[@]}" \
+            "$out/spec-$name-4.json" "$out/spec-$name-8.json" >"$out/speedup-$name-$budget.txt"
+    done
 done
 
 # Routing lookahead per layer and across the dense layer: whole trunk resident, a small cache.
@@ -89,9 +92,9 @@ for name in ["list", "function", "imports", "fibonacci"]:
         print(f"{name} N={n}: proposed {r['drafts_proposed']} accepted {r['drafts_accepted']} "
               f"forwards {r['decode_forwards']} ({hist}) "
               f"ids/forward {(r['decode_forwards'] + r['drafts_accepted']) / r['decode_forwards']:.2f}")
-    for budget in ["", "-2gib"]:
-        print(f"priced at {'2 GiB' if budget else '4.75 GiB'}:")
-        print((out / f"speedup-{name}{budget}.txt").read_text())
+    for budget in ["4.75gib", "2gib", "1gib"]:
+        print(f"priced at {budget}:")
+        print((out / f"speedup-{name}-{budget}.txt").read_text())
 print("## lookahead, share of each MoE layer's routing guessed")
 for mode in ["off", "input", "mlp-input"]:
     s = load(f"lookahead-{mode}.json")["store"]

@@ -446,8 +446,8 @@ pub struct StoreOptions {
     /// replaying eviction policies against real routing (`k3d bench --policy-slots`).
     pub record_trace: bool,
     /// The expert cache's eviction policy. LFU with aging by default: on the trained
-    /// fixture's real routing, with the lookahead on, it read 0.6 / 8.5 / 27 % fewer expert
-    /// bytes than LRU with 16 / 32 / 64 slots (medians of 5 runs; 8 slots is below one token's
+    /// fixture's real routing, with the lookahead on, it read as much as LRU with 16 slots and
+    /// 8.5–13 / 26–27 % less with 32 / 64 (medians of 5 runs; 8 slots is below one token's
     /// experts, where the plan never grows a cache); ids identical (issue 17 item 3, figures in
     /// `docs/memory-plan.md`). `k3d bench --cache-policy` measures either in place.
     pub cache_policy: PolicyKind,
