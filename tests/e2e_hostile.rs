@@ -220,7 +220,7 @@ async fn a_peer_over_its_connection_cap_is_refused_while_another_is_served() {
     ensure_group("k3e2e");
     ensure_user("k3e2e-hog", Some("k3e2e"));
     ensure_user("k3e2e-member", Some("k3e2e"));
-    let (d, _http) = daemon_with_http(
+    let (d, http) = daemon_with_http(
         "hostile-cap",
         &["--socket-group", "k3e2e", "--max-connections-per-peer", "3"],
     )
@@ -262,11 +262,36 @@ async fn a_peer_over_its_connection_cap_is_refused_while_another_is_served() {
         Duration::from_secs(2),
     );
 
-    // The hog gets nothing more; another account is served.
-    let refused = k3(&d.socket, Some("k3e2e-hog"), &["status"]);
+    // The hog gets nothing more, and is told why: k3 exits 5 (busy) naming the limit, and an
+    // HTTP client gets a 429 saying the same; another account is served.
+    for args in [
+        &["status"][..],
+        &["run", "--ids", "--max-tokens", "4", "5 6 7"],
+    ] {
+        let refused = k3(&d.socket, Some("k3e2e-hog"), args);
+        assert_eq!(
+            refused.status.code(),
+            Some(5),
+            "k3 {args:?} over the cap: {}",
+            text(&refused.stderr)
+        );
+        assert!(
+            text(&refused.stderr).contains("max_connections_per_peer"),
+            "{}",
+            text(&refused.stderr)
+        );
+    }
+    let curl = Command::new("runuser")
+        .args(["-u", "k3e2e-hog", "--", "curl", "-s", "-i", "--unix-socket"])
+        .arg(&http)
+        .arg("http://k3d/v1/models")
+        .output()
+        .expect("runuser curl");
+    let answer = text(&curl.stdout);
     assert!(
-        !refused.status.success(),
-        "the hog's fourth connection was served"
+        answer.starts_with("HTTP/1.1 429 ") && answer.contains("max_connections_per_peer"),
+        "curl over the cap: {answer}{}",
+        text(&curl.stderr)
     );
     let served = k3(
         &d.socket,

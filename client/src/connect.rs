@@ -69,10 +69,12 @@ pub async fn connect(socket: &SocketPath) -> Result<EngineClient<Channel>, Failu
         }))
         .await
         .map_err(|e| {
-            Failure::new(
-                Code::Other,
-                format!("cannot talk gRPC over {}: {e}", socket.path.display()),
-            )
+            crate::failure::refused_connection(&e).unwrap_or_else(|| {
+                Failure::new(
+                    Code::Other,
+                    format!("cannot talk gRPC over {}: {e}", socket.path.display()),
+                )
+            })
         })?;
     Ok(EngineClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

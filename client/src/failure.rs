@@ -6,7 +6,8 @@
 //! * 2 — bad command line or input;
 //! * 3 — the daemon is not running (nothing listens on the socket);
 //! * 4 — permission denied on the socket (not in the socket's group);
-//! * 5 — the daemon is busy (its queue is full) or shutting down: retry later;
+//! * 5 — the daemon is busy (its queue is full), shutting down, or refused the connection
+//!   because this user already holds as many as it allows one peer: retry later;
 //! * 6 — the daemon refused the request as invalid (its message says why);
 //! * 7 — the model failed (or failed to load): the daemon's message says why;
 //! * 8 — a session was refused: not found, owned by another user, in use by another request,
@@ -82,6 +83,9 @@ impl From<Status> for Failure {
         // tonic's guess from the HTTP/2 reason (ENHANCE_YOUR_CALM reads RESOURCE_EXHAUSTED),
         // not a refusal by k3d.
         if let Some(source) = std::error::Error::source(&s) {
+            if let Some(refused) = refused_connection(source) {
+                return refused;
+            }
             return Failure::new(
                 Code::Transport,
                 format!(
@@ -136,6 +140,29 @@ impl From<Status> for Failure {
             _ => Failure::new(Code::Other, format!("k3d: {:?}: {msg}", s.code())),
         }
     }
+}
+
+/// The daemon's connection gate refused this connection — its peer (this user) holds as many
+/// as `max_connections_per_peer` allows — if `e` or one of its sources is the HTTP/2 GOAWAY
+/// with ENHANCE_YOUR_CALM that k3d sends then (its debug data says the same in words).
+pub fn refused_connection(e: &(dyn std::error::Error + 'static)) -> Option<Failure> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(h2) = e.downcast_ref::<h2::Error>()
+            && h2.is_go_away()
+            && h2.is_remote()
+            && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
+        {
+            return Some(Failure::new(
+                Code::Busy,
+                "k3d refused the connection: this user already holds as many connections as it \
+                 allows one peer (max_connections_per_peer in its configuration).\n\
+                 Close other k3 clients or editor sessions, or retry in a little while.",
+            ));
+        }
+        next = e.source();
+    }
+    None
 }
 
 #[cfg(test)]

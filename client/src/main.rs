@@ -20,7 +20,7 @@ use std::path::PathBuf;
     about = "Talk to a running k3d daemon",
     after_help = "Socket: --socket, else $K3_SOCKET, else $XDG_RUNTIME_DIR/k3d.sock, else /run/k3d/k3d.sock.\n\
 Exit codes: 0 ok, 1 other failure, 2 bad usage or input, 3 daemon not running, 4 permission \
-denied on the socket, 5 daemon busy or unavailable (retry later), 6 request refused as invalid, \
+denied on the socket, 5 daemon busy, unavailable or refusing this user more connections (retry later), 6 request refused as invalid, \
 7 model error, 8 session refused (not found, another user's, in use, or its file is damaged), \
 9 the connection to k3d failed mid-request (output cut short; not a refusal), 10 the daemon's \
 session storage failed (disk full), 130 cancelled.\n\n\

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::Sleep;
 use tokio_stream::Stream;
@@ -87,7 +88,11 @@ fn out_of_resources(e: &io::Error) -> bool {
     )
 }
 
-impl<L: Listen + Unpin> Stream for Accepting<L> {
+impl<L> Stream for Accepting<L>
+where
+    L: Listen + Unpin,
+    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     type Item = io::Result<Guarded<L::Io>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -105,10 +110,11 @@ impl<L: Listen + Unpin> Stream for Accepting<L> {
                         log!("accepting connections again");
                     }
                     let peer = L::peer(&stream);
-                    // Over its peer's cap the stream is dropped (closed) here, and the loop
-                    // goes on to the next connection without waiting.
-                    if let Some(admitted) = self.gate.admit(stream, peer, self.greeting) {
-                        return Poll::Ready(Some(Ok(admitted)));
+                    // Over its peer's cap the stream is handed to a task that says why and
+                    // closes it, and the loop goes on to the next connection without waiting.
+                    match self.gate.admit(stream, peer, self.greeting) {
+                        Ok(admitted) => return Poll::Ready(Some(Ok(admitted))),
+                        Err(refused) => self.gate.refuse(refused, self.greeting),
                     }
                 }
                 Poll::Ready(Err(e)) if out_of_resources(&e) => {

@@ -4,10 +4,11 @@
 //! Every connection, on the gRPC socket and on each HTTP endpoint, passes one [`Gate`]:
 //!
 //! * **Per-peer cap**: a peer (a Unix socket client's uid from SO_PEERCRED, a TCP client's IP
-//!   address) holds at most `per_peer` connections across all listeners. One over is closed at
-//!   once, before any byte is read, with a log line (at most one per [`REFUSAL_LOG_EVERY`], with
-//!   a count of those left unsaid), so the accept loop never waits on it and another peer is
-//!   still served.
+//!   address) holds at most `per_peer` connections across all listeners. One over is refused
+//!   at once, before any byte is read, with a log line (at most one per [`REFUSAL_LOG_EVERY`],
+//!   with a count of those left unsaid), so the accept loop never waits on it and another peer
+//!   is still served; a task of its own tells the client why in its protocol and closes it
+//!   ([`super::refusal`]).
 //! * **Handshake deadline**: a connection must send its greeting within `handshake`: the
 //!   24-byte HTTP/2 client preface on the gRPC socket, a complete request head on HTTP/1.1.
 //!   Until then it holds a descriptor and a task for nothing; past it the next read fails
@@ -23,6 +24,7 @@ use std::fmt;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -80,6 +82,14 @@ pub struct Gate {
     limits: Limits,
     open: Mutex<HashMap<PeerKey, usize>>,
     quiet: Mutex<RateLimit>,
+    /// Refusals being written ([`super::refusal::tell`]).
+    refusing: Arc<AtomicUsize>,
+}
+
+/// A connection over its peer's cap, and why, in words for the client.
+pub struct Refused<S> {
+    pub stream: S,
+    pub reason: String,
 }
 
 /// When the last line was logged and how many were left unsaid since.
@@ -97,17 +107,18 @@ impl Gate {
                 last: None,
                 unsaid: 0,
             }),
+            refusing: Arc::new(AtomicUsize::new(0)),
         })
     }
 
-    /// The connection wrapped with its slot and deadline, or `None` when `peer` already holds
-    /// its cap: the stream is then dropped, which closes it.
+    /// The connection wrapped with its slot and deadline, or [`Refused`] when `peer` already
+    /// holds its cap (for [`Gate::refuse`]).
     pub fn admit<S>(
         self: &Arc<Gate>,
         stream: S,
         peer: PeerKey,
         greeting: Greeting,
-    ) -> Option<Guarded<S>> {
+    ) -> Result<Guarded<S>, Refused<S>> {
         let admitted = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
             let held = open.entry(peer).or_insert(0);
@@ -118,14 +129,15 @@ impl Gate {
             room
         };
         if !admitted {
-            self.note(format_args!(
+            let reason = format!(
                 "refused a connection from {peer}: it holds {} already \
                  (max_connections_per_peer)",
                 self.limits.per_peer
-            ));
-            return None;
+            );
+            self.note(format_args!("{reason}"));
+            return Err(Refused { stream, reason });
         }
-        Some(Guarded {
+        Ok(Guarded {
             inner: stream,
             slot: Slot {
                 gate: Arc::clone(self),
@@ -137,6 +149,15 @@ impl Gate {
                 expired: false,
             }),
         })
+    }
+
+    /// Tells a refused connection why, in `greeting`'s protocol, and closes it.
+    pub fn refuse<S>(&self, refused: Refused<S>, greeting: Greeting)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let words = super::refusal::words(greeting, &format!("k3d {}", refused.reason));
+        super::refusal::tell(refused.stream, greeting, words, &self.refusing);
     }
 
     fn release(&self, peer: PeerKey) {
@@ -353,13 +374,13 @@ mod tests {
         let a = PeerKey::Uid(1000);
         let first = gate.admit((), a, Greeting::Http2Preface);
         let second = gate.admit((), a, Greeting::Http2Preface);
-        assert!(first.is_some() && second.is_some());
-        assert!(gate.admit((), a, Greeting::Http2Preface).is_none());
+        assert!(first.is_ok() && second.is_ok());
+        assert!(gate.admit((), a, Greeting::Http2Preface).is_err());
         assert!(
             gate.admit((), PeerKey::Uid(1001), Greeting::Http2Preface)
-                .is_some()
+                .is_ok()
         );
         drop(first);
-        assert!(gate.admit((), a, Greeting::Http2Preface).is_some());
+        assert!(gate.admit((), a, Greeting::Http2Preface).is_ok());
     }
 }

@@ -18,6 +18,7 @@ pub(crate) mod accept;
 pub mod convert;
 pub(crate) mod gate;
 mod listener;
+mod refusal;
 mod service;
 mod status;
 
