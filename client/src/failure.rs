@@ -81,7 +81,8 @@ impl From<Status> for Failure {
         // A status the daemon sent arrives as headers and carries no error source; one made
         // here from a failed connection (an h2 GOAWAY, a reset, EOF) does. Its code is
         // tonic's guess from the HTTP/2 reason (ENHANCE_YOUR_CALM reads RESOURCE_EXHAUSTED),
-        // not a refusal by k3d.
+        // not a refusal by k3d — except the GOAWAY k3d sends a connection over its peer's cap
+        // ([`refused_connection`]; h2's own flood guard, by contrast, is not the remote's).
         if let Some(source) = std::error::Error::source(&s) {
             if let Some(refused) = refused_connection(source) {
                 return refused;
