@@ -1477,6 +1477,20 @@ async fn one_users_flood_does_not_starve_another_users_request() {
     let waiting: Vec<_> = (0..2).map(|_| k3_run(&d.socket, heavy, 2)).collect();
     until_queued(&mut c, 2).await;
     let before = status(&mut c).await;
+    // Status says the per-user share: a queue limit set, no compute limit of its own.
+    assert_eq!(
+        (before.max_active_per_uid, before.max_queued_per_uid),
+        (None, Some(2))
+    );
+    let shown = k3_command(&d.socket, light)
+        .arg("status")
+        .output()
+        .expect("k3 status");
+    assert!(
+        text(&shown.stdout).contains("per user 2 queued"),
+        "{}",
+        text(&shown.stdout)
+    );
     let over = k3_run(&d.socket, heavy, 2)
         .wait_with_output()
         .expect("k3 run");

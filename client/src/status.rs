@@ -76,6 +76,19 @@ pub fn size(bytes: u64) -> String {
     bytesize::ByteSize::b(bytes).display().iec().to_string()
 }
 
+/// `; per user N running, M queued` for the limits the daemon sets on one uid, or nothing.
+fn per_user_limits(active: Option<u32>, queued: Option<u32>) -> String {
+    let parts: Vec<String> = [(active, "running"), (queued, "queued")]
+        .into_iter()
+        .filter_map(|(n, what)| n.map(|n| format!("{n} {what}")))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; per user {}", parts.join(", "))
+    }
+}
+
 fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     let mut out = String::new();
     let mut line = |k: &str, v: String| out.push_str(&format!("{k:<12} {v}\n"));
@@ -94,11 +107,12 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     line(
         "requests",
         format!(
-            "{} running, {} queued (max {} running, {} queued); {} done, {} cancelled, {} failed, {} refused",
+            "{} running, {} queued (max {} running, {} queued{}); {} done, {} cancelled, {} failed, {} refused",
             s.active_requests,
             s.queued_requests,
             s.max_active,
             s.max_queue,
+            per_user_limits(s.max_active_per_uid, s.max_queued_per_uid),
             s.requests_completed,
             s.requests_cancelled,
             s.requests_failed,
@@ -169,4 +183,19 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::per_user_limits;
+
+    #[test]
+    fn per_user_limits_are_said_only_where_the_daemon_sets_them() {
+        assert_eq!(per_user_limits(None, None), "");
+        assert_eq!(per_user_limits(Some(1), None), "; per user 1 running");
+        assert_eq!(
+            per_user_limits(Some(2), Some(0)),
+            "; per user 2 running, 0 queued"
+        );
+    }
 }

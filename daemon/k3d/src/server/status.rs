@@ -48,9 +48,17 @@ pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
         threads: count(threads),
         max_active: count(s.capacity.max_active),
         max_batch: count(s.capacity.max_batch),
+        max_active_per_uid: uid_limit(s.capacity.per_uid.max_active),
+        max_queued_per_uid: uid_limit(s.capacity.per_uid.max_queued),
         forward_passes: s.stats.forward_passes,
         batched_passes: s.stats.batched_passes,
         widest_batch: u32::try_from(s.stats.widest_batch).unwrap_or(u32::MAX),
         sessions: Some(super::convert::session_figures(&s.sessions)),
     }
+}
+
+/// A per-uid limit on the wire: `usize::MAX` is [`k3_engine::serve::UidLimits`]' "no limit of
+/// its own", sent as absent.
+fn uid_limit(n: usize) -> Option<u32> {
+    (n != usize::MAX).then(|| count(n))
 }
