@@ -130,6 +130,16 @@ where
 mod tests {
     use super::*;
 
+    /// What the refused side was told, read until the daemon's side closed.
+    async fn until_closed(theirs: &mut tokio::io::DuplexStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        theirs
+            .read_to_end(&mut got)
+            .await
+            .expect("read until closed");
+        got
+    }
+
     #[test]
     fn the_http2_refusal_is_a_settings_frame_then_a_goaway_with_enhance_your_calm() {
         let w = words(Greeting::Http2Preface, "too many");
@@ -167,12 +177,7 @@ mod tests {
         let (ours, mut theirs) = tokio::io::duplex(1 << 16);
         let in_flight = Arc::new(AtomicUsize::new(0));
         tell(ours, Greeting::Http1Head, b"refused".to_vec(), &in_flight);
-        let mut got = Vec::new();
-        theirs
-            .read_to_end(&mut got)
-            .await
-            .expect("read until closed");
-        assert_eq!(got, b"refused");
+        assert_eq!(until_closed(&mut theirs).await, b"refused");
         drop(theirs);
         for _ in 0..100 {
             if in_flight.load(Ordering::Acquire) == 0 {
@@ -213,12 +218,7 @@ mod tests {
             .write_all(&[0, 0, 0, 1, 4, 0, 0, 0, 1])
             .await
             .expect("headers");
-        let mut got = Vec::new();
-        theirs
-            .read_to_end(&mut got)
-            .await
-            .expect("read until closed");
-        assert_eq!(got, b"refused");
+        assert_eq!(until_closed(&mut theirs).await, b"refused");
     }
 
     #[tokio::test]
@@ -226,9 +226,7 @@ mod tests {
         let in_flight = Arc::new(AtomicUsize::new(MAX_IN_FLIGHT));
         let (ours, mut theirs) = tokio::io::duplex(1 << 16);
         tell(ours, Greeting::Http1Head, b"refused".to_vec(), &in_flight);
-        let mut got = Vec::new();
-        theirs.read_to_end(&mut got).await.expect("closed");
-        assert!(got.is_empty());
+        assert!(until_closed(&mut theirs).await.is_empty());
         assert_eq!(in_flight.load(Ordering::Acquire), MAX_IN_FLIGHT);
     }
 }
