@@ -301,6 +301,24 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
         .into_response())
 }
 
+/// Serves `router` on one gated endpoint until `shutdown` completes (the two listener types
+/// differ; what is served on them does not).
+fn serve_on<L>(
+    listener: L,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+{
+    let service = router.into_make_service_with_connect_info::<Peer>();
+    axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown)
+        .into_future()
+}
+
 /// Serves every bound endpoint until `stop` turns true, then lets open responses finish
 /// (the serve core cancels what the shutdown grace does not allow).
 pub async fn serve(
@@ -317,32 +335,25 @@ pub async fn serve(
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
+        let gate = Arc::clone(&gate);
         match b {
             Bound::Unix { socket, .. } => {
-                let listener = listen::Gated::new(
-                    tokio::net::UnixListener::from_std(socket)
-                        .context("registering the HTTP Unix socket")?,
-                    Arc::clone(&gate),
-                );
-                let service = router.into_make_service_with_connect_info::<Peer>();
-                tasks.spawn(async move {
-                    axum::serve(listener, service)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                });
+                let listener = tokio::net::UnixListener::from_std(socket)
+                    .context("registering the HTTP Unix socket")?;
+                tasks.spawn(serve_on(
+                    listen::Gated::new(listener, gate),
+                    router,
+                    shutdown,
+                ));
             }
             Bound::Tcp(socket) => {
-                let listener = listen::Gated::new(
-                    tokio::net::TcpListener::from_std(socket)
-                        .context("registering the HTTP socket")?,
-                    Arc::clone(&gate),
-                );
-                let service = router.into_make_service_with_connect_info::<Peer>();
-                tasks.spawn(async move {
-                    axum::serve(listener, service)
-                        .with_graceful_shutdown(shutdown)
-                        .await
-                });
+                let listener = tokio::net::TcpListener::from_std(socket)
+                    .context("registering the HTTP socket")?;
+                tasks.spawn(serve_on(
+                    listen::Gated::new(listener, gate),
+                    router,
+                    shutdown,
+                ));
             }
         }
     }
