@@ -150,6 +150,43 @@ impl ApiError {
         }
     }
 
+    /// A connection refused by the connection gate before any request was read
+    /// (`max_connections_per_peer`).
+    pub fn too_many_connections(message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: Some("too_many_connections"),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, message)
+        }
+    }
+
+    /// The whole HTTP/1.1 response as bytes — status line, `retry-after` as [`Self::respond`]
+    /// sets it, `connection: close`, the JSON body — for a connection hyper never serves (one
+    /// the connection gate refuses, `server::refusal`).
+    pub fn http1_bytes(&self) -> Vec<u8> {
+        let body = self.json().to_string();
+        let retry = if self.retry_later() {
+            format!("retry-after: {RETRY_AFTER_SECONDS}\r\n")
+        } else {
+            String::new()
+        };
+        format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{retry}connection: close\r\n\
+             content-length: {}\r\n\r\n{body}",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// Whether the client is told when to retry (a 429 or 503).
+    fn retry_later(&self) -> bool {
+        matches!(
+            self.status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        )
+    }
+
     /// The JSON body alone, for errors that arrive inside an event stream.
     pub fn json(&self) -> serde_json::Value {
         serde_json::to_value(Body {
@@ -186,10 +223,7 @@ impl ApiError {
     /// The response with `body`, telling the client when to retry a 429 or 503.
     fn respond(&self, body: serde_json::Value) -> Response {
         let mut response = (self.status, axum::Json(body)).into_response();
-        if matches!(
-            self.status,
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-        ) {
+        if self.retry_later() {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));

@@ -301,20 +301,29 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
         .into_response())
 }
 
-/// Serves `router` on one gated endpoint until `shutdown` completes (the two listener types
-/// differ; what is served on them does not).
+/// What an HTTP/1.1 client refused by the connection gate is told (`server::refusal`): a 429
+/// in OpenAI's error shape, as a whole response.
+pub fn refusal_response(reason: &str) -> Vec<u8> {
+    ApiError::too_many_connections(reason).http1_bytes()
+}
+
+/// Serves `router` on one endpoint, its connections passing `gate`, until `shutdown`
+/// completes (the two listener types differ; what is served on them does not).
 fn serve_on<L>(
     listener: L,
+    gate: Arc<crate::server::gate::Gate>,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+    L: crate::server::accept::Listen,
+    listen::Gated<L>: axum::serve::Listener<Addr = ()>,
+    Peer: for<'a> axum::extract::connect_info::Connected<
+            axum::serve::IncomingStream<'a, listen::Gated<L>>,
+        >,
 {
     let service = router.into_make_service_with_connect_info::<Peer>();
-    axum::serve(listener, service)
+    axum::serve(listen::Gated::new(listener, gate), service)
         .with_graceful_shutdown(shutdown)
         .into_future()
 }
@@ -340,20 +349,12 @@ pub async fn serve(
             Bound::Unix { socket, .. } => {
                 let listener = tokio::net::UnixListener::from_std(socket)
                     .context("registering the HTTP Unix socket")?;
-                tasks.spawn(serve_on(
-                    listen::Gated::new(listener, gate),
-                    router,
-                    shutdown,
-                ));
+                tasks.spawn(serve_on(listener, gate, router, shutdown));
             }
             Bound::Tcp(socket) => {
                 let listener = tokio::net::TcpListener::from_std(socket)
                     .context("registering the HTTP socket")?;
-                tasks.spawn(serve_on(
-                    listen::Gated::new(listener, gate),
-                    router,
-                    shutdown,
-                ));
+                tasks.spawn(serve_on(listener, gate, router, shutdown));
             }
         }
     }

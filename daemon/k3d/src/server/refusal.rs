@@ -8,8 +8,9 @@
 //!   frame): h2 then fails that request with the GOAWAY, which `k3` reports (exit 5, busy).
 //!   Sent any earlier, the client's channel drops the connection before its request and
 //!   reports only that it was lost.
-//! * **HTTP/1.1**: `429 Too Many Requests` with `Retry-After` and an error body in OpenAI's
-//!   shape; OpenAI's clients retry a 429 after a pause.
+//! * **HTTP/1.1**: `429 Too Many Requests` with `retry-after` and an error body in OpenAI's
+//!   shape ([`crate::http::refusal_response`], the HTTP API's own error type); OpenAI's clients
+//!   retry a 429 after a pause.
 //!
 //! The words are written by a task of their own, never by the accept loop, with a deadline,
 //! and at most [`MAX_IN_FLIGHT`] such tasks live at once: beyond that a refused connection is
@@ -44,21 +45,7 @@ pub fn words(greeting: Greeting, reason: &str) -> Vec<u8> {
             out.extend(debug);
             out
         }
-        Greeting::Http1Head => {
-            let body = serde_json::json!({"error": {
-                "message": reason,
-                "type": "rate_limit_error",
-                "param": null,
-                "code": "too_many_connections",
-            }})
-            .to_string();
-            format!(
-                "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-                 retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .into_bytes()
-        }
+        Greeting::Http1Head => crate::http::refusal_response(reason),
     }
 }
 
@@ -162,7 +149,12 @@ mod tests {
     fn the_http1_refusal_is_a_complete_429_with_an_openai_error_body() {
         let w = String::from_utf8(words(Greeting::Http1Head, "too many")).expect("text");
         let (head, body) = w.split_once("\r\n\r\n").expect("head and body");
-        assert!(head.starts_with("HTTP/1.1 429 "), "{head}");
+        assert!(
+            head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("retry-after: 1\r\n"), "{head}");
+        assert!(head.contains("connection: close\r\n"), "{head}");
         assert!(
             head.contains(&format!("content-length: {}", body.len())),
             "{head}"
@@ -170,6 +162,7 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
         assert_eq!(json["error"]["message"], "too many");
         assert_eq!(json["error"]["type"], "rate_limit_error");
+        assert_eq!(json["error"]["code"], "too_many_connections");
     }
 
     #[tokio::test]
