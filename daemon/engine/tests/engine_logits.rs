@@ -8,26 +8,19 @@ mod model_support;
 
 use k3_engine::engine::request::MAX_SPECULATE;
 use k3_engine::engine::{
-    Engine, EngineOptions, GenerateRequest, LogitTransform, RequestError, Sampling, Step, Summary,
+    Engine, GenerateRequest, LogitTransform, RequestError, Sampling, Step, Summary,
 };
-use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
-use model_support::{Rng, bits, synth};
+use model_support::{Rng, bits, open_engine, synth};
 
 fn engine(dir: &std::path::Path, threads: usize) -> Engine {
-    let options = EngineOptions {
-        threads,
-        model: LoadOptions {
-            plan: PlanInputs {
-                speculate: MAX_SPECULATE as u64,
-                sequences: 2,
-                ..PlanInputs::default()
-            },
-            ..LoadOptions::default()
-        },
-        ..EngineOptions::default()
+    // Journal memory for the largest speculation, and two sequences for the batched run.
+    let plan = PlanInputs {
+        speculate: MAX_SPECULATE as u64,
+        sequences: 2,
+        ..PlanInputs::default()
     };
-    Engine::open(dir, options, &mut |_| {}).unwrap_or_else(|e| panic!("engine: {e}"))
+    open_engine(dir, threads, plan)
 }
 
 fn run(engine: &Engine, request: GenerateRequest) -> Summary {
@@ -125,8 +118,14 @@ fn each_id_is_the_formulas_choice_and_the_same_at_1_and_2_threads_batched_and_sp
         ..plain.clone()
     };
     let s = run(&one, request.clone());
-    assert_ne!(s.generated, untransformed.generated, "the transform changed nothing");
-    assert!(!s.generated.contains(&first), "a -100 bias still chose the id");
+    assert_ne!(
+        s.generated, untransformed.generated,
+        "the transform changed nothing"
+    );
+    assert!(
+        !s.generated.contains(&first),
+        "a -100 bias still chose the id"
+    );
     // Recorded logits are the model's own: one row per fed position; the rows after the
     // prompt's last one each decided the next id.
     let prompt_len = request.prompt.len();
@@ -184,7 +183,10 @@ fn each_id_is_the_formulas_choice_and_the_same_at_1_and_2_threads_batched_and_sp
         "no draft confirmed: {:?}",
         plain_alt.generated
     );
-    assert_eq!(spec_alt.generated, plain_alt.generated, "speculating, alternating");
+    assert_eq!(
+        spec_alt.generated, plain_alt.generated,
+        "speculating, alternating"
+    );
     assert_eq!(bits(&spec_alt.logits), bits(&plain_alt.logits));
 
     // The default transform is the untransformed run, bit for bit (ids and logits).
@@ -269,7 +271,10 @@ fn out_of_range_transforms_are_refused_naming_the_rule() {
     };
     assert_eq!(
         refused(bias(vec![(5, 100.5)])),
-        RequestError::BiasValue { id: 5, value: 100.5 }
+        RequestError::BiasValue {
+            id: 5,
+            value: 100.5
+        }
     );
     assert!(matches!(
         refused(bias(vec![(5, f32::NAN)])),
@@ -294,7 +299,10 @@ fn out_of_range_transforms_are_refused_naming_the_rule() {
         presence_penalty: -2.5,
         ..LogitTransform::default()
     });
-    assert_eq!(e.to_string(), "presence_penalty -2.5 must be a number in [-2, 2]");
+    assert_eq!(
+        e.to_string(),
+        "presence_penalty -2.5 must be a number in [-2, 2]"
+    );
     // The ends of each range are accepted.
     GenerateRequest {
         transform: LogitTransform {

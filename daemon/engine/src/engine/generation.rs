@@ -319,9 +319,10 @@ impl Generation {
                 self.generated_fed += ids.len();
                 self.decode_seconds += seconds;
                 self.decode_steps.forward(0);
-                let last = logits.len().checked_sub(vocab).ok_or_else(|| {
-                    EngineError::Internal("the model returned no logits".into())
-                })?;
+                let last = logits
+                    .len()
+                    .checked_sub(vocab)
+                    .ok_or_else(|| EngineError::Internal("the model returned no logits".into()))?;
                 self.sample(logits[last..].to_vec(), tokenizer)
             }
             (Feed::Verify { ids }, Some(logits)) => {
@@ -439,8 +440,7 @@ impl Generation {
     /// through the plain bookkeeping, while the run fits one decode feed. They are queued for
     /// emission and fed together with the id before them ([`Feed::Tokens`]).
     fn force(&mut self, tokenizer: &Tokenizer) {
-        while self.finish.is_none() && self.generated.len() - self.generated_fed < MAX_DECODE_FEED
-        {
+        while self.finish.is_none() && self.generated.len() - self.generated_fed < MAX_DECODE_FEED {
             let forced = match self.guiding.as_mut().map(|g| g.allowed()) {
                 Some(Allowed::Forced(id)) => id,
                 Some(Allowed::Only(set)) => match set.single() {

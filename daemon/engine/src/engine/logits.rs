@@ -58,14 +58,20 @@ mod tests {
     fn identity_borrows_and_changes_nothing() {
         let row = [1.0f32, -0.0, 3.5];
         let t = LogitTransform::default();
-        assert!(matches!(t.apply(&row, &Counts::default()), Cow::Borrowed(_)));
+        assert!(matches!(
+            t.apply(&row, &Counts::default()),
+            Cow::Borrowed(_)
+        ));
         // Penalties with nothing generated yet change nothing either.
         let t = LogitTransform {
             frequency_penalty: 1.0,
             presence_penalty: 0.5,
             ..LogitTransform::default()
         };
-        assert!(matches!(t.apply(&row, &Counts::default()), Cow::Borrowed(_)));
+        assert!(matches!(
+            t.apply(&row, &Counts::default()),
+            Cow::Borrowed(_)
+        ));
     }
 
     #[test]
@@ -83,7 +89,12 @@ mod tests {
         let out = t.apply(&row, &counts);
         // id 0: bias only; id 1: untouched; id 2: (3 - 0.25) - (2 * 0.5 + 0.125);
         // id 3: 4 - (1 * 0.5 + 0.125).
-        let expect = [101.0f32, 2.0, (3.0 - 0.25) - (2.0 * 0.5 + 0.125), 4.0 - 0.625];
+        let expect = [
+            101.0f32,
+            2.0,
+            (3.0 - 0.25) - (2.0 * 0.5 + 0.125),
+            4.0 - 0.625,
+        ];
         assert_eq!(
             out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             expect.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

@@ -184,19 +184,28 @@ mod tests {
             a > b || (a == b && w[0] < w[1])
         }));
         for k in [1, 2, 17, 23, 499, 500, 800] {
-            assert_eq!(candidates(&logits, k, None), full[..k.min(500)], "top_k {k}");
+            assert_eq!(
+                candidates(&logits, k, None),
+                full[..k.min(500)],
+                "top_k {k}"
+            );
         }
+    }
+
+    /// A sampler at `temperature` with top-k `top_k` and no nucleus.
+    fn hot(temperature: f32, top_k: usize, seed: u64) -> Sampler {
+        Sampler::new(Sampling {
+            temperature,
+            top_p: 1.0,
+            top_k,
+            seed,
+        })
     }
 
     #[test]
     fn top_k_one_is_greedy() {
         let logits = [0.1f32, 2.0, 1.9, -1.0];
-        let mut s = Sampler::new(Sampling {
-            temperature: 5.0,
-            top_p: 1.0,
-            top_k: 1,
-            seed: 3,
-        });
+        let mut s = hot(5.0, 1, 3);
         for _ in 0..20 {
             assert_eq!(s.sample(&logits, None), Some(1));
         }
@@ -216,12 +225,7 @@ mod tests {
         assert_eq!(greedy.sample(&logits, None), Some(1));
         // A NaN anywhere is the model's failure, masked or not.
         assert_eq!(argmax_among(&[f32::NAN, 1.0, 2.0], &allowed), None);
-        let mut hot = Sampler::new(Sampling {
-            temperature: 3.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 11,
-        });
+        let mut hot = hot(3.0, 0, 11);
         for _ in 0..200 {
             let id = hot.sample(&logits, Some(&allowed)).unwrap();
             assert!(allowed.contains(id), "{id}");
