@@ -501,60 +501,49 @@ impl PackFile {
         src: &[u8],
         out: &mut [u8],
     ) -> Result<(), PackError> {
-        decode_blocks(&self.path, path, t, blocks, src, out)
-    }
-}
-
-/// As [`PackFile::decode`], for a file at `file`.
-pub(super) fn decode_blocks(
-    file: &Path,
-    path: DecodePath,
-    t: &PackedTensor,
-    blocks: std::ops::Range<usize>,
-    src: &[u8],
-    out: &mut [u8],
-) -> Result<(), PackError> {
-    let base = t.block_offsets[blocks.start];
-    let row_bytes = 2 * t.cols;
-    let first_row = blocks.start * t.rows_per_block;
-    for b in blocks {
-        let rows = t.block_rows(b);
-        let at = (t.block_offsets[b] - base) as usize;
-        let end = (t.block_offsets[b + 1] - base) as usize;
-        let fail = |error| PackError::Block {
-            path: file.to_path_buf(),
-            tensor: t.name.clone(),
-            block: b,
-            first_row: rows.start,
-            end_row: rows.end,
-            offset: t.block_offsets[b],
-            error,
-        };
-        let block_src = src.get(at..end).ok_or_else(|| {
-            fail(BlockError::Truncated {
-                what: "block",
-                need: end - at,
-                have: src.len().saturating_sub(at),
-            })
-        })?;
-        let o = (rows.start - first_row) * row_bytes;
-        let have = out.len();
-        let dst = out.get_mut(o..o + rows.len() * row_bytes).ok_or_else(|| {
-            fail(BlockError::Output {
-                need: o + rows.len() * row_bytes,
-                have,
-            })
-        })?;
-        let used = block::decode(path, block_src, rows.len() * t.cols, dst).map_err(fail)?;
-        if used != end - at {
-            return Err(fail(BlockError::Truncated {
-                what: "block (its length disagrees with the block table)",
-                need: end - at,
-                have: used,
-            }));
+        let file = &self.path;
+        let base = t.block_offsets[blocks.start];
+        let row_bytes = 2 * t.cols;
+        let first_row = blocks.start * t.rows_per_block;
+        for b in blocks {
+            let rows = t.block_rows(b);
+            let at = (t.block_offsets[b] - base) as usize;
+            let end = (t.block_offsets[b + 1] - base) as usize;
+            let fail = |error| PackError::Block {
+                path: file.to_path_buf(),
+                tensor: t.name.clone(),
+                block: b,
+                first_row: rows.start,
+                end_row: rows.end,
+                offset: t.block_offsets[b],
+                error,
+            };
+            let block_src = src.get(at..end).ok_or_else(|| {
+                fail(BlockError::Truncated {
+                    what: "block",
+                    need: end - at,
+                    have: src.len().saturating_sub(at),
+                })
+            })?;
+            let o = (rows.start - first_row) * row_bytes;
+            let have = out.len();
+            let dst = out.get_mut(o..o + rows.len() * row_bytes).ok_or_else(|| {
+                fail(BlockError::Output {
+                    need: o + rows.len() * row_bytes,
+                    have,
+                })
+            })?;
+            let used = block::decode(path, block_src, rows.len() * t.cols, dst).map_err(fail)?;
+            if used != end - at {
+                return Err(fail(BlockError::Truncated {
+                    what: "block (its length disagrees with the block table)",
+                    need: end - at,
+                    have: used,
+                }));
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A matrix the pack may hold.

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use sha2::{Digest, Sha256};
 
-use super::file::{PackError, PackFile, PackedTensor, decode_blocks};
+use super::file::{PackError, PackFile, PackedTensor};
 use super::simd::Path as DecodePath;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::verify::Progress;
@@ -69,7 +69,7 @@ fn verify_tensor(
             .map_err(|e| PackError::io(&pack.path, e))?;
         let rows = t.block_rows(blocks.start).start..t.block_rows(blocks.end - 1).end;
         decoded.resize(rows.len() * row_bytes, 0);
-        decode_blocks(&pack.path, path, t, blocks.clone(), &packed, &mut decoded)?;
+        pack.decode(path, t, blocks.clone(), &packed, &mut decoded)?;
         sha.update(&decoded);
         original.resize(decoded.len(), 0);
         let shard_offset = t.offset + (rows.start * row_bytes) as u64;

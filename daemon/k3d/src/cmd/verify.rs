@@ -136,14 +136,7 @@ pub fn run(args: Args) -> CliResult {
 /// Checks the trunk pack at `pack` against the checkpoint in `model_dir`: exit 3 naming the
 /// file, tensor, block and offset of the first damage or difference.
 fn verify_pack(model_dir: &Path, pack: &Path) -> CliResult {
-    let checkpoint = k3_engine::checkpoint::Checkpoint::open(model_dir).map_err(|e| {
-        let exit = if e.is_config() {
-            Exit::Usage
-        } else {
-            Exit::Checkpoint
-        };
-        CliError::new(exit, e)
-    })?;
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(model_dir)?;
     let file = k3_engine::pack::PackFile::open(pack, &checkpoint)
         .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
     let progress = std::sync::Arc::new(Progress::default());
