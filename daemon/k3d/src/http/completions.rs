@@ -270,4 +270,9 @@ impl Wire for Chunks {
     fn error(&self, e: &ApiError) -> Event {
         data(e.json())
     }
+
+    /// An SSE comment line, which OpenAI's clients skip.
+    fn idle(&self) -> Event {
+        Event::default().comment("keep-alive")
+    }
 }

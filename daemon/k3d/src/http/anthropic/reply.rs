@@ -310,6 +310,11 @@ impl Wire for Events {
     fn error(&self, e: &ApiError) -> Event {
         named(e.anthropic_json())
     }
+
+    /// Anthropic's own idle event.
+    fn idle(&self) -> Event {
+        named(json!({"type": "ping"}))
+    }
 }
 
 #[cfg(test)]
