@@ -21,15 +21,15 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::admission::{Admission, Job, Outcome};
+use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
 use super::log::{Log, OnHealth};
 use super::metrics::Metrics;
 use super::prefix::{self, Caller, PrefixCache};
-use super::reply::ReplyReader;
+use super::reply::TokenReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
-use super::{Done, Event, Finish, Health, LoadFigures, ServeError, uid_text};
+use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError, uid_text};
 use crate::engine::{
     Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
@@ -59,7 +59,7 @@ pub(crate) struct Shared {
 struct Active<'e> {
     job: Job,
     generation: Generation,
-    reader: ReplyReader<'e>,
+    reader: TokenReader<'e>,
     started: Instant,
     first_token: Option<Instant>,
     /// The state at the end of the prompt, kept as a snapshot with the end-of-generation one
@@ -389,7 +389,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 admission: &shared.admission,
             };
             Some(Active {
-                reader: ReplyReader::new(engine.tokenizer(), job.kind),
+                reader: TokenReader::new(engine.tokenizer(), job.kind),
                 generation,
                 started: Instant::now(),
                 first_token: None,
@@ -403,7 +403,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 .log
                 .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
-            shared.admission.finish(job.id, Outcome::of(&error));
+            shared.admission.finish(job.id, JobEnd::of(&error));
             job.events.send(Event::Failed(error));
             None
         }
@@ -452,10 +452,10 @@ fn deliver<'e>(
                 Kind::Text => Vec::new(),
             };
             let finish = match &summary.stop_reason {
-                StopReason::MaxTokens => Finish::Length,
-                StopReason::StopId(id) if end_of_turn.contains(id) => Finish::EndOfTurn(*id),
-                StopReason::StopId(id) => Finish::StopId(*id),
-                StopReason::StopString(s) => Finish::StopString(s.clone()),
+                StopReason::MaxTokens => FinishReason::Length,
+                StopReason::StopId(id) if end_of_turn.contains(id) => FinishReason::EndOfTurn(*id),
+                StopReason::StopId(id) => FinishReason::StopId(*id),
+                StopReason::StopString(s) => FinishReason::StopString(s.clone()),
             };
             let mut unkept = None;
             if let Some(lease) = a.job.lease.take() {
@@ -482,13 +482,13 @@ fn deliver<'e>(
                     "request {}: the session's new state could not be written at shutdown: {error}",
                     a.job.id
                 ));
-                shared.admission.finish(a.job.id, Outcome::of(&error));
+                shared.admission.finish(a.job.id, JobEnd::of(&error));
                 a.job.events.send(Event::Failed(error));
                 return None;
             }
-            shared.admission.finish(a.job.id, Outcome::Completed);
+            shared.admission.finish(a.job.id, JobEnd::Completed);
             let end_id = match finish {
-                Finish::EndOfTurn(id) => Some(id),
+                FinishReason::EndOfTurn(id) => Some(id),
                 _ => None,
             };
             let ending = a.reader.finish(end_id);
@@ -522,7 +522,7 @@ fn deliver<'e>(
                 .log
                 .info(format_args!("request {} cancelled: {error}", a.job.id));
             drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, Outcome::Cancelled);
+            shared.admission.finish(a.job.id, JobEnd::Cancelled);
             a.job.events.send(Event::Failed(error));
             None
         }
@@ -532,7 +532,7 @@ fn deliver<'e>(
                 .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
             let error = ServeError::from_engine(e);
-            shared.admission.finish(a.job.id, Outcome::of(&error));
+            shared.admission.finish(a.job.id, JobEnd::of(&error));
             a.job.events.send(Event::Failed(error));
             None
         }

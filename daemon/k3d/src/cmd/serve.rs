@@ -345,7 +345,7 @@ pub fn run(args: Args) -> CliResult {
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
     };
-    daemon::run(daemon::Config {
+    daemon::run(daemon::Options {
         model,
         socket: net::SocketSpec {
             path: socket,
@@ -369,7 +369,7 @@ pub fn run(args: Args) -> CliResult {
         session_bytes,
         http,
         http_settings,
-        connections: net::gate::Limits {
+        connections: net::gate::ConnectionLimits {
             per_peer,
             handshake,
         },
