@@ -44,7 +44,7 @@ pub struct SessionFigures {
 
 pub struct Sessions {
     dir: PathBuf,
-    /// `None`: the plan's headroom, decided when the model is loaded (see `open`).
+    /// `None`: the memory plan's, decided when the model is loaded (see `open`).
     allowance: Option<u64>,
     phase: Mutex<Phase>,
     /// The sessions shutdown could not write ([`Sessions::save_all`]).
@@ -111,11 +111,12 @@ impl Sessions {
         self.phase.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens the directory for the loaded model. Without an explicit allowance it is the plan's
-    /// unallocated budget and nothing more: the budget bounds everything the engine keeps
-    /// (issue 4). With no headroom, idle sessions wait on disk between turns.
-    pub(crate) fn open(&self, fingerprint: &str, headroom: u64) {
-        let allowance = self.allowance.unwrap_or(headroom);
+    /// Opens the directory for the loaded model. Without an explicit allowance it is what the
+    /// plan keeps for sessions ([`crate::plan::Plan::session_allowance`]) and nothing more:
+    /// the budget bounds everything the engine keeps (issue 4). With none, idle sessions wait
+    /// on disk between turns and nothing is kept for prefix reuse.
+    pub(crate) fn open(&self, fingerprint: &str, planned: u64) {
+        let allowance = self.allowance.unwrap_or(planned);
         let phase = match SessionStore::open(&self.dir, fingerprint, allowance) {
             Ok((store, skipped)) => {
                 log_failures(self.log, "not indexed", &skipped);
@@ -127,7 +128,7 @@ impl Sessions {
                     if self.allowance.is_some() {
                         " (--session-gb)"
                     } else {
-                        " (default: the plan's headroom)"
+                        " (the memory plan's)"
                     }
                 ));
                 Phase::Open(store)

@@ -70,9 +70,10 @@ pub struct Args {
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
     session_dir: Option<PathBuf>,
-    /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
-    /// Idle sessions beyond it are written to the session directory [default: the plan's
-    /// headroom, which may be zero: sessions then wait on disk between turns].
+    /// GiB of the memory budget kept for in-memory sessions and each caller's kept conversation
+    /// states; the model is planned in the rest. Idle sessions beyond it are written to the
+    /// session directory [default: one conversation state of the planned context per active
+    /// request, as much as the budget holds beside the model, plus the plan's headroom].
     #[arg(long)]
     session_gb: Option<f64>,
     /// Also serve the OpenAI-compatible HTTP API here: unix:PATH (same access rules as

@@ -5,7 +5,7 @@
 use super::error::ApiError;
 use super::reply::{Finish, Piece, Reader, Usage};
 use super::request::{self, Common, Fields};
-use super::{App, Peer};
+use super::App;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
@@ -154,7 +154,6 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 
 pub async fn complete(
     app: Arc<App>,
-    peer: Peer,
     caller: Option<Caller>,
     shape: Shape,
     body: &[u8],
@@ -172,16 +171,7 @@ pub async fn complete(
             (p.common, p.request, "prompt")
         }
     };
-    let reader = submit(
-        &app,
-        peer,
-        caller,
-        &common,
-        request,
-        shape == Shape::Chat,
-        param,
-    )
-    .await?;
+    let reader = submit(&app, caller, &common, request, shape == Shape::Chat, param).await?;
     respond(app, shape, common, reader, arrived).await
 }
 
@@ -189,7 +179,6 @@ pub async fn complete(
 /// reasoning is counted); `param` is the field the core's refusals concern.
 pub async fn submit(
     app: &App,
-    peer: Peer,
     caller: Option<Caller>,
     common: &Common,
     mut request: CoreRequest,
@@ -199,15 +188,14 @@ pub async fn submit(
     app.check_model(&common.model)?;
     app.check_ready()?;
     // Clients resend the whole conversation each turn: continue from the caller's longest
-    // kept prefix (bit-identical to computing it afresh) unless told not to.
-    if common.prefix_reuse {
-        request.reuse = caller;
-    }
+    // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
+    // nothing for a caller nobody vouches for.
+    request.reuse = common.prefix_reuse;
     // Submission tokenises and renders the prompt (seconds for a large one): off the async
     // workers, which every other request shares.
     let core = Arc::clone(&app.core);
-    let uid = peer.uid();
-    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
+    let caller = caller.unwrap_or(Caller::Unknown);
+    let job = tokio::task::spawn_blocking(move || core.submit(caller, request))
         .await
         .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;

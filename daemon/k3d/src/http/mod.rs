@@ -100,27 +100,19 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Chat)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Chat)
+            }),
         )
         .route(
             "/v1/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Text)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Text)
+            }),
         )
         .route(
             "/v1/messages",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    anthropic::messages(app, peer, request)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| anthropic::messages(app, request)),
         )
         .route(
             "/v1/messages/count_tokens",
@@ -161,8 +153,9 @@ async fn guard(
     response
 }
 
-/// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
-/// keyless loopback callers are one caller: TCP carries no identity).
+/// Who the request is from ([`Caller`]): a Unix peer by its uid, a TCP one by the API key it
+/// presented. A keyless TCP caller is [`Caller::Unknown`]: nothing says two of its requests
+/// come from the same client, so it never shares kept state with another (issue 35 point 7).
 fn authorise(
     app: &App,
     peer: Peer,
@@ -171,30 +164,38 @@ fn authorise(
 ) -> Result<Caller, ApiError> {
     let keys = &app.settings.keys;
     if let Peer::Unix { .. } = peer {
-        return Ok(Caller::Uid(peer.uid()));
+        return Ok(peer.uid().map_or(Caller::Unknown, Caller::Uid));
     }
     if keys.is_empty() || endpoint == "/health" {
-        return Ok(Caller::Key(String::new()));
+        return Ok(Caller::Unknown);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .or_else(|| header_text(X_API_KEY))
         .ok_or_else(|| {
             ApiError::unauthorized(
                 "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
             )
         })?;
-    if let Some(key) = keys
-        .iter()
-        .find(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
-    {
-        Ok(Caller::Key(key.clone()))
-    } else {
-        Err(ApiError::unauthorized(
+    // Every key is compared, so the time taken does not say which one matched.
+    let matched = keys.iter().enumerate().fold(None, |found, (index, k)| {
+        let equal = constant_time_eq(k.as_bytes(), given.trim().as_bytes());
+        found.or(equal.then_some(index))
+    });
+    match matched {
+        Some(key) => Ok(Caller::Key { key, scope: None }),
+        None => Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
-        ))
+        )),
     }
+}
+
+/// The credentials of an `Authorization: Bearer KEY` header; the scheme's name is
+/// case-insensitive (RFC 9110 §11.1), so `bearer KEY` is the same header.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code's `ANTHROPIC_API_KEY`;
@@ -217,14 +218,13 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
 /// `POST /v1/chat/completions` and `/v1/completions`.
 async fn complete(
     app: Arc<App>,
-    peer: Peer,
     request: Request,
     shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, peer, caller, shape, &bytes, arrived).await
+    completions::complete(app, caller, shape, &bytes, arrived).await
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.

@@ -39,7 +39,7 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
-        reuse: None,
+        reuse: false,
     }
 }
 
