@@ -38,6 +38,21 @@ impl Caller {
         }
     }
 
+    /// This caller narrowed to the name it gave itself in a request (OpenAI's
+    /// `prompt_cache_key`, Anthropic's `metadata.user_id`). Only a key's holder is narrowed:
+    /// the key vouches that the name is its holder's to give. Anyone else stays itself, so a
+    /// name can never make two callers one, and naming nothing changes nothing. The name is
+    /// kept as its SHA-256 digest (a client's text of any length, compared by value).
+    pub fn scoped(self, scope: Option<&str>) -> Caller {
+        match (self, scope) {
+            (Caller::Key { key, .. }, Some(name)) => Caller::Key {
+                key,
+                scope: Some(hex_digest(name)),
+            },
+            (other, _) => other,
+        }
+    }
+
     /// Whether something the caller cannot forge names it, so state may be kept for it.
     pub fn is_known(&self) -> bool {
         !matches!(self, Caller::Unknown)
@@ -56,9 +71,17 @@ impl Caller {
     }
 }
 
+fn hex_digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl fmt::Display for Caller {
-    /// For logs: `uid 1000`, `key #0`, `key #0 (scope of 12 bytes)`, `an unknown caller`. A
-    /// scope is the caller's own text, so only its length is shown.
+    /// For logs: `uid 1000`, `key #0`, `key #0 (scope 3f2a9c01)`, `an unknown caller` (a
+    /// scope by the start of its digest: the caller's own text is not logged).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Caller::Uid(uid) => write!(f, "uid {uid}"),
@@ -66,7 +89,7 @@ impl fmt::Display for Caller {
             Caller::Key {
                 key,
                 scope: Some(s),
-            } => write!(f, "key #{key} (scope of {} bytes)", s.len()),
+            } => write!(f, "key #{key} (scope {})", s.get(..8).unwrap_or(s)),
             Caller::Unknown => write!(f, "an unknown caller"),
         }
     }
@@ -96,6 +119,28 @@ mod tests {
         assert_eq!(scoped.uid(), None);
         assert_eq!(Caller::Unknown.uid(), None);
         assert!(scoped.is_known() && Caller::Uid(0).is_known() && !Caller::Unknown.is_known());
-        assert_eq!(scoped.to_string(), "key #2 (scope of 7 bytes)");
+        assert_eq!(scoped.to_string(), "key #2 (scope agent-7)");
+    }
+
+    #[test]
+    fn only_a_keys_holder_is_narrowed_by_the_name_it_gives() {
+        let key = Caller::Key {
+            key: 0,
+            scope: None,
+        };
+        let a = key.clone().scoped(Some("session-a"));
+        assert_ne!(a, key);
+        assert_eq!(a, key.clone().scoped(Some("session-a")));
+        assert_ne!(a, key.clone().scoped(Some("session-b")));
+        assert_eq!(key.clone().scoped(None), key);
+        assert_eq!(a.account(), key);
+        // A uid or an unknown caller cannot name itself into another identity.
+        assert_eq!(Caller::Uid(7).scoped(Some("x")), Caller::Uid(7));
+        assert_eq!(Caller::Unknown.scoped(Some("x")), Caller::Unknown);
+        let Caller::Key { scope: Some(s), .. } = &a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(s.len(), 64, "kept as a digest, not the caller's text");
+        assert!(a.to_string().starts_with("key #0 (scope "));
     }
 }

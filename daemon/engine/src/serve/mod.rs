@@ -259,6 +259,8 @@ pub struct Config {
     /// In-memory session allowance in bytes; `None` = the memory plan's
     /// ([`crate::plan::Plan::session_allowance`]).
     pub session_bytes: Option<u64>,
+    /// Sessions and bytes of session files one uid may have.
+    pub session_quota: crate::session::store::Quota,
     pub log: Log,
     /// Told about every change of the model's state (load phases, ready, failed).
     pub on_health: OnHealth,
@@ -280,6 +282,7 @@ impl Config {
             limits: Limits::default(),
             session_dir,
             session_bytes: None,
+            session_quota: crate::session::store::Quota::default(),
             log: Log::QUIET,
             on_health: ignore_health,
         }
@@ -347,6 +350,7 @@ impl Core {
             sessions: Arc::new(Sessions::new(
                 config.session_dir,
                 config.session_bytes,
+                config.session_quota,
                 config.log,
             )),
             prefix: Arc::new(PrefixCache::default()),

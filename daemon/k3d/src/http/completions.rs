@@ -2,10 +2,10 @@
 //! the serve core's reply through one `Reader` and differ only in how a piece is written
 //! (`Shape`), so a streamed reply concatenates to exactly the whole one.
 
+use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, Piece, Reader, Usage};
 use super::request::{self, Common, Fields};
-use super::App;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
@@ -194,7 +194,9 @@ pub async fn submit(
     // Submission tokenises and renders the prompt (seconds for a large one): off the async
     // workers, which every other request shares.
     let core = Arc::clone(&app.core);
-    let caller = caller.unwrap_or(Caller::Unknown);
+    let caller = caller
+        .unwrap_or(Caller::Unknown)
+        .scoped(common.cache_scope.as_deref());
     let job = tokio::task::spawn_blocking(move || core.submit(caller, request))
         .await
         .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?

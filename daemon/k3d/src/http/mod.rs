@@ -153,21 +153,20 @@ async fn guard(
     response
 }
 
-/// Who the request is from ([`Caller`]): a Unix peer by its uid, a TCP one by the API key it
-/// presented. A keyless TCP caller is [`Caller::Unknown`]: nothing says two of its requests
-/// come from the same client, so it never shares kept state with another (issue 35 point 7).
+/// Who the request is from ([`Caller`]): the API key it presented when the daemon has keys
+/// (a TCP caller must present one), else the account the kernel names for its connection —
+/// a Unix peer's credentials, a loopback TCP peer's socket owner. A caller neither names is
+/// [`Caller::Unknown`]: nothing is kept for it (issue 35 point 7).
 fn authorise(
     app: &App,
     peer: Peer,
     headers: &HeaderMap,
     endpoint: &str,
 ) -> Result<Caller, ApiError> {
+    let by_account = peer.uid().map_or(Caller::Unknown, Caller::Uid);
     let keys = &app.settings.keys;
-    if let Peer::Unix { .. } = peer {
-        return Ok(peer.uid().map_or(Caller::Unknown, Caller::Uid));
-    }
-    if keys.is_empty() || endpoint == "/health" {
-        return Ok(Caller::Unknown);
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+        return Ok(by_account);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
