@@ -586,47 +586,6 @@ async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() 
     assert!(!out.status.success(), "{}", text(&out.stdout));
 }
 
-/// A small tmpfs mounted for one test, unmounted when dropped (also when the test fails).
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).expect("mount point");
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .expect("mount");
-        assert!(
-            out.status.success(),
-            "mount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the filesystem of `dir` to the last byte.
-fn fill(dir: &Path) {
-    use std::io::Write;
-    let mut filler = std::fs::File::create(dir.join("filler")).expect("filler");
-    let block = [0u8; 4096];
-    while filler.write_all(&block).is_ok() {}
-    let _ = filler.write_all(&[0u8; 1]);
-}
-
 /// `k3 sessions save` on a full disk says the daemon's storage failed (exit 10), not "the
 /// model failed" (exit 7, as it did), and the daemon keeps serving.
 #[tokio::test]
