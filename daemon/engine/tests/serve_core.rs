@@ -10,8 +10,8 @@ use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sa
 use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
-    Caller, Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt,
-    Request, ServeError, UidLimits,
+    Caller, Capacity, Config, Core, Event, FinishReason, Health, Invalid, JobHandle, Limits,
+    Prompt, Request, ServeError, UidLimits,
 };
 use k3_engine::session::StoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
@@ -74,7 +74,7 @@ fn ids(prompt: Vec<u32>, max_tokens: usize) -> Request {
 }
 
 /// Every event of a job to its end: the generated ids, and Done or the error.
-fn drain(job: &JobHandle) -> (Vec<u32>, Result<Finish, ServeError>) {
+fn drain(job: &JobHandle) -> (Vec<u32>, Result<FinishReason, ServeError>) {
     let mut out = Vec::new();
     while let Some(e) = job.events.recv() {
         match e {

@@ -29,7 +29,7 @@ const UNWIND_LIMIT: Duration = Duration::from_secs(5);
 /// How often the model's state is checked for a failed load.
 const HEALTH_POLL: Duration = Duration::from_millis(20);
 
-pub struct Config {
+pub struct Options {
     pub model: PathBuf,
     pub socket: SocketSpec,
     pub threads: usize,
@@ -50,7 +50,7 @@ pub struct Config {
     pub http: Vec<crate::http::Endpoint>,
     pub http_settings: crate::http::Settings,
     /// Per-peer connection cap and handshake deadline, on every listener.
-    pub connections: gate::Limits,
+    pub connections: gate::ConnectionLimits,
 }
 
 /// How the serving loop ended.
@@ -70,7 +70,7 @@ fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
     crate::notify::health(health, info);
 }
 
-pub fn run(cfg: Config) -> CliResult {
+pub fn run(cfg: Options) -> CliResult {
     logging::start();
     let core = Core::new(k3_engine::serve::Config {
         model: cfg.model.clone(),

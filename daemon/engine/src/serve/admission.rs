@@ -138,7 +138,7 @@ pub struct Counters {
 
 /// How a job ended, for the counters.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Outcome {
+pub(crate) enum JobEnd {
     Completed,
     Cancelled,
     Failed,
@@ -146,13 +146,13 @@ pub(crate) enum Outcome {
     Refused,
 }
 
-impl Outcome {
+impl JobEnd {
     /// How a job that ended with `error` is counted.
-    pub fn of(error: &ServeError) -> Outcome {
+    pub fn of(error: &ServeError) -> JobEnd {
         if error.is_refusal() {
-            Outcome::Refused
+            JobEnd::Refused
         } else {
-            Outcome::Failed
+            JobEnd::Failed
         }
     }
 }
@@ -272,7 +272,7 @@ impl State {
 
 /// A consistent copy of the admission figures.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub struct AdmissionFigures {
     pub health: Health,
     pub accepting: bool,
     pub info: Option<EngineInfo>,
@@ -513,17 +513,17 @@ impl Admission {
     }
 
     /// A running job ended.
-    pub fn finish(&self, id: u64, outcome: Outcome) {
+    pub fn finish(&self, id: u64, outcome: JobEnd) {
         let mut st = self.lock();
         if let Some(r) = st.running.remove(&id) {
             st.load(r.uid).running -= 1;
             st.tidy(r.uid);
         }
         match outcome {
-            Outcome::Completed => st.counters.completed += 1,
-            Outcome::Cancelled => st.counters.cancelled += 1,
-            Outcome::Failed => st.counters.failed += 1,
-            Outcome::Refused => st.counters.rejected += 1,
+            JobEnd::Completed => st.counters.completed += 1,
+            JobEnd::Cancelled => st.counters.cancelled += 1,
+            JobEnd::Failed => st.counters.failed += 1,
+            JobEnd::Refused => st.counters.rejected += 1,
         }
     }
 
@@ -653,9 +653,9 @@ impl Admission {
         self.lock().per_uid.get(&uid).copied().unwrap_or_default()
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> AdmissionFigures {
         let st = self.lock();
-        Snapshot {
+        AdmissionFigures {
             health: st.health.clone(),
             accepting: st.accepting,
             info: st.info.clone(),
@@ -718,7 +718,7 @@ mod tests {
     fn service_order(admission: &Admission) -> Vec<u64> {
         std::iter::from_fn(|| {
             let id = *take_ids(admission, 1).first()?;
-            admission.finish(id, Outcome::Completed);
+            admission.finish(id, JobEnd::Completed);
             Some(id)
         })
         .collect()
@@ -738,7 +738,7 @@ mod tests {
         assert_eq!(positions(&held(&b)), vec![1], "first in line");
         assert_eq!(positions(&held(&a[1])), vec![1, 2], "moved back one");
         assert_eq!(positions(&held(&a[3])), vec![3, 4]);
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(service_order(&admission), vec![5, 2, 3, 4]);
     }
 
@@ -779,7 +779,7 @@ mod tests {
                 running: 1
             }
         );
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(take_ids(&admission, 1), vec![2]);
     }
 

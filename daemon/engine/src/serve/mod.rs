@@ -56,7 +56,7 @@
 //!   turns, one uid's at a time, within [`UidLimits`] ([`admission`]).
 //! * **Events** arrive in order: [`Event::Queued`] (position, when it must wait),
 //!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk, one
-//!   [`Event::Token`] per generated id (id + classified [`Piece`]), then exactly one of
+//!   [`Event::Token`] per generated id (id + classified [`TokenPiece`]), then exactly one of
 //!   [`Event::Done`] (finish reason, usage, timings) or [`Event::Failed`]. `recv` blocks;
 //!   `poll_recv` serves an async stream with std's `Waker` only.
 //! * **Cancel** ([`JobHandle::cancel`] or [`Core::cancel`] by id): a queued job leaves the queue
@@ -97,7 +97,9 @@ pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
 pub use prefix::{PrefixCache, PrefixFigures};
-pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, ToolCallStart};
+pub use reply::{
+    Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
+};
 pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Invalid, Kind, Limits, Prompt, Request};
 
@@ -129,7 +131,7 @@ pub enum Event {
     /// A prefill chunk was fed: `done` of `total` prompt tokens are in the state.
     Prefill { done: usize, total: usize },
     /// One generated id and the text it completes, classified.
-    Token { id: u32, piece: Piece },
+    Token { id: u32, piece: TokenPiece },
     /// The job completed. Last event.
     Done(Done),
     /// The job ended without completing (cancelled, abandoned, shut down, refused when it
@@ -139,7 +141,7 @@ pub enum Event {
 
 /// Why a completed job stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finish {
+pub enum FinishReason {
     /// It generated `max_tokens` tokens.
     Length,
     /// A chat reply ended its turn with this id (spec §8.4), not emitted.
@@ -162,7 +164,7 @@ pub struct Usage {
 /// The end of a completed job.
 #[derive(Debug, Clone)]
 pub struct Done {
-    pub finish: Finish,
+    pub finish: FinishReason,
     /// Text the reply reader held back at the end (an incomplete UTF-8 sequence, lossily).
     pub trailing_text: String,
     /// A chat reply's tool calls (arguments as JSON text, ids `call_<index>`); for a reply cut

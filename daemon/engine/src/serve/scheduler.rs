@@ -21,16 +21,16 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::admission::{Admission, Job, Outcome};
+use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
 use super::caller::Caller;
 use super::log::{Log, OnHealth};
 use super::metrics::Metrics;
 use super::prefix::{self, PrefixCache};
-use super::reply::ReplyReader;
+use super::reply::TokenReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
-use super::{Done, Event, Finish, Health, LoadFigures, ServeError};
+use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError};
 use crate::engine::{
     Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
@@ -60,7 +60,7 @@ pub(crate) struct Shared {
 struct Active<'e> {
     job: Job,
     generation: Generation,
-    reader: ReplyReader<'e>,
+    reader: TokenReader<'e>,
     started: Instant,
     first_token: Option<Instant>,
     /// A session's state at the end of the prompt, kept as a snapshot with the
@@ -391,7 +391,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 admission: &shared.admission,
             };
             Some(Active {
-                reader: ReplyReader::new(engine.tokenizer(), job.kind),
+                reader: TokenReader::new(engine.tokenizer(), job.kind),
                 generation,
                 started: Instant::now(),
                 first_token: None,
@@ -405,7 +405,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 .log
                 .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
-            shared.admission.finish(job.id, Outcome::of(&error));
+            shared.admission.finish(job.id, JobEnd::of(&error));
             job.events.send(Event::Failed(error));
             None
         }
@@ -470,10 +470,10 @@ fn deliver<'e>(
                 Kind::Text => Vec::new(),
             };
             let finish = match &summary.stop_reason {
-                StopReason::MaxTokens => Finish::Length,
-                StopReason::StopId(id) if end_of_turn.contains(id) => Finish::EndOfTurn(*id),
-                StopReason::StopId(id) => Finish::StopId(*id),
-                StopReason::StopString(s) => Finish::StopString(s.clone()),
+                StopReason::MaxTokens => FinishReason::Length,
+                StopReason::StopId(id) if end_of_turn.contains(id) => FinishReason::EndOfTurn(*id),
+                StopReason::StopId(id) => FinishReason::StopId(*id),
+                StopReason::StopString(s) => FinishReason::StopString(s.clone()),
             };
             let mut unkept = None;
             if let Some(lease) = a.job.lease.take() {
@@ -499,13 +499,13 @@ fn deliver<'e>(
                     "request {}: the session's new state could not be written at shutdown: {error}",
                     a.job.id
                 ));
-                shared.admission.finish(a.job.id, Outcome::of(&error));
+                shared.admission.finish(a.job.id, JobEnd::of(&error));
                 a.job.events.send(Event::Failed(error));
                 return None;
             }
-            shared.admission.finish(a.job.id, Outcome::Completed);
+            shared.admission.finish(a.job.id, JobEnd::Completed);
             let end_id = match finish {
-                Finish::EndOfTurn(id) => Some(id),
+                FinishReason::EndOfTurn(id) => Some(id),
                 _ => None,
             };
             let ending = a.reader.finish(end_id);
@@ -539,7 +539,7 @@ fn deliver<'e>(
                 .log
                 .info(format_args!("request {} cancelled: {error}", a.job.id));
             drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, Outcome::Cancelled);
+            shared.admission.finish(a.job.id, JobEnd::Cancelled);
             a.job.events.send(Event::Failed(error));
             None
         }
@@ -549,7 +549,7 @@ fn deliver<'e>(
                 .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
             let error = ServeError::from_engine(e);
-            shared.admission.finish(a.job.id, Outcome::of(&error));
+            shared.admission.finish(a.job.id, JobEnd::of(&error));
             a.job.events.send(Event::Failed(error));
             None
         }

@@ -371,7 +371,7 @@ pub fn run(args: Args) -> CliResult {
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
     };
-    daemon::run(daemon::Config {
+    daemon::run(daemon::Options {
         model,
         socket: net::SocketSpec {
             path: socket,
@@ -396,7 +396,7 @@ pub fn run(args: Args) -> CliResult {
         session_quota,
         http,
         http_settings,
-        connections: net::gate::Limits {
+        connections: net::gate::ConnectionLimits {
             per_peer,
             handshake,
         },

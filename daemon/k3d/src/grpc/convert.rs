@@ -3,7 +3,7 @@
 
 use k3_engine::engine::LogitTransform;
 use k3_engine::serve::{
-    Channel, Done, Event, Finish, LoadFigures, Prompt, Request, ServeError, SessionFigures,
+    Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
 use k3_engine::session::{FileError, SessionInfo, StoreError};
 use k3_engine::tokenizer::chat::{
@@ -289,10 +289,10 @@ fn channel(c: Channel) -> pb::Channel {
 
 fn done(d: &Done) -> pb::Done {
     let (reason, stop_id, stop_string) = match &d.finish {
-        Finish::Length => (pb::StopReason::MaxTokens, 0, String::new()),
-        Finish::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
-        Finish::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
-        Finish::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
+        FinishReason::Length => (pb::StopReason::MaxTokens, 0, String::new()),
+        FinishReason::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
+        FinishReason::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
+        FinishReason::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
     };
     let s = &d.summary;
     pb::Done {
