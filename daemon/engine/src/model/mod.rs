@@ -24,7 +24,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model, Sequence};
+pub use forward::{LoadOptions, Logits, Model, Sequence, TrunkPack};
 pub use state::State;
 
 use crate::store::StoreError;

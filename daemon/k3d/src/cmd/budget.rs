@@ -1,9 +1,11 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
 //! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`,
-//! `--read-ahead-gb` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
+//! `--read-ahead-gb`, `--trunk-pack` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
 //! fractional (tiny test models need budgets of a few MiB).
 
-use k3_engine::model::LoadOptions;
+use std::path::PathBuf;
+
+use k3_engine::model::{LoadOptions, TrunkPack};
 use k3_engine::plan::{Budget, DenseLookahead, Lookahead, PlanInputs, Preset};
 
 use crate::exit::{CliError, Exit};
@@ -30,6 +32,15 @@ pub struct PlanArgs {
     /// permitting (default: one streamed layer's matrices). Output does not depend on it.
     #[arg(long, value_name = "GIB")]
     read_ahead_gb: Option<f64>,
+    /// Read streamed trunk matrices from this trunk pack (`k3d pack`) where the plan measures
+    /// that it pays: the decoder keeps up with the drive (the plan says which). Refused if it
+    /// was packed from another checkpoint. Output does not depend on it.
+    #[arg(long, value_name = "FILE")]
+    trunk_pack: Option<PathBuf>,
+    /// With --trunk-pack: read the pack wherever the chunk stream can, without the check that
+    /// it pays (for measurements and tests).
+    #[arg(long, requires = "trunk_pack")]
+    trunk_pack_always: bool,
 }
 
 impl PlanArgs {
@@ -47,6 +58,12 @@ impl PlanArgs {
         }
         if let Some(r) = self.read_ahead_gb {
             out.extend(["--read-ahead-gb".to_string(), r.to_string()]);
+        }
+        if let Some(p) = &self.trunk_pack {
+            out.extend(["--trunk-pack".to_string(), p.display().to_string()]);
+        }
+        if self.trunk_pack_always {
+            out.push("--trunk-pack-always".to_string());
         }
         if self.dense_lookahead != DenseLookahead::default() {
             out.extend([
@@ -120,6 +137,8 @@ impl BudgetArgs {
                 no_lookahead: self.plan.no_lookahead,
                 dense_lookahead: self.plan.dense_lookahead,
                 read_ahead_gb: self.plan.read_ahead_gb,
+                trunk_pack: self.plan.trunk_pack.clone(),
+                trunk_pack_always: self.plan.trunk_pack_always,
             },
         }
     }
@@ -131,6 +150,10 @@ impl BudgetArgs {
                 budget: self.budget()?,
                 ..PlanInputs::default()
             },
+            trunk_pack: self.plan.trunk_pack.as_ref().map(|path| TrunkPack {
+                path: path.clone(),
+                always: self.plan.trunk_pack_always,
+            }),
             ..LoadOptions::default()
         })
     }
