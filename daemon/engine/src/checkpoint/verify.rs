@@ -97,9 +97,9 @@ pub fn default_state_path(manifest: &Path) -> Option<PathBuf> {
     Some(base.join("k3").join("verify").join(format!("{key}.json")))
 }
 
-/// Progress counters, updated while hashing; read them from another thread.
+/// HashProgress counters, updated while hashing; read them from another thread.
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct HashProgress {
     /// Bytes of the files to hash in this run (skipped files excluded).
     pub total: AtomicU64,
     pub done: AtomicU64,
@@ -108,7 +108,7 @@ pub struct Progress {
 /// SHA-256 of a file, adding bytes to `progress.done` as they are hashed. The pages read are
 /// dropped from the page cache as we go: verifying a checkpoint larger than RAM should not
 /// evict everything else.
-pub fn hash_file(path: &Path, progress: &Progress) -> Result<[u8; 32], VerifyError> {
+pub fn hash_file(path: &Path, progress: &HashProgress) -> Result<[u8; 32], VerifyError> {
     let err = |error| VerifyError::Read {
         path: path.to_path_buf(),
         error,
@@ -210,7 +210,7 @@ pub fn verify(
     manifest: &Manifest,
     state_path: Option<&Path>,
     threads: usize,
-    progress: &Progress,
+    progress: &HashProgress,
 ) -> Result<Report, VerifyError> {
     let state = Mutex::new(state_path.map(ResumeState::load).unwrap_or_default());
     // Decide up front what needs hashing, so the progress total is right.
@@ -293,7 +293,7 @@ pub fn build_manifest(
     dir: &Path,
     names: &[String],
     threads: usize,
-    progress: &Progress,
+    progress: &HashProgress,
 ) -> Result<Manifest, VerifyError> {
     let mut sized = Vec::with_capacity(names.len());
     for n in names {

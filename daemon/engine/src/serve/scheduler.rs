@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
 use super::log::{Log, OnHealth};
-use super::metrics::Metrics;
+use super::metrics::TimingTotals;
 use super::prefix::{self, Caller, PrefixCache};
 use super::reply::TokenReader;
 use super::sessions::Sessions;
@@ -50,7 +50,7 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     pub sessions: Arc<Sessions>,
     pub prefix: Arc<PrefixCache>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<TimingTotals>,
     pub log: Log,
     pub on_health: OnHealth,
 }

@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::ServeError;
 use super::log::Log;
 use crate::model::State;
-use crate::session::{Access, FileError, SessionInfo, SessionStore, Snapshot, StoreError};
+use crate::session::{Access, FileError, SessionInfo, SessionStore, Snapshot, SessionStoreError};
 
 enum Phase {
     /// The model is loading; the fingerprint files are checked against is not known yet.
@@ -142,7 +142,7 @@ impl Sessions {
 
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut SessionStore) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut SessionStore) -> Result<T, SessionStoreError>,
     ) -> Result<T, ServeError> {
         match &mut *self.lock() {
             Phase::Open(store) => f(store).map_err(ServeError::from),
@@ -204,7 +204,7 @@ impl Sessions {
             "spilling failed (kept in memory)",
             &spill_failures,
         );
-        written.map(|_| ()).map_err(|e| StoreError::from(e).into())
+        written.map(|_| ()).map_err(|e| SessionStoreError::from(e).into())
     }
 
     /// The sessions `who` may see.

@@ -5,7 +5,7 @@
 //! * A session belongs to the uid that created it (its first request). Another uid may not
 //!   use, save or delete it, and does not see it in the list. Root (uid 0) administers the
 //!   daemon's files anyway, so it sees and may act on every session.
-//! * One request at a time per session: a second one is refused ([`StoreError::Busy`]) rather
+//! * One request at a time per session: a second one is refused ([`SessionStoreError::Busy`]) rather
 //!   than queued, because its prompt was written against a conversation the first is about to
 //!   change; the client retries after the first finishes.
 //! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
@@ -32,7 +32,7 @@ use crate::model::State;
 
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum SessionStoreError {
     #[error("invalid session name {}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.')", Echo(.0))]
     InvalidName(String),
     #[error("no session named {}", Echo(.0))]
@@ -53,20 +53,20 @@ pub enum StoreError {
     },
 }
 
-impl StoreError {
+impl SessionStoreError {
     /// Reading or writing the session directory failed (the disk's fault, not the request's
     /// nor the model's): the session's state may not have been kept.
     pub fn is_storage_failure(&self) -> bool {
         matches!(
             self,
-            StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. }
+            SessionStoreError::File(FileError::Io { .. }) | SessionStoreError::Dir { .. }
         )
     }
 
     /// A storage failure because the disk (or the quota) is full.
     pub fn is_out_of_space(&self) -> bool {
         let error = match self {
-            StoreError::File(FileError::Io { error, .. }) | StoreError::Dir { error, .. } => error,
+            SessionStoreError::File(FileError::Io { error, .. }) | SessionStoreError::Dir { error, .. } => error,
             _ => return false,
         };
         matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
@@ -178,8 +178,8 @@ impl SessionStore {
         dir: &Path,
         fingerprint: &str,
         allowance: u64,
-    ) -> Result<(SessionStore, Vec<FileError>), StoreError> {
-        let dir_err = |error| StoreError::Dir {
+    ) -> Result<(SessionStore, Vec<FileError>), SessionStoreError> {
+        let dir_err = |error| SessionStoreError::Dir {
             path: dir.to_path_buf(),
             error,
         };
@@ -310,16 +310,16 @@ impl SessionStore {
         self.sessions.is_empty()
     }
 
-    fn checked(name: &str) -> Result<(), StoreError> {
+    fn checked(name: &str) -> Result<(), SessionStoreError> {
         if super::valid_name(name) {
             Ok(())
         } else {
-            Err(StoreError::InvalidName(name.to_string()))
+            Err(SessionStoreError::InvalidName(name.to_string()))
         }
     }
 
     /// The entry `who` may act on.
-    fn entry_for(&mut self, name: &str, who: Access) -> Result<&mut Entry, StoreError> {
+    fn entry_for(&mut self, name: &str, who: Access) -> Result<&mut Entry, SessionStoreError> {
         Self::checked(name)?;
         if !self.sessions.contains_key(name) && self.dir.contains(&file::file_name(name)) {
             // A file the start-up scan could not index: its own error says why.
@@ -328,11 +328,11 @@ impl SessionStore {
         let entry = self
             .sessions
             .get_mut(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
         if permitted(entry.owner, who) {
             Ok(entry)
         } else {
-            Err(StoreError::PermissionDenied {
+            Err(SessionStoreError::PermissionDenied {
                 name: name.to_string(),
                 owner: entry.owner,
             })
@@ -341,9 +341,9 @@ impl SessionStore {
 
     /// Marks session `name` in use by `request`, creating it (owned by `who`) if it does not
     /// exist. Refused if another uid owns it or another request is using it.
-    pub fn reserve(&mut self, name: &str, who: Access, request: u64) -> Result<(), StoreError> {
+    pub fn reserve(&mut self, name: &str, who: Access, request: u64) -> Result<(), SessionStoreError> {
         match self.entry_for(name, who) {
-            Err(StoreError::NotFound(_)) => {
+            Err(SessionStoreError::NotFound(_)) => {
                 self.clock += 1;
                 self.sessions.insert(
                     name.to_string(),
@@ -362,7 +362,7 @@ impl SessionStore {
             }
             Err(e) => Err(e),
             Ok(entry) => match entry.in_use {
-                Some(other) => Err(StoreError::Busy {
+                Some(other) => Err(SessionStoreError::Busy {
                     name: name.to_string(),
                     request: other,
                 }),
@@ -381,13 +381,13 @@ impl SessionStore {
         &mut self,
         name: &str,
         prompt: &[u32],
-    ) -> Result<(Option<State>, usize), StoreError> {
+    ) -> Result<(Option<State>, usize), SessionStoreError> {
         self.clock += 1;
         let tick = self.clock;
         let spilled = self
             .sessions
             .get(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?
             .snapshots
             .is_none();
         let loaded = if spilled {
@@ -399,7 +399,7 @@ impl SessionStore {
         let entry = self
             .sessions
             .get_mut(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
         if let Some((header, snaps)) = loaded {
             entry.owner = header.owner;
             entry.tokens = tokens_of(&snaps);
@@ -498,13 +498,13 @@ impl SessionStore {
     }
 
     /// Writes session `name` to the session directory now (it stays in memory).
-    pub fn save(&mut self, name: &str, who: Access) -> Result<SessionInfo, StoreError> {
+    pub fn save(&mut self, name: &str, who: Access) -> Result<SessionInfo, SessionStoreError> {
         self.entry_for(name, who)?;
         self.write(name)?;
         let entry = self
             .sessions
             .get(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
         Ok(entry.info(name))
     }
 
@@ -512,20 +512,20 @@ impl SessionStore {
     /// the daemon will not load (damaged, another format version or model, not the daemon's
     /// own, not a regular file) is removed too — the refusal tells the user to do exactly
     /// that —, by the owner its header names if the daemon wrote it, else by root only.
-    pub fn delete(&mut self, name: &str, who: Access) -> Result<(), StoreError> {
+    pub fn delete(&mut self, name: &str, who: Access) -> Result<(), SessionStoreError> {
         match self.entry_for(name, who) {
             Ok(entry) => {
                 if let Some(request) = entry.in_use {
-                    return Err(StoreError::Busy {
+                    return Err(SessionStoreError::Busy {
                         name: name.to_string(),
                         request,
                     });
                 }
             }
-            Err(StoreError::File(_)) => {
+            Err(SessionStoreError::File(_)) => {
                 let owner = self.claimed_owner(name);
                 if !permitted(owner, who) {
-                    return Err(StoreError::PermissionDenied {
+                    return Err(SessionStoreError::PermissionDenied {
                         name: name.to_string(),
                         owner,
                     });
@@ -598,7 +598,7 @@ mod tests {
             assert!(
                 matches!(
                     e,
-                    StoreError::PermissionDenied {
+                    SessionStoreError::PermissionDenied {
                         owner: Some(10),
                         ..
                     }
@@ -615,22 +615,22 @@ mod tests {
         assert_eq!(s.leased(), 1);
         assert!(matches!(
             s.reserve("a", Some(10), 8),
-            Err(StoreError::Busy { request: 7, .. })
+            Err(SessionStoreError::Busy { request: 7, .. })
         ));
         assert!(matches!(
             s.delete("a", Some(10)),
-            Err(StoreError::Busy { .. })
+            Err(SessionStoreError::Busy { .. })
         ));
         s.release("a");
         assert_eq!(s.leased(), 0);
         assert!(matches!(
             s.reserve("../x", Some(10), 9),
-            Err(StoreError::InvalidName(_))
+            Err(SessionStoreError::InvalidName(_))
         ));
         s.delete("a", Some(10)).unwrap();
         assert!(matches!(
             s.save("a", Some(10)),
-            Err(StoreError::NotFound(_))
+            Err(SessionStoreError::NotFound(_))
         ));
     }
 
@@ -664,7 +664,7 @@ mod tests {
         assert_eq!((other.len(), skipped.len()), (0, 2));
         assert!(matches!(
             other.reserve("y", Some(5), 1),
-            Err(StoreError::File(FileError::Fingerprint { .. }))
+            Err(SessionStoreError::File(FileError::Fingerprint { .. }))
         ));
     }
 
@@ -686,7 +686,7 @@ mod tests {
         again.reserve("c", Some(5), 1).unwrap();
         assert!(matches!(
             again.start("c", &[1, 2, 3, 4]),
-            Err(StoreError::File(FileError::Checksum { .. }))
+            Err(SessionStoreError::File(FileError::Checksum { .. }))
         ));
         again.release("c");
     }

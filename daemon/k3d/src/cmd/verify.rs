@@ -2,7 +2,7 @@
 //! resumable, with progress on stderr. Exit 0 when every listed file matches, 3 otherwise.
 use crate::exit::{CliError, CliResult, Exit};
 use k3_engine::checkpoint::manifest::{self, Manifest};
-use k3_engine::checkpoint::verify::{self, Progress, Verdict};
+use k3_engine::checkpoint::verify::{self, HashProgress, Verdict};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -31,7 +31,7 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn start(progress: std::sync::Arc<Progress>, verb: &'static str) -> Reporter {
+    fn start(progress: std::sync::Arc<HashProgress>, verb: &'static str) -> Reporter {
         let (stop, rx) = std::sync::mpsc::channel::<()>();
         let tty = std::io::stderr().is_terminal();
         let every = if tty {
@@ -90,7 +90,7 @@ pub fn run(args: Args) -> CliResult {
         .manifest
         .clone()
         .unwrap_or_else(|| args.model_dir.join(manifest::DEFAULT_NAME));
-    let progress = std::sync::Arc::new(Progress::default());
+    let progress = std::sync::Arc::new(HashProgress::default());
     if args.write_manifest {
         return write_manifest(&args.model_dir, &manifest_path, threads, progress);
     }
@@ -186,7 +186,7 @@ fn write_manifest(
     dir: &Path,
     path: &Path,
     threads: usize,
-    progress: std::sync::Arc<Progress>,
+    progress: std::sync::Arc<HashProgress>,
 ) -> CliResult {
     if path.exists() {
         return Err(CliError::new(

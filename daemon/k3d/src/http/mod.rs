@@ -100,7 +100,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/chat/completions",
             post(
                 |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Chat)
+                    complete(app, peer, request, completions::CompletionKind::Chat)
                 },
             ),
         )
@@ -108,7 +108,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/completions",
             post(
                 |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Text)
+                    complete(app, peer, request, completions::CompletionKind::Text)
                 },
             ),
         )
@@ -217,7 +217,7 @@ async fn complete(
     app: Arc<App>,
     peer: Peer,
     request: Request,
-    shape: completions::Shape,
+    shape: completions::CompletionKind,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
