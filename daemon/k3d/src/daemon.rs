@@ -43,6 +43,9 @@ pub struct Options {
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
+    /// Sessions and bytes of session files one uid may have (`--sessions-per-uid`,
+    /// `--session-disk-gb-per-uid`).
+    pub session_quota: k3_engine::session::store::Quota,
     /// The HTTP API's endpoints (`--http`, none = no HTTP) and settings.
     pub http: Vec<crate::http::Endpoint>,
     pub http_settings: crate::http::Settings,
@@ -80,6 +83,7 @@ pub fn run(cfg: Options) -> CliResult {
         limits: cfg.limits,
         session_dir: cfg.session_dir,
         session_bytes: cfg.session_bytes,
+        session_quota: cfg.session_quota,
         log: k3_engine::serve::Log(logging::core_line),
         on_health,
     })

@@ -2,8 +2,8 @@
 //!
 //! Only headers are read (one positioned read per shard); tensor data is never touched. The
 //! index is compact because the release has 497,220 tensors: names live in one string arena,
-//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte `TensorRecord` on top of its name
-//! and dims.
+//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte `TensorRecord` on top of its
+//! name and dims.
 //!
 //! Headers are read with `pread` rather than a memory map: a map would need `unsafe`, and a
 //! shard truncated while mapped would kill the process with SIGBUS instead of giving an error.

@@ -97,7 +97,7 @@ pub fn default_state_path(manifest: &Path) -> Option<PathBuf> {
     Some(base.join("k3").join("verify").join(format!("{key}.json")))
 }
 
-/// HashProgress counters, updated while hashing; read them from another thread.
+/// Hashing progress counters, updated while hashing; read them from another thread.
 #[derive(Debug, Default)]
 pub struct HashProgress {
     /// Bytes of the files to hash in this run (skipped files excluded).

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::caller::Caller;
 use super::events::EventSender;
-use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, LoadFigures, QueueState, ServeError, UidQueueState};
@@ -32,6 +32,9 @@ use crate::tokenizer::chat::Conversation;
 /// One admitted job on its way to (or in) the scheduler.
 pub(crate) struct Job {
     pub id: u64,
+    /// Who sent it, as its transport vouches.
+    pub caller: Caller,
+    /// The caller's uid (`caller.uid()`), which limits and fairness count today.
     pub uid: Option<u32>,
     pub request: GenerateRequest,
     pub kind: Kind,
@@ -53,7 +56,7 @@ pub(crate) struct Job {
 impl Job {
     pub fn new(
         id: u64,
-        uid: Option<u32>,
+        caller: Caller,
         request: GenerateRequest,
         kind: Kind,
         events: EventSender,
@@ -61,7 +64,8 @@ impl Job {
     ) -> Job {
         Job {
             id,
-            uid,
+            uid: caller.uid(),
+            caller,
             request,
             kind,
             events,
@@ -679,7 +683,8 @@ mod tests {
             max_tokens: 4,
             ..GenerateRequest::default()
         };
-        (Job::new(id, uid, request, Kind::Text, tx, None), rx)
+        let caller = uid.map_or(Caller::Unknown, Caller::Uid);
+        (Job::new(id, caller, request, Kind::Text, tx, None), rx)
     }
 
     fn admission(max_active: usize, per_uid: UidLimits) -> Admission {

@@ -23,13 +23,14 @@ use std::time::{Duration, Instant};
 
 use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
+use super::caller::Caller;
 use super::log::{Log, OnHealth};
 use super::metrics::TimingTotals;
-use super::prefix::{self, Caller, PrefixCache};
+use super::prefix::{self, PrefixCache};
 use super::reply::TokenReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
-use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError, uid_text};
+use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError};
 use crate::engine::{
     Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
@@ -62,9 +63,9 @@ struct Active<'e> {
     reader: TokenReader<'e>,
     started: Instant,
     first_token: Option<Instant>,
-    /// The state at the end of the prompt, kept as a snapshot with the end-of-generation one
-    /// (a chat's next prompt may re-render this turn's reply differently, so only the prompt
-    /// part would match).
+    /// A session's state at the end of the prompt, kept as a snapshot with the
+    /// end-of-generation one (a chat's next prompt may re-render this turn's reply
+    /// differently, so only the prompt part would match).
     prefill: Option<Snapshot>,
     watch: Watch<'e>,
 }
@@ -209,9 +210,10 @@ pub(crate) fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             ));
-            shared
-                .sessions
-                .open(&engine.info().fingerprint, engine.model().plan().headroom());
+            shared.sessions.open(
+                &engine.info().fingerprint,
+                engine.model().plan().session_allowance(),
+            );
             admission.set_ready(engine.info().clone(), engine.stats());
             on_health(&Health::Ready, Some(engine.info()));
             run(&shared, &engine);
@@ -376,9 +378,9 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
     match started {
         Ok(generation) => {
             shared.log.info(format_args!(
-                "request {} started (uid {}, {} prompt tokens, {} reused, waited {:.3}s)",
+                "request {} started ({}, {} prompt tokens, {} reused, waited {:.3}s)",
                 job.id,
-                uid_text(job.uid),
+                job.caller,
                 job.request.prompt.len(),
                 generation.state().positions(),
                 job.admitted.elapsed().as_secs_f64()
@@ -420,8 +422,24 @@ fn deliver<'e>(
 ) -> Option<Running<'e>> {
     match result {
         Ok(Step::Prefill { done, total }) => {
-            if (a.job.lease.is_some() || a.job.reuse.is_some()) && done == total {
+            if a.job.lease.is_some() && done == total {
                 a.prefill = Some(snapshot(&a.generation));
+            }
+            if let Some(caller) = &a.job.reuse {
+                // The states at the job's keep points ([`prefix::keep_points`]), kept at once:
+                // within the allowance from the moment they exist.
+                let kept: Vec<Snapshot> = a
+                    .generation
+                    .take_kept()
+                    .into_iter()
+                    .map(|state| Snapshot {
+                        history: a.job.request.prompt[..state.positions()].to_vec(),
+                        state,
+                    })
+                    .collect();
+                if !kept.is_empty() {
+                    shared.prefix.keep(caller, kept, prefix_room(shared));
+                }
             }
             a.job.events.send(Event::Prefill { done, total });
             Some(Running::Job(a))
@@ -474,8 +492,7 @@ fn deliver<'e>(
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
                 let end = snapshot(&a.generation);
-                let snapshots = a.prefill.take().into_iter().chain([end]).collect();
-                shared.prefix.keep(caller, snapshots, prefix_room(shared));
+                shared.prefix.keep(caller, vec![end], prefix_room(shared));
             }
             if let Some(error) = unkept {
                 shared.log.error(format_args!(

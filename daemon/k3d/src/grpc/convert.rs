@@ -41,7 +41,7 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
-        reuse: None,
+        reuse: false,
     }
 }
 
@@ -224,7 +224,13 @@ fn session_status(e: &SessionStoreError, text: String) -> Status {
         // The disk's fault: RESOURCE_EXHAUSTED when it is full (gRPC's code for "the file
         // system is out of space"), else INTERNAL; the text says "could not store" either way.
         e if e.is_out_of_space() => Status::resource_exhausted(text),
-        SessionStoreError::File(FileError::Io { .. }) | SessionStoreError::Dir { .. } => Status::internal(text),
+        // A quota or the room kept for other users (issue 35 point 6).
+        SessionStoreError::Quota { .. } | SessionStoreError::Reserved { .. } => {
+            Status::resource_exhausted(text)
+        }
+        SessionStoreError::File(FileError::Io { .. }) | SessionStoreError::Dir { .. } => {
+            Status::internal(text)
+        }
         SessionStoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
         )),

@@ -3,11 +3,11 @@
 //! [`super::stream`]) and differ only in how a piece is written (`CompletionKind`), so a streamed reply
 //! concatenates to exactly the whole one.
 
+use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::{self, Common, Fields};
 use super::stream::{self, Timer, Whole, Wire, collect, submit};
-use super::{App, Peer};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
@@ -155,7 +155,6 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 
 pub async fn complete(
     app: Arc<App>,
-    peer: Peer,
     caller: Option<Caller>,
     shape: CompletionKind,
     body: &[u8],
@@ -175,7 +174,6 @@ pub async fn complete(
     };
     let reader = submit(
         &app,
-        peer,
         caller,
         &common,
         request,

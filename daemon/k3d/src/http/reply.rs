@@ -184,7 +184,8 @@ impl Reader {
             prompt_tokens: core_usage.prompt_tokens,
             completion_tokens: core_usage.completion_tokens,
             total_tokens: core_usage.prompt_tokens + core_usage.completion_tokens,
-            prompt_tokens_details: (core_usage.reused_prompt_tokens > 0).then_some(PromptDetails {
+            // Always told, 0 included, as OpenAI does: a client reads the reuse of each reply.
+            prompt_tokens_details: Some(PromptDetails {
                 cached_tokens: core_usage.reused_prompt_tokens,
             }),
             completion_tokens_details: self.chat.then_some(Details {

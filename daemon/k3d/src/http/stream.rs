@@ -9,10 +9,10 @@
 //! 300 s, which only a real event resets). After [`KEEP_ALIVE`] without an event the writer
 //! sends the API's idle event ([`Wire::idle`]).
 
+use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::Common;
-use super::{App, Peer};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request};
@@ -34,7 +34,6 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// not fields).
 pub async fn submit(
     app: &App,
-    peer: Peer,
     caller: Option<Caller>,
     common: &Common,
     mut request: Request,
@@ -44,15 +43,16 @@ pub async fn submit(
     app.check_model(&common.model)?;
     app.check_ready()?;
     // Clients resend the whole conversation each turn: continue from the caller's longest
-    // kept prefix (bit-identical to computing it afresh) unless told not to.
-    if common.prefix_reuse {
-        request.reuse = caller;
-    }
+    // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
+    // nothing for a caller nobody vouches for.
+    request.reuse = common.prefix_reuse;
     // Submission tokenises and renders the prompt (seconds for a large one): off the async
     // workers, which every other request shares.
     let core = Arc::clone(&app.core);
-    let uid = peer.uid();
-    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
+    let caller = caller
+        .unwrap_or(Caller::Unknown)
+        .scoped(common.cache_scope.as_deref());
+    let job = tokio::task::spawn_blocking(move || core.submit(caller, request))
         .await
         .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
