@@ -17,24 +17,16 @@ use std::time::{Duration, Instant};
 use k3_engine::kernels::{
     Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with,
 };
-use k3_engine::rng::splitmix64;
+use k3_engine::rng::Rng;
 use k3_engine::system::gemm_probe;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        splitmix64(&mut self.0)
-    }
-
-    /// Uniform in [−1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 /// (rows, cols) of w1, w3, w2.
 const EXPERT_SHAPES: [(usize, usize); 3] = [(3072, 3584), (3072, 3584), (3584, 3072)];
+
+/// Uniform in [−1, 1).
+fn unit(rng: &mut Rng) -> f32 {
+    (rng.next_f64() * 2.0 - 1.0) as f32
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -68,24 +60,26 @@ fn main() {
         .into_iter()
         .filter(|isa| only.is_none_or(|k| k == isa.kind()))
         .collect();
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let (big_r, big_c) = (12288usize, 7168usize);
     let bf16: Vec<u8> = (0..big_r * big_c)
-        .flat_map(|_| (((rng.unit() * 0.05).to_bits() >> 16) as u16).to_le_bytes())
+        .flat_map(|_| (((unit(&mut rng) * 0.05).to_bits() >> 16) as u16).to_le_bytes())
         .collect();
     let packed: Vec<Vec<u8>> = EXPERT_SHAPES
         .iter()
-        .map(|&(r, c)| (0..r * c / 2).map(|_| rng.next() as u8).collect())
+        .map(|&(r, c)| (0..r * c / 2).map(|_| rng.next_u64() as u8).collect())
         .collect();
     let scales: Vec<Vec<u8>> = EXPERT_SHAPES
         .iter()
         .map(|&(r, c)| {
             (0..r * c / 32)
-                .map(|_| 118 + (rng.next() % 5) as u8)
+                .map(|_| 118 + (rng.next_u64() % 5) as u8)
                 .collect()
         })
         .collect();
-    let xs: Vec<f32> = (0..256 * big_r.max(big_c)).map(|_| rng.unit()).collect();
+    let xs: Vec<f32> = (0..256 * big_r.max(big_c))
+        .map(|_| unit(&mut rng))
+        .collect();
     println!("prefill_bench: median of {runs} runs; GFLOP/s and ratio to the GEMM probe");
     println!(
         "{:>7}  {:<28} {:<8} {:>9} {:>9} {:>6}",

@@ -178,88 +178,72 @@ fn micro(isa: Isa, a: &[f64], b: &[f64], c: &mut [f64]) {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// 24 × 8: three zmm of A against eight broadcasts of B, 24 accumulators.
-    ///
-    /// # Safety
-    /// The running CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_avx512(a: &[f64], b: &[f64], c: &mut [f64]) {
-        const MR: usize = 24;
-        const NR: usize = 8;
-        let k = a.len() / MR;
-        assert!(b.len() >= k * NR && c.len() >= MR * NR, "dgemm tile bounds");
-        let mut acc = [[_mm512_setzero_pd(); 3]; NR];
-        for p in 0..k {
-            // SAFETY: p < k = a.len()/24, so the 24 f64 at 24p are in `a`.
-            let col = unsafe {
-                let pa = a.as_ptr().add(p * MR);
-                [
-                    _mm512_loadu_pd(pa),
-                    _mm512_loadu_pd(pa.add(8)),
-                    _mm512_loadu_pd(pa.add(16)),
-                ]
-            };
-            for (j, accj) in acc.iter_mut().enumerate() {
-                // SAFETY: p < k and j < 8, so p·8 + j < k·8 ≤ b.len() (asserted).
-                let bj = _mm512_set1_pd(unsafe { *b.as_ptr().add(p * NR + j) });
-                for (q, v) in accj.iter_mut().enumerate() {
-                    *v = _mm512_fmadd_pd(col[q], bj, *v);
+    /// Defines `$name(a, b, c)`: an `MR × NR` tile with MR = three registers of `$width` f64, A's
+    /// column held in them against `NR` broadcasts of B, `3·NR` accumulators.
+    macro_rules! dgemm_tile {
+        ($name:ident, $features:literal, $width:expr, $nr:expr,
+         $zero:ident, $load:ident, $set1:ident, $fma:ident, $store:ident) => {
+            /// # Safety
+            /// The running CPU must support the target features named here.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(a: &[f64], b: &[f64], c: &mut [f64]) {
+                const W: usize = $width;
+                const MR: usize = 3 * W;
+                const NR: usize = $nr;
+                let k = a.len() / MR;
+                assert!(b.len() >= k * NR && c.len() >= MR * NR, "dgemm tile bounds");
+                let mut acc = [[$zero(); 3]; NR];
+                for p in 0..k {
+                    // SAFETY: p < k = a.len()/MR, so the MR f64 at MR·p are in `a`.
+                    let col = unsafe {
+                        let pa = a.as_ptr().add(p * MR);
+                        [$load(pa), $load(pa.add(W)), $load(pa.add(2 * W))]
+                    };
+                    for (j, accj) in acc.iter_mut().enumerate() {
+                        // SAFETY: p < k and j < NR, so p·NR + j < k·NR ≤ b.len() (asserted).
+                        let bj = $set1(unsafe { *b.as_ptr().add(p * NR + j) });
+                        for (q, v) in accj.iter_mut().enumerate() {
+                            *v = $fma(col[q], bj, *v);
+                        }
+                    }
+                }
+                // C is [MR][NR]: element (i, j) is lane i % W of register i / W of column j.
+                let mut col = [0.0f64; MR];
+                for (j, accj) in acc.iter().enumerate() {
+                    for (q, v) in accj.iter().enumerate() {
+                        // SAFETY: `col` holds MR = 3·W f64; the store writes elements W·q … W·q + W − 1.
+                        unsafe { $store(col.as_mut_ptr().add(W * q), *v) };
+                    }
+                    for (i, v) in col.iter().enumerate() {
+                        c[i * NR + j] += v;
+                    }
                 }
             }
-        }
-        // C is [MR][NR]: element (i, j) of the tile gets lane i%8 of register i/8 of column j.
-        let mut col = [0.0f64; MR];
-        for (j, accj) in acc.iter().enumerate() {
-            for (q, v) in accj.iter().enumerate() {
-                // SAFETY: `col` holds 24 f64; the store writes elements 8q … 8q+7.
-                unsafe { _mm512_storeu_pd(col.as_mut_ptr().add(8 * q), *v) };
-            }
-            for (i, v) in col.iter().enumerate() {
-                c[i * NR + j] += v;
-            }
-        }
+        };
     }
 
-    /// 12 × 4: three ymm of A against four broadcasts of B, 12 accumulators.
-    ///
-    /// # Safety
-    /// The running CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_avx2(a: &[f64], b: &[f64], c: &mut [f64]) {
-        const MR: usize = 12;
-        const NR: usize = 4;
-        let k = a.len() / MR;
-        assert!(b.len() >= k * NR && c.len() >= MR * NR, "dgemm tile bounds");
-        let mut acc = [[_mm256_setzero_pd(); 3]; NR];
-        for p in 0..k {
-            // SAFETY: p < k = a.len()/12, so the 12 f64 at 12p are in `a`.
-            let col = unsafe {
-                let pa = a.as_ptr().add(p * MR);
-                [
-                    _mm256_loadu_pd(pa),
-                    _mm256_loadu_pd(pa.add(4)),
-                    _mm256_loadu_pd(pa.add(8)),
-                ]
-            };
-            for (j, accj) in acc.iter_mut().enumerate() {
-                // SAFETY: p < k and j < 4, so p·4 + j < k·4 ≤ b.len() (asserted).
-                let bj = _mm256_set1_pd(unsafe { *b.as_ptr().add(p * NR + j) });
-                for (q, v) in accj.iter_mut().enumerate() {
-                    *v = _mm256_fmadd_pd(col[q], bj, *v);
-                }
-            }
-        }
-        let mut col = [0.0f64; MR];
-        for (j, accj) in acc.iter().enumerate() {
-            for (q, v) in accj.iter().enumerate() {
-                // SAFETY: `col` holds 12 f64; the store writes elements 4q … 4q+3.
-                unsafe { _mm256_storeu_pd(col.as_mut_ptr().add(4 * q), *v) };
-            }
-            for (i, v) in col.iter().enumerate() {
-                c[i * NR + j] += v;
-            }
-        }
-    }
+    dgemm_tile!(
+        micro_avx512,
+        "avx512f",
+        8,
+        8,
+        _mm512_setzero_pd,
+        _mm512_loadu_pd,
+        _mm512_set1_pd,
+        _mm512_fmadd_pd,
+        _mm512_storeu_pd
+    );
+    dgemm_tile!(
+        micro_avx2,
+        "avx2,fma",
+        4,
+        4,
+        _mm256_setzero_pd,
+        _mm256_loadu_pd,
+        _mm256_set1_pd,
+        _mm256_fmadd_pd,
+        _mm256_storeu_pd
+    );
 }
 
 #[cfg(test)]

@@ -321,6 +321,65 @@ fn micro_any<S: Gemm>(
     }
 }
 
+/// Defines an instruction set's `micro::<R, TC>` ([`Gemm::micro`]) from its register type and
+/// intrinsics: one loop for every instruction set, so each lane's terms are added in the same
+/// order everywhere. Per register group of `$width` lanes: the `R × TC` accumulators are
+/// loaded, run over the `nb` blocks of the panel (`[block][row][16]`) and the token tile
+/// (`[block][token][16]`) — one load per row and per token feeding `R × TC` FMAs — and stored.
+macro_rules! micro_kernel {
+    ($features:literal, $width:expr, $zero:ident, $load:ident, $fma:ident, $store:ident) => {
+        // `r` and `t` index the accumulators and the panel / tile together.
+        #[allow(clippy::needless_range_loop)]
+        #[target_feature(enable = $features)]
+        fn micro<const R: usize, const TC: usize>(
+            panel: &[f64],
+            x: &[f64],
+            nb: usize,
+            acc: &mut [f64],
+        ) {
+            const W: usize = $width;
+            assert!(
+                panel.len() >= nb * R * LANES
+                    && x.len() >= nb * TC * LANES
+                    && acc.len() >= R * TC * LANES,
+                "micro-kernel bounds"
+            );
+            for g in 0..LANES / W {
+                let mut a = [[$zero(); TC]; R];
+                for r in 0..R {
+                    for t in 0..TC {
+                        // SAFETY: (r·TC + t)·16 + W·(g + 1) ≤ R·TC·16 ≤ acc.len() (asserted).
+                        a[r][t] = unsafe { $load(acc.as_ptr().add((r * TC + t) * LANES + g * W)) };
+                    }
+                }
+                for b in 0..nb {
+                    let mut w = [$zero(); R];
+                    for r in 0..R {
+                        // SAFETY: b < nb and r < R: the W f64 end within nb·R·16 ≤ panel.len().
+                        w[r] = unsafe { $load(panel.as_ptr().add((b * R + r) * LANES + g * W)) };
+                    }
+                    for t in 0..TC {
+                        // SAFETY: b < nb and t < TC: the W f64 end within nb·TC·16 ≤ x.len().
+                        let xv = unsafe { $load(x.as_ptr().add((b * TC + t) * LANES + g * W)) };
+                        for r in 0..R {
+                            a[r][t] = $fma(w[r], xv, a[r][t]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for t in 0..TC {
+                        // SAFETY: as for the loads of `a` above.
+                        unsafe {
+                            $store(acc.as_mut_ptr().add((r * TC + t) * LANES + g * W), a[r][t])
+                        };
+                    }
+                }
+            }
+        }
+    };
+}
+pub(crate) use micro_kernel;
+
 /// The `Gemm` methods of an instruction set forwarding to the `#[target_feature]` functions of
 /// the same names in the invoking module (see [`super::tile_forwarders`] for why a macro).
 macro_rules! gemm_forwarders {

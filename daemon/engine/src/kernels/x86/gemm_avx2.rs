@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::Positions;
 use super::avx2::Avx2;
-use super::gemm::{Gemm, gemm_forwarders};
+use super::gemm::{Gemm, gemm_forwarders, micro_kernel};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -117,51 +117,11 @@ fn decode_mxfp4<const R: usize>(
     }
 }
 
-/// The micro-kernel: per register group, `R × TC` accumulators in registers over the `nb`
-/// blocks of the panel (`[block][row][16]`) and the token tile (`[block][token][16]`).
-// `r` and `t` index the accumulators and the panel / tile together.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma")]
-fn micro<const R: usize, const TC: usize>(panel: &[f64], x: &[f64], nb: usize, acc: &mut [f64]) {
-    assert!(
-        panel.len() >= nb * R * LANES && x.len() >= nb * TC * LANES && acc.len() >= R * TC * LANES,
-        "micro-kernel bounds"
-    );
-    for g in 0..LANES / WIDTH {
-        let mut a = [[_mm256_setzero_pd(); TC]; R];
-        for r in 0..R {
-            for t in 0..TC {
-                // SAFETY: (r·TC + t)·16 + 4g + 4 ≤ R·TC·16 ≤ acc.len() (asserted).
-                a[r][t] =
-                    unsafe { _mm256_loadu_pd(acc.as_ptr().add((r * TC + t) * LANES + g * WIDTH)) };
-            }
-        }
-        for b in 0..nb {
-            let mut w = [_mm256_setzero_pd(); R];
-            for r in 0..R {
-                // SAFETY: b < nb and r < R: the 4 f64 end within nb·R·16 ≤ panel.len().
-                w[r] =
-                    unsafe { _mm256_loadu_pd(panel.as_ptr().add((b * R + r) * LANES + g * WIDTH)) };
-            }
-            for t in 0..TC {
-                // SAFETY: b < nb and t < TC: the 4 f64 end within nb·TC·16 ≤ x.len().
-                let xv =
-                    unsafe { _mm256_loadu_pd(x.as_ptr().add((b * TC + t) * LANES + g * WIDTH)) };
-                for r in 0..R {
-                    a[r][t] = _mm256_fmadd_pd(w[r], xv, a[r][t]);
-                }
-            }
-        }
-        for r in 0..R {
-            for t in 0..TC {
-                // SAFETY: as for the loads above.
-                unsafe {
-                    _mm256_storeu_pd(
-                        acc.as_mut_ptr().add((r * TC + t) * LANES + g * WIDTH),
-                        a[r][t],
-                    )
-                };
-            }
-        }
-    }
-}
+micro_kernel!(
+    "avx2,fma",
+    WIDTH,
+    _mm256_setzero_pd,
+    _mm256_loadu_pd,
+    _mm256_fmadd_pd,
+    _mm256_storeu_pd
+);
