@@ -46,6 +46,7 @@ mod tests {
             total,
             bytes_per_second: rate,
             eta_seconds: eta,
+            ..Progress::default()
         }
     }
 

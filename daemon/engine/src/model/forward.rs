@@ -335,11 +335,7 @@ impl Model {
         seqs: &mut [Sequence<'_>],
         cancel: &dyn Fn() -> bool,
     ) -> Result<Pass, ModelError> {
-        let start = Instant::now();
-        let out = self.begin_timed(seqs, cancel);
-        self.forward_nanos
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        out
+        self.timed(|| self.begin_timed(seqs, cancel))
     }
 
     /// Runs up to `layers` more layers of `pass` (at least one) over the same members it began
@@ -355,8 +351,13 @@ impl Model {
         layers: usize,
         cancel: &dyn Fn() -> bool,
     ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+        self.timed(|| self.advance_timed(pass, seqs, layers.max(1), cancel))
+    }
+
+    /// Runs `f`, adding its wall time to the forward time ([`Model::compute_seconds`]).
+    fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
         let start = Instant::now();
-        let out = self.advance_timed(pass, seqs, layers.max(1), cancel);
+        let out = f();
         self.forward_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
