@@ -321,6 +321,50 @@ fn micro_any<S: Gemm>(
     }
 }
 
+/// The bounds every instruction set's [`Gemm::decode_bf16`] relies on for its unchecked loads
+/// and stores: `rows` rows of `cols` BF16, blocks `b0 .. b0 + nb` within a row, and a panel of
+/// `nb × rows × 16` f64.
+pub(crate) fn check_bf16_panel(
+    rows: usize,
+    bytes: &[u8],
+    cols: usize,
+    b0: usize,
+    nb: usize,
+    panel: &[f64],
+) {
+    assert!(
+        bytes.len() >= 2 * rows * cols
+            && (b0 + nb) * LANES <= cols
+            && panel.len() >= nb * rows * LANES,
+        "bf16 panel bounds"
+    );
+}
+
+/// As [`check_bf16_panel`] for [`Gemm::decode_mxfp4`] (whole scale groups of 32: `b0` and `nb`
+/// even); returns the bytes per packed row and the scale groups per row.
+pub(crate) fn check_mxfp4_panel(
+    rows: usize,
+    packed: &[u8],
+    scales: &[u8],
+    cols: usize,
+    b0: usize,
+    nb: usize,
+    panel: &[f64],
+) -> (usize, usize) {
+    let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
+    assert!(
+        b0.is_multiple_of(2) && nb.is_multiple_of(2) && (b0 + nb) * LANES <= cols,
+        "mxfp4 panels cover whole scale groups"
+    );
+    assert!(
+        packed.len() >= rows * half
+            && scales.len() >= rows * groups
+            && panel.len() >= nb * rows * LANES,
+        "mxfp4 panel bounds"
+    );
+    (half, groups)
+}
+
 /// Defines an instruction set's `micro::<R, TC>` ([`Gemm::micro`]) from its register type and
 /// intrinsics: one loop for every instruction set, so each lane's terms are added in the same
 /// order everywhere. Per register group of `$width` lanes: the `R × TC` accumulators are

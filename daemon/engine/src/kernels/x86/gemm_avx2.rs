@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::Positions;
 use super::avx2::Avx2;
-use super::gemm::{Gemm, gemm_forwarders, micro_kernel};
+use super::gemm::{Gemm, check_bf16_panel, check_mxfp4_panel, gemm_forwarders, micro_kernel};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -28,10 +28,7 @@ impl Gemm for Avx2 {
 /// `[block][row][16]` panel of `R` BF16 rows (shift / mask of each u32 pair, then widen).
 #[target_feature(enable = "avx2,fma")]
 fn decode_bf16<const R: usize>(rows: &[u8], cols: usize, b0: usize, nb: usize, panel: &mut [f64]) {
-    assert!(
-        rows.len() >= 2 * R * cols && (b0 + nb) * LANES <= cols && panel.len() >= nb * R * LANES,
-        "bf16 panel bounds"
-    );
+    check_bf16_panel(R, rows, cols, b0, nb, panel);
     let high_half = _mm_set1_epi32(0xffff_0000u32 as i32);
     for b in 0..nb {
         for r in 0..R {
@@ -68,15 +65,7 @@ fn decode_mxfp4<const R: usize>(
     nb: usize,
     panel: &mut [f64],
 ) {
-    let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
-    assert!(
-        b0.is_multiple_of(2) && nb.is_multiple_of(2) && (b0 + nb) * LANES <= cols,
-        "mxfp4 panels cover whole scale groups"
-    );
-    assert!(
-        packed.len() >= R * half && scales.len() >= R * groups && panel.len() >= nb * R * LANES,
-        "mxfp4 panel bounds"
-    );
+    let (half, groups) = check_mxfp4_panel(R, packed, scales, cols, b0, nb, panel);
     // SAFETY: E2M1_MAGNITUDE holds exactly 8 f32 (256 bits); loadu is unaligned-safe.
     let magnitude = unsafe { _mm256_loadu_ps(mxfp4::E2M1_MAGNITUDE.as_ptr()) };
     let sign = _mm256_set1_epi32(i32::MIN);

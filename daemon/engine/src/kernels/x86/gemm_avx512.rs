@@ -6,8 +6,7 @@ use std::arch::x86_64::*;
 
 use super::Positions;
 use super::avx512::Avx512;
-use super::gemm::{Gemm, gemm_forwarders, micro_kernel};
-use crate::kernels::mxfp4;
+use super::gemm::{Gemm, check_bf16_panel, check_mxfp4_panel, gemm_forwarders, micro_kernel};
 use crate::kernels::reduce::LANES;
 
 /// Group 0 holds elements 0, 2, …, 14 of a block, group 1 elements 1, 3, …, 15.
@@ -35,10 +34,7 @@ impl Gemm for Avx512 {
 /// element) or a mask (odd element) of each u32 pair and a widening give the exact values.
 #[target_feature(enable = "avx512f,avx2")]
 fn decode_bf16<const R: usize>(rows: &[u8], cols: usize, b0: usize, nb: usize, panel: &mut [f64]) {
-    assert!(
-        rows.len() >= 2 * R * cols && (b0 + nb) * LANES <= cols && panel.len() >= nb * R * LANES,
-        "bf16 panel bounds"
-    );
+    check_bf16_panel(R, rows, cols, b0, nb, panel);
     let high_half = _mm256_set1_epi32(0xffff_0000u32 as i32);
     for b in 0..nb {
         for r in 0..R {
@@ -71,15 +67,7 @@ fn decode_mxfp4<const R: usize>(
     nb: usize,
     panel: &mut [f64],
 ) {
-    let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
-    assert!(
-        b0.is_multiple_of(2) && nb.is_multiple_of(2) && (b0 + nb) * LANES <= cols,
-        "mxfp4 panels cover whole scale groups"
-    );
-    assert!(
-        packed.len() >= R * half && scales.len() >= R * groups && panel.len() >= nb * R * LANES,
-        "mxfp4 panel bounds"
-    );
+    let (half, groups) = check_mxfp4_panel(R, packed, scales, cols, b0, nb, panel);
     // SAFETY: both arrays hold exactly 8 f64 (512 bits); loadu has no alignment requirement.
     let (pos, neg) = unsafe {
         (
