@@ -10,7 +10,7 @@ mod synth_support;
 use std::path::{Path, PathBuf};
 
 use k3_engine::checkpoint::Checkpoint;
-use k3_engine::checkpoint::verify::Progress;
+use k3_engine::checkpoint::verify::ByteProgress;
 use k3_engine::model::{LoadOptions, Logits, Model, TrunkPack};
 use k3_engine::pack;
 use k3_engine::plan::{Budget, PackPlan, PackRefusal, Plan, PlanError, PlanInputs};
@@ -87,7 +87,7 @@ fn packed(shape: &str, dir: &Path) -> (Checkpoint, PathBuf) {
     synth_support::synth(shape, &model);
     let c = Checkpoint::open(&model).expect("synthesised checkpoint opens");
     let out = dir.join(format!("{shape}.k3pack"));
-    pack::write::pack(&c, &out, 2, &Progress::default()).expect("packs");
+    pack::write::pack(&c, &out, 2, &ByteProgress::default()).expect("packs");
     (c, out)
 }
 

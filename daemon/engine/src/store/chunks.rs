@@ -35,7 +35,7 @@ use rayon::prelude::*;
 use super::aligned::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
 use super::reader::{Priority, ReadBatch, ReaderPool};
-use super::{Class, Counters, StoreError, Weights};
+use super::{Class, StoreError, Traffic, Weights};
 use crate::checkpoint::layout::{ByteRun, Slice};
 use crate::pack::{self, PackFile, PackedTensor};
 use crate::plan::buffers::ALIGN;
@@ -88,7 +88,7 @@ pub(super) struct CycleBytes {
 
 /// A streamed tensor: where its run starts within its unit's run (its key) and its pieces.
 #[derive(Debug, Clone)]
-struct Tensor {
+struct StreamedTensor {
     start: usize,
     pieces: Range<usize>,
 }
@@ -97,7 +97,7 @@ struct Tensor {
 #[derive(Debug, Clone)]
 struct UnitPieces {
     unit: Unit,
-    tensors: Vec<Tensor>,
+    tensors: Vec<StreamedTensor>,
 }
 
 struct StreamState {
@@ -308,7 +308,7 @@ impl ChunkStream {
     pub(super) fn rows<E: From<StoreError>>(
         &self,
         pool: &ReaderPool,
-        counters: &Counters,
+        traffic: &Traffic,
         unit: Unit,
         start: usize,
         mut f: impl FnMut(usize, &[u8]) -> Result<(), E>,
@@ -328,12 +328,12 @@ impl ChunkStream {
             Unit::LmHead => Weights::LmHead,
         };
         for p in pieces {
-            let loaded = self.take(pool, counters, p).map_err(|e| e.reading(what))?;
+            let loaded = self.take(pool, traffic, p).map_err(|e| e.reading(what))?;
             let piece = self.pieces[p];
             let result = match (piece.packed, &self.pack) {
                 (Some(k), Some(pack)) => {
                     let mut out = lock(&self.decoded);
-                    let decoded = counters.decoding(k.decoded as u64, || {
+                    let decoded = traffic.decoding(k.decoded as u64, || {
                         decode_piece(pack, k, loaded.payload(), &mut out[..k.decoded])
                     });
                     match decoded {
@@ -354,7 +354,7 @@ impl ChunkStream {
     fn take(
         &self,
         pool: &ReaderPool,
-        counters: &Counters,
+        traffic: &Traffic,
         p: usize,
     ) -> Result<LoadedRun, StoreError> {
         let mut batch = {
@@ -362,9 +362,9 @@ impl ChunkStream {
             if st.in_flight.front().map(|(q, _)| *q) != Some(p) {
                 let abandoned: Vec<_> = st.in_flight.drain(..).collect();
                 for (q, mut b) in abandoned {
-                    match counters.waiting(|| b.wait(0)) {
+                    match traffic.waiting(|| b.wait(0)) {
                         Some(Ok(r)) => {
-                            count(counters, &self.pieces[q]);
+                            count(traffic, &self.pieces[q]);
                             st.spare.push(r.into_buffer());
                         }
                         Some(Err(f)) => st.spare.push(match f.buf {
@@ -388,9 +388,9 @@ impl ChunkStream {
             }
         };
         let piece = self.pieces[p];
-        match counters.waiting(|| batch.wait(0)) {
+        match traffic.waiting(|| batch.wait(0)) {
             Some(Ok(r)) => {
-                count(counters, &piece);
+                count(traffic, &piece);
                 Ok(r)
             }
             Some(Err(f)) => {
@@ -427,10 +427,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Counts a piece's bytes read: as its class's, and a packed piece's also as pack bytes.
-fn count(counters: &Counters, piece: &ChunkRead) {
-    counters.read(piece.class, piece.run.len);
+fn count(traffic: &Traffic, piece: &ChunkRead) {
+    traffic.read(piece.class, piece.run.len);
     if piece.packed.is_some() {
-        counters.pack_read(piece.run.len);
+        traffic.pack_read(piece.run.len);
     }
 }
 
@@ -560,7 +560,7 @@ fn cut(
                     }
                 }
             }
-            ts.push(Tensor {
+            ts.push(StreamedTensor {
                 start: s.start,
                 pieces: first..pieces.len(),
             });

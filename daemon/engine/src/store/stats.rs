@@ -102,7 +102,7 @@ pub(super) enum Class {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Counters {
+pub(super) struct Traffic {
     read: [AtomicU64; 4],
     avoided: AtomicU64,
     io_nanos: AtomicU64,
@@ -113,7 +113,7 @@ pub(super) struct Counters {
     pack_decode_nanos: AtomicU64,
 }
 
-impl Counters {
+impl Traffic {
     pub(super) fn avoided(&self, n: usize) {
         self.avoided.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -160,7 +160,7 @@ impl Counters {
 impl WeightStore {
     /// Weight traffic so far.
     pub fn stats(&self) -> StoreStats {
-        let r = |c: Class| self.counters.read[c as usize].load(Ordering::Relaxed);
+        let r = |c: Class| self.traffic.read[c as usize].load(Ordering::Relaxed);
         let pool = self.pool.stats();
         let (trunk, experts, embedding, head) = (
             r(Class::Trunk),
@@ -174,17 +174,17 @@ impl WeightStore {
             expert_bytes_read: experts,
             embedding_bytes_read: embedding,
             head_bytes_read: head,
-            bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
-            io_seconds: self.counters.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            bytes_avoided: self.traffic.avoided.load(Ordering::Relaxed),
+            io_seconds: self.traffic.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
             read_busy_seconds: pool.busy_nanos as f64 * 1e-9,
             window_bytes_read: pool.bytes,
-            lookahead_bytes_read: self.counters.lookahead_read.load(Ordering::Relaxed),
-            lookahead_unused_bytes: self.counters.lookahead_unused.load(Ordering::Relaxed),
+            lookahead_bytes_read: self.traffic.lookahead_read.load(Ordering::Relaxed),
+            lookahead_unused_bytes: self.traffic.lookahead_unused.load(Ordering::Relaxed),
             cache: self.cache.counters(),
             cache_resident_bytes: self.cache.resident_bytes(),
-            pack_bytes_read: self.counters.pack_read.load(Ordering::Relaxed),
-            pack_decoded_bytes: self.counters.pack_decoded.load(Ordering::Relaxed),
-            pack_decode_seconds: self.counters.pack_decode_nanos.load(Ordering::Relaxed) as f64
+            pack_bytes_read: self.traffic.pack_read.load(Ordering::Relaxed),
+            pack_decoded_bytes: self.traffic.pack_decoded.load(Ordering::Relaxed),
+            pack_decode_seconds: self.traffic.pack_decode_nanos.load(Ordering::Relaxed) as f64
                 * 1e-9,
         }
     }

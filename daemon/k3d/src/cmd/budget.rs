@@ -1,7 +1,8 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
 //! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`,
-//! `--read-ahead-gb`, `--trunk-pack` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
-//! fractional (tiny test models need budgets of a few MiB).
+//! `--read-ahead-gb`, `--prefill-tokens`, `--trunk-pack` (which `k3d bench` also takes, for every
+//! budget it measures). Figures are GiB and may be fractional (tiny test models need budgets of
+//! a few MiB).
 
 use std::path::PathBuf;
 
@@ -32,6 +33,12 @@ pub struct PlanArgs {
     /// permitting (default: one streamed layer's matrices). Output does not depend on it.
     #[arg(long, value_name = "GIB")]
     read_ahead_gb: Option<f64>,
+    /// Prompt tokens one prefill pass feeds, reading every weight once for all of them: the
+    /// plan holds their activations, or half as many until the budget allows (the plan says
+    /// how many it holds); 0 = prompts fed in chunks of 32 (default 2048). Output does not
+    /// depend on it.
+    #[arg(long, value_name = "TOKENS")]
+    pub prefill_tokens: Option<u64>,
     /// Read streamed trunk matrices from this trunk pack (`k3d pack`) where the plan measures
     /// that it pays: the decoder keeps up with the drive (the plan says which). Refused if it
     /// was packed from another checkpoint. Output does not depend on it.
@@ -42,6 +49,11 @@ pub struct PlanArgs {
     #[arg(long, requires = "trunk_pack")]
     trunk_pack_always: bool,
 }
+
+/// Prompt tokens of one prefill pass unless `--prefill-tokens` says otherwise (issue 30): an
+/// editor's file context and most agent turns in one pass; ~1.6 GB of activations at K3's
+/// widths (`plan::pass_bytes_per_token`), fewer tokens when the budget is tighter.
+pub const DEFAULT_PREFILL_TOKENS: u64 = 2048;
 
 impl PlanArgs {
     /// These flags as command-line arguments (to hand them to a child process).
@@ -58,6 +70,9 @@ impl PlanArgs {
         }
         if let Some(r) = self.read_ahead_gb {
             out.extend(["--read-ahead-gb".to_string(), r.to_string()]);
+        }
+        if let Some(p) = self.prefill_tokens {
+            out.extend(["--prefill-tokens".to_string(), p.to_string()]);
         }
         if let Some(p) = &self.trunk_pack {
             out.extend(["--trunk-pack".to_string(), p.display().to_string()]);
@@ -137,6 +152,7 @@ impl BudgetArgs {
                 no_lookahead: self.plan.no_lookahead,
                 dense_lookahead: self.plan.dense_lookahead,
                 read_ahead_gb: self.plan.read_ahead_gb,
+                prefill_tokens: self.plan.prefill_tokens,
                 trunk_pack: self.plan.trunk_pack.clone(),
                 trunk_pack_always: self.plan.trunk_pack_always,
             },
@@ -148,6 +164,7 @@ impl BudgetArgs {
         Ok(LoadOptions {
             plan: PlanInputs {
                 budget: self.budget()?,
+                prefill_tokens: self.plan.prefill_tokens.unwrap_or(DEFAULT_PREFILL_TOKENS),
                 ..PlanInputs::default()
             },
             trunk_pack: self.plan.trunk_pack.as_ref().map(|path| TrunkPack {
