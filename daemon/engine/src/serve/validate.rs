@@ -9,7 +9,7 @@
 //! (matched after every token), and prompt + `max_tokens` within the model's advertised
 //! context (`max_position_embeddings`, spec §2.2).
 
-use crate::engine::{GenerateRequest, RequestError, Sampling};
+use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
 use crate::tokenizer::{Specials, Tokenizer};
 
@@ -64,16 +64,18 @@ pub struct Request {
     /// New tokens at most; `None` = [`DEFAULT_MAX_TOKENS`] (or the cap, if lower).
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
+    /// Logit bias and penalties, applied before each id is chosen.
+    pub transform: LogitTransform,
     pub stop_ids: Vec<u32>,
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
     pub speculate: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
-    /// Continue from the longest kept state of this caller that prefixes the prompt, and keep
-    /// this request's states for the caller's next one (automatic prefix reuse, see
-    /// [`super::prefix`]); `None` = compute the prompt afresh. Ignored with a session.
-    pub reuse: Option<super::prefix::Caller>,
+    /// Continue from the longest kept state of the same caller that prefixes the prompt, and
+    /// keep this request's states for the caller's next one (automatic prefix reuse, see
+    /// [`super::prefix`]); `false` = compute the prompt afresh. Ignored with a session.
+    pub reuse: bool,
 }
 
 impl Request {
@@ -83,11 +85,12 @@ impl Request {
             prompt,
             max_tokens: None,
             sampling: Sampling::default(),
+            transform: LogitTransform::default(),
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             speculate: None,
             session: None,
-            reuse: None,
+            reuse: false,
         }
     }
 }
@@ -171,6 +174,7 @@ pub fn validate(
         prompt,
         max_tokens,
         sampling,
+        transform,
         mut stop_ids,
         stop_strings,
         speculate,
@@ -221,7 +225,10 @@ pub fn validate(
         stop_strings,
         record_logits: false,
         speculate: speculate.unwrap_or(limits.speculate),
+        transform,
+        guide: None,
         prompt,
+        keep_at: Vec::new(),
     };
     request.validate(model.vocab_size)?;
     if request.max_tokens > limits.max_tokens_cap {

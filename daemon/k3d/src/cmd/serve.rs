@@ -1,10 +1,10 @@
-//! `k3d serve`: load a model once and serve it over a Unix socket (see `server/`).
+//! `k3d serve`: load a model once and serve it over a Unix socket (see `daemon.rs`).
 //!
 //! Settings come from the command line and, with `--config FILE`, from a TOML file whose keys
 //! are the long flag names with `-` written as `_` (`packaging/k3d.toml` documents them). A flag
 //! given on the command line overrides the file; unknown keys in the file are refused.
 use crate::exit::{CliError, CliResult, Exit};
-use crate::server;
+use crate::{daemon, net};
 use k3_engine::plan::{Budget, Serving};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -70,11 +70,20 @@ pub struct Args {
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
     session_dir: Option<PathBuf>,
-    /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
-    /// Idle sessions beyond it are written to the session directory [default: the plan's
-    /// headroom, which may be zero: sessions then wait on disk between turns].
+    /// GiB of the memory budget kept for in-memory sessions and each caller's kept conversation
+    /// states; the model is planned in the rest. Idle sessions beyond it are written to the
+    /// session directory [default: one conversation state of the planned context per active
+    /// request, as much as the budget holds beside the model, plus the plan's headroom].
     #[arg(long)]
     session_gb: Option<f64>,
+    /// Sessions one user (uid) may have; creating more is refused (RESOURCE_EXHAUSTED)
+    /// [default: 64].
+    #[arg(long)]
+    sessions_per_uid: Option<usize>,
+    /// GiB of session files one user (uid) may have in the session directory; a save beyond
+    /// is refused, a spill beyond drops that user's session from memory [default: 16].
+    #[arg(long)]
+    session_disk_gb_per_uid: Option<f64>,
     /// Also serve the OpenAI-compatible HTTP API here: unix:PATH (same access rules as
     /// --socket; callers identified by uid) or IP:PORT (loopback unless `http_api_keys` is set
     /// in --config). Repeatable.
@@ -116,6 +125,8 @@ struct ConfigFile {
     max_tokens_cap: Option<usize>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
+    sessions_per_uid: Option<usize>,
+    session_disk_gb_per_uid: Option<f64>,
     /// `--http` endpoints; the command line's replace the file's.
     http: Option<Vec<String>>,
     /// Bearer keys the HTTP API accepts on TCP. Only here, never on the command line, which
@@ -279,6 +290,21 @@ pub fn run(args: Args) -> CliResult {
         .map(|g| Budget::gib("--session-gb", g))
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
+    let defaults = k3_engine::session::store::Quota::default();
+    let session_quota = k3_engine::session::store::Quota {
+        sessions: match args.sessions_per_uid.or(file.sessions_per_uid) {
+            Some(0) => return Err(usage("sessions_per_uid must be at least 1".into())),
+            Some(n) => n,
+            None => defaults.sessions,
+        },
+        disk_bytes: args
+            .session_disk_gb_per_uid
+            .or(file.session_disk_gb_per_uid)
+            .map(|g| Budget::gib("--session-disk-gb-per-uid", g))
+            .transpose()
+            .map_err(|e| usage(e.to_string()))?
+            .unwrap_or(defaults.disk_bytes),
+    };
     let mut model_options = args
         .budget
         .or_from_file(
@@ -326,12 +352,12 @@ pub fn run(args: Args) -> CliResult {
     let per_peer = args
         .max_connections_per_peer
         .or(file.max_connections_per_peer)
-        .unwrap_or(server::gate::DEFAULT_PER_PEER);
+        .unwrap_or(net::gate::DEFAULT_PER_PEER);
     if per_peer == 0 {
         return Err(usage("max_connections_per_peer must be at least 1".into()));
     }
     let handshake = match args.handshake_timeout.or(file.handshake_timeout) {
-        None => server::gate::DEFAULT_HANDSHAKE,
+        None => net::gate::DEFAULT_HANDSHAKE,
         Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
         Some(_) => {
             return Err(usage(
@@ -345,9 +371,9 @@ pub fn run(args: Args) -> CliResult {
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
     };
-    server::run(server::Config {
+    daemon::run(daemon::Options {
         model,
-        socket: server::SocketSpec {
+        socket: net::SocketSpec {
             path: socket,
             mode,
             group: args.socket_group.or(file.socket_group),
@@ -367,9 +393,10 @@ pub fn run(args: Args) -> CliResult {
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
         session_bytes,
+        session_quota,
         http,
         http_settings,
-        connections: server::gate::Limits {
+        connections: net::gate::ConnectionLimits {
             per_peer,
             handshake,
         },

@@ -20,10 +20,10 @@ mod listen;
 mod metrics;
 mod reply;
 pub mod request;
+mod stream;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
-use crate::server::convert::load_progress;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -33,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
 use k3_engine::serve::{Caller, Core, Health};
-use k3proto::progress::load_text;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -86,8 +85,7 @@ impl App {
         match self.core.health() {
             Health::Ready => Ok(()),
             Health::Loading(figures) => Err(ApiError::unavailable(format!(
-                "the model is loading ({}); retry shortly",
-                load_text(&load_progress(&figures))
+                "the model is loading ({figures}); retry shortly"
             ))),
             Health::Failed(e) => Err(ApiError::unavailable(format!(
                 "the model failed to load, so k3d cannot generate: {e}"
@@ -100,27 +98,19 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Chat)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Chat)
+            }),
         )
         .route(
             "/v1/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Text)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Text)
+            }),
         )
         .route(
             "/v1/messages",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    anthropic::messages(app, peer, request)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| anthropic::messages(app, request)),
         )
         .route(
             "/v1/messages/count_tokens",
@@ -161,40 +151,48 @@ async fn guard(
     response
 }
 
-/// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
-/// keyless loopback callers are one caller: TCP carries no identity).
+/// Who the request is from ([`Caller`]): the API key it presented when the daemon has keys
+/// (a TCP caller must present one), else the account the kernel names for its connection —
+/// a Unix peer's credentials, a loopback TCP peer's socket owner. A caller neither names is
+/// [`Caller::Unknown`]: nothing is kept for it (issue 35 point 7).
 fn authorise(
     app: &App,
     peer: Peer,
     headers: &HeaderMap,
     endpoint: &str,
 ) -> Result<Caller, ApiError> {
+    let by_account = peer.uid().map_or(Caller::Unknown, Caller::Uid);
     let keys = &app.settings.keys;
-    if let Peer::Unix { .. } = peer {
-        return Ok(Caller::Uid(peer.uid()));
-    }
-    if keys.is_empty() || endpoint == "/health" {
-        return Ok(Caller::Key(String::new()));
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+        return Ok(by_account);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .or_else(|| header_text(X_API_KEY))
         .ok_or_else(|| {
             ApiError::unauthorized(
                 "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
             )
         })?;
-    if let Some(key) = keys
-        .iter()
-        .find(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
-    {
-        Ok(Caller::Key(key.clone()))
-    } else {
-        Err(ApiError::unauthorized(
+    // Every key is compared, so the time taken does not say which one matched.
+    let matched = keys.iter().enumerate().fold(None, |found, (index, k)| {
+        let equal = constant_time_eq(k.as_bytes(), given.trim().as_bytes());
+        found.or(equal.then_some(index))
+    });
+    match matched {
+        Some(key) => Ok(Caller::Key { key, scope: None }),
+        None => Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
-        ))
+        )),
     }
+}
+
+/// The credentials of an `Authorization: Bearer KEY` header; the scheme's name is
+/// case-insensitive (RFC 9110 §11.1), so `bearer KEY` is the same header.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code's `ANTHROPIC_API_KEY`;
@@ -217,14 +215,13 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
 /// `POST /v1/chat/completions` and `/v1/completions`.
 async fn complete(
     app: Arc<App>,
-    peer: Peer,
     request: Request,
     shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, peer, caller, shape, &bytes, arrived).await
+    completions::complete(app, caller, shape, &bytes, arrived).await
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
@@ -267,17 +264,14 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             StatusCode::OK,
             json!({"status": "ready", "model": app.settings.model_id}),
         ),
-        (Health::Loading(figures), true) => {
-            let p = load_progress(figures);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({"status": "loading", "progress": {
-                    "done": p.done, "total": p.total,
-                    "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
-                    "text": load_text(&p),
-                }}),
-            )
-        }
+        (Health::Loading(p), true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "loading", "progress": {
+                "done": p.done, "total": p.total,
+                "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
+                "text": p.to_string(),
+            }}),
+        ),
         (Health::Failed(e), true) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "failed", "error": e.to_string()}),
@@ -301,8 +295,8 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
         .into_response())
 }
 
-/// What an HTTP/1.1 client refused by the connection gate is told (`server::refusal`): a 429
-/// in OpenAI's error shape, as a whole response.
+/// What an HTTP/1.1 client refused by the connection gate is told (`net::refusal`, handed
+/// this by the daemon): a 429 in OpenAI's error shape, as a whole response.
 pub fn refusal_response(reason: &str) -> Vec<u8> {
     ApiError::too_many_connections(reason).http1_bytes()
 }
@@ -311,12 +305,12 @@ pub fn refusal_response(reason: &str) -> Vec<u8> {
 /// completes (the two listener types differ; what is served on them does not).
 fn serve_on<L>(
     listener: L,
-    gate: Arc<crate::server::gate::Gate>,
+    gate: Arc<crate::net::gate::Gate>,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
 where
-    L: crate::server::accept::Listen,
+    L: crate::net::accept::Listen,
     listen::Gated<L>: axum::serve::Listener<Addr = ()>,
     Peer: for<'a> axum::extract::connect_info::Connected<
             axum::serve::IncomingStream<'a, listen::Gated<L>>,
@@ -333,7 +327,7 @@ where
 pub async fn serve(
     app: Arc<App>,
     bound: Vec<Bound>,
-    gate: Arc<crate::server::gate::Gate>,
+    gate: Arc<crate::net::gate::Gate>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -363,4 +357,29 @@ pub async fn serve(
             .context("serving HTTP")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_http1_refusal_is_a_complete_429_with_an_openai_error_body() {
+        let w = String::from_utf8(refusal_response("too many")).expect("text");
+        let (head, body) = w.split_once("\r\n\r\n").expect("head and body");
+        assert!(
+            head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("retry-after: 1\r\n"), "{head}");
+        assert!(head.contains("connection: close\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+        assert_eq!(json["error"]["message"], "too many");
+        assert_eq!(json["error"]["type"], "rate_limit_error");
+        assert_eq!(json["error"]["code"], "too_many_connections");
+    }
 }

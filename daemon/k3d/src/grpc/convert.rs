@@ -1,8 +1,9 @@
 //! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
 //! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
+use k3_engine::engine::LogitTransform;
 use k3_engine::serve::{
-    Channel, Done, Event, Finish, LoadFigures, Prompt, Request, ServeError, SessionFigures,
+    Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
 use k3_engine::session::{FileError, SessionInfo, StoreError};
 use k3_engine::tokenizer::chat::{
@@ -34,12 +35,24 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
             top_k: s.top_k as usize,
             seed: s.seed,
         },
+        transform: transform(&s),
         stop_ids: o.stop_ids,
         stop_strings: o.stop_strings,
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
-        reuse: None,
+        reuse: false,
+    }
+}
+
+/// The wire's logit bias and penalties; ids in ascending order (a map has none of its own).
+fn transform(s: &pb::Sampling) -> LogitTransform {
+    let mut bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&id, &b)| (id, b)).collect();
+    bias.sort_by_key(|&(id, _)| id);
+    LogitTransform {
+        bias,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
     }
 }
 
@@ -211,6 +224,8 @@ fn session_status(e: &StoreError, text: String) -> Status {
         // The disk's fault: RESOURCE_EXHAUSTED when it is full (gRPC's code for "the file
         // system is out of space"), else INTERNAL; the text says "could not store" either way.
         e if e.is_out_of_space() => Status::resource_exhausted(text),
+        // A quota or the room kept for other users (issue 35 point 6).
+        StoreError::Quota { .. } | StoreError::Reserved { .. } => Status::resource_exhausted(text),
         StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. } => Status::internal(text),
         StoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
@@ -250,7 +265,7 @@ fn progress(phase: pb::Phase, done: u64, total: u64) -> pb::event::Event {
     })
 }
 
-/// The serve core's load figures on the wire; [`k3proto::progress::load_text`] words them.
+/// The serve core's load figures on the wire, with the core's words for them.
 pub fn load_progress(f: &LoadFigures) -> pb::Progress {
     pb::Progress {
         phase: pb::Phase::Load.into(),
@@ -258,6 +273,7 @@ pub fn load_progress(f: &LoadFigures) -> pb::Progress {
         total: f.total,
         bytes_per_second: f.bytes_per_second,
         eta_seconds: f.eta_seconds,
+        text: f.to_string(),
     }
 }
 
@@ -273,10 +289,10 @@ fn channel(c: Channel) -> pb::Channel {
 
 fn done(d: &Done) -> pb::Done {
     let (reason, stop_id, stop_string) = match &d.finish {
-        Finish::Length => (pb::StopReason::MaxTokens, 0, String::new()),
-        Finish::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
-        Finish::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
-        Finish::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
+        FinishReason::Length => (pb::StopReason::MaxTokens, 0, String::new()),
+        FinishReason::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
+        FinishReason::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
+        FinishReason::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
     };
     let s = &d.summary;
     pb::Done {
