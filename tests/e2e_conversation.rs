@@ -7,9 +7,9 @@
 //! requests are not its training conversations (other wording, other tool sets).
 //!
 //! Ignored until the retrained fixture is committed: the model in the repository today was
-//! trained before these conversations existed and ends every reply with `.<|close|>message…`
-//! inside the answer (malformed), so these tests fail on it — they are the acceptance check
-//! of the retrain (`cargo test -p k3-tests --test e2e_conversation -- --ignored`).
+//! trained before these conversations existed and holds no turn (with thinking on it writes
+//! source-like text in the think channel until `max_tokens`), so these tests fail on it — they
+//! are the acceptance check of the retrain (`cargo test -p k3-tests --test e2e_conversation -- --ignored`).
 
 #[path = "e2e_support.rs"]
 mod support;
@@ -28,7 +28,11 @@ fn trained_model() -> PathBuf {
 fn daemon(dir: &Path) -> (Daemon, PathBuf) {
     let http_socket = dir.join("http.sock");
     let http_arg = format!("unix:{}", http_socket.display());
-    let d = Daemon::start(&trained_model(), &dir.join("k3d.sock"), &["--http", &http_arg]);
+    let d = Daemon::start(
+        &trained_model(),
+        &dir.join("k3d.sock"),
+        &["--http", &http_arg],
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while !http_socket.exists() || http(&http_socket, "GET", "/health", "").0 != 200 {
         assert!(
@@ -93,7 +97,9 @@ fn the_call(choice: &Value, name: &str, key: &str) -> Value {
 fn the_answer(choice: &Value) -> String {
     assert_eq!(choice["finish_reason"], "stop", "{choice}");
     assert!(
-        choice["message"].get("tool_calls").is_none_or(Value::is_null),
+        choice["message"]
+            .get("tool_calls")
+            .is_none_or(Value::is_null),
         "{choice}"
     );
     let content = choice["message"]["content"]
@@ -156,8 +162,10 @@ fn the_trained_fixture_calls_a_tool_and_answers_its_result() {
         let call = the_call(&choice, name, key);
         // The round trip: the call and its result go back; the model answers in text.
         let messages = body["messages"].as_array_mut().expect("messages");
-        messages.push(json!({"role": "assistant", "content": choice["message"]["content"],
-                             "tool_calls": [call.clone()]}));
+        messages.push(
+            json!({"role": "assistant", "content": choice["message"]["content"],
+                             "tool_calls": [call.clone()]}),
+        );
         messages.push(json!({"role": "tool", "tool_call_id": call["id"],
                              "content": "add.py\nREADME.md\n"}));
         the_answer(&complete(&socket, &d, body));
@@ -169,8 +177,13 @@ fn the_trained_fixture_calls_a_tool_and_answers_its_result() {
 fn the_trained_fixture_answers_without_tools_with_and_without_thinking() {
     let dir = scratch("conversation-plain");
     let (d, socket) = daemon(dir.path());
-    let ask = json!([{"role": "user", "content": "Write a Python function that adds two numbers."}]);
-    let thinking = complete(&socket, &d, json!({"messages": ask, "reasoning_effort": "low"}));
+    let ask =
+        json!([{"role": "user", "content": "Write a Python function that adds two numbers."}]);
+    let thinking = complete(
+        &socket,
+        &d,
+        json!({"messages": ask, "reasoning_effort": "low"}),
+    );
     let reasoning = thinking["message"]["reasoning_content"]
         .as_str()
         .unwrap_or_default();
