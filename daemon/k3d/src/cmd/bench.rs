@@ -387,7 +387,8 @@ pub fn run(args: Args) -> CliResult {
             let d = &run.report.decode;
             if d.pack_bytes > 0 {
                 eprintln!(
-                    "k3d bench:     trunk pack: {:.3} GB read per token for {:.3} GB of shard                      bytes ({:.1} %), decoded at {:.2} GB/s ({:.3} s per token)",
+                    "k3d bench:     trunk pack: {:.3} GB read per token for {:.3} GB of shard bytes \
+                     ({:.1} %), decoded at {:.2} GB/s ({:.3} s per token)",
                     per_token(d.pack_bytes, d.tokens) / 1e9,
                     per_token(d.pack_decoded_bytes, d.tokens) / 1e9,
                     100.0 * d.pack_bytes as f64 / d.pack_decoded_bytes.max(1) as f64,
