@@ -61,6 +61,16 @@ pub enum ServeError {
     /// The shutdown grace ran out before the job finished (`CANCELLED`).
     #[error("k3d is shutting down: the request was cancelled after the grace period")]
     Shutdown,
+    /// The job's reader took no event for `--stall-timeout` seconds while other requests
+    /// waited for a compute slot, and the session allowance had no room to keep its state
+    /// until the reader came back (issue 35 point 4; gRPC `ABORTED`, an HTTP stream's error
+    /// event). A reader with room kept is parked instead and gets its whole reply.
+    #[error(
+        "request {id} was cancelled: its reader took nothing for {seconds:.1} s \
+         (--stall-timeout) while others waited for a compute slot, and the session allowance \
+         had no room to keep its state"
+    )]
+    Stalled { id: u64, seconds: f64 },
     /// A session refusal (not found, another user's, in use, its file damaged), or a failure
     /// of the session storage ([`StoreError::is_storage_failure`]), which says so first.
     #[error("{}", session_text(.0))]
@@ -142,7 +152,8 @@ impl ServeError {
             | ServeError::Cancelled(_)
             | ServeError::CancelledQueued(_)
             | ServeError::Abandoned
-            | ServeError::Shutdown => false,
+            | ServeError::Shutdown
+            | ServeError::Stalled { .. } => false,
         }
     }
 

@@ -82,6 +82,7 @@ mod load;
 mod log;
 pub mod metrics;
 pub mod prefix;
+mod prep;
 pub mod reply;
 mod scheduler;
 pub mod sessions;
@@ -95,6 +96,7 @@ pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
 pub use prefix::{Caller, PrefixCache, PrefixFigures};
+pub use prep::{PREP_TURNS, PrepTurn};
 pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, ToolCallStart};
 pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Invalid, Kind, Limits, Prompt, Request};
@@ -106,10 +108,11 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::config::{ConfigError, ModelConfig};
 use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, Summary};
-use crate::tokenizer::chat::ToolCall;
+use crate::tokenizer::chat::{Conversation, ToolCall};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
 use metrics::Metrics;
+use prep::PrepPool;
 use validate::ModelLimits;
 
 /// Events buffered per job: small, so a reader that stops reading is noticed quickly and holds
@@ -212,6 +215,32 @@ impl JobHandle {
     }
 }
 
+/// A place held in the admission queue for one request, taken before the request is read or
+/// tokenised ([`Core::reserve`]). Dropping it gives the place back.
+pub struct Reservation {
+    id: u64,
+    uid: Option<u32>,
+    admission: Arc<Admission>,
+    /// The job is in its place (nothing to give back).
+    filled: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.admission.unreserve(self.id);
+        }
+    }
+}
+
+/// A reservation whose turn in the preparation pool has come ([`Core::turn`]): parse, render
+/// and tokenise now, then [`Core::submit_turn`] or [`Core::count_tokens`]. Dropping it gives
+/// back both the turn and the place.
+pub struct Turn {
+    reservation: Reservation,
+    _turn: PrepTurn,
+}
+
 /// Everything [`Core::status`] reports.
 #[derive(Debug, Clone)]
 pub struct Status {
@@ -259,7 +288,14 @@ pub struct Config {
     pub log: Log,
     /// Told about every change of the model's state (load phases, ready, failed).
     pub on_health: OnHealth,
+    /// How long a running job's reader may take nothing, while others wait for a compute
+    /// slot, before the job gives its slot back (`--stall-timeout`; issue 35 point 4).
+    pub stall_timeout: Duration,
 }
+
+/// Default `--stall-timeout`: long enough for a reader busy with something else for a
+/// moment, short enough that others do not wait long behind one that stopped.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Config {
     /// Defaults: all cores, 4 active jobs batched together, 16 queued, no per-uid limits,
@@ -279,6 +315,7 @@ impl Config {
             session_bytes: None,
             log: Log::QUIET,
             on_health: ignore_health,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -300,6 +337,8 @@ pub enum StartError {
 /// The serve core (see the module docs).
 pub struct Core {
     admission: Arc<Admission>,
+    /// Where requests are parsed, rendered and tokenised, a few at a time.
+    prep: Arc<PrepPool>,
     sessions: Arc<Sessions>,
     prefix: Arc<PrefixCache>,
     metrics: Arc<Metrics>,
@@ -310,6 +349,7 @@ pub struct Core {
     limits: Limits,
     log: Log,
     on_health: OnHealth,
+    stall_timeout: Duration,
     /// Taken by [`Core::start`].
     pending: Mutex<Option<(PathBuf, EngineOptions)>>,
     scheduler: Mutex<Option<JoinHandle<()>>>,
@@ -341,6 +381,7 @@ impl Core {
         capacity.per_uid.max_active = capacity.per_uid.max_active.max(1);
         Ok(Core {
             admission: Arc::new(Admission::new(capacity)),
+            prep: PrepPool::new(PREP_TURNS),
             sessions: Arc::new(Sessions::new(
                 config.session_dir,
                 config.session_bytes,
@@ -353,6 +394,7 @@ impl Core {
             limits: config.limits,
             log: config.log,
             on_health: config.on_health,
+            stall_timeout: config.stall_timeout,
             pending: Mutex::new(Some((config.model, config.engine))),
             scheduler: Mutex::new(None),
             started: Instant::now(),
@@ -375,6 +417,7 @@ impl Core {
                 metrics: Arc::clone(&self.metrics),
                 log: self.log,
                 on_health: self.on_health,
+                stall_timeout: self.stall_timeout,
             },
             model,
             options,
@@ -386,23 +429,77 @@ impl Core {
     }
 
     /// Validates `request` and queues it for `uid` (the caller's peer credentials; `None` when
-    /// unknown). Refusals are immediate and cost nothing.
+    /// unknown): [`Self::reserve`], [`Self::turn`] and [`Self::submit_turn`] in one, for a
+    /// transport whose request is already in memory. Refusals are immediate and cost nothing.
+    /// Blocks while waiting for a preparation turn.
     pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
-        let submitted = self.try_submit(uid, request);
+        let turn = self.turn(self.reserve(uid)?);
+        self.submit_turn(turn, request)
+    }
+
+    /// Holds a place in the queue for one request of `uid`, or refuses at once (not serving,
+    /// the queue full, the uid's `max_queued` reached: counted as rejected) — to be called
+    /// before the request is read, parsed or tokenised, so that a refused request costs nothing
+    /// and a flood of large bodies holds no memory (issue 35 point 2).
+    pub fn reserve(&self, uid: Option<u32>) -> Result<Reservation, ServeError> {
+        let id = self.admission.next_id();
+        if let Err(e) = self.admission.reserve(id, uid) {
+            self.admission.refused();
+            return Err(e);
+        }
+        Ok(Reservation {
+            id,
+            uid,
+            admission: Arc::clone(&self.admission),
+            filled: false,
+        })
+    }
+
+    /// Waits (blocking the calling thread) for a turn in the preparation pool: at most
+    /// [`PREP_TURNS`] requests are parsed, rendered and tokenised at once, in turns fair
+    /// across uids ([`prep`]).
+    pub fn turn(&self, reservation: Reservation) -> Turn {
+        let turn = self.prep.enter(reservation.uid);
+        Turn {
+            reservation,
+            _turn: turn,
+        }
+    }
+
+    /// Validates (renders, tokenises) `request` and queues it in its reserved place, then
+    /// gives the turn back. Refusals are counted as rejected.
+    pub fn submit_turn(&self, turn: Turn, request: Request) -> Result<JobHandle, ServeError> {
+        let submitted = self.try_submit(turn.reservation, request);
         if submitted.is_err() {
             self.admission.refused();
         }
         submitted
     }
 
-    fn try_submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
-        self.admission.check_open()?;
+    /// The number of prompt tokens `conversation` renders to as a chat request, within the
+    /// same limits a request is held to (`max_prompt_tokens`, refused beyond it naming it):
+    /// what `/v1/messages/count_tokens` answers. Nothing is queued; the place is given back.
+    pub fn count_tokens(&self, turn: Turn, conversation: Conversation) -> Result<usize, ServeError> {
+        let limit = self.limits.max_prompt_tokens;
+        let rendered = validate::render_chat(&self.tokenizer, conversation, limit);
+        drop(turn);
+        match rendered? {
+            Ok((ids, _, _)) => Ok(ids.len()),
+            Err(tokens) => Err(ServeError::Invalid(Invalid::PromptTooLong { tokens, limit })),
+        }
+    }
+
+    fn try_submit(
+        &self,
+        mut reservation: Reservation,
+        request: Request,
+    ) -> Result<JobHandle, ServeError> {
+        let (id, uid) = (reservation.id, reservation.uid);
         let session = request.session.clone();
         // A session's own states take precedence over automatic reuse.
         let reuse = request.reuse.clone().filter(|_| session.is_none());
         let validated =
             validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
-        let id = self.admission.next_id();
         let lease = match &session {
             Some(name) => {
                 // A queued job whose reader is gone must not keep its session in use.
@@ -436,7 +533,9 @@ impl Core {
         let mut job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
         job.conversation = validated.conversation.filter(|_| reuse.is_some());
         job.reuse = reuse;
-        if let Err(e) = self.admission.submit(job) {
+        // From here the place is the job's: filled, or taken away with the job's refusal.
+        reservation.filled = true;
+        if let Err(e) = self.admission.fill(job) {
             self.log.info(format_args!("request {id} refused: {e}"));
             return Err(e);
         }

@@ -33,11 +33,13 @@ pub struct Args {
     #[arg(long)]
     max_active: Option<usize>,
     /// Requests of one user (uid) computed at once; their others wait while other users'
-    /// start [default: no limit but --max-active].
+    /// start. Below --max-active, so one user never holds every compute slot
+    /// [default: half of --max-active, at least 1].
     #[arg(long)]
     max_active_per_uid: Option<usize>,
-    /// Requests of one user (uid) that may wait for a compute slot; more are refused with
-    /// RESOURCE_EXHAUSTED (HTTP 429) [default: no limit but --max-queue].
+    /// Requests of one user (uid) that may wait for a compute slot (counted from the moment
+    /// a request arrives, before its body is read); more are refused with RESOURCE_EXHAUSTED
+    /// (HTTP 429) [default: half of --max-queue, at least 1].
     #[arg(long)]
     max_queued_per_uid: Option<usize>,
     /// Requests stepped together through one forward pass: they share each layer's weights
@@ -66,6 +68,17 @@ pub struct Args {
     /// one request cannot hold the machine for hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
+    /// template included); a longer prompt is refused, naming this limit, before anything is
+    /// computed [default: 32768].
+    #[arg(long)]
+    max_prompt_tokens: Option<usize>,
+    /// Seconds a streamed request's reader may take nothing while others wait for a compute
+    /// slot; then the request gives its slot back: its state is kept if the session
+    /// allowance has room (it resumes when its reader reads again), else it is cancelled
+    /// [default: 10].
+    #[arg(long)]
+    stall_timeout: Option<f64>,
     /// Directory where sessions are saved, spilled and found again after a restart
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
@@ -114,6 +127,8 @@ struct ConfigFile {
     cache_gb: Option<f64>,
     speculate: Option<usize>,
     max_tokens_cap: Option<usize>,
+    max_prompt_tokens: Option<usize>,
+    stall_timeout: Option<f64>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
     /// `--http` endpoints; the command line's replace the file's.
@@ -228,16 +243,17 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let max_queue = args.max_queue.or(file.max_queue).unwrap_or(16);
     let per_uid = k3_engine::serve::UidLimits {
         max_active: match args.max_active_per_uid.or(file.max_active_per_uid) {
             Some(0) => return Err(usage("max_active_per_uid must be at least 1".into())),
             Some(n) => n,
-            None => usize::MAX,
+            None => k3_engine::serve::UidLimits::share_of(max_active),
         },
         max_queued: args
             .max_queued_per_uid
             .or(file.max_queued_per_uid)
-            .unwrap_or(usize::MAX),
+            .unwrap_or_else(|| k3_engine::serve::UidLimits::share_of(max_queue)),
     };
     let speculate = args.speculate.or(file.speculate).unwrap_or(0);
     if speculate > k3_engine::engine::request::MAX_SPECULATE {
@@ -256,6 +272,26 @@ pub fn run(args: Args) -> CliResult {
             k3_engine::engine::request::MAX_TOKENS_LIMIT
         )));
     }
+    let max_prompt_tokens = args
+        .max_prompt_tokens
+        .or(file.max_prompt_tokens)
+        .unwrap_or(k3_engine::serve::validate::DEFAULT_MAX_PROMPT_TOKENS);
+    if max_prompt_tokens == 0 || max_prompt_tokens > k3_engine::serve::validate::MAX_PROMPT_TOKENS
+    {
+        return Err(usage(format!(
+            "max_prompt_tokens must be between 1 and {}",
+            k3_engine::serve::validate::MAX_PROMPT_TOKENS
+        )));
+    }
+    let stall_timeout = match args.stall_timeout.or(file.stall_timeout) {
+        None => k3_engine::serve::DEFAULT_STALL_TIMEOUT,
+        Some(s) if s.is_finite() && (0.1..=86_400.0).contains(&s) => Duration::from_secs_f64(s),
+        Some(_) => {
+            return Err(usage(
+                "stall_timeout must be between 0.1 and 86400 seconds".into(),
+            ));
+        }
+    };
     let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
     if max_batch == 0 {
         return Err(usage("max_batch must be at least 1".into()));
@@ -357,13 +393,15 @@ pub fn run(args: Args) -> CliResult {
         capacity: k3_engine::serve::Capacity {
             max_active,
             max_batch,
-            max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
+            max_queue,
             per_uid,
         },
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
+            max_prompt_tokens,
         },
+        stall_timeout,
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
         session_bytes,

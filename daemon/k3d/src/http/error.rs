@@ -121,6 +121,8 @@ impl ApiError {
             | ServeError::CancelledQueued(_)
             | ServeError::Abandoned
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            // Only a stream stalls: this is its error event, after its 200.
+            ServeError::Stalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ServeError::Session(s) => match s.as_ref() {
                 e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
                 StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,

@@ -51,8 +51,10 @@ pub struct Config {
     /// Memory plan options (`--ram-gb` etc.).
     pub model_options: k3_engine::model::LoadOptions,
     pub capacity: Capacity,
-    /// Request limits: `--max-tokens-cap`, `--speculate`.
+    /// Request limits: `--max-tokens-cap`, `--speculate`, `--max-prompt-tokens`.
     pub limits: Limits,
+    /// `--stall-timeout`.
+    pub stall_timeout: Duration,
     pub grace: Duration,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
@@ -100,6 +102,7 @@ pub fn run(cfg: Config) -> CliResult {
         session_bytes: cfg.session_bytes,
         log: k3_engine::serve::Log(logging::core_line),
         on_health,
+        stall_timeout: cfg.stall_timeout,
     })
     .map_err(|e| {
         let exit = match &e {

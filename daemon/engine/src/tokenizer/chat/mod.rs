@@ -35,7 +35,7 @@ pub use model::{
     ChatError, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
     ToolChoice,
 };
-pub use render::{Segment, render, segments};
+pub use render::{Limited, Segment, render, render_limited, segments};
 pub use reply::{
     Channel, MalformedReply, Pushed, Reply, ReplyError, ReplyEvent, ReplyReader, parse_reply,
 };
