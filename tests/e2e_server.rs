@@ -158,7 +158,21 @@ async fn a_dropped_stream_stops_its_compute() {
 
 #[tokio::test]
 async fn sixteen_concurrent_clients_get_what_they_get_alone() {
-    let (d, mut c) = ready_daemon("concurrent", &["--max-queue", "16", "--max-active", "4"]).await;
+    let (d, mut c) = ready_daemon(
+        "concurrent",
+        // One account (root) sends all 16: the test is of the slots, not of their fair share.
+        &[
+            "--max-queue",
+            "16",
+            "--max-active",
+            "4",
+            "--max-active-per-uid",
+            "4",
+            "--max-queued-per-uid",
+            "16",
+        ],
+    )
+    .await;
     let requests: Vec<_> = (0..16).map(|i| ids_request(prompt(i), 12)).collect();
     let alone = solo_ids(&mut c, &requests).await;
     let mut queued_seen = false;
@@ -179,7 +193,18 @@ async fn sixteen_concurrent_clients_get_what_they_get_alone() {
 /// passes serving all four — and each gets exactly the ids it gets alone.
 #[tokio::test]
 async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
-    let (d, mut c) = ready_daemon("batched", &["--max-active", "4", "--max-batch", "4"]).await;
+    let (d, mut c) = ready_daemon(
+        "batched",
+        &[
+            "--max-active",
+            "4",
+            "--max-batch",
+            "4",
+            "--max-active-per-uid",
+            "4",
+        ],
+    )
+    .await;
     let prompts: Vec<Vec<u32>> = vec![
         prompt(1),
         (0..45).map(|i| 3 + (i * 7) % 90).collect(),
@@ -214,7 +239,18 @@ async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
 /// next round) and every output is still exactly as alone.
 #[tokio::test]
 async fn max_batch_caps_the_requests_per_pass() {
-    let (d, mut c) = ready_daemon("batch-cap", &["--max-active", "4", "--max-batch", "2"]).await;
+    let (d, mut c) = ready_daemon(
+        "batch-cap",
+        &[
+            "--max-active",
+            "4",
+            "--max-batch",
+            "2",
+            "--max-active-per-uid",
+            "4",
+        ],
+    )
+    .await;
     let requests: Vec<_> = (0..4).map(|i| ids_request(prompt(i), 100)).collect();
     let alone = solo_ids(&mut c, &requests).await;
     concurrently_as_alone(&d.socket, &requests, &alone).await;

@@ -528,7 +528,9 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         Err(e) => panic!("not an invalid request: {e}"),
         Ok(_) => panic!("accepted"),
     };
-    let job = core.submit(Some(7), ids(vec![3; limit], 2)).expect("at the limit");
+    let job = core
+        .submit(Some(7), ids(vec![3; limit], 2))
+        .expect("at the limit");
     assert!(drain(&job).1.is_ok());
     let over = refused(ids(vec![3; limit + 1], 2));
     assert_eq!(
@@ -549,7 +551,10 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         ..Conversation::default()
     };
     let counted = core
-        .count_tokens(core.turn(core.reserve(Some(7)).expect("place")), short.clone())
+        .count_tokens(
+            core.turn(core.reserve(Some(7)).expect("place")),
+            short.clone(),
+        )
         .expect("counted");
     let job = core
         .submit(Some(7), ids_chat(short.clone()))
@@ -575,10 +580,7 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         panic!("not refused for its length");
     };
     assert!(tokens > limit && l == limit, "{tokens} of {l}");
-    let count = core.count_tokens(
-        core.turn(core.reserve(Some(7)).expect("place")),
-        with_tool,
-    );
+    let count = core.count_tokens(core.turn(core.reserve(Some(7)).expect("place")), with_tool);
     assert!(
         matches!(count, Err(ServeError::Invalid(Invalid::PromptTooLong { tokens: t, .. })) if t == tokens),
         "{count:?}"
@@ -650,7 +652,9 @@ fn a_stalled_reader_gives_its_slot_back_and_later_gets_its_whole_reply() {
 #[test]
 fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
     let (_ck, core) = stalling_slot(15, 0);
-    let unread = core.submit(Some(7), ids(vec![21, 22, 23], 64)).expect("unread");
+    let unread = core
+        .submit(Some(7), ids(vec![21, 22, 23], 64))
+        .expect("unread");
     computing(&unread);
     let other = core.submit(Some(8), ids(vec![5, 6, 7], 8)).expect("other");
     assert!(drain(&other).1.is_ok());
@@ -663,5 +667,9 @@ fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
         other => panic!("{other:?}"),
     }
     let counters = core.status().counters;
-    assert_eq!((counters.stalled, counters.cancelled), (1, 1), "{counters:?}");
+    assert_eq!(
+        (counters.stalled, counters.cancelled),
+        (1, 1),
+        "{counters:?}"
+    );
 }

@@ -87,10 +87,16 @@ impl Job {
 /// of that work, so a refusal costs nothing and a flood holds no memory).
 enum Entry {
     Job(Job),
-    Reserved { id: u64, uid: Option<u32> },
+    Reserved {
+        id: u64,
+        uid: Option<u32>,
+    },
     /// A parked job ([`Admission::park`]) whose reader reads again: it waits for a compute
     /// slot in turn like any job, and goes back into the batch as it was.
-    Resume { id: u64, uid: Option<u32> },
+    Resume {
+        id: u64,
+        uid: Option<u32>,
+    },
 }
 
 impl Entry {
@@ -1050,7 +1056,11 @@ mod tests {
         admission.unreserve(2);
         admission.reserve(3, A).expect("the place came back");
         admission.finish(1, Outcome::Completed);
-        assert_eq!(take_ids(&admission, 1), Vec::<u64>::new(), "nothing to start");
+        assert_eq!(
+            take_ids(&admission, 1),
+            Vec::<u64>::new(),
+            "nothing to start"
+        );
         let (job, _rx) = job_of(3, A);
         admission.fill(job).expect("filled");
         assert_eq!(take_ids(&admission, 1), vec![3]);
@@ -1074,7 +1084,10 @@ mod tests {
         admission.park(1);
         assert_eq!(take_ids(&admission, 1), vec![2], "the parked job's slot");
         admission.resume(1);
-        assert!(admission.take(0, false).resumed.is_empty(), "B holds the slot");
+        assert!(
+            admission.take(0, false).resumed.is_empty(),
+            "B holds the slot"
+        );
         admission.finish(2, Outcome::Completed);
         assert_eq!(admission.take(1, false).resumed, vec![1]);
         admission.park(1);

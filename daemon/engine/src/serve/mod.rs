@@ -479,13 +479,20 @@ impl Core {
     /// The number of prompt tokens `conversation` renders to as a chat request, within the
     /// same limits a request is held to (`max_prompt_tokens`, refused beyond it naming it):
     /// what `/v1/messages/count_tokens` answers. Nothing is queued; the place is given back.
-    pub fn count_tokens(&self, turn: Turn, conversation: Conversation) -> Result<usize, ServeError> {
+    pub fn count_tokens(
+        &self,
+        turn: Turn,
+        conversation: Conversation,
+    ) -> Result<usize, ServeError> {
         let limit = self.limits.max_prompt_tokens;
         let rendered = validate::render_chat(&self.tokenizer, conversation, limit);
         drop(turn);
         match rendered? {
             Ok((ids, _, _)) => Ok(ids.len()),
-            Err(tokens) => Err(ServeError::Invalid(Invalid::PromptTooLong { tokens, limit })),
+            Err(tokens) => Err(ServeError::Invalid(Invalid::PromptTooLong {
+                tokens,
+                limit,
+            })),
         }
     }
 

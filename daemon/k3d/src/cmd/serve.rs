@@ -276,8 +276,7 @@ pub fn run(args: Args) -> CliResult {
         .max_prompt_tokens
         .or(file.max_prompt_tokens)
         .unwrap_or(k3_engine::serve::validate::DEFAULT_MAX_PROMPT_TOKENS);
-    if max_prompt_tokens == 0 || max_prompt_tokens > k3_engine::serve::validate::MAX_PROMPT_TOKENS
-    {
+    if max_prompt_tokens == 0 || max_prompt_tokens > k3_engine::serve::validate::MAX_PROMPT_TOKENS {
         return Err(usage(format!(
             "max_prompt_tokens must be between 1 and {}",
             k3_engine::serve::validate::MAX_PROMPT_TOKENS
