@@ -107,10 +107,15 @@ pub fn run(cfg: Config) -> CliResult {
         log!("HTTP API on {}", b.describe());
     }
     log!(
-        "listening on {} (max {} active, {} queued; pid {})",
+        "listening on {} (max {} active, {} per user; {} queued, {} per user; {} connections, \
+         {} per peer; pid {})",
         listener.describe(),
         cfg.capacity.max_active,
+        cfg.capacity.per_uid.max_active,
         cfg.capacity.max_queue,
+        cfg.capacity.per_uid.max_queued,
+        cfg.connections.total,
+        cfg.connections.per_peer,
         std::process::id()
     );
     // Two workers are plenty for socket I/O; compute threads belong to the engine.

@@ -252,8 +252,12 @@ pub struct Status {
     pub stats: EngineStats,
     pub active: usize,
     pub queued: usize,
+    /// Jobs parked because their reader stalled (issue 35 point 4).
+    pub parked: usize,
     pub counters: Counters,
     pub capacity: Capacity,
+    pub limits: Limits,
+    pub stall_timeout: Duration,
     pub sessions: SessionFigures,
     /// States kept for automatic prefix reuse.
     pub prefix: PrefixFigures,
@@ -266,6 +270,8 @@ pub struct MetricsSnapshot {
     pub counters: Counters,
     pub active: usize,
     pub queue_depth: usize,
+    /// Jobs parked because their reader stalled.
+    pub parked: usize,
     pub timings: Timings,
     /// Engine figures: bytes read and avoided, cache hits and misses, forward passes, batched
     /// passes and the widest batch.
@@ -574,8 +580,11 @@ impl Core {
             stats: snap.stats,
             active: snap.active,
             queued: snap.queued,
+            parked: snap.parked,
             counters: snap.counters,
             capacity: self.admission.capacity,
+            limits: self.limits,
+            stall_timeout: self.stall_timeout,
             sessions: self.sessions.figures(),
             prefix: self.prefix.figures(),
             uptime: self.started.elapsed(),
@@ -588,6 +597,7 @@ impl Core {
             counters: snap.counters,
             active: snap.active,
             queue_depth: snap.queued,
+            parked: snap.parked,
             timings: self.metrics.timings(),
             engine: snap.stats,
         }

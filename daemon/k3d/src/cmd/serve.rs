@@ -102,6 +102,15 @@ pub struct Args {
     /// request head (HTTP) before it is closed [default: 10].
     #[arg(long)]
     handshake_timeout: Option<f64>,
+    /// Seconds a kept-alive HTTP connection may wait for its next request, its head
+    /// included, before it is closed: the idle timeout, and the deadline of every head after
+    /// the first [default: 10].
+    #[arg(long)]
+    idle_timeout: Option<f64>,
+    /// Seconds an HTTP request's body may take to arrive; a slower one is refused with 408
+    /// [default: 30].
+    #[arg(long)]
+    body_timeout: Option<f64>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -140,6 +149,8 @@ struct ConfigFile {
     http_body_limit: Option<usize>,
     max_connections_per_peer: Option<usize>,
     handshake_timeout: Option<f64>,
+    idle_timeout: Option<f64>,
+    body_timeout: Option<f64>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -282,15 +293,11 @@ pub fn run(args: Args) -> CliResult {
             k3_engine::serve::validate::MAX_PROMPT_TOKENS
         )));
     }
-    let stall_timeout = match args.stall_timeout.or(file.stall_timeout) {
-        None => k3_engine::serve::DEFAULT_STALL_TIMEOUT,
-        Some(s) if s.is_finite() && (0.1..=86_400.0).contains(&s) => Duration::from_secs_f64(s),
-        Some(_) => {
-            return Err(usage(
-                "stall_timeout must be between 0.1 and 86400 seconds".into(),
-            ));
-        }
-    };
+    let stall_timeout = seconds(
+        "stall_timeout",
+        args.stall_timeout.or(file.stall_timeout),
+        k3_engine::serve::DEFAULT_STALL_TIMEOUT,
+    )?;
     let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
     if max_batch == 0 {
         return Err(usage("max_batch must be at least 1".into()));
@@ -365,21 +372,30 @@ pub fn run(args: Args) -> CliResult {
     if per_peer == 0 {
         return Err(usage("max_connections_per_peer must be at least 1".into()));
     }
-    let handshake = match args.handshake_timeout.or(file.handshake_timeout) {
-        None => net::gate::DEFAULT_HANDSHAKE,
-        Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
-        Some(_) => {
-            return Err(usage(
-                "handshake_timeout must be between 0.1 and 3600 seconds".into(),
-            ));
-        }
-    };
+    let handshake = seconds(
+        "handshake_timeout",
+        args.handshake_timeout.or(file.handshake_timeout),
+        net::gate::DEFAULT_HANDSHAKE,
+    )?;
+    let idle_timeout = seconds(
+        "idle_timeout",
+        args.idle_timeout.or(file.idle_timeout),
+        crate::http::DEFAULT_IDLE_TIMEOUT,
+    )?;
+    let body_timeout = seconds(
+        "body_timeout",
+        args.body_timeout.or(file.body_timeout),
+        crate::http::DEFAULT_BODY_TIMEOUT,
+    )?;
     let http_settings = crate::http::Settings {
         keys,
         body_limit,
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
+        idle_timeout,
+        body_timeout,
     };
+    let connection_total = connection_budget(&model)?;
     daemon::run(daemon::Config {
         model,
         socket: net::SocketSpec {
@@ -408,9 +424,40 @@ pub fn run(args: Args) -> CliResult {
         http_settings,
         connections: net::gate::Limits {
             per_peer,
+            total: connection_total,
             handshake,
         },
     })
+}
+
+/// A timeout setting `name` in seconds (0.1 to 3600), or `default` when not given.
+fn seconds(name: &str, given: Option<f64>, default: Duration) -> Result<Duration, CliError> {
+    match given {
+        None => Ok(default),
+        Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(_) => Err(usage(format!(
+            "{name} must be between 0.1 and 3600 seconds"
+        ))),
+    }
+}
+
+/// How many connections all peers together may hold: the descriptor limit (its soft value
+/// raised to the hard one first) less a reserve for the checkpoint's shards and the rest.
+fn connection_budget(model: &Path) -> Result<usize, CliError> {
+    let limit = net::gate::raise_descriptor_limit().map_err(|e| {
+        CliError::new(
+            Exit::Failure,
+            anyhow::anyhow!("reading or raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        )
+    })?;
+    // Counted from the directory, not the index: a shard the index misses is refused at load.
+    let shards = std::fs::read_dir(model).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+            .count()
+    });
+    Ok(net::gate::descriptor_budget(limit, shards))
 }
 
 /// The model's id in the HTTP API: the checkpoint directory's name (`tiny`, `Kimi-K3`).

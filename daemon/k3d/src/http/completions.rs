@@ -2,13 +2,13 @@
 //! the serve core's reply through one `Reader` and differ only in how a piece is written
 //! (`Shape`), so a streamed reply concatenates to exactly the whole one.
 
+use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, Piece, Reader, Usage};
 use super::request::{self, Common, Fields};
-use super::{App, Peer};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
+use k3_engine::serve::{Caller, Request as CoreRequest, Reservation, ToolCallDelta, Turn};
 use k3_engine::tokenizer::chat::ToolCall;
 use serde_json::{Value, json};
 use std::convert::Infallible;
@@ -154,42 +154,49 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 
 pub async fn complete(
     app: Arc<App>,
-    peer: Peer,
     caller: Option<Caller>,
     shape: Shape,
-    body: &[u8],
+    body: axum::body::Bytes,
+    reservation: Reservation,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let fields = Fields::parse(body)?;
-    // The core's refusals name values, not fields: the field they concern is the prompt.
-    let (common, request, param): (Common, CoreRequest, &str) = match shape {
-        Shape::Chat => {
-            let p = request::chat(&fields)?;
-            (p.common, p.request, "messages")
-        }
-        Shape::Text => {
-            let p = request::completion(&fields)?;
-            (p.common, p.request, "prompt")
-        }
-    };
-    let reader = submit(
-        &app,
-        peer,
-        caller,
-        &common,
-        request,
-        shape == Shape::Chat,
-        param,
-    )
+    let (common, reader) = super::prepare(&app, reservation, move |app, turn| {
+        let fields = Fields::parse(&body)?;
+        drop(body);
+        // The core's refusals name values, not fields: the field they concern is the prompt.
+        let (common, request, param): (Common, CoreRequest, &str) = match shape {
+            Shape::Chat => {
+                let p = request::chat(&fields)?;
+                (p.common, p.request, "messages")
+            }
+            Shape::Text => {
+                let p = request::completion(&fields)?;
+                (p.common, p.request, "prompt")
+            }
+        };
+        drop(fields);
+        let reader = submit(
+            app,
+            turn,
+            caller,
+            &common,
+            request,
+            shape == Shape::Chat,
+            param,
+        )?;
+        Ok((common, reader))
+    })
     .await?;
     respond(app, shape, common, reader, arrived).await
 }
 
 /// Queues `request` on the serve core for every route that generates (`chat`: whether its
-/// reasoning is counted); `param` is the field the core's refusals concern.
-pub async fn submit(
+/// reasoning is counted), in its reserved place, rendering and tokenising it under `turn`
+/// (called by [`super::prepare`]'s closure, off the async workers); `param` is the field the
+/// core's refusals concern.
+pub fn submit(
     app: &App,
-    peer: Peer,
+    turn: Turn,
     caller: Option<Caller>,
     common: &Common,
     mut request: CoreRequest,
@@ -203,13 +210,9 @@ pub async fn submit(
     if common.prefix_reuse {
         request.reuse = caller;
     }
-    // Submission tokenises and renders the prompt (seconds for a large one): off the async
-    // workers, which every other request shares.
-    let core = Arc::clone(&app.core);
-    let uid = peer.uid();
-    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
+    let job = app
+        .core
+        .submit_turn(turn, request)
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
     Ok(Reader::new(job, chat, &common.stop_strings))
 }

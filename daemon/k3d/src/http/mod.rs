@@ -20,26 +20,32 @@ mod listen;
 mod metrics;
 mod reply;
 pub mod request;
+mod server;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
 use crate::grpc::convert::load_progress;
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
-use k3_engine::serve::{Caller, Core, Health};
+use k3_engine::serve::{Caller, Core, Health, Reservation, Turn};
 use k3proto::progress::load_text;
 use serde_json::json;
+use server::Connection;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Largest request body accepted when the config does not say (`http_body_limit`).
 pub const DEFAULT_BODY_LIMIT: usize = 8 << 20;
+/// `--idle-timeout`: longer than the clients' own keep-alive expiry (httpx 5 s, Node's 4 s),
+/// so they close an idle connection before k3d does and never reuse one k3d is closing.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// `--body-timeout`: the largest body (8 MiB) at 300 KB/s, far slower than any local client.
+pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The HTTP API's settings, from the command line and the config file.
 pub struct Settings {
@@ -50,6 +56,11 @@ pub struct Settings {
     pub model_id: String,
     /// The RAM budget the model is planned in, for `/metrics`.
     pub budget_bytes: Option<u64>,
+    /// How long a kept-alive connection may wait for its next request head, head included
+    /// (`--idle-timeout`).
+    pub idle_timeout: std::time::Duration,
+    /// How long a request's body may take to arrive (`--body-timeout`).
+    pub body_timeout: std::time::Duration,
 }
 
 pub struct App {
@@ -124,7 +135,11 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route(
             "/v1/messages/count_tokens",
-            post(|State(app): State<Arc<App>>, request| anthropic::count_tokens(app, request)),
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    anthropic::count_tokens(app, peer, request)
+                },
+            ),
         )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
@@ -148,33 +163,60 @@ async fn guard(
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let mut request = request;
-    let response = match authorise(&app, peer, request.headers(), &endpoint) {
+    let authorised =
+        authorise(&app, peer, request.headers(), &endpoint).and_then(|(caller, key)| {
+            // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
+            if let (Some(index), Some(connection)) = (key, request.extensions().get::<Connection>())
+            {
+                connection
+                    .0
+                    .rekey(crate::net::gate::PeerKey::Key(index))
+                    .map_err(|reason| ApiError::too_many_connections(format!("k3d {reason}")))?;
+            }
+            Ok(caller)
+        });
+    let response = match authorised {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        // Anthropic's clients read errors in Anthropic's shape.
-        Err(e) if endpoint.starts_with("/v1/messages") => error::Anthropic(e).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // A refused connection is closed once told (it would be refused again).
+            let close = e.code == Some("too_many_connections");
+            // Anthropic's clients read errors in Anthropic's shape.
+            let mut response = if endpoint.starts_with("/v1/messages") {
+                error::Anthropic(e).into_response()
+            } else {
+                e.into_response()
+            };
+            if close {
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        }
     };
     app.metrics.request(&endpoint, response.status().as_u16());
     response
 }
 
 /// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
-/// keyless loopback callers are one caller: TCP carries no identity).
+/// keyless loopback callers are one caller: TCP carries no identity); and the index of the
+/// key it named, if it named one.
 fn authorise(
     app: &App,
     peer: Peer,
     headers: &HeaderMap,
     endpoint: &str,
-) -> Result<Caller, ApiError> {
+) -> Result<(Caller, Option<usize>), ApiError> {
     let keys = &app.settings.keys;
     if let Peer::Unix { .. } = peer {
-        return Ok(Caller::Uid(peer.uid()));
+        return Ok((Caller::Uid(peer.uid()), None));
     }
     if keys.is_empty() || endpoint == "/health" {
-        return Ok(Caller::Key(String::new()));
+        return Ok((Caller::Key(String::new()), None));
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
@@ -185,11 +227,11 @@ fn authorise(
                 "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
             )
         })?;
-    if let Some(key) = keys
+    if let Some(index) = keys
         .iter()
-        .find(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
+        .position(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
     {
-        Ok(Caller::Key(key.clone()))
+        Ok((Caller::Key(keys[index].clone()), Some(index)))
     } else {
         Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
@@ -206,12 +248,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The body, at most `http_body_limit` bytes (413 beyond).
-async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
+/// The body, at most `http_body_limit` bytes, within `--body-timeout`. A declared length
+/// over the limit is refused before a byte of the body is read (413), a longer body as soon
+/// as it passes the limit, a slow one at its deadline (408).
+async fn body(app: &App, request: Request) -> Result<axum::body::Bytes, ApiError> {
     let limit = app.settings.body_limit;
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    let timeout = app.settings.body_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(request.into_body(), limit)).await {
+        Ok(read) => read.map_err(|_| ApiError::too_large(limit)),
+        Err(_) => Err(ApiError::body_timeout(timeout)),
+    }
 }
 
 /// `POST /v1/chat/completions` and `/v1/completions`.
@@ -223,8 +277,44 @@ async fn complete(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, peer, caller, shape, &bytes, arrived).await
+    let reservation = reserve(&app, peer)?;
+    let bytes = body(&app, request).await?;
+    completions::complete(app, caller, shape, bytes, reservation, arrived).await
+}
+
+/// A place in the serve core's queue for `peer`'s request, taken before its body is read
+/// (issue 35 point 2): a queue or a user's share that is full refuses it (429) at once, and
+/// a flood of large bodies is never read.
+fn reserve(app: &App, peer: Peer) -> Result<Reservation, ApiError> {
+    app.core
+        .reserve(peer.uid())
+        .map_err(|e| ApiError::from_serve(&e, None))
+}
+
+/// Runs `prepare` — parse the body, build the core's request, render, tokenise, submit — on
+/// a blocking thread once the core gives the reserved request its preparation turn: at most
+/// a few requests are prepared at once, in turns fair across users, so the memory a flood of
+/// bodies can take is a few bodies' (`serve::Core::turn`).
+async fn prepare<T, E>(
+    app: &Arc<App>,
+    reservation: Reservation,
+    prepare: impl FnOnce(&App, Turn) -> Result<T, E> + Send + 'static,
+) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<ApiError> + Send + 'static,
+{
+    let app = Arc::clone(app);
+    tokio::task::spawn_blocking(move || {
+        let turn = app.core.turn(reservation);
+        prepare(&app, turn)
+    })
+    .await
+    .map_err(|e| {
+        E::from(ApiError::internal(format!(
+            "the request's task failed: {e}"
+        )))
+    })?
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
@@ -234,6 +324,8 @@ fn model_entry(app: &App) -> serde_json::Value {
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
+        // The longest prompt a request may have, after rendering (--max-prompt-tokens).
+        "max_prompt_tokens": app.core.limits().max_prompt_tokens,
     });
     if let Some(info) = app.core.status().info {
         entry["fingerprint"] = info.fingerprint.into();
@@ -307,27 +399,6 @@ pub fn refusal_response(reason: &str) -> Vec<u8> {
     ApiError::too_many_connections(reason).http1_bytes()
 }
 
-/// Serves `router` on one endpoint, its connections passing `gate`, until `shutdown`
-/// completes (the two listener types differ; what is served on them does not).
-fn serve_on<L>(
-    listener: L,
-    gate: Arc<crate::net::gate::Gate>,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
-where
-    L: crate::net::accept::Listen,
-    listen::Gated<L>: axum::serve::Listener<Addr = ()>,
-    Peer: for<'a> axum::extract::connect_info::Connected<
-            axum::serve::IncomingStream<'a, listen::Gated<L>>,
-        >,
-{
-    let service = router.into_make_service_with_connect_info::<Peer>();
-    axum::serve(listen::Gated::new(listener, gate), service)
-        .with_graceful_shutdown(shutdown)
-        .into_future()
-}
-
 /// Serves every bound endpoint until `stop` turns true, then lets open responses finish
 /// (the serve core cancels what the shutdown grace does not allow).
 pub async fn serve(
@@ -340,21 +411,19 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     for b in bound {
         let router = router(Arc::clone(&app));
-        let mut stop = stop.clone();
-        let shutdown = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
+        let stop = stop.clone();
         let gate = Arc::clone(&gate);
+        let idle = app.settings.idle_timeout;
         match b {
             Bound::Unix { socket, .. } => {
                 let listener = tokio::net::UnixListener::from_std(socket)
                     .context("registering the HTTP Unix socket")?;
-                tasks.spawn(serve_on(listener, gate, router, shutdown));
+                tasks.spawn(server::serve_on(listener, gate, router, idle, stop));
             }
             Bound::Tcp(socket) => {
                 let listener = tokio::net::TcpListener::from_std(socket)
                     .context("registering the HTTP socket")?;
-                tasks.spawn(serve_on(listener, gate, router, shutdown));
+                tasks.spawn(server::serve_on(listener, gate, router, idle, stop));
             }
         }
     }

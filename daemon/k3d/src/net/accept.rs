@@ -53,7 +53,7 @@ impl Listen for TcpListener {
         // A TCP connection always has a peer address; one torn down meanwhile is counted with
         // the unidentified, and its first read fails anyway.
         io.peer_addr()
-            .map_or(PeerKey::UnknownUid, |a| PeerKey::Ip(a.ip()))
+            .map_or(PeerKey::UnknownUid, |a| PeerKey::of_ip(a.ip()))
     }
 }
 
