@@ -86,7 +86,8 @@ impl Job {
 /// still being read and tokenised ([`Admission::reserve`]: the limits are checked before any
 /// of that work, so a refusal costs nothing and a flood holds no memory).
 enum Entry {
-    Job(Job),
+    /// Boxed: a job is large beside the other entries, which the queue holds by value.
+    Job(Box<Job>),
     Reserved {
         id: u64,
         uid: Option<u32>,
@@ -325,7 +326,7 @@ impl State {
                     // session must not find the session still in use (sessions never take this
                     // lock, so the order admission → sessions cannot deadlock).
                     drop(job.lease.take());
-                    gone.push(job);
+                    gone.push(*job);
                 }
             } else {
                 i += 1;
@@ -494,7 +495,7 @@ impl Admission {
                 return Err(refused.err().unwrap_or(ServeError::ShuttingDown));
             }
         };
-        st.queue[index] = Entry::Job(job);
+        st.queue[index] = Entry::Job(Box::new(job));
         let positions = self.positions(&st);
         for (entry, position) in st.queue.iter_mut().zip(positions) {
             if let Entry::Job(job) = entry {
@@ -600,7 +601,7 @@ impl Admission {
         let mut resumed = Vec::new();
         for (entry, _) in taken {
             match entry {
-                Entry::Job(job) => jobs.push(job),
+                Entry::Job(job) => jobs.push(*job),
                 Entry::Resume { id, uid } => {
                     let load = st.load(uid);
                     load.queued -= 1;
@@ -803,7 +804,7 @@ impl Admission {
         let mut out = Vec::new();
         while let Some(entry) = st.unqueue(0) {
             if let Entry::Job(job) = entry {
-                out.push(job);
+                out.push(*job);
             }
         }
         out
