@@ -1513,17 +1513,18 @@ async fn one_users_flood_does_not_starve_another_users_request() {
     let waiting: Vec<_> = (0..2).map(|_| k3_run(&d.socket, heavy, 2)).collect();
     until_queued(&mut c, 2).await;
     let before = status(&mut c).await;
-    // Status says the per-user share: a queue limit set, no compute limit of its own.
+    // Status says the per-user share: the queue limit set, the compute share its default
+    // (half of --max-active, at least 1).
     assert_eq!(
         (before.max_active_per_uid, before.max_queued_per_uid),
-        (None, Some(2))
+        (Some(1), Some(2))
     );
     let shown = k3_command(&d.socket, light)
         .arg("status")
         .output()
         .expect("k3 status");
     assert!(
-        text(&shown.stdout).contains("per user 2 queued"),
+        text(&shown.stdout).contains("per user 1 running, 2 queued"),
         "{}",
         text(&shown.stdout)
     );

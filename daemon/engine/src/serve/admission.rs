@@ -365,7 +365,8 @@ pub(crate) struct Taken {
     /// Parked jobs to put back into the batch, by id (registered as running again).
     pub resumed: Vec<u64>,
     /// Whose prefix states each job still queued after those taken continues (`None`: no
-    /// automatic reuse): they wait for a compute slot.
+    /// automatic reuse, or a parked job to resume): they wait for a compute slot. Reserved
+    /// places are not among them.
     pub waiting: Vec<Option<Caller>>,
     /// No more work will ever come: the scheduler may exit once its active set is empty.
     pub closed: bool,
@@ -634,10 +635,12 @@ impl Admission {
             }
         }
         let closed = !st.accepting && st.queue.is_empty();
-        // A reserved place is a request of its own caller about to arrive.
+        // A reserved place asks for nothing yet (its request is still being read): warming
+        // keeps its slot and no stalled job is parked for it until its job fills it.
         let waiting = st
             .queue
             .iter()
+            .filter(|e| e.startable())
             .map(|e| e.job().and_then(|j| j.reuse.clone()))
             .collect();
         drop(st);
