@@ -9,7 +9,7 @@
 //! (matched after every token), and prompt + `max_tokens` within the model's advertised
 //! context (`max_position_embeddings`, spec §2.2).
 
-use crate::engine::{GenerateRequest, RequestError, Sampling};
+use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
 use crate::tokenizer::{Specials, Tokenizer};
 
@@ -72,6 +72,8 @@ pub struct Request {
     /// New tokens at most; `None` = [`DEFAULT_MAX_TOKENS`] (or the cap, if lower).
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
+    /// Logit bias and penalties, applied before each id is chosen.
+    pub transform: LogitTransform,
     pub stop_ids: Vec<u32>,
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
@@ -91,6 +93,7 @@ impl Request {
             prompt,
             max_tokens: None,
             sampling: Sampling::default(),
+            transform: LogitTransform::default(),
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             speculate: None,
@@ -183,6 +186,7 @@ pub fn validate(
         prompt,
         max_tokens,
         sampling,
+        transform,
         mut stop_ids,
         stop_strings,
         speculate,
@@ -237,6 +241,8 @@ pub fn validate(
         stop_strings,
         record_logits: false,
         speculate: speculate.unwrap_or(limits.speculate),
+        transform,
+        guide: None,
         prompt,
     };
     request.validate(model.vocab_size)?;

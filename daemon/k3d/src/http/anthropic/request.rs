@@ -11,7 +11,7 @@
 use crate::http::error::ApiError;
 use crate::http::request::{Common, Fields, no_empty_stop, temperature_and_top_p, value};
 use k3_engine::echo::Echo;
-use k3_engine::engine::Sampling;
+use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -76,6 +76,8 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<(Common, Request), ApiError> 
             top_k: f.get::<usize>("top_k")?.unwrap_or(0),
             seed: 0,
         },
+        // The Messages API has no logit bias or penalties.
+        transform: LogitTransform::default(),
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
     };
