@@ -49,8 +49,6 @@ fn core_with(
     config.limits = Limits {
         max_tokens_cap: CAP,
         speculate: 0,
-        // The model's whole context, so the context rule can be reached; the
-        // `--max-prompt-tokens` rule has a test of its own.
         max_prompt_tokens: k3_engine::serve::validate::MAX_PROMPT_TOKENS,
     };
     tweak(&mut config);

@@ -13,12 +13,9 @@ use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
 use crate::tokenizer::{Specials, Tokenizer};
 
-/// Largest `--max-prompt-tokens` a daemon may set: the released model's context (spec §2.2).
+/// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
+/// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
 pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
-/// Default `--max-prompt-tokens`, after rendering: every captured first request of the coding
-/// agents fits with room for a long session (`docs/connections.md` argues the figure), while
-/// one request's prefill stays minutes, not hours, on a streamed model.
-pub const DEFAULT_MAX_PROMPT_TOKENS: usize = 32_768;
 /// `max_tokens` when the request leaves it unset (capped by [`Limits::max_tokens_cap`]).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 /// Default daemon-side cap on `max_tokens`: 4,096 new tokens is minutes of decoding on a
@@ -47,7 +44,7 @@ impl Default for Limits {
         Limits {
             max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
             speculate: 0,
-            max_prompt_tokens: DEFAULT_MAX_PROMPT_TOKENS,
+            max_prompt_tokens: MAX_PROMPT_TOKENS,
         }
     }
 }

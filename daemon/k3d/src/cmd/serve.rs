@@ -70,7 +70,7 @@ pub struct Args {
     max_tokens_cap: Option<usize>,
     /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
     /// template included); a longer prompt is refused, naming this limit, before anything is
-    /// computed [default: 32768].
+    /// computed [default: 1048576, no limit below the model's context].
     #[arg(long)]
     max_prompt_tokens: Option<usize>,
     /// Seconds a streamed request's reader may take nothing while others wait for a compute
@@ -286,7 +286,7 @@ pub fn run(args: Args) -> CliResult {
     let max_prompt_tokens = args
         .max_prompt_tokens
         .or(file.max_prompt_tokens)
-        .unwrap_or(k3_engine::serve::validate::DEFAULT_MAX_PROMPT_TOKENS);
+        .unwrap_or(k3_engine::serve::validate::MAX_PROMPT_TOKENS);
     if max_prompt_tokens == 0 || max_prompt_tokens > k3_engine::serve::validate::MAX_PROMPT_TOKENS {
         return Err(usage(format!(
             "max_prompt_tokens must be between 1 and {}",

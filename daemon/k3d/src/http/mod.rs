@@ -277,18 +277,42 @@ async fn complete(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let reservation = reserve(&app, peer)?;
-    let bytes = body(&app, request).await?;
+    let (reservation, bytes) = reserve(&app, peer, request).await?;
     completions::complete(app, caller, shape, bytes, reservation, arrived).await
 }
 
 /// A place in the serve core's queue for `peer`'s request, taken before its body is read
-/// (issue 35 point 2): a queue or a user's share that is full refuses it (429) at once, and
-/// a flood of large bodies is never read.
-fn reserve(app: &App, peer: Peer) -> Result<Reservation, ApiError> {
-    app.core
-        .reserve(peer.uid())
-        .map_err(|e| ApiError::from_serve(&e, None))
+/// (issue 35 point 2), then the body ([`body`]). A queue or a user's share that is full
+/// refuses the request (429) before anything is kept of it: its body is then only read to be
+/// dropped, so that a client still writing it gets the answer rather than a broken pipe.
+async fn reserve(
+    app: &App,
+    peer: Peer,
+    request: Request,
+) -> Result<(Reservation, axum::body::Bytes), ApiError> {
+    match app.core.reserve(peer.uid()) {
+        Ok(reservation) => Ok((reservation, body(app, request).await?)),
+        Err(e) => {
+            discard(app, request).await;
+            Err(ApiError::from_serve(&e, None))
+        }
+    }
+}
+
+/// Reads and drops a body the daemon will not use, within the body limit and deadline.
+async fn discard(app: &App, request: Request) {
+    use tokio_stream::StreamExt;
+    let mut left = app.settings.body_limit;
+    let mut data = request.into_body().into_data_stream();
+    let _ = tokio::time::timeout(app.settings.body_timeout, async {
+        while let Some(Ok(chunk)) = data.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 /// Runs `prepare` — parse the body, build the core's request, render, tokenise, submit — on

@@ -11,7 +11,7 @@ pub mod request;
 use super::completions::{Timer, submit};
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
-use super::{App, Peer, body, prepare, reserve};
+use super::{App, Peer, prepare, reserve};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::Caller;
@@ -22,8 +22,7 @@ use std::time::Instant;
 pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Response, Anthropic> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let reservation = reserve(&app, peer)?;
-    let bytes = body(&app, request).await?;
+    let (reservation, bytes) = reserve(&app, peer, request).await?;
     let (common, reader) = prepare(&app, reservation, move |app, turn| {
         let fields = Fields::parse(&bytes)?;
         let (common, core_request) = request::messages(&fields, &bytes)?;
@@ -51,8 +50,7 @@ pub async fn count_tokens(
     peer: Peer,
     request: Request,
 ) -> Result<Response, Anthropic> {
-    let reservation = reserve(&app, peer)?;
-    let bytes = body(&app, request).await?;
+    let (reservation, bytes) = reserve(&app, peer, request).await?;
     let tokens = prepare(&app, reservation, move |app, turn| {
         let fields = Fields::parse(&bytes)?;
         let (model, conversation) = request::count_tokens(&fields, &bytes)?;
