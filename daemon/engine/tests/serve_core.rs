@@ -177,17 +177,23 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
 /// A core over a fresh tiny model (seed `seed`) computing one job at a time, `max_queue`
 /// waiting; the checkpoint is removed when the first value is dropped.
 fn one_slot(seed: u64, max_queue: usize) -> (TempCheckpoint, Core) {
+    one_slot_with(seed, max_queue, |_| {})
+}
+
+/// [`one_slot`], with `tweak` applied to its configuration last.
+fn one_slot_with(
+    seed: u64,
+    max_queue: usize,
+    tweak: impl FnOnce(&mut Config),
+) -> (TempCheckpoint, Core) {
     let ck = synth("tiny", seed);
-    let core = core(
-        &ck.dir,
-        &ck.dir.join("sessions"),
-        Capacity {
-            max_active: 1,
-            max_batch: 1,
-            max_queue,
-            per_uid: UidLimits::default(),
-        },
-    );
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue,
+        per_uid: UidLimits::default(),
+    };
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, tweak);
     (ck, core)
 }
 
@@ -387,17 +393,7 @@ fn every_refusal_names_its_rule() {
 /// [`one_slot`] with room for kept states (they live in the session allowance), for the
 /// automatic prefix reuse tests.
 fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
-    let ck = synth("tiny", seed);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-        per_uid: UidLimits::default(),
-    };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.session_bytes = Some(64 << 20)
-    });
-    (ck, core)
+    one_slot_with(seed, 4, |c| c.session_bytes = Some(64 << 20))
 }
 
 /// Automatic prefix reuse warms a chat's next turn once its reply is out (`serve::prefix`):
@@ -506,21 +502,10 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
 /// much as its messages), names the limit, and `count_tokens` answers within the same limit.
 #[test]
 fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit() {
-    let ck = synth("tiny", 13);
     // The tiny model's vocabulary spells most text byte by byte: one short message renders
     // to a few hundred ids.
     let limit = 400;
-    let core = core_with(
-        &ck.dir,
-        &ck.dir.join("sessions"),
-        Capacity {
-            max_active: 1,
-            max_batch: 1,
-            max_queue: 4,
-            per_uid: UidLimits::default(),
-        },
-        |c| c.limits.max_prompt_tokens = limit,
-    );
+    let (_ck, core) = one_slot_with(13, 4, |c| c.limits.max_prompt_tokens = limit);
     let refused = |r: Request| match core.submit(Some(7), r) {
         Err(ServeError::Invalid(i)) => i,
         Err(e) => panic!("not an invalid request: {e}"),
@@ -596,18 +581,10 @@ fn ids_chat(conversation: Conversation) -> Request {
 /// A core computing one job at a time whose readers stall after `stall`, with `session_bytes`
 /// of session allowance to park stalled jobs in.
 fn stalling_slot(seed: u64, session_bytes: u64) -> (TempCheckpoint, Core) {
-    let ck = synth("tiny", seed);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-        per_uid: UidLimits::default(),
-    };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
+    one_slot_with(seed, 4, |c| {
         c.session_bytes = Some(session_bytes);
         c.stall_timeout = Duration::from_millis(200);
-    });
-    (ck, core)
+    })
 }
 
 /// Issue 35 point 4: a job whose reader takes nothing gives its compute slot to the one

@@ -992,10 +992,8 @@ mod tests {
         assert_eq!(take_ids(&admission, 1), vec![2]);
     }
 
-    /// A uid with as many jobs waiting as it may is refused at once, the refusal naming the
-    /// limit and its value; another uid is still admitted.
-    #[test]
-    fn a_uid_over_its_queue_limit_is_refused_naming_the_limit() {
+    /// One compute slot, one running and one waiting job per uid; A's job 1 running.
+    fn one_of_a_running() -> (Admission, Events) {
         let admission = admission(
             1,
             UidLimits {
@@ -1003,8 +1001,16 @@ mod tests {
                 max_queued: 1,
             },
         );
-        let _a1 = admit(&admission, 1, A);
+        let a1 = admit(&admission, 1, A);
         assert_eq!(take_ids(&admission, 1), vec![1]);
+        (admission, a1)
+    }
+
+    /// A uid with as many jobs waiting as it may is refused at once, the refusal naming the
+    /// limit and its value; another uid is still admitted.
+    #[test]
+    fn a_uid_over_its_queue_limit_is_refused_naming_the_limit() {
+        let (admission, _a1) = one_of_a_running();
         let _a2 = admit(&admission, 2, A);
         let (third, _rx) = job_of(3, A);
         let refused = admission.submit(third).expect_err("over the limit");
@@ -1042,15 +1048,7 @@ mod tests {
     /// request is read; it starts nothing until its job fills it, and giving it back frees it.
     #[test]
     fn a_reserved_place_counts_against_the_limits_and_starts_only_once_filled() {
-        let admission = admission(
-            1,
-            UidLimits {
-                max_active: 1,
-                max_queued: 1,
-            },
-        );
-        let _a1 = admit(&admission, 1, A);
-        assert_eq!(take_ids(&admission, 1), vec![1]);
+        let (admission, _a1) = one_of_a_running();
         admission.reserve(2, A).expect("one waiting place");
         assert!(
             matches!(admission.reserve(3, A), Err(ServeError::UidBusy(_))),
