@@ -10,8 +10,8 @@ use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sa
 use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
-    Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt, Request,
-    ServeError, UidLimits,
+    Caller, Capacity, Config, Core, Event, FinishReason, Health, Invalid, JobHandle, Limits,
+    Prompt, Request, ServeError, UidLimits,
 };
 use k3_engine::session::StoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
@@ -75,7 +75,7 @@ fn ids(prompt: Vec<u32>, max_tokens: usize) -> Request {
 }
 
 /// Every event of a job to its end: the generated ids, and Done or the error.
-fn drain(job: &JobHandle) -> (Vec<u32>, Result<Finish, ServeError>) {
+fn drain(job: &JobHandle) -> (Vec<u32>, Result<FinishReason, ServeError>) {
     let mut out = Vec::new();
     while let Some(e) = job.events.recv() {
         match e {
@@ -154,7 +154,8 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
             if i == 1 {
                 r.sampling = sampled.clone();
             }
-            core.submit(Some(1000 + i as u32), r).expect("submit")
+            core.submit(Caller::Uid(1000 + i as u32), r)
+                .expect("submit")
         })
         .collect();
     let got: Vec<Vec<u32>> = jobs
@@ -211,7 +212,7 @@ fn computing(job: &JobHandle) {
 fn usable(core: &Core, name: &str, what: &str) {
     let mut r = ids(vec![1, 2, 3], 2);
     r.session = Some(name.into());
-    match core.submit(Some(7), r) {
+    match core.submit(Caller::Uid(7), r) {
         Ok(job) => {
             let (_, end) = drain(&job);
             assert!(end.is_ok(), "{what}: {end:?}");
@@ -230,20 +231,24 @@ fn on_session(name: &str, max_tokens: usize) -> Request {
 fn a_session_lease_is_released_however_the_job_ends() {
     let (_ck, core) = one_slot(6, 4);
     // Done.
-    let job = core.submit(Some(7), on_session("s", 3)).expect("submit");
+    let job = core
+        .submit(Caller::Uid(7), on_session("s", 3))
+        .expect("submit");
     assert!(drain(&job).1.is_ok());
     usable(&core, "s", "done");
 
     // While one job holds the only compute slot, others queue.
     let blocker = core
-        .submit(Some(7), ids(vec![4, 4, 4], 4000))
+        .submit(Caller::Uid(7), ids(vec![4, 4, 4], 4000))
         .expect("blocker");
     computing(&blocker);
     // Cancelled while queued.
-    let queued = core.submit(Some(7), on_session("s", 3)).expect("queued");
+    let queued = core
+        .submit(Caller::Uid(7), on_session("s", 3))
+        .expect("queued");
     let r = on_session("s", 3);
     assert!(
-        matches!(core.submit(Some(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
+        matches!(core.submit(Caller::Uid(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
         "one job at a time per session"
     );
     queued.cancel();
@@ -257,10 +262,12 @@ fn a_session_lease_is_released_however_the_job_ends() {
 /// `usable` once the blocker is out of the way; the abandoned, running-cancel, shutdown cases.
 fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
     // Abandoned while queued: dropping the receiver releases the lease at once.
-    let queued = core.submit(Some(7), on_session(name, 3)).expect("queued");
+    let queued = core
+        .submit(Caller::Uid(7), on_session(name, 3))
+        .expect("queued");
     drop(queued);
     let again = core
-        .submit(Some(7), on_session(name, 3))
+        .submit(Caller::Uid(7), on_session(name, 3))
         .expect("the abandoned job's lease was released");
     // Cancelled while running.
     blocker.cancel();
@@ -271,10 +278,12 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
     usable(core, name, "cancelled while running");
     // Shutdown: queued and running jobs are cancelled and their leases released.
     let running = core
-        .submit(Some(7), on_session(name, 4000))
+        .submit(Caller::Uid(7), on_session(name, 4000))
         .expect("running");
     computing(&running);
-    let other = core.submit(Some(7), on_session("t", 3)).expect("queued");
+    let other = core
+        .submit(Caller::Uid(7), on_session("t", 3))
+        .expect("queued");
     core.close();
     core.stop_all();
     assert!(matches!(drain(&running).1, Err(ServeError::Shutdown)));
@@ -291,7 +300,7 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
 fn every_refusal_names_its_rule() {
     let (_ck, core) = one_slot(7, 0);
     let vocab = core.tokenizer().vocab_size() as u32;
-    let refused = |r: Request| match core.submit(None, r) {
+    let refused = |r: Request| match core.submit(Caller::Unknown, r) {
         Err(ServeError::Invalid(i)) => i,
         Err(e) => panic!("not an invalid request: {e}"),
         Ok(_) => panic!("accepted"),
@@ -374,8 +383,10 @@ fn every_refusal_names_its_rule() {
         Invalid::EndsWithAssistant
     );
     // Busy: one running, no queue; the refusal carries the queue's state.
-    let running = core.submit(None, ids(vec![1, 2], 4000)).expect("running");
-    match core.submit(None, ids(vec![1, 2], 4)) {
+    let running = core
+        .submit(Caller::Unknown, ids(vec![1, 2], 4000))
+        .expect("running");
+    match core.submit(Caller::Unknown, ids(vec![1, 2], 4)) {
         Err(ServeError::Busy(q)) => {
             // The first is running or about to be taken from the queue.
             assert_eq!((q.running + q.queued, q.max_queue), (1, 0), "{q:?}")
@@ -385,7 +396,7 @@ fn every_refusal_names_its_rule() {
     drop(running);
     core.close();
     assert!(matches!(
-        core.submit(None, ids(vec![1], 4)),
+        core.submit(Caller::Unknown, ids(vec![1], 4)),
         Err(ServeError::ShuttingDown)
     ));
 }
@@ -404,7 +415,6 @@ fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
 fn a_chats_next_turn_prefills_only_what_the_user_added() {
     let (ck, core) = reusing_slot(11);
     let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
-    let me = k3_engine::serve::Caller::Uid(Some(7));
     let conversation = |messages: Vec<Message>| Conversation {
         messages,
         thinking: k3_engine::tokenizer::chat::Thinking::Off,
@@ -412,7 +422,7 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     };
     let chat = |messages: Vec<Message>, reuse: bool| Request {
         max_tokens: Some(6),
-        reuse: reuse.then(|| me.clone()),
+        reuse,
         ..Request::new(Prompt::Chat(conversation(messages)))
     };
     // The reply as an OpenAI client keeps it: its response-channel text.
@@ -438,14 +448,14 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     };
     let mut messages = vec![Message::new(Role::User, "Name a river.")];
     let first = core
-        .submit(Some(7), chat(messages.clone(), true))
+        .submit(Caller::Uid(7), chat(messages.clone(), true))
         .expect("turn 1");
     let (content, _) = reply(&first);
     let follow_up = Message::new(Role::User, "And another?");
     messages.extend([Message::new(Role::Assistant, content), follow_up.clone()]);
     // Submitted while the first turn's history is being warmed: it waits for it.
     let second = core
-        .submit(Some(7), chat(messages.clone(), true))
+        .submit(Caller::Uid(7), chat(messages.clone(), true))
         .expect("turn 2");
     let (reused_text, reused) = reply(&second);
     // What only this turn adds: the user's message and the generation prompt, which render
@@ -458,7 +468,9 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
         added.len(),
         "the next turn prefilled more than the user's message: {reused:?}"
     );
-    let fresh = core.submit(Some(7), chat(messages, false)).expect("fresh");
+    let fresh = core
+        .submit(Caller::Uid(7), chat(messages, false))
+        .expect("fresh");
     let (fresh_text, fresh) = reply(&fresh);
     assert_eq!(fresh.reused_tokens, 0);
     assert_eq!(
@@ -475,17 +487,19 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
     let (_ck, core) = reusing_slot(12);
     let chat = Request {
         max_tokens: Some(24),
-        reuse: Some(k3_engine::serve::Caller::Uid(Some(7))),
+        reuse: true,
         ..Request::new(Prompt::Chat(Conversation {
             messages: vec![Message::new(Role::User, "Name a river.")],
             thinking: k3_engine::tokenizer::chat::Thinking::Off,
             ..Conversation::default()
         }))
     };
-    let first = core.submit(Some(7), chat).expect("chat");
+    let first = core.submit(Caller::Uid(7), chat).expect("chat");
     computing(&first);
     // Queued behind the chat before its reply ends: another caller (no reuse) waits.
-    let other = core.submit(Some(8), ids(vec![5, 6, 7], 3)).expect("other");
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 3))
+        .expect("other");
     let (_, end) = drain(&first);
     assert!(end.is_ok(), "{end:?}");
     let (out, end) = drain(&other);
@@ -506,13 +520,13 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
     // to a few hundred ids.
     let limit = 400;
     let (_ck, core) = one_slot_with(13, 4, |c| c.limits.max_prompt_tokens = limit);
-    let refused = |r: Request| match core.submit(Some(7), r) {
+    let refused = |r: Request| match core.submit(Caller::Uid(7), r) {
         Err(ServeError::Invalid(i)) => i,
         Err(e) => panic!("not an invalid request: {e}"),
         Ok(_) => panic!("accepted"),
     };
     let job = core
-        .submit(Some(7), ids(vec![3; limit], 2))
+        .submit(Caller::Uid(7), ids(vec![3; limit], 2))
         .expect("at the limit");
     assert!(drain(&job).1.is_ok());
     let over = refused(ids(vec![3; limit + 1], 2));
@@ -535,12 +549,12 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
     };
     let counted = core
         .count_tokens(
-            core.turn(core.reserve(Some(7)).expect("place")),
+            core.turn(core.reserve(&Caller::Uid(7)).expect("place")),
             short.clone(),
         )
         .expect("counted");
     let job = core
-        .submit(Some(7), ids_chat(short.clone()))
+        .submit(Caller::Uid(7), ids_chat(short.clone()))
         .expect("a short chat");
     assert_eq!(job.prompt_tokens, counted);
     assert!(drain(&job).1.is_ok());
@@ -563,7 +577,10 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         panic!("not refused for its length");
     };
     assert!(tokens > limit && l == limit, "{tokens} of {l}");
-    let count = core.count_tokens(core.turn(core.reserve(Some(7)).expect("place")), with_tool);
+    let count = core.count_tokens(
+        core.turn(core.reserve(&Caller::Uid(7)).expect("place")),
+        with_tool,
+    );
     assert!(
         matches!(count, Err(ServeError::Invalid(Invalid::PromptTooLong { tokens: t, .. })) if t == tokens),
         "{count:?}"
@@ -594,9 +611,13 @@ fn stalling_slot(seed: u64, session_bytes: u64) -> (TempCheckpoint, Core) {
 fn a_stalled_reader_gives_its_slot_back_and_later_gets_its_whole_reply() {
     let (ck, core) = stalling_slot(14, 64 << 20);
     let request = ids(vec![21, 22, 23], 64);
-    let unread = core.submit(Some(7), request.clone()).expect("unread");
+    let unread = core
+        .submit(Caller::Uid(7), request.clone())
+        .expect("unread");
     computing(&unread);
-    let other = core.submit(Some(8), ids(vec![5, 6, 7], 8)).expect("other");
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 8))
+        .expect("other");
     let started = Instant::now();
     let (out, end) = drain(&other);
     assert!(end.is_ok(), "{end:?}");
@@ -628,10 +649,12 @@ fn a_stalled_reader_gives_its_slot_back_and_later_gets_its_whole_reply() {
 fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
     let (_ck, core) = stalling_slot(15, 0);
     let unread = core
-        .submit(Some(7), ids(vec![21, 22, 23], 64))
+        .submit(Caller::Uid(7), ids(vec![21, 22, 23], 64))
         .expect("unread");
     computing(&unread);
-    let other = core.submit(Some(8), ids(vec![5, 6, 7], 8)).expect("other");
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 8))
+        .expect("other");
     assert!(drain(&other).1.is_ok());
     let (got, end) = drain(&unread);
     assert!(!got.is_empty() && got.len() < 64, "{} tokens", got.len());
@@ -646,5 +669,129 @@ fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
         (counters.stalled, counters.cancelled),
         (1, 1),
         "{counters:?}"
+    );
+}
+
+/// Runs `job` to its end: the generated ids and the engine's summary.
+fn completed(job: &JobHandle) -> (Vec<u32>, k3_engine::engine::Summary) {
+    let mut out = Vec::new();
+    while let Some(e) = job.events.recv() {
+        match e {
+            Event::Token { id, .. } => out.push(id),
+            Event::Done(d) => return (out, d.summary),
+            Event::Failed(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    panic!("the stream ended without Done or Failed");
+}
+
+fn chat_of(messages: &[(Role, &str)], reuse: bool) -> Request {
+    Request {
+        max_tokens: Some(5),
+        reuse,
+        ..Request::new(Prompt::Chat(Conversation {
+            messages: messages
+                .iter()
+                .map(|(role, text)| Message::new(*role, *text))
+                .collect(),
+            thinking: k3_engine::tokenizer::chat::Thinking::Off,
+            ..Conversation::default()
+        }))
+    }
+}
+
+/// Issue 34 point 5: an identical retry reuses all but the prompt's last id, a retry whose last
+/// message changed reuses everything before that message, and both answer exactly as a fresh
+/// computation does.
+#[test]
+fn a_retry_reuses_all_but_what_changed_and_answers_as_computed_afresh() {
+    let (ck, core) = reusing_slot(13);
+    let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
+    let history = [
+        (Role::System, "You answer briefly."),
+        (Role::User, "Name a river."),
+        (Role::Assistant, "The Rhine."),
+    ];
+    let asked = |last: &'static str| {
+        let mut m = history.to_vec();
+        m.push((Role::User, last));
+        m
+    };
+    let me = Caller::Uid(7);
+    let (first_out, first) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a sea?"), true))
+            .expect("1"),
+    );
+    assert_eq!(first.reused_tokens, 0);
+    let (retry_out, retry) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a sea?"), true))
+            .expect("2"),
+    );
+    assert_eq!(
+        retry.reused_tokens,
+        retry.prompt_tokens - 1,
+        "identical retry: {retry:?}"
+    );
+    assert_eq!(retry_out, first_out);
+    // The last message edited: everything before it is reused.
+    let mut before = Conversation {
+        messages: history.iter().map(|(r, t)| Message::new(*r, *t)).collect(),
+        thinking: k3_engine::tokenizer::chat::Thinking::Off,
+        ..Conversation::default()
+    };
+    before.generation_prompt = false;
+    let kept = k3_engine::tokenizer::chat::render(&tokenizer, &before).expect("render");
+    let (edited_out, edited) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a lake?"), true))
+            .expect("3"),
+    );
+    assert_eq!(edited.reused_tokens, kept.len(), "edited retry: {edited:?}");
+    let (fresh_out, fresh) = completed(
+        &core
+            .submit(me, chat_of(&asked("And a lake?"), false))
+            .expect("4"),
+    );
+    assert_eq!(fresh.reused_tokens, 0);
+    assert_eq!(edited_out, fresh_out);
+}
+
+/// Issue 35 point 7: a state is continued only by the caller it was kept for; a caller nobody
+/// vouches for reuses nothing, not even its own identical request.
+#[test]
+fn kept_states_are_never_shared_between_callers() {
+    let (_ck, core) = reusing_slot(14);
+    let secret = [(Role::User, "My password is hunter2. Remember it.")];
+    let reused = |caller: Caller| {
+        let (_, s) = completed(&core.submit(caller, chat_of(&secret, true)).expect("submit"));
+        s.reused_tokens
+    };
+    let scoped = |scope: &str| Caller::Key {
+        key: 0,
+        scope: Some(scope.into()),
+    };
+    assert_eq!(reused(Caller::Uid(7)), 0);
+    assert!(reused(Caller::Uid(7)) > 0, "the same uid reuses its own");
+    assert_eq!(reused(Caller::Uid(8)), 0, "another uid");
+    assert_eq!(reused(scoped("a")), 0);
+    assert!(reused(scoped("a")) > 0, "the same key and scope");
+    for other in [
+        scoped("b"),
+        scoped("a").account(),
+        Caller::Key {
+            key: 1,
+            scope: Some("a".into()),
+        },
+    ] {
+        assert_eq!(reused(other.clone()), 0, "{other}");
+    }
+    assert_eq!(reused(Caller::Unknown), 0);
+    assert_eq!(
+        reused(Caller::Unknown),
+        0,
+        "an unknown caller keeps nothing"
     );
 }

@@ -7,8 +7,10 @@
 //! no higher, so uids take turns and one user's many requests cannot starve another's single
 //! one; a uid's own jobs keep their order. Per-uid limits ([`UidLimits`]) bound how many of one
 //! uid's jobs compute at once (the others wait while other uids' jobs start) and how many may
-//! wait (beyond, [`ServeError::UidBusy`] at once). The uid is the transport's: peer credentials
-//! on a Unix socket; callers whose uid is unknown — HTTP over TCP among them — share one turn.
+//! wait (beyond, [`ServeError::UidBusy`] at once). What is counted as one "uid" here is the
+//! caller's account ([`Caller::account`], issue 35 point 5): a local account as the kernel
+//! names it (a Unix peer, the owner of a loopback TCP socket), each API key of a keyed TCP
+//! caller, and the callers nobody vouches for, together.
 //!
 //! Everything sits behind one mutex taken only for short bookkeeping (never across compute),
 //! so transports stay responsive while the engine steps (engine-lessons §9: a bounded queue
@@ -21,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::caller::Caller;
 use super::events::EventSender;
-use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, LoadFigures, QueueState, ServeError, UidQueueState};
@@ -32,7 +34,10 @@ use crate::tokenizer::chat::Conversation;
 /// One admitted job on its way to (or in) the scheduler.
 pub(crate) struct Job {
     pub id: u64,
-    pub uid: Option<u32>,
+    /// Who sent it, as its transport vouches.
+    pub caller: Caller,
+    /// The caller's account ([`Caller::account`]): what limits and fair turns count.
+    pub account: Caller,
     pub request: GenerateRequest,
     pub kind: Kind,
     pub events: EventSender,
@@ -53,7 +58,7 @@ pub(crate) struct Job {
 impl Job {
     pub fn new(
         id: u64,
-        uid: Option<u32>,
+        caller: Caller,
         request: GenerateRequest,
         kind: Kind,
         events: EventSender,
@@ -61,7 +66,8 @@ impl Job {
     ) -> Job {
         Job {
             id,
-            uid,
+            account: caller.account(),
+            caller,
             request,
             kind,
             events,
@@ -90,21 +96,21 @@ enum Entry {
     Job(Box<Job>),
     Reserved {
         id: u64,
-        uid: Option<u32>,
+        account: Caller,
     },
     /// A parked job ([`Admission::park`]) whose reader reads again: it waits for a compute
     /// slot in turn like any job, and goes back into the batch as it was.
     Resume {
         id: u64,
-        uid: Option<u32>,
+        account: Caller,
     },
 }
 
 impl Entry {
-    fn uid(&self) -> Option<u32> {
+    fn account(&self) -> &Caller {
         match self {
-            Entry::Job(job) => job.uid,
-            Entry::Reserved { uid, .. } | Entry::Resume { uid, .. } => *uid,
+            Entry::Job(job) => &job.account,
+            Entry::Reserved { account, .. } | Entry::Resume { account, .. } => account,
         }
     }
 
@@ -191,7 +197,7 @@ pub struct Counters {
 
 /// How a job ended, for the counters.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Outcome {
+pub(crate) enum JobEnd {
     Completed,
     Cancelled,
     Failed,
@@ -199,13 +205,13 @@ pub(crate) enum Outcome {
     Refused,
 }
 
-impl Outcome {
+impl JobEnd {
     /// How a job that ended with `error` is counted.
-    pub fn of(error: &ServeError) -> Outcome {
+    pub fn of(error: &ServeError) -> JobEnd {
         if error.is_refusal() {
-            Outcome::Refused
+            JobEnd::Refused
         } else {
-            Outcome::Failed
+            JobEnd::Failed
         }
     }
 }
@@ -243,7 +249,9 @@ pub struct UidLoad {
 
 struct Running {
     cancel: Arc<AtomicBool>,
+    /// The owner's uid, for cancels.
     uid: Option<u32>,
+    account: Caller,
 }
 
 struct State {
@@ -254,19 +262,20 @@ struct State {
     /// Jobs parked by the scheduler (their readers stalled): no compute slot, their state
     /// kept; cancels reach them here.
     parked: HashMap<u64, Running>,
-    per_uid: HashMap<Option<u32>, UidLoad>,
+    /// By account ([`Caller::account`]).
+    per_uid: HashMap<Caller, UidLoad>,
     counters: Counters,
     info: Option<EngineInfo>,
     stats: EngineStats,
 }
 
 impl State {
-    fn load(&mut self, uid: Option<u32>) -> &mut UidLoad {
-        self.per_uid.entry(uid).or_default()
+    fn load(&mut self, account: &Caller) -> &mut UidLoad {
+        self.per_uid.entry(account.clone()).or_default()
     }
 
-    fn running_of(&self, uid: Option<u32>) -> usize {
-        self.per_uid.get(&uid).map_or(0, |l| l.running)
+    fn running_of(&self, account: &Caller) -> usize {
+        self.per_uid.get(account).map_or(0, |l| l.running)
     }
 
     /// The queue index where a new job of `uid` goes: before the first job whose round is
@@ -274,13 +283,16 @@ impl State {
     /// ahead of it; the new job's, its uid's running plus queued jobs. So a newcomer with
     /// nothing running goes ahead of a heavy user's second job, uids alternate, and a uid's
     /// own jobs keep their order (each has a higher round than those it follows).
-    fn fair_index(&self, uid: Option<u32>) -> usize {
-        let own = self.per_uid.get(&uid).map_or(0, |l| l.running + l.queued);
-        let mut rounds: HashMap<Option<u32>, usize> = HashMap::new();
+    fn fair_index(&self, account: &Caller) -> usize {
+        let own = self
+            .per_uid
+            .get(account)
+            .map_or(0, |l| l.running + l.queued);
+        let mut rounds: HashMap<&Caller, usize> = HashMap::new();
         for (index, entry) in self.queue.iter().enumerate() {
             let round = rounds
-                .entry(entry.uid())
-                .or_insert_with(|| self.running_of(entry.uid()));
+                .entry(entry.account())
+                .or_insert_with(|| self.running_of(entry.account()));
             if *round > own {
                 return index;
             }
@@ -290,9 +302,9 @@ impl State {
     }
 
     /// Forget an idle uid, so the map holds only uids with work.
-    fn tidy(&mut self, uid: Option<u32>) {
-        if self.per_uid.get(&uid) == Some(&UidLoad::default()) {
-            self.per_uid.remove(&uid);
+    fn tidy(&mut self, account: &Caller) {
+        if self.per_uid.get(account) == Some(&UidLoad::default()) {
+            self.per_uid.remove(account);
         }
     }
 
@@ -300,8 +312,8 @@ impl State {
     /// reservation only gives its place back.
     fn unqueue(&mut self, index: usize) -> Option<Entry> {
         let entry = self.queue.remove(index)?;
-        self.load(entry.uid()).queued -= 1;
-        self.tidy(entry.uid());
+        self.load(entry.account()).queued -= 1;
+        self.tidy(entry.account());
         if let Entry::Job(_) = entry {
             self.counters.cancelled += 1;
         }
@@ -338,7 +350,7 @@ impl State {
 
 /// A consistent copy of the admission figures.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub struct AdmissionFigures {
     pub health: Health,
     pub accepting: bool,
     pub info: Option<EngineInfo>,
@@ -416,14 +428,18 @@ impl Admission {
     /// parsed or tokenised, so a refused request costs nothing. The place counts as one of
     /// the uid's waiting jobs for every later refusal until [`Self::fill`] puts the job in it
     /// or [`Self::unreserve`] gives it back; it never starts by itself.
-    pub fn reserve(&self, id: u64, uid: Option<u32>) -> Result<(), ServeError> {
+    pub fn reserve(&self, id: u64, account: Caller) -> Result<(), ServeError> {
         let mut st = self.lock();
         Self::serving(&st)?;
         let gone = st.purge_abandoned();
-        let index = st.fair_index(uid);
-        st.queue.insert(index, Entry::Reserved { id, uid });
-        st.load(uid).queued += 1;
-        let refusal = self.over_limits(&st, uid);
+        let index = st.fair_index(&account);
+        let entry = Entry::Reserved {
+            id,
+            account: account.clone(),
+        };
+        st.queue.insert(index, entry);
+        st.load(&account).queued += 1;
+        let refusal = self.over_limits(&st, &account);
         if refusal.is_some() {
             st.unqueue(index);
         }
@@ -443,24 +459,24 @@ impl Admission {
         Ok(())
     }
 
-    /// The refusal a queue holding a new entry of `uid` calls for, counting every reserved
-    /// place as a job (each will be one, or be given back): more waiting jobs than
-    /// `max_queue`, or than the uid's `max_queued`. If any of its uid's jobs waits, so does
-    /// the new one (it is behind them): it is among them.
-    fn over_limits(&self, st: &State, uid: Option<u32>) -> Option<ServeError> {
+    /// The refusal a queue holding a new entry of `account` calls for, counting every
+    /// reserved place as a job (each will be one, or be given back): more waiting jobs than
+    /// `max_queue`, or than the account's `max_queued`. If any of its account's jobs waits, so
+    /// does the new one (it is behind them): it is among them.
+    fn over_limits(&self, st: &State, account: &Caller) -> Option<ServeError> {
         let free = self.capacity.max_active.saturating_sub(st.running.len());
-        let waiting: Vec<Option<u32>> = st
+        let waiting: Vec<&Caller> = st
             .queue
             .iter()
             .zip(self.starters(st, free, true))
             .filter(|(_, starts)| !starts)
-            .map(|(entry, _)| entry.uid())
+            .map(|(entry, _)| entry.account())
             .collect();
-        let own_waiting = waiting.iter().filter(|u| **u == uid).count();
+        let own_waiting = waiting.iter().filter(|a| **a == account).count();
         if own_waiting > self.capacity.per_uid.max_queued {
             Some(ServeError::UidBusy(UidQueueState {
-                uid,
-                running: st.running_of(uid),
+                account: account.clone(),
+                running: st.running_of(account),
                 waiting: own_waiting.saturating_sub(1),
                 max_active: self.capacity.per_uid.max_active,
                 max_queued: self.capacity.per_uid.max_queued,
@@ -529,7 +545,7 @@ impl Admission {
     /// once (the job, and so its lease, is dropped on refusal).
     #[cfg(test)]
     pub fn submit(&self, job: Job) -> Result<(), ServeError> {
-        self.reserve(job.id, job.uid)?;
+        self.reserve(job.id, job.account.clone())?;
         self.fill(job)
     }
 
@@ -538,7 +554,7 @@ impl Admission {
     /// no job to start: `reserved_start` says whether it is counted as one that would (to
     /// refuse early what its job would make too many) or passed over (to take jobs now).
     fn starters(&self, st: &State, free: usize, reserved_start: bool) -> Vec<bool> {
-        let mut active: HashMap<Option<u32>, usize> = HashMap::new();
+        let mut active: HashMap<&Caller, usize> = HashMap::new();
         let mut free = free;
         st.queue
             .iter()
@@ -547,8 +563,8 @@ impl Admission {
                     return false;
                 }
                 let active = active
-                    .entry(entry.uid())
-                    .or_insert_with(|| st.running_of(entry.uid()));
+                    .entry(entry.account())
+                    .or_insert_with(|| st.running_of(entry.account()));
                 let starts = free > 0 && *active < self.capacity.per_uid.max_active;
                 if starts {
                     free -= 1;
@@ -603,8 +619,8 @@ impl Admission {
         for (entry, _) in taken {
             match entry {
                 Entry::Job(job) => jobs.push(*job),
-                Entry::Resume { id, uid } => {
-                    let load = st.load(uid);
+                Entry::Resume { id, account } => {
+                    let load = st.load(&account);
                     load.queued -= 1;
                     load.parked -= 1;
                     load.running += 1;
@@ -617,14 +633,15 @@ impl Admission {
             }
         }
         for job in &jobs {
-            let load = st.load(job.uid);
+            let load = st.load(&job.account);
             load.queued -= 1;
             load.running += 1;
             st.running.insert(
                 job.id,
                 Running {
                     cancel: Arc::clone(&job.cancel),
-                    uid: job.uid,
+                    uid: job.caller.uid(),
+                    account: job.account.clone(),
                 },
             );
         }
@@ -659,7 +676,7 @@ impl Admission {
     pub fn park(&self, id: u64) {
         let mut st = self.lock();
         if let Some(r) = st.running.remove(&id) {
-            let load = st.load(r.uid);
+            let load = st.load(&r.account);
             load.running -= 1;
             load.parked += 1;
             st.parked.insert(id, r);
@@ -673,12 +690,12 @@ impl Admission {
     /// its fair place (never refused: it was admitted), then comes back in [`Taken::resumed`].
     pub fn resume(&self, id: u64) {
         let mut st = self.lock();
-        let Some(uid) = st.parked.get(&id).map(|r| r.uid) else {
+        let Some(account) = st.parked.get(&id).map(|r| r.account.clone()) else {
             return;
         };
-        let index = st.fair_index(uid);
-        st.queue.insert(index, Entry::Resume { id, uid });
-        st.load(uid).queued += 1;
+        let index = st.fair_index(&account);
+        st.load(&account).queued += 1;
+        st.queue.insert(index, Entry::Resume { id, account });
         drop(st);
         self.wake.notify_all();
     }
@@ -697,11 +714,11 @@ impl Admission {
     }
 
     /// A running (or parked) job ended.
-    pub fn finish(&self, id: u64, outcome: Outcome) {
+    pub fn finish(&self, id: u64, outcome: JobEnd) {
         let mut st = self.lock();
         if let Some(r) = st.running.remove(&id) {
-            st.load(r.uid).running -= 1;
-            st.tidy(r.uid);
+            st.load(&r.account).running -= 1;
+            st.tidy(&r.account);
         } else if let Some(r) = st.parked.remove(&id) {
             // A parked job that ended (cancelled, abandoned, shut down) gives back its claim.
             if let Some(index) = st
@@ -710,16 +727,16 @@ impl Admission {
                 .position(|e| matches!(e, Entry::Resume { id: r_id, .. } if *r_id == id))
             {
                 st.queue.remove(index);
-                st.load(r.uid).queued -= 1;
+                st.load(&r.account).queued -= 1;
             }
-            st.load(r.uid).parked -= 1;
-            st.tidy(r.uid);
+            st.load(&r.account).parked -= 1;
+            st.tidy(&r.account);
         }
         match outcome {
-            Outcome::Completed => st.counters.completed += 1,
-            Outcome::Cancelled => st.counters.cancelled += 1,
-            Outcome::Failed => st.counters.failed += 1,
-            Outcome::Refused => st.counters.rejected += 1,
+            JobEnd::Completed => st.counters.completed += 1,
+            JobEnd::Cancelled => st.counters.cancelled += 1,
+            JobEnd::Failed => st.counters.failed += 1,
+            JobEnd::Refused => st.counters.rejected += 1,
         }
     }
 
@@ -739,7 +756,7 @@ impl Admission {
             .iter()
             .position(|e| e.job().is_some_and(|j| j.id == id));
         let owner = match queued {
-            Some(index) => Some(st.queue[index].uid()),
+            Some(index) => st.queue[index].job().map(|j| j.caller.uid()),
             None => st
                 .running
                 .get(&id)
@@ -857,13 +874,17 @@ impl Admission {
         self.lock().health.clone()
     }
 
-    pub fn uid_load(&self, uid: Option<u32>) -> UidLoad {
-        self.lock().per_uid.get(&uid).copied().unwrap_or_default()
+    pub fn uid_load(&self, account: &Caller) -> UidLoad {
+        self.lock()
+            .per_uid
+            .get(account)
+            .copied()
+            .unwrap_or_default()
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> AdmissionFigures {
         let st = self.lock();
-        Snapshot {
+        AdmissionFigures {
             health: st.health.clone(),
             accepting: st.accepting,
             info: st.info.clone(),
@@ -882,17 +903,17 @@ mod tests {
     use crate::serve::events::{Events, channel};
 
     fn job(id: u64) -> (Job, Events) {
-        job_of(id, None)
+        job_of(id, Caller::Unknown)
     }
 
-    fn job_of(id: u64, uid: Option<u32>) -> (Job, Events) {
+    fn job_of(id: u64, caller: Caller) -> (Job, Events) {
         let (tx, rx) = channel(8, Box::new(|| {}));
         let request = GenerateRequest {
             prompt: vec![1, 2, 3],
             max_tokens: 4,
             ..GenerateRequest::default()
         };
-        (Job::new(id, uid, request, Kind::Text, tx, None), rx)
+        (Job::new(id, caller, request, Kind::Text, tx, None), rx)
     }
 
     fn admission(max_active: usize, per_uid: UidLimits) -> Admission {
@@ -906,8 +927,8 @@ mod tests {
 
     /// Submits job `id` of `uid`, which must be admitted; its events (dropping them abandons
     /// the job).
-    fn admit(admission: &Admission, id: u64, uid: Option<u32>) -> Events {
-        let (j, rx) = job_of(id, uid);
+    fn admit(admission: &Admission, id: u64, caller: Caller) -> Events {
+        let (j, rx) = job_of(id, caller);
         admission.submit(j).expect("admitted");
         rx
     }
@@ -926,14 +947,14 @@ mod tests {
     fn service_order(admission: &Admission) -> Vec<u64> {
         std::iter::from_fn(|| {
             let id = *take_ids(admission, 1).first()?;
-            admission.finish(id, Outcome::Completed);
+            admission.finish(id, JobEnd::Completed);
             Some(id)
         })
         .collect()
     }
 
-    const A: Option<u32> = Some(1001);
-    const B: Option<u32> = Some(1002);
+    const A: Caller = Caller::Uid(1001);
+    const B: Caller = Caller::Uid(1002);
 
     /// Issue 19 point 5: a user's single request goes ahead of another's many queued ones,
     /// and the jobs it went ahead of are told their new places.
@@ -946,7 +967,7 @@ mod tests {
         assert_eq!(positions(&held(&b)), vec![1], "first in line");
         assert_eq!(positions(&held(&a[1])), vec![1, 2], "moved back one");
         assert_eq!(positions(&held(&a[3])), vec![3, 4]);
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(service_order(&admission), vec![5, 2, 3, 4]);
     }
 
@@ -955,11 +976,42 @@ mod tests {
     #[test]
     fn uids_take_turns_in_the_queue() {
         let admission = admission(1, UidLimits::default());
-        let _events: Vec<Events> = [(1, A), (2, A), (3, A), (4, B), (5, B), (6, B), (7, None)]
-            .into_iter()
-            .map(|(id, uid)| admit(&admission, id, uid))
-            .collect();
+        let _events: Vec<Events> = [
+            (1, A),
+            (2, A),
+            (3, A),
+            (4, B),
+            (5, B),
+            (6, B),
+            (7, Caller::Unknown),
+        ]
+        .into_iter()
+        .map(|(id, caller)| admit(&admission, id, caller))
+        .collect();
         assert_eq!(service_order(&admission), vec![1, 4, 7, 2, 5, 3, 6]);
+    }
+
+    /// Issue 35 point 5: each API key is an account of its own and takes its own turn (TCP
+    /// callers no longer share one); the names one key's callers give themselves do not give
+    /// them more turns than the key has.
+    #[test]
+    fn each_key_takes_its_own_turn_and_its_scopes_share_it() {
+        let admission = admission(1, UidLimits::default());
+        let key = |key, scope: &str| Caller::Key {
+            key,
+            scope: Some(scope.into()),
+        };
+        let _events: Vec<Events> = [
+            (1, key(0, "a")),
+            (2, key(0, "b")),
+            (3, key(0, "c")),
+            (4, key(1, "a")),
+            (5, Caller::Unknown),
+        ]
+        .into_iter()
+        .map(|(id, caller)| admit(&admission, id, caller))
+        .collect();
+        assert_eq!(service_order(&admission), vec![1, 4, 5, 2, 3]);
     }
 
     /// A uid at its active limit leaves its queued jobs waiting, told their position, while
@@ -981,14 +1033,14 @@ mod tests {
         assert_eq!(positions(&held(&b)), Vec::<u32>::new(), "starts at once");
         assert_eq!(take_ids(&admission, 1), vec![3]);
         assert_eq!(
-            admission.uid_load(A),
+            admission.uid_load(&A),
             UidLoad {
                 queued: 1,
                 running: 1,
                 parked: 0
             }
         );
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(take_ids(&admission, 1), vec![2]);
     }
 
@@ -1019,7 +1071,7 @@ mod tests {
             matches!(
                 refused,
                 ServeError::UidBusy(UidQueueState {
-                    uid: A,
+                    account: A,
                     running: 1,
                     waiting: 1,
                     max_queued: 1,
@@ -1034,7 +1086,7 @@ mod tests {
         );
         assert!(text.contains("--max-active-per-uid 1"), "{text}");
         assert_eq!(
-            admission.uid_load(A),
+            admission.uid_load(&A),
             UidLoad {
                 queued: 1,
                 running: 1,
@@ -1057,7 +1109,7 @@ mod tests {
         admission.reserve(4, B).expect("another uid's place");
         admission.unreserve(2);
         admission.reserve(3, A).expect("the place came back");
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(
             take_ids(&admission, 1),
             Vec::<u64>::new(),
@@ -1090,13 +1142,13 @@ mod tests {
             admission.take(0, false).resumed.is_empty(),
             "B holds the slot"
         );
-        admission.finish(2, Outcome::Completed);
+        admission.finish(2, JobEnd::Completed);
         assert_eq!(admission.take(1, false).resumed, vec![1]);
         admission.park(1);
         admission
-            .cancel(1, Canceller::Uid(A))
+            .cancel(1, Canceller::Uid(A.uid()))
             .expect("cancel reaches a parked job");
-        admission.finish(1, Outcome::Cancelled);
+        admission.finish(1, JobEnd::Cancelled);
         assert!(admission.drained());
         let counters = admission.snapshot().counters;
         assert_eq!((counters.stalled, counters.cancelled), (2, 1));

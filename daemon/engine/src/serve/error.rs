@@ -16,10 +16,11 @@ pub struct QueueState {
     pub max_queue: usize,
 }
 
-/// One uid's jobs when its job was refused ([`ServeError::UidBusy`]), with its limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One account's jobs when its job was refused ([`ServeError::UidBusy`]), with its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UidQueueState {
-    pub uid: Option<u32>,
+    /// The account whose share is full ([`super::Caller::account`]).
+    pub account: super::Caller,
     pub running: usize,
     pub waiting: usize,
     /// `usize::MAX`: no limit of its own.
@@ -103,12 +104,9 @@ fn uid_busy_text(s: &UidQueueState) -> String {
         format!(" (--max-active-per-uid {})", s.max_active)
     };
     format!(
-        "k3d is busy for uid {}: {} of its requests running{active} and {} waiting \
+        "k3d is busy for {}: {} of its requests running{active} and {} waiting \
          (--max-queued-per-uid {}); retry when one of them finishes",
-        super::uid_text(s.uid),
-        s.running,
-        s.waiting,
-        s.max_queued
+        s.account, s.running, s.waiting, s.max_queued
     )
 }
 

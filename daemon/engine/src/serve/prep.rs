@@ -9,13 +9,16 @@
 //! arrives. Waiting for a turn costs a blocked thread and nothing else, and admission bounds
 //! how many wait (each holds a reserved place in the queue).
 //!
-//! Turns are fair across uids the way the queue is: when a turn frees, it goes to the waiter
-//! whose uid holds the fewest turns now, the earliest of those first. One user's flood of
+//! Turns are fair across accounts (uids, API keys: [`Caller::account`]) the way the queue is:
+//! when a turn frees, it goes to the waiter whose account holds the fewest turns now, the
+//! earliest of those first. One user's flood of
 //! large bodies therefore delays another user's request by at most the one preparation
 //! already under way, never by the flood.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use super::caller::Caller;
 
 /// Requests prepared at once. Two: one user's large body never makes another's small one
 /// wait behind it, and the memory held is that of two bodies at most.
@@ -23,10 +26,10 @@ pub const PREP_TURNS: usize = 2;
 
 #[derive(Default)]
 struct State {
-    /// Turns held now, by uid.
-    held: HashMap<Option<u32>, usize>,
-    /// Waiters in arrival order: (ticket, uid).
-    waiting: Vec<(u64, Option<u32>)>,
+    /// Turns held now, by account.
+    held: HashMap<Caller, usize>,
+    /// Waiters in arrival order: (ticket, account).
+    waiting: Vec<(u64, Caller)>,
     next_ticket: u64,
 }
 
@@ -35,12 +38,12 @@ impl State {
         self.held.values().sum()
     }
 
-    /// The waiter the next free turn goes to: the fewest turns held by its uid, then the
+    /// The waiter the next free turn goes to: the fewest turns held by its account, then the
     /// earliest.
     fn next(&self) -> Option<u64> {
         self.waiting
             .iter()
-            .min_by_key(|(ticket, uid)| (self.held.get(uid).copied().unwrap_or(0), *ticket))
+            .min_by_key(|(ticket, account)| (self.held.get(account).copied().unwrap_or(0), *ticket))
             .map(|(ticket, _)| *ticket)
     }
 }
@@ -54,7 +57,7 @@ pub(crate) struct PrepPool {
 /// A turn in the pool, given back when dropped.
 pub struct PrepTurn {
     pool: Arc<PrepPool>,
-    uid: Option<u32>,
+    account: Caller,
 }
 
 impl PrepPool {
@@ -71,23 +74,23 @@ impl PrepPool {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits (blocking the calling thread) until a turn is free and it is `uid`'s.
-    pub fn enter(self: &Arc<PrepPool>, uid: Option<u32>) -> PrepTurn {
+    /// Waits (blocking the calling thread) until a turn is free and it is `account`'s.
+    pub fn enter(self: &Arc<PrepPool>, account: Caller) -> PrepTurn {
         let mut st = self.lock();
         let ticket = st.next_ticket;
         st.next_ticket += 1;
-        st.waiting.push((ticket, uid));
+        st.waiting.push((ticket, account.clone()));
         while st.in_use() >= self.turns || st.next() != Some(ticket) {
             st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         st.waiting.retain(|(t, _)| *t != ticket);
-        *st.held.entry(uid).or_default() += 1;
+        *st.held.entry(account.clone()).or_default() += 1;
         drop(st);
         // Another turn may be free too (several left at once): its waiter must look again.
         self.freed.notify_all();
         PrepTurn {
             pool: Arc::clone(self),
-            uid,
+            account,
         }
     }
 }
@@ -95,10 +98,10 @@ impl PrepPool {
 impl Drop for PrepTurn {
     fn drop(&mut self) {
         let mut st = self.pool.lock();
-        if let Some(held) = st.held.get_mut(&self.uid) {
+        if let Some(held) = st.held.get_mut(&self.account) {
             *held -= 1;
             if *held == 0 {
-                st.held.remove(&self.uid);
+                st.held.remove(&self.account);
             }
         }
         drop(st);
@@ -112,18 +115,18 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    /// Starts a thread that waits for a turn of `uid`, reports `name` when it has one, and
-    /// holds it until told to let go.
+    /// Starts a thread that waits for a turn of `caller`'s account, reports `name` when it
+    /// has one, and holds it until told to let go.
     fn waiter(
         pool: &Arc<PrepPool>,
-        uid: Option<u32>,
+        caller: Caller,
         name: &'static str,
         got: &mpsc::Sender<&'static str>,
     ) -> mpsc::Sender<()> {
         let (release, hold) = mpsc::channel::<()>();
         let (pool, got) = (Arc::clone(pool), got.clone());
         std::thread::spawn(move || {
-            let _turn = pool.enter(uid);
+            let _turn = pool.enter(caller.account());
             got.send(name).expect("report");
             let _ = hold.recv();
         });
@@ -138,19 +141,25 @@ mod tests {
     }
 
     /// A second user's request is prepared next, ahead of the first user's queued ones; the
-    /// pool never gives more than its turns at once.
+    /// pool never gives more than its turns at once. Users here are API keys (issue 35
+    /// point 5: each key has its own turn), the names one key's callers give themselves do
+    /// not make them more than the one key.
     #[test]
     fn a_newcomer_is_prepared_before_a_flooding_users_next_request() {
         let pool = PrepPool::new(2);
         let (got, report) = mpsc::channel();
-        let a1 = waiter(&pool, Some(1), "a1", &got);
-        let a2 = waiter(&pool, Some(1), "a2", &got);
+        let key = |key, scope: &str| Caller::Key {
+            key,
+            scope: Some(scope.into()),
+        };
+        let a1 = waiter(&pool, key(0, "one"), "a1", &got);
+        let a2 = waiter(&pool, key(0, "two"), "a2", &got);
         let mut first: Vec<_> = (0..2).map(|_| report.recv().expect("turn")).collect();
         first.sort();
         assert_eq!(first, ["a1", "a2"]);
-        let a3 = waiter(&pool, Some(1), "a3", &got);
+        let a3 = waiter(&pool, key(0, "three"), "a3", &got);
         until_waiting(&pool, 1);
-        let b = waiter(&pool, Some(2), "b", &got);
+        let b = waiter(&pool, key(1, "one"), "b", &got);
         until_waiting(&pool, 2);
         assert!(
             report.recv_timeout(Duration::from_millis(50)).is_err(),

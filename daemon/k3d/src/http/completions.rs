@@ -5,7 +5,7 @@
 
 use super::App;
 use super::error::ApiError;
-use super::reply::{Finish, Piece, Reader, Usage};
+use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::{self, Common, Fields};
 use super::stream::{self, Timer, Whole, Wire, collect, submit};
 use axum::response::sse::Event;
@@ -40,7 +40,7 @@ impl Head {
         }
     }
 
-    fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Value {
+    fn chunk(&self, choices: Value, usage: Option<&OpenAiUsage>) -> Value {
         let mut v = json!({
             "id": self.id,
             "object": self.object(true),
@@ -252,13 +252,13 @@ impl Wire for Chunks {
         }
     }
 
-    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+    fn piece(&mut self, piece: &ReplyPart) -> Vec<Event> {
         let head = &self.head;
         let delta = match piece {
-            Piece::Reasoning(t) => Delta::Reasoning(t),
-            Piece::Content(t) => Delta::Content(t),
-            Piece::ToolCall(d) => Delta::ToolCall(d),
-            Piece::Finished(finish) => {
+            ReplyPart::Reasoning(t) => Delta::Reasoning(t),
+            ReplyPart::Content(t) => Delta::Content(t),
+            ReplyPart::ToolCall(d) => Delta::ToolCall(d),
+            ReplyPart::Finished(finish) => {
                 let mut choices = head.delta(Delta::Empty, Some(finish.reason));
                 malformed(&mut choices[0], finish);
                 let mut out = vec![data(head.chunk(choices, None))];

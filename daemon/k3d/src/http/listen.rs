@@ -114,18 +114,18 @@ impl Bound {
 #[derive(Debug, Clone, Copy)]
 pub enum Peer {
     /// A Unix socket client: its uid (SO_PEERCRED), `None` if the kernel did not say.
-    Unix {
-        uid: Option<u32>,
-    },
-    Tcp,
+    Unix { uid: Option<u32> },
+    /// A TCP client: for a loopback peer the uid owning its socket, as the kernel's socket
+    /// table says ([`crate::net::loopback_peer_uid`]); `None` for any other peer, or when the
+    /// table did not say.
+    Tcp { uid: Option<u32> },
 }
 
 impl Peer {
-    /// The uid sessions and ownership go by: the gRPC rules, so a TCP caller has none.
+    /// The account the kernel names for this peer, if it does.
     pub fn uid(&self) -> Option<u32> {
         match self {
-            Peer::Unix { uid } => *uid,
-            Peer::Tcp => None,
+            Peer::Unix { uid } | Peer::Tcp { uid } => *uid,
         }
     }
 }

@@ -109,35 +109,23 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Chat)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Chat)
+            }),
         )
         .route(
             "/v1/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Text)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Text)
+            }),
         )
         .route(
             "/v1/messages",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    anthropic::messages(app, peer, request)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| anthropic::messages(app, request)),
         )
         .route(
             "/v1/messages/count_tokens",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    anthropic::count_tokens(app, peer, request)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| anthropic::count_tokens(app, request)),
         )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
@@ -161,18 +149,18 @@ async fn guard(
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let mut request = request;
-    let authorised =
-        authorise(&app, peer, request.headers(), &endpoint).and_then(|(caller, key)| {
-            // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
-            if let (Some(index), Some(connection)) = (key, request.extensions().get::<Connection>())
-            {
-                connection
-                    .0
-                    .rekey(crate::net::gate::PeerKey::Key(index))
-                    .map_err(|reason| ApiError::too_many_connections(format!("k3d {reason}")))?;
-            }
-            Ok(caller)
-        });
+    let authorised = authorise(&app, peer, request.headers(), &endpoint).and_then(|caller| {
+        // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
+        if let (Caller::Key { key, .. }, Some(connection)) =
+            (&caller, request.extensions().get::<Connection>())
+        {
+            connection
+                .0
+                .rekey(crate::net::gate::PeerKey::Key(*key))
+                .map_err(|reason| ApiError::too_many_connections(format!("k3d {reason}")))?;
+        }
+        Ok(caller)
+    });
     let response = match authorised {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
@@ -200,41 +188,48 @@ async fn guard(
     response
 }
 
-/// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
-/// keyless loopback callers are one caller: TCP carries no identity); and the index of the
-/// key it named, if it named one.
+/// Who the request is from ([`Caller`]): the API key it presented when the daemon has keys
+/// (a TCP caller must present one), else the account the kernel names for its connection —
+/// a Unix peer's credentials, a loopback TCP peer's socket owner. A caller neither names is
+/// [`Caller::Unknown`]: nothing is kept for it (issue 35 point 7).
 fn authorise(
     app: &App,
     peer: Peer,
     headers: &HeaderMap,
     endpoint: &str,
-) -> Result<(Caller, Option<usize>), ApiError> {
+) -> Result<Caller, ApiError> {
+    let by_account = peer.uid().map_or(Caller::Unknown, Caller::Uid);
     let keys = &app.settings.keys;
-    if let Peer::Unix { .. } = peer {
-        return Ok((Caller::Uid(peer.uid()), None));
-    }
-    if keys.is_empty() || endpoint == "/health" {
-        return Ok((Caller::Key(String::new()), None));
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+        return Ok(by_account);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .or_else(|| header_text(X_API_KEY))
         .ok_or_else(|| {
             ApiError::unauthorized(
                 "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
             )
         })?;
-    if let Some(index) = keys
-        .iter()
-        .position(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
-    {
-        Ok((Caller::Key(keys[index].clone()), Some(index)))
-    } else {
-        Err(ApiError::unauthorized(
+    // Every key is compared, so the time taken does not say which one matched.
+    let matched = keys.iter().enumerate().fold(None, |found, (index, k)| {
+        let equal = constant_time_eq(k.as_bytes(), given.trim().as_bytes());
+        found.or(equal.then_some(index))
+    });
+    match matched {
+        Some(key) => Ok(Caller::Key { key, scope: None }),
+        None => Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
-        ))
+        )),
     }
+}
+
+/// The credentials of an `Authorization: Bearer KEY` header; the scheme's name is
+/// case-insensitive (RFC 9110 §11.1), so `bearer KEY` is the same header.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code's `ANTHROPIC_API_KEY`;
@@ -269,26 +264,26 @@ async fn body(app: &App, request: Request) -> Result<axum::body::Bytes, ApiError
 /// `POST /v1/chat/completions` and `/v1/completions`.
 async fn complete(
     app: Arc<App>,
-    peer: Peer,
     request: Request,
     shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let (reservation, bytes) = reserve(&app, peer, request).await?;
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     completions::complete(app, caller, shape, bytes, reservation, arrived).await
 }
 
-/// A place in the serve core's queue for `peer`'s request, taken before its body is read
-/// (issue 35 point 2), then the body ([`body`]). A queue or a user's share that is full
-/// refuses the request (429) before anything is kept of it: its body is then only read to be
-/// dropped, so that a client still writing it gets the answer rather than a broken pipe.
+/// A place in the serve core's queue for `caller`'s request (its account's: [`Caller`]),
+/// taken before its body is read (issue 35 point 2), then the body ([`body`]). A queue or an
+/// account's share that is full refuses the request (429) before anything is kept of it: its
+/// body is then only read to be dropped, so that a client still writing it gets the answer
+/// rather than a broken pipe.
 async fn reserve(
     app: &App,
-    peer: Peer,
+    caller: Option<&Caller>,
     request: Request,
 ) -> Result<(Reservation, axum::body::Bytes), ApiError> {
-    match app.core.reserve(peer.uid()) {
+    match app.core.reserve(caller.unwrap_or(&Caller::Unknown)) {
         Ok(reservation) => Ok((reservation, body(app, request).await?)),
         Err(e) => {
             discard(app, request).await;

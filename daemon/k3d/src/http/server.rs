@@ -12,7 +12,7 @@
 
 use super::listen::Peer;
 use crate::net::accept::{Accepting, BACKOFF, Listen};
-use crate::net::gate::{Gate, Greeting, Guarded, Slot};
+use crate::net::gate::{Gate, Greeting, Guarded, PeerKey, Slot};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -31,22 +31,32 @@ use tower::ServiceExt;
 #[derive(Clone)]
 pub struct Connection(pub Arc<Slot>);
 
-/// Who is on the other end, by the kind of socket.
+/// Who is on the other end, by the kind of socket and what the gate counted the connection
+/// by at accept (`key`: a Unix peer's uid, a loopback TCP peer's socket owner, if named).
 pub trait HttpPeer {
-    fn http_peer(&self) -> Peer;
+    fn http_peer(key: PeerKey) -> Peer;
+}
+
+fn named_uid(key: PeerKey) -> Option<u32> {
+    match key {
+        PeerKey::Uid(uid) => Some(uid),
+        _ => None,
+    }
 }
 
 impl HttpPeer for tokio::net::UnixStream {
-    fn http_peer(&self) -> Peer {
+    fn http_peer(key: PeerKey) -> Peer {
         Peer::Unix {
-            uid: self.peer_cred().ok().map(|c| c.uid()),
+            uid: named_uid(key),
         }
     }
 }
 
 impl HttpPeer for tokio::net::TcpStream {
-    fn http_peer(&self) -> Peer {
-        Peer::Tcp
+    fn http_peer(key: PeerKey) -> Peer {
+        Peer::Tcp {
+            uid: named_uid(key),
+        }
     }
 }
 
@@ -92,7 +102,7 @@ where
             },
             () = &mut stopped => break,
         };
-        let peer = io.get_ref().http_peer();
+        let peer = L::Io::http_peer(io.slot().peer());
         let connection = Connection(Arc::clone(io.slot()));
         let service = router
             .clone()

@@ -51,7 +51,7 @@ pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
 const HTTP2_PREFACE_LEN: usize = 24;
 
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct ConnectionLimits {
     pub per_peer: usize,
     /// Connections of all peers together ([`descriptor_budget`]).
     pub total: usize,
@@ -139,7 +139,7 @@ pub enum Greeting {
 }
 
 pub struct Gate {
-    limits: Limits,
+    limits: ConnectionLimits,
     open: Mutex<Open>,
     /// The next connection's id ([`Slot::id`]).
     next_id: AtomicU64,
@@ -185,7 +185,7 @@ struct RateLimit {
 }
 
 impl Gate {
-    pub fn new(limits: Limits, http1_refusal: Http1Refusal) -> Arc<Gate> {
+    pub fn new(limits: ConnectionLimits, http1_refusal: Http1Refusal) -> Arc<Gate> {
         Arc::new(Gate {
             limits,
             http1_refusal,
@@ -314,7 +314,8 @@ impl Slot {
         self.id
     }
 
-    fn peer(&self) -> PeerKey {
+    /// Whom the connection counts against now.
+    pub fn peer(&self) -> PeerKey {
         *self.peer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -524,7 +525,7 @@ mod tests {
 
     fn gate(per_peer: usize, total: usize) -> Arc<Gate> {
         Gate::new(
-            Limits {
+            ConnectionLimits {
                 per_peer,
                 total,
                 handshake: DEFAULT_HANDSHAKE,

@@ -11,7 +11,7 @@ pub mod request;
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
 use super::stream::{Timer, submit};
-use super::{App, Peer, prepare, reserve};
+use super::{App, prepare, reserve};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::Caller;
@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// `POST /v1/messages`.
-pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Response, Anthropic> {
+pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let (reservation, bytes) = reserve(&app, peer, request).await?;
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let (common, reader) = prepare(&app, reservation, move |app, turn| {
         let fields = Fields::parse(&bytes)?;
         let (common, core_request) = request::messages(&fields, &bytes)?;
@@ -45,12 +45,9 @@ pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Res
 /// `/v1/messages` reports as `input_tokens` plus `cache_read_input_tokens` for the same body.
 /// Held to the same limits as a request (issue 35 point 2): a place in the queue before the
 /// body is read, a preparation turn to render it, `--max-prompt-tokens`.
-pub async fn count_tokens(
-    app: Arc<App>,
-    peer: Peer,
-    request: Request,
-) -> Result<Response, Anthropic> {
-    let (reservation, bytes) = reserve(&app, peer, request).await?;
+pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
+    let caller = request.extensions().get::<Caller>().cloned();
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let tokens = prepare(&app, reservation, move |app, turn| {
         let fields = Fields::parse(&bytes)?;
         let (model, conversation) = request::count_tokens(&fields, &bytes)?;
