@@ -38,6 +38,9 @@ pub struct Options {
     pub capacity: Capacity,
     /// Request limits: `--max-tokens-cap`, `--speculate`, `--max-prompt-tokens`.
     pub limits: Limits,
+    /// Why `limits.max_prompt_tokens` is what it is (the flag, or what the plan holds), for
+    /// the start line.
+    pub prompt_limit: String,
     /// `--stall-timeout`.
     pub stall_timeout: Duration,
     pub grace: Duration,
@@ -118,6 +121,11 @@ pub fn run(cfg: Options) -> CliResult {
         cfg.connections.total,
         cfg.connections.per_peer,
         std::process::id()
+    );
+    log!(
+        "prompts up to {} tokens after rendering (--max-prompt-tokens: {})",
+        cfg.limits.max_prompt_tokens,
+        cfg.prompt_limit
     );
     // Two workers are plenty for socket I/O; compute threads belong to the engine.
     let runtime = tokio::runtime::Builder::new_multi_thread()

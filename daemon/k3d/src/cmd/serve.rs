@@ -70,7 +70,9 @@ pub struct Args {
     max_tokens_cap: Option<usize>,
     /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
     /// template included); a longer prompt is refused, naming this limit, before anything is
-    /// computed [default: 1048576, no limit below the model's context].
+    /// computed. The memory plan sizes every conversation state for it plus --max-tokens-cap
+    /// [default: the largest context the plan holds at this budget for --max-active requests
+    /// and as many kept conversation states, up to the model's, less --max-tokens-cap].
     #[arg(long)]
     max_prompt_tokens: Option<usize>,
     /// Seconds a streamed request's reader may take nothing while others wait for a compute
@@ -294,11 +296,10 @@ pub fn run(args: Args) -> CliResult {
             k3_engine::engine::request::MAX_TOKENS_LIMIT
         )));
     }
-    let max_prompt_tokens = args
-        .max_prompt_tokens
-        .or(file.max_prompt_tokens)
-        .unwrap_or(k3_engine::serve::validate::MAX_PROMPT_TOKENS);
-    if max_prompt_tokens == 0 || max_prompt_tokens > k3_engine::serve::validate::MAX_PROMPT_TOKENS {
+    let max_prompt_tokens = args.max_prompt_tokens.or(file.max_prompt_tokens);
+    if max_prompt_tokens
+        .is_some_and(|n| n == 0 || n > k3_engine::serve::validate::MAX_PROMPT_TOKENS)
+    {
         return Err(usage(format!(
             "max_prompt_tokens must be between 1 and {}",
             k3_engine::serve::validate::MAX_PROMPT_TOKENS
@@ -369,6 +370,17 @@ pub fn run(args: Args) -> CliResult {
         })
         .map_err(|e| usage(e.to_string()))?;
     check_model_dir(&model)?;
+    let prompt_limit = match max_prompt_tokens {
+        Some(n) => PromptLimit {
+            tokens: n,
+            why: "--max-prompt-tokens".into(),
+        },
+        None => PromptLimit::planned(&model, &model_options.plan, max_active, max_tokens_cap),
+    };
+    // Every state the plan reserves holds the longest prompt and the longest reply: a plan
+    // sized for less would overspend the budget, or keep no agent's conversation (issue 35
+    // point 3).
+    model_options.plan.max_context = (prompt_limit.tokens + max_tokens_cap) as u64;
     let http = if args.http.is_empty() {
         file.http
             .unwrap_or_default()
@@ -440,8 +452,9 @@ pub fn run(args: Args) -> CliResult {
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
-            max_prompt_tokens,
+            max_prompt_tokens: prompt_limit.tokens,
         },
+        prompt_limit: prompt_limit.why,
         stall_timeout,
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
@@ -456,6 +469,79 @@ pub fn run(args: Args) -> CliResult {
         },
     })
 }
+
+/// The longest prompt a request may have, and why (the daemon's start line says both).
+struct PromptLimit {
+    tokens: usize,
+    why: String,
+}
+
+impl PromptLimit {
+    /// The default `--max-prompt-tokens`: the largest context, up to the model's, that the
+    /// plan at this budget holds for `--max-active` requests and as many kept conversation
+    /// states (the default session reserve, so that an agent's next turn finds its state),
+    /// less `--max-tokens-cap` for the reply. Where no context above the cap holds the whole
+    /// reserve, the largest that holds the active requests' states (the reserve cut). A
+    /// checkpoint that cannot be read here keeps the model's context; its load fails anyway,
+    /// with the reason, as a load does.
+    fn planned(
+        model: &Path,
+        inputs: &k3_engine::plan::PlanInputs,
+        max_active: usize,
+        cap: usize,
+    ) -> PromptLimit {
+        use k3_engine::plan::context::{Holds, largest_context};
+        let released = k3_engine::serve::validate::MAX_PROMPT_TOKENS;
+        let Ok(checkpoint) = k3_engine::checkpoint::Checkpoint::open(model) else {
+            return PromptLimit {
+                tokens: released - cap.min(released - 1),
+                why: "the checkpoint could not be read to plan it".into(),
+            };
+        };
+        let context = checkpoint
+            .config
+            .max_position_embeddings
+            .unwrap_or(released)
+            .min(released) as u64;
+        let probe = |holds| {
+            largest_context(&checkpoint.config, &checkpoint.layout, inputs, context, holds)
+                .filter(|c| *c > cap as u64)
+        };
+        let (planned, held) = match probe(Holds::StatesAndReserve) {
+            Some(c) => (Some(c), "and as many kept conversation states"),
+            None => (probe(Holds::States), "(too little for kept conversation states)"),
+        };
+        let budget = inputs
+            .budget
+            .ram
+            .map_or_else(|| "max".to_string(), |b| format!("{:.2} GiB", b as f64 / GIB));
+        match planned {
+            Some(c) if c == context => PromptLimit {
+                tokens: (c - cap as u64) as usize,
+                why: format!(
+                    "the model's context, {context}, less --max-tokens-cap {cap}: the plan at \
+                     --ram-gb {budget} holds it for {max_active} active requests {held}"
+                ),
+            },
+            Some(c) => PromptLimit {
+                tokens: (c - cap as u64) as usize,
+                why: format!(
+                    "the largest context the plan at --ram-gb {budget} holds for {max_active} \
+                     active requests {held}, {c}, less --max-tokens-cap {cap}"
+                ),
+            },
+            // Not even the reply fits beside the floor: the load refuses the budget, naming it.
+            None => PromptLimit {
+                tokens: 1,
+                why: format!(
+                    "the plan at --ram-gb {budget} holds no context above --max-tokens-cap {cap}"
+                ),
+            },
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// A timeout setting `name` in seconds (0.1 to 3600), or `default` when not given.
 fn seconds(name: &str, given: Option<f64>, default: Duration) -> Result<Duration, CliError> {
