@@ -130,6 +130,10 @@ mod tests {
             found.push(context);
         }
         assert!(found[1] > found[0], "{found:?}");
-        assert_eq!(probe(Some(GIB / 1024), Holds::States), None, "below the floor");
+        assert_eq!(
+            probe(Some(GIB / 1024), Holds::States),
+            None,
+            "below the floor"
+        );
     }
 }

@@ -504,17 +504,26 @@ impl PromptLimit {
             .unwrap_or(released)
             .min(released) as u64;
         let probe = |holds| {
-            largest_context(&checkpoint.config, &checkpoint.layout, inputs, context, holds)
-                .filter(|c| *c > cap as u64)
+            largest_context(
+                &checkpoint.config,
+                &checkpoint.layout,
+                inputs,
+                context,
+                holds,
+            )
+            .filter(|c| *c > cap as u64)
         };
         let (planned, held) = match probe(Holds::StatesAndReserve) {
             Some(c) => (Some(c), "and as many kept conversation states"),
-            None => (probe(Holds::States), "(too little for kept conversation states)"),
+            None => (
+                probe(Holds::States),
+                "(too little for kept conversation states)",
+            ),
         };
-        let budget = inputs
-            .budget
-            .ram
-            .map_or_else(|| "max".to_string(), |b| format!("{:.2} GiB", b as f64 / GIB));
+        let budget = inputs.budget.ram.map_or_else(
+            || "max".to_string(),
+            |b| format!("{:.2} GiB", b as f64 / GIB),
+        );
         match planned {
             Some(c) if c == context => PromptLimit {
                 tokens: (c - cap as u64) as usize,

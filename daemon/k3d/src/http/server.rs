@@ -12,7 +12,7 @@
 
 use super::listen::Peer;
 use crate::net::accept::{Accepting, BACKOFF, Listen};
-use crate::net::gate::{Gate, Greeting, Guarded, PeerKey, Slot};
+use crate::net::gate::{Gate, Greeting, Guarded, PeerKey, PeerSlot};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -29,7 +29,7 @@ use tower::ServiceExt;
 /// The connection a request came on (a request extension): its place in the gate's counts,
 /// which an API key moves to the key's count.
 #[derive(Clone)]
-pub struct Connection(pub Arc<Slot>);
+pub struct Connection(pub Arc<PeerSlot>);
 
 /// Who is on the other end, by the kind of socket and what the gate counted the connection
 /// by at accept (`key`: a Unix peer's uid, a loopback TCP peer's socket owner, if named).

@@ -5,7 +5,7 @@
 //!
 //! * **Per-peer cap**: a peer ([`PeerKey`]: a Unix socket client's uid from SO_PEERCRED; a
 //!   TCP client by its address, every loopback address being one peer; a keyed HTTP caller
-//!   by its key once its request named it, [`Slot::rekey`]) holds at most `per_peer`
+//!   by its key once its request named it, [`PeerSlot::rekey`]) holds at most `per_peer`
 //!   connections across all listeners. One over is refused at once, before any byte is read,
 //!   with a log line (at most one per [`REFUSAL_LOG_EVERY`], with a count of those left
 //!   unsaid), so the accept loop never waits on it and another peer is still served; a task
@@ -141,7 +141,7 @@ pub enum Greeting {
 pub struct Gate {
     limits: ConnectionLimits,
     open: Mutex<Open>,
-    /// The next connection's id ([`Slot::id`]).
+    /// The next connection's id ([`PeerSlot::id`]).
     next_id: AtomicU64,
     quiet: Mutex<RateLimit>,
     /// Refusals being written ([`super::refusal::tell`]).
@@ -246,14 +246,14 @@ impl Gate {
         }
         Ok(Guarded {
             inner: stream,
-            slot: Arc::new(Slot {
+            slot: Arc::new(PeerSlot {
                 gate: Arc::clone(self),
                 peer: Mutex::new(peer),
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
             }),
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep(self.limits.handshake)),
-                greeting: Progress::new(greeting),
+                greeting: GreetingProgress::new(greeting),
                 expired: false,
             }),
         })
@@ -300,15 +300,15 @@ impl Gate {
 
 /// One connection's place in its peer's count and in the daemon's, given back when the
 /// connection is dropped. The HTTP API holds it too, to count a keyed caller's connection
-/// against its key ([`Slot::rekey`]).
-pub struct Slot {
+/// against its key ([`PeerSlot::rekey`]).
+pub struct PeerSlot {
     gate: Arc<Gate>,
     /// Whom the connection counts against now.
     peer: Mutex<PeerKey>,
     id: u64,
 }
 
-impl Slot {
+impl PeerSlot {
     /// This connection's number, unique for the daemon's life.
     pub fn id(&self) -> u64 {
         self.id
@@ -345,7 +345,7 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl Drop for PeerSlot {
     fn drop(&mut self) {
         let peer = self.peer();
         let mut open = self.gate.lock();
@@ -355,7 +355,7 @@ impl Drop for Slot {
 }
 
 /// Where a connection is in its greeting.
-enum Progress {
+enum GreetingProgress {
     /// Preface bytes still to come.
     Preface { left: usize },
     /// Whether the bytes read so far end with a line ending (`\n`, any `\r` after it aside): a
@@ -363,13 +363,13 @@ enum Progress {
     Head { after_line_end: bool },
 }
 
-impl Progress {
-    fn new(greeting: Greeting) -> Progress {
+impl GreetingProgress {
+    fn new(greeting: Greeting) -> GreetingProgress {
         match greeting {
-            Greeting::Http2Preface => Progress::Preface {
+            Greeting::Http2Preface => GreetingProgress::Preface {
                 left: HTTP2_PREFACE_LEN,
             },
-            Greeting::Http1Head => Progress::Head {
+            Greeting::Http1Head => GreetingProgress::Head {
                 after_line_end: false,
             },
         }
@@ -378,11 +378,11 @@ impl Progress {
     /// Takes in bytes the client sent; true once the greeting is complete.
     fn read(&mut self, bytes: &[u8]) -> bool {
         match self {
-            Progress::Preface { left } => {
+            GreetingProgress::Preface { left } => {
                 *left = left.saturating_sub(bytes.len());
                 *left == 0
             }
-            Progress::Head { after_line_end } => {
+            GreetingProgress::Head { after_line_end } => {
                 for &b in bytes {
                     match b {
                         b'\n' if *after_line_end => return true,
@@ -399,7 +399,7 @@ impl Progress {
 
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
-    greeting: Progress,
+    greeting: GreetingProgress,
     /// The deadline passed (and was logged).
     expired: bool,
 }
@@ -408,7 +408,7 @@ struct Handshake {
 /// its handshake deadline passes without the greeting.
 pub struct Guarded<S> {
     inner: S,
-    slot: Arc<Slot>,
+    slot: Arc<PeerSlot>,
     /// `None` once the greeting arrived.
     handshake: Option<Handshake>,
 }
@@ -419,7 +419,7 @@ impl<S> Guarded<S> {
     }
 
     /// The connection's place in the counts.
-    pub fn slot(&self) -> &Arc<Slot> {
+    pub fn slot(&self) -> &Arc<PeerSlot> {
         &self.slot
     }
 }
@@ -505,19 +505,19 @@ mod tests {
 
     #[test]
     fn a_head_ends_at_an_empty_line_however_split() {
-        let mut p = Progress::new(Greeting::Http1Head);
+        let mut p = GreetingProgress::new(Greeting::Http1Head);
         assert!(!p.read(b"GET / HTTP/1.1\r\nHost: k3d\r"));
         assert!(!p.read(b"\n"));
         assert!(p.read(b"\r\n"));
-        let mut bare = Progress::new(Greeting::Http1Head);
+        let mut bare = GreetingProgress::new(Greeting::Http1Head);
         assert!(bare.read(b"GET / HTTP/1.1\nHost: x\n\n"));
-        let mut unfinished = Progress::new(Greeting::Http1Head);
+        let mut unfinished = GreetingProgress::new(Greeting::Http1Head);
         assert!(!unfinished.read(b"GET / HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"));
     }
 
     #[test]
     fn the_preface_is_done_after_its_24_bytes() {
-        let mut p = Progress::new(Greeting::Http2Preface);
+        let mut p = GreetingProgress::new(Greeting::Http2Preface);
         assert!(!p.read(b"PRI * HTTP/2.0\r\n"));
         assert!(!p.read(b"\r\nSM\r\n\r"));
         assert!(p.read(b"\n\x00\x00"));

@@ -33,7 +33,7 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
         Ok::<_, Anthropic>((common, reader))
     })
     .await?;
-    let head = reply::Head {
+    let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: common.model,
