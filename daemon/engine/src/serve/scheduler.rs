@@ -25,7 +25,7 @@ use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
 use super::caller::Caller;
 use super::log::{Log, OnHealth};
-use super::metrics::Metrics;
+use super::metrics::TimingTotals;
 use super::prefix::{self, PrefixCache};
 use super::reply::TokenReader;
 use super::sessions::Sessions;
@@ -51,7 +51,7 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     pub sessions: Arc<Sessions>,
     pub prefix: Arc<PrefixCache>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<TimingTotals>,
     pub log: Log,
     pub on_health: OnHealth,
 }
@@ -320,7 +320,7 @@ fn warm(
 /// the member ends (nothing is sampled). Returns it while there is more to feed.
 fn warmed(shared: &Shared, w: Warm, result: Result<Step, EngineError>) -> Option<Warm> {
     match result {
-        Ok(Step::Prefill { done, total }) if done < total => Some(w),
+        Ok(Step::Prefill { done, total, .. }) if done < total => Some(w),
         Ok(Step::Prefill { .. }) => {
             let fed = w.generation.state().positions() - w.generation.reused();
             shared.metrics.warmed(fed);
@@ -421,7 +421,7 @@ fn deliver<'e>(
     result: Result<Step, EngineError>,
 ) -> Option<Running<'e>> {
     match result {
-        Ok(Step::Prefill { done, total }) => {
+        Ok(Step::Prefill { done, total, pass }) => {
             if a.job.lease.is_some() && done == total {
                 a.prefill = Some(snapshot(&a.generation));
             }
@@ -441,7 +441,7 @@ fn deliver<'e>(
                     shared.prefix.keep(caller, kept, prefix_room(shared));
                 }
             }
-            a.job.events.send(Event::Prefill { done, total });
+            a.job.events.send(Event::Prefill { done, total, pass });
             Some(Running::Job(a))
         }
         Ok(Step::Token { id }) => {
