@@ -397,6 +397,10 @@ pub fn run(args: Args) -> CliResult {
         ));
     }
     crate::http::check_exposure(&http, !keys.is_empty()).map_err(usage)?;
+    let start_warnings: Vec<String> = match &args.config {
+        Some(path) if !keys.is_empty() => keys_file_exposure(path).into_iter().collect(),
+        _ => Vec::new(),
+    };
     let body_limit = file
         .http_body_limit
         .unwrap_or(crate::http::DEFAULT_BODY_LIMIT);
@@ -467,6 +471,7 @@ pub fn run(args: Args) -> CliResult {
             total: connection_total,
             handshake,
         },
+        start_warnings,
     })
 }
 
@@ -582,9 +587,62 @@ fn connection_budget(model: &Path) -> Result<usize, CliError> {
     Ok(net::gate::descriptor_budget(limit, shards))
 }
 
+/// A warning when the config file holding `http_api_keys` can be read by other users (its
+/// group or everyone): anyone who reads a key is that caller to the daemon — its limits, its
+/// kept conversation states (issue 35 point 9). Not a refusal: the owner may mean it (a group
+/// of admins), and the daemon already runs with it; the log says which file and mode to fix.
+fn keys_file_exposure(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    let readers = match (mode & 0o040 != 0, mode & 0o004 != 0) {
+        (_, true) => "every user",
+        (true, false) => "its group",
+        (false, false) => return None,
+    };
+    Some(format!(
+        "--config {} holds http_api_keys and is readable by {readers} (mode {mode:04o}); \
+         anyone who reads a key is that caller: chmod 600 it",
+        path.display()
+    ))
+}
+
 /// The model's id in the HTTP API: the checkpoint directory's name (`tiny`, `Kimi-K3`).
 fn model_id(dir: &Path) -> String {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     dir.file_name()
         .map_or_else(|| "k3".to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keys_file_exposure;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_keys_file_others_can_read_is_named_with_its_mode() {
+        let dir = tempfile::tempdir().expect("a scratch directory");
+        let path = dir.path().join("k3d.toml");
+        std::fs::write(&path, "http_api_keys = [\"secret\"]\n").expect("write the config");
+        let set = |mode| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        for (mode, readers) in [
+            (0o644, "every user"),
+            (0o640, "its group"),
+            (0o604, "every user"),
+        ] {
+            set(mode);
+            let warning = keys_file_exposure(&path).expect("a warning");
+            assert!(
+                warning.contains(&path.display().to_string())
+                    && warning.contains(&format!("mode {mode:04o}"))
+                    && warning.contains(readers),
+                "{warning}"
+            );
+        }
+        for private in [0o600, 0o400, 0o620, 0o700] {
+            set(private);
+            assert_eq!(keys_file_exposure(&path), None, "mode {private:o}");
+        }
+    }
 }
