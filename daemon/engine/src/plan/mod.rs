@@ -63,7 +63,8 @@
 //! Submodules: [`census`] (the bytes the plan is computed from), [`state`] (the state
 //! geometry), [`budget`] (what the user asks), [`inputs`] (what a loader or a daemon must hold
 //! at once: context, batch, speculation, sessions), `rules` (the rules above, one step each,
-//! which [`Plan::new`] applies in order) and [`buffers`] (the store's buffer sizes).
+//! which [`Plan::new`] applies in order), [`buffers`] (the store's buffer sizes) and
+//! [`context`] (the largest context a budget holds: a daemon's default prompt limit).
 //!
 //! The plan sits between the checkpoint and the store (checkpoint → plan → store → model →
 //! engine): it is computed from the checkpoint's layout and configuration alone, before
@@ -72,6 +73,7 @@
 pub mod budget;
 pub mod buffers;
 pub mod census;
+pub mod context;
 pub mod inputs;
 pub mod pack;
 mod rules;
