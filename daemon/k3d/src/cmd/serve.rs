@@ -62,8 +62,9 @@ pub struct Args {
     /// for N drafts.
     #[arg(long)]
     speculate: Option<usize>,
-    /// Most new tokens one request may ask for (`max_tokens`); more is refused as invalid, so
-    /// one request cannot hold the machine for hours [default: 4096].
+    /// Most new tokens one request generates: a larger `max_tokens` is clamped to it, and a chat
+    /// that leaves `max_tokens` unset runs up to it, so one request cannot hold the machine for
+    /// hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
     /// Directory where sessions are saved, spilled and found again after a restart
