@@ -281,7 +281,12 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
 async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
     let python = python();
     let tmp = scratch("http-anthropic");
-    let (d, http_socket, _c) = keyed_daemon(tmp.path(), &["--session-gb", "0.25"]).await;
+    // A small cap, so that a request over it (Claude Code's 32,000) is clamped quickly.
+    let (d, http_socket, _c) = keyed_daemon(
+        tmp.path(),
+        &["--session-gb", "0.25", "--max-tokens-cap", "64"],
+    )
+    .await;
     pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
 }
 

@@ -127,19 +127,22 @@ def test_content_as_a_list_of_text_parts_equals_the_string():
     assert e.value.body["param"] == "messages[0].content[0]"
 
 
-def test_a_stop_string_ends_the_reply_and_is_left_out():
-    ref = REF["chat_off"]
-    full = ref["response"]
-    # A stop string of ordinary text from the middle of the greedy reply (the random tiny model
-    # also emits reserved tokens, whose `<|...|>` text is not output text a stop string can
-    # match): the reply is cut just before its first occurrence.
+def plain_stop(full):
+    """A stop string of ordinary text from the middle of `full` (the random tiny model also
+    emits reserved tokens, whose `<|...|>` text is not output text a stop string can match),
+    and `full` cut just before its first occurrence."""
     specials = [m.span() for m in re.finditer(r"<\|[^|]*\|>", full)]
     plain = lambda i: all(not (a <= i < b) for a, b in specials) and full[i] != "\ufffd"
     starts = [i for i in range(len(full) - 2)
               if all(plain(j) for j in range(i, i + 3)) and full.index(full[i:i + 3]) == i]
     assert starts, f"no plain text in the reference reply: {full!r}"
     at = starts[len(starts) // 2]
-    stop, cut = full[at:at + 3], full[:at]
+    return full[at:at + 3], full[:at]
+
+
+def test_a_stop_string_ends_the_reply_and_is_left_out():
+    ref = REF["chat_off"]
+    stop, cut = plain_stop(ref["response"])
     client = unix_client()
     r = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=[stop])
     assert r.choices[0].message.content == cut
@@ -147,6 +150,50 @@ def test_a_stop_string_ends_the_reply_and_is_left_out():
     s = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=stop,
              stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == cut
+
+
+def test_a_stop_string_is_cut_out_of_the_reasoning_too():
+    """Issue 34.3: the stop string ends the reply inside the thinking and is left out of it
+    (it once stayed in `reasoning_content`)."""
+    ref = REF["chat_on"]
+    stop, cut = plain_stop(ref["reasoning"])
+    for stream in (False, True):
+        r = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"],
+                 reasoning_effort="high", stop=[stop], stream=stream)
+        if stream:
+            chunks = [c for c in r if c.choices]
+            reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                                for c in chunks)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        else:
+            reasoning, content = r.choices[0].message.reasoning_content, r.choices[0].message.content
+            finish = [r.choices[0].finish_reason]
+        assert (reasoning, content or "", finish) == (cut, "", ["stop"]), stream
+
+
+def test_a_conversation_ending_with_an_assistant_message_is_answered_or_continued():
+    """Issue 34.3: opencode resends a conversation whose last message is the assistant's: it is
+    answered with a new turn (OpenAI's and vLLM's reading); `partial: true` on it (Kimi's Partial
+    Mode) continues it instead, the reply leaving the given text out. An assistant's `name`
+    (OpenAI's types allow it) is accepted and not rendered."""
+    client = unix_client()
+    ask = [{"role": "user", "content": "Name three rivers."}]
+    answered = chat(client, ask + [{"role": "assistant", "content": "The Nile"}], max_tokens=8,
+                    extra_body=THINKING_OFF)
+    assert answered.choices[0].finish_reason in ("stop", "length")
+    named = chat(client, ask + [{"role": "assistant", "content": "The Nile", "name": "bot"}],
+                 max_tokens=8, extra_body=THINKING_OFF)
+    assert named.choices[0].message.content == answered.choices[0].message.content
+    assert named.usage.prompt_tokens == answered.usage.prompt_tokens
+    continued = chat(client, ask + [{"role": "assistant", "content": "The Nile", "partial": True}],
+                     max_tokens=8, extra_body=THINKING_OFF)
+    # Continued: no new assistant message opened, so a shorter prompt than the answered one.
+    assert continued.usage.prompt_tokens < answered.usage.prompt_tokens
+    assert continued.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "user", "content": "hi", "partial": True}], max_tokens=2)
+    assert "partial" in e.value.body["message"]
 
 
 def test_completions_with_token_ids_equal_grpc():

@@ -10,7 +10,7 @@ use k3_engine::echo::Echo;
 use k3_engine::engine::Sampling;
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
-    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -87,6 +87,39 @@ pub struct Common {
     pub stop_strings: Vec<String>,
     /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
     pub prefix_reuse: bool,
+    /// How long the reply may think before k3d closes its thinking; `None` = the daemon's
+    /// default (`--thinking-budget`).
+    pub thinking_budget: Option<Budget>,
+}
+
+/// A thinking budget as a request states it (issue 34.4): on a CPU at seconds per token,
+/// unbounded thinking is the worst wait there is, so every API's knob becomes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// A number of tokens (Anthropic's `thinking.budget_tokens`).
+    Tokens(usize),
+    /// An effort level (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`): its
+    /// share of the daemon's budget, [`Budget::tokens`].
+    Effort(Effort),
+}
+
+impl Budget {
+    /// The budget in tokens, given the daemon's (`None`: thinking unbounded). An effort takes
+    /// a share of the daemon's: `low` a quarter, `high` half, `max` all of it — so the levels
+    /// keep their order whatever the operator chose, and unbounded stays unbounded.
+    pub fn tokens(self, daemon: Option<usize>) -> Option<usize> {
+        match self {
+            Budget::Tokens(n) => Some(n),
+            Budget::Effort(effort) => daemon.map(|d| {
+                let share = match effort {
+                    Effort::Low => d / 4,
+                    Effort::High => d / 2,
+                    Effort::Max => d,
+                };
+                share.max(1)
+            }),
+        }
+    }
 }
 
 impl Common {
@@ -170,6 +203,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         },
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        thinking_budget: None,
     })
 }
 
@@ -205,7 +239,7 @@ pub struct ChatParams {
 }
 
 pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
-    let common = common(f, &["max_completion_tokens", "max_tokens"])?;
+    let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
     let raw: Vec<Value> = f.require("messages")?;
     if raw.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` is empty"));
@@ -217,9 +251,16 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         .collect::<Result<Vec<_>, _>>()?;
     let tools = tools(f)?;
     let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let thinking = thinking(f)?;
+    // An effort the client chose bounds the thinking by its share of the daemon's budget;
+    // without one the daemon's budget applies.
+    if let (Thinking::On(Some(effort)), Some(_)) = (thinking, f.get::<String>("reasoning_effort")?)
+    {
+        common.thinking_budget = Some(Budget::Effort(effort));
+    }
     let conversation = Conversation {
         messages,
-        thinking: thinking(f)?,
+        thinking,
         generation_prompt: true,
         tools,
         tool_choice,
@@ -424,6 +465,8 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
         name: text("name")?,
         tool_calls,
         tool_call_id: text("tool_call_id")?,
+        // Kimi's Partial Mode: the final assistant message is continued, not answered.
+        partial: value::<bool>(&at("partial"), m.get("partial"))?.unwrap_or(false),
         ..Message::new(role, content)
     })
 }

@@ -25,13 +25,18 @@ pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Res
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
     let fields = Fields::parse(&bytes)?;
-    let (common, core_request) = request::messages(&fields, &bytes)?;
+    let request::Parsed {
+        common,
+        request,
+        show_thinking,
+    } = request::messages(&fields, &bytes)?;
     // The core's refusals name values, not fields: the field they concern is the conversation.
-    let reader = submit(&app, peer, caller, &common, core_request, true, "messages").await?;
+    let reader = submit(&app, peer, caller, &common, request, true, "messages").await?;
     let head = reply::Head {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: common.model,
+        show_thinking,
     };
     Ok(reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await?)
 }
