@@ -1,10 +1,12 @@
-//! The engine library must not depend on the RPC stack, and inside it no module reaches above
-//! its floor (kernels and checkpoint at the bottom, then plan, store, model, engine and the
-//! serve core; the tokenizer beside them below the model). The data flow is
-//! checkpoint → store → model → engine → server → client, and the server lives in the binary.
-//! This test reads the library's sources and fails on any import of tokio, tonic, prost or
-//! k3proto outside `src/bin`.
+//! The workspace's architecture, read from its sources. The engine library must not depend on
+//! the RPC stack, and inside it no module reaches above its floor (kernels and checkpoint at
+//! the bottom, then plan, store, model, engine and the serve core; the tokenizer beside them
+//! below the model). The data flow is checkpoint → store → model → engine → serve core →
+//! transports (the `k3d` binary crate: `grpc`, `http`) → client. In `k3d`, no two top-level
+//! modules import each other, directly or round a longer cycle, and `net` (sockets, the
+//! connection gate) imports neither API.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 const FORBIDDEN: [&str; 4] = ["tokio", "tonic", "prost", "k3proto"];
@@ -178,4 +180,204 @@ fn a_broken_floor_is_found() {
     ] {
         assert!(floor_breaches(fine, forbidden).is_empty(), "{fine}");
     }
+}
+
+/// The `k3d` crate's sources.
+fn k3d_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../k3d/src")
+}
+
+/// The top-level modules `crate::` paths in `text` name, comments excluded, each with the
+/// first line naming it: `crate::x::..`, `crate::x;` and each item of `crate::{x::.., y}`.
+fn crate_imports(text: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            // `$crate::` (a macro's) and `k3_crate::` are not this crate's paths.
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            rest = after;
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            let names = match after.strip_prefix('{') {
+                Some(group) => top_items(group),
+                None => vec![ident(after)],
+            };
+            for name in names.into_iter().filter(|m| !m.is_empty()) {
+                out.entry(name).or_insert(n + 1);
+            }
+        }
+    }
+    out
+}
+
+/// The leading identifier of `s`.
+fn ident(s: &str) -> String {
+    s.trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The first identifier of each comma-separated item of a `{..}` group (after its `{`),
+/// nested groups skipped.
+fn top_items(group: &str) -> Vec<String> {
+    let mut items = vec![ident(group)];
+    let mut depth = 0;
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => items.push(ident(&group[i + 1..])),
+            _ => {}
+        }
+    }
+    items
+}
+
+/// A crate's module graph: each top-level module (a `src/<m>.rs` or `src/<m>/` other than
+/// the crate roots) and the other top-level modules it imports, with the file and line of the
+/// first import.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut modules = BTreeMap::new();
+    for entry in std::fs::read_dir(src).expect("read src dir") {
+        let path = entry.expect("dir entry").path();
+        let name = path
+            .file_stem()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        let mut files = Vec::new();
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main" {
+            files.push(path.clone());
+        } else {
+            continue;
+        }
+        modules.insert(name, files);
+    }
+    let mut graph = BTreeMap::new();
+    for (module, files) in &modules {
+        let mut edges = BTreeMap::new();
+        for file in files {
+            let text = std::fs::read_to_string(file).expect("read source");
+            for (target, line) in crate_imports(&text) {
+                if &target != module && modules.contains_key(&target) {
+                    edges
+                        .entry(target)
+                        .or_insert_with(|| format!("{}:{line}", file.display()));
+                }
+            }
+        }
+        graph.insert(module.clone(), edges);
+    }
+    graph
+}
+
+/// A cycle of `graph` (each module with the `file:line` of its import of the next), if any.
+fn find_cycle(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Option<Vec<String>> {
+    fn visit(
+        graph: &BTreeMap<String, BTreeMap<String, String>>,
+        at: &str,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|m| m == at) {
+            let ring = &path[start..];
+            return Some(
+                ring.iter()
+                    .zip(ring.iter().cycle().skip(1))
+                    .map(|(m, next)| format!("{m} → {next} ({})", graph[m][next]))
+                    .collect(),
+            );
+        }
+        if !done.insert(at.to_string()) {
+            return None;
+        }
+        path.push(at.to_string());
+        for next in graph.get(at).into_iter().flat_map(BTreeMap::keys) {
+            if let Some(cycle) = visit(graph, next, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|m| visit(graph, m, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_daemons_modules_form_no_cycle() {
+    let graph = module_graph(&k3d_src());
+    for module in ["daemon", "grpc", "http", "net", "cmd"] {
+        assert!(
+            graph.contains_key(module),
+            "no module {module} in k3d: {graph:?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "k3d's modules import each other in a cycle:\n{}",
+            cycle.join("\n")
+        );
+    }
+    // What both transports share below them knows neither API nor the daemon above it.
+    let net = &graph["net"];
+    let above: Vec<_> = ["grpc", "http", "daemon", "cmd"]
+        .iter()
+        .filter_map(|m| net.get(*m).map(|at| format!("net → {m} ({at})")))
+        .collect();
+    assert!(
+        above.is_empty(),
+        "net imports above it:\n{}",
+        above.join("\n")
+    );
+}
+
+/// The cycle check itself finds a cycle, in each form an import can take, and only then.
+#[test]
+fn a_module_cycle_is_found() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path();
+    let write = |path: &str, text: &str| {
+        let path = src.join(path);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n");
+    write(
+        "a/mod.rs",
+        "//! uses crate::c in words only\nuse crate::b::Thing;\n",
+    );
+    write(
+        "b.rs",
+        "use crate::{c::{X, Y}, other};\nmacro_rules! m { () => { $crate::a }; }\n",
+    );
+    write("c/inner.rs", "fn f() {}\n");
+    assert!(
+        find_cycle(&module_graph(src)).is_none(),
+        "no cycle while c imports nothing"
+    );
+    write("c/inner.rs", "fn f() { let _ = crate::a::g(); }\n");
+    let graph = module_graph(src);
+    assert_eq!(graph["a"].keys().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(graph["b"].keys().collect::<Vec<_>>(), ["c"]);
+    assert_eq!(graph["c"].keys().collect::<Vec<_>>(), ["a"]);
+    let cycle = find_cycle(&graph).expect("a → b → c → a");
+    assert_eq!(cycle.len(), 3, "{cycle:?}");
+    assert!(cycle[0].starts_with("a → b ("), "{cycle:?}");
+    assert!(cycle[0].ends_with("a/mod.rs:2)"), "{cycle:?}");
+    write("c/inner.rs", "fn f() {}\n");
+    assert!(
+        find_cycle(&module_graph(src)).is_none(),
+        "the cycle is gone"
+    );
 }

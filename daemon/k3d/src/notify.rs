@@ -45,7 +45,7 @@ pub fn health(health: &k3_engine::serve::Health, info: Option<&k3_engine::engine
     match health {
         Health::Loading(figures) => status(&format!(
             "loading: {}",
-            k3proto::progress::load_text(&crate::server::convert::load_progress(figures))
+            k3proto::progress::load_text(&crate::grpc::convert::load_progress(figures))
         )),
         Health::Ready => ready(&format!(
             "serving {}",

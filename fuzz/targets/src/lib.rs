@@ -26,9 +26,9 @@ use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
+use k3d::grpc::convert as grpc_body;
 use k3d::http::anthropic::request as messages_body;
 use k3d::http::request as http_body;
-use k3d::server::convert as grpc_body;
 use k3proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
@@ -283,7 +283,7 @@ fn decode_round_trip<M: prost::Message + Default>(data: &[u8]) {
 
 /// The gRPC request bodies of every `k3.v1` RPC. Byte 0 picks the message type. Each is
 /// decoded (and must re-encode to itself); a `Generate` or `Chat` body then goes through the
-/// daemon's own conversion (`daemon/k3d/src/server/convert.rs`) and what converts through the
+/// daemon's own conversion (`daemon/k3d/src/grpc/convert.rs`) and what converts through the
 /// serve core's validation, as the service does next.
 pub fn grpc_request(data: &[u8]) {
     let Some((&kind, body)) = data.split_first() else {

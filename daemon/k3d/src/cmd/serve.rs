@@ -1,10 +1,10 @@
-//! `k3d serve`: load a model once and serve it over a Unix socket (see `server/`).
+//! `k3d serve`: load a model once and serve it over a Unix socket (see `daemon.rs`).
 //!
 //! Settings come from the command line and, with `--config FILE`, from a TOML file whose keys
 //! are the long flag names with `-` written as `_` (`packaging/k3d.toml` documents them). A flag
 //! given on the command line overrides the file; unknown keys in the file are refused.
 use crate::exit::{CliError, CliResult, Exit};
-use crate::server;
+use crate::{daemon, net};
 use k3_engine::plan::{Budget, Serving};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -327,12 +327,12 @@ pub fn run(args: Args) -> CliResult {
     let per_peer = args
         .max_connections_per_peer
         .or(file.max_connections_per_peer)
-        .unwrap_or(server::gate::DEFAULT_PER_PEER);
+        .unwrap_or(net::gate::DEFAULT_PER_PEER);
     if per_peer == 0 {
         return Err(usage("max_connections_per_peer must be at least 1".into()));
     }
     let handshake = match args.handshake_timeout.or(file.handshake_timeout) {
-        None => server::gate::DEFAULT_HANDSHAKE,
+        None => net::gate::DEFAULT_HANDSHAKE,
         Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
         Some(_) => {
             return Err(usage(
@@ -346,9 +346,9 @@ pub fn run(args: Args) -> CliResult {
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
     };
-    server::run(server::Config {
+    daemon::run(daemon::Config {
         model,
-        socket: server::SocketSpec {
+        socket: net::SocketSpec {
             path: socket,
             mode,
             group: args.socket_group.or(file.socket_group),
@@ -370,7 +370,7 @@ pub fn run(args: Args) -> CliResult {
         session_bytes,
         http,
         http_settings,
-        connections: server::gate::Limits {
+        connections: net::gate::Limits {
             per_peer,
             handshake,
         },

@@ -161,7 +161,7 @@ impl ApiError {
 
     /// The whole HTTP/1.1 response as bytes — status line, `retry-after` as [`Self::respond`]
     /// sets it, `connection: close`, the JSON body — for a connection hyper never serves (one
-    /// the connection gate refuses, `server::refusal`).
+    /// the connection gate refuses, `net::refusal`).
     pub fn http1_bytes(&self) -> Vec<u8> {
         let body = self.json().to_string();
         let retry = if self.retry_later() {

@@ -3,9 +3,9 @@
 //! refused unless API keys are configured: anything on the network could otherwise use the
 //! model and read other callers' traffic.
 
-use crate::server::SocketSpec;
-use crate::server::accept::{Accepting, BACKOFF, Listen};
-use crate::server::gate::{Gate, Greeting, Guarded};
+use crate::net::SocketSpec;
+use crate::net::accept::{Accepting, BACKOFF, Listen};
+use crate::net::gate::{Gate, Greeting, Guarded};
 use anyhow::Context;
 use axum::extract::connect_info::Connected;
 use axum::serve::IncomingStream;
@@ -78,7 +78,7 @@ pub fn bind(endpoints: &[Endpoint], mode: u32, group: Option<&str>) -> anyhow::R
     for e in endpoints {
         bound.push(match e {
             Endpoint::Unix(path) => Bound::Unix {
-                socket: crate::server::bind_socket(&SocketSpec {
+                socket: crate::net::bind_socket(&SocketSpec {
                     path: path.clone(),
                     mode,
                     group: group.map(str::to_string),

@@ -23,7 +23,7 @@ pub mod request;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
-use crate::server::convert::load_progress;
+use crate::grpc::convert::load_progress;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -301,8 +301,8 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Result<Response, ApiError>
         .into_response())
 }
 
-/// What an HTTP/1.1 client refused by the connection gate is told (`server::refusal`): a 429
-/// in OpenAI's error shape, as a whole response.
+/// What an HTTP/1.1 client refused by the connection gate is told (`net::refusal`, handed
+/// this by the daemon): a 429 in OpenAI's error shape, as a whole response.
 pub fn refusal_response(reason: &str) -> Vec<u8> {
     ApiError::too_many_connections(reason).http1_bytes()
 }
@@ -311,12 +311,12 @@ pub fn refusal_response(reason: &str) -> Vec<u8> {
 /// completes (the two listener types differ; what is served on them does not).
 fn serve_on<L>(
     listener: L,
-    gate: Arc<crate::server::gate::Gate>,
+    gate: Arc<crate::net::gate::Gate>,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
 where
-    L: crate::server::accept::Listen,
+    L: crate::net::accept::Listen,
     listen::Gated<L>: axum::serve::Listener<Addr = ()>,
     Peer: for<'a> axum::extract::connect_info::Connected<
             axum::serve::IncomingStream<'a, listen::Gated<L>>,
@@ -333,7 +333,7 @@ where
 pub async fn serve(
     app: Arc<App>,
     bound: Vec<Bound>,
-    gate: Arc<crate::server::gate::Gate>,
+    gate: Arc<crate::net::gate::Gate>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -363,4 +363,29 @@ pub async fn serve(
             .context("serving HTTP")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_http1_refusal_is_a_complete_429_with_an_openai_error_body() {
+        let w = String::from_utf8(refusal_response("too many")).expect("text");
+        let (head, body) = w.split_once("\r\n\r\n").expect("head and body");
+        assert!(
+            head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("retry-after: 1\r\n"), "{head}");
+        assert!(head.contains("connection: close\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
+        assert_eq!(json["error"]["message"], "too many");
+        assert_eq!(json["error"]["type"], "rate_limit_error");
+        assert_eq!(json["error"]["code"], "too_many_connections");
+    }
 }

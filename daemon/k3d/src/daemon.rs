@@ -1,8 +1,8 @@
-//! `k3d serve`: the daemon. The serve core (`k3_engine::serve`) owns the engine on its
-//! scheduler thread, the admission queue, sessions and every request rule; this module is the
-//! gRPC transport onto it: tokio serves the `k3.v1` service (`service`, `convert`, `status`) on
-//! a Unix socket (`listener`) and, with `--http`, the OpenAI-compatible HTTP API (`crate::http`)
-//! on the same core.
+//! `k3d serve`'s lifecycle: start, load, signals, shutdown. The serve core
+//! (`k3_engine::serve`) owns the engine on its scheduler thread, the admission queue, sessions
+//! and every request rule; this module opens the sockets (`net`), starts the core and tokio,
+//! serves the `k3.v1` gRPC API (`grpc`) on the Unix socket and, with `--http`, the OpenAI- and
+//! Anthropic-compatible HTTP API (`http`) on the same core, and ends them all on a signal.
 //!
 //! Lifecycle: a model that cannot be loaded ends the daemon with its one-line error and the
 //! exit code of its class (so systemd's `Restart=` and `systemctl status` see it). On
@@ -12,32 +12,17 @@
 //! session could not be written (each is logged by name). A signal during
 //! the model load exits at once: nothing is running and no session is open yet.
 
-#[macro_use]
-pub mod logging;
-pub(crate) mod accept;
-pub mod convert;
-pub(crate) mod gate;
-mod listener;
-mod refusal;
-mod service;
-mod status;
-
-pub use listener::{SocketSpec, bind as bind_socket};
-
 use crate::exit::{CliError, CliResult, Exit};
+use crate::net::{SocketSpec, accept, gate, listener::Listener};
+use crate::{grpc, logging};
 use anyhow::Context;
 use k3_engine::engine::EngineOptions;
 use k3_engine::serve::{Capacity, Core, Health, Limits};
-use k3proto::v1::engine_server::EngineServer;
-use listener::Listener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// Largest gRPC message either way. Prompts are at most a few MB of text; anything larger is
-/// refused by tonic with a status naming both sizes.
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// After the grace period, how long cancelled requests get to unwind (and the scheduler to
 /// write sessions) before we exit anyway.
 const UNWIND_LIMIT: Duration = Duration::from_secs(5);
@@ -79,7 +64,7 @@ fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
     if let Health::Loading(figures) = health {
         log!(
             "loading the model: {}",
-            k3proto::progress::load_text(&convert::load_progress(figures))
+            k3proto::progress::load_text(&grpc::convert::load_progress(figures))
         );
     }
     crate::notify::health(health, info);
@@ -141,17 +126,14 @@ pub fn run(cfg: Config) -> CliResult {
         })
     })?;
     core.start().context("starting the scheduler")?;
-    let service = service::Service {
-        core: Arc::clone(&core),
-        threads: cfg.threads,
-    };
+    let engine = grpc::engine(Arc::clone(&core), cfg.threads);
     let unix_http: Vec<_> = http.iter().filter_map(crate::http::Bound::path).collect();
     let app = crate::http::App::new(Arc::clone(&core), cfg.http_settings);
     let result = runtime.block_on(serve(
         &listener,
-        service,
+        engine,
         Http { app, bound: http },
-        gate::Gate::new(cfg.connections),
+        gate::Gate::new(cfg.connections, crate::http::refusal_response),
         &core,
         signals,
         cfg.grace,
@@ -216,7 +198,7 @@ async fn load_failure(core: &Core) -> Arc<k3_engine::engine::EngineError> {
 
 async fn serve(
     listener: &Listener,
-    service: service::Service,
+    engine: grpc::Engine,
     http: Http,
     gate: Arc<gate::Gate>,
     core: &Arc<Core>,
@@ -241,12 +223,9 @@ async fn serve(
         gate,
         stop_rx.clone(),
     ));
-    let svc = EngineServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(svc)
+            .add_service(engine)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop_rx.wait_for(|stop| *stop).await;
             }),

@@ -19,6 +19,7 @@
 //! hyper's own `header_read_timeout` covers only HTTP/1 and needs a timer that `axum::serve`
 //! does not configure; tonic offers no preface deadline. Hence a wrapper around the stream.
 
+use super::refusal::Http1Refusal;
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
@@ -84,6 +85,8 @@ pub struct Gate {
     quiet: Mutex<RateLimit>,
     /// Refusals being written ([`super::refusal::tell`]).
     refusing: Arc<AtomicUsize>,
+    /// How a refused HTTP/1.1 client is told (the HTTP API's error shape).
+    http1_refusal: Http1Refusal,
 }
 
 /// A connection over its peer's cap, and why, in words for the client.
@@ -99,9 +102,10 @@ struct RateLimit {
 }
 
 impl Gate {
-    pub fn new(limits: Limits) -> Arc<Gate> {
+    pub fn new(limits: Limits, http1_refusal: Http1Refusal) -> Arc<Gate> {
         Arc::new(Gate {
             limits,
+            http1_refusal,
             open: Mutex::new(HashMap::new()),
             quiet: Mutex::new(RateLimit {
                 last: None,
@@ -156,7 +160,11 @@ impl Gate {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let words = super::refusal::words(greeting, &format!("k3d {}", refused.reason));
+        let words = super::refusal::words(
+            greeting,
+            &format!("k3d {}", refused.reason),
+            self.http1_refusal,
+        );
         super::refusal::tell(refused.stream, greeting, words, &self.refusing);
     }
 
@@ -367,10 +375,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_over_its_cap_is_refused_and_its_slot_comes_back() {
-        let gate = Gate::new(Limits {
-            per_peer: 2,
-            handshake: DEFAULT_HANDSHAKE,
-        });
+        let gate = Gate::new(
+            Limits {
+                per_peer: 2,
+                handshake: DEFAULT_HANDSHAKE,
+            },
+            |_| Vec::new(),
+        );
         let a = PeerKey::Uid(1000);
         let first = gate.admit((), a, Greeting::Http2Preface);
         let second = gate.admit((), a, Greeting::Http2Preface);

@@ -8,9 +8,10 @@
 //!   frame): h2 then fails that request with the GOAWAY, which `k3` reports (exit 5, busy).
 //!   Sent any earlier, the client's channel drops the connection before its request and
 //!   reports only that it was lost.
-//! * **HTTP/1.1**: `429 Too Many Requests` with `retry-after` and an error body in OpenAI's
-//!   shape ([`crate::http::refusal_response`], the HTTP API's own error type); OpenAI's clients
-//!   retry a 429 after a pause.
+//! * **HTTP/1.1**: a whole response written by the HTTP API, which owns its error shape: the
+//!   daemon hands the [`Gate`](super::gate::Gate) an [`Http1Refusal`] (a `429 Too Many
+//!   Requests` with `retry-after` and an error body in OpenAI's shape, which OpenAI's clients
+//!   retry after a pause). This module knows the HTTP/2 frames, not the HTTP API.
 //!
 //! The words are written by a task of their own, never by the accept loop, with a deadline,
 //! and at most [`MAX_IN_FLIGHT`] such tasks live at once: beyond that a refused connection is
@@ -33,8 +34,12 @@ const FRAME_SETTINGS: u8 = 0x4;
 const FRAME_GOAWAY: u8 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
-/// The bytes that tell a client of `greeting`'s protocol it was refused for `reason`.
-pub fn words(greeting: Greeting, reason: &str) -> Vec<u8> {
+/// The whole HTTP/1.1 response that tells a client it was refused for `reason`.
+pub type Http1Refusal = fn(reason: &str) -> Vec<u8>;
+
+/// The bytes that tell a client of `greeting`'s protocol it was refused for `reason`
+/// (`http1` words it for an HTTP/1.1 client).
+pub fn words(greeting: Greeting, reason: &str, http1: Http1Refusal) -> Vec<u8> {
     match greeting {
         Greeting::Http2Preface => {
             let mut out = frame_header(0, FRAME_SETTINGS);
@@ -45,7 +50,7 @@ pub fn words(greeting: Greeting, reason: &str) -> Vec<u8> {
             out.extend(debug);
             out
         }
-        Greeting::Http1Head => crate::http::refusal_response(reason),
+        Greeting::Http1Head => http1(reason),
     }
 }
 
@@ -129,7 +134,9 @@ mod tests {
 
     #[test]
     fn the_http2_refusal_is_a_settings_frame_then_a_goaway_with_enhance_your_calm() {
-        let w = words(Greeting::Http2Preface, "too many");
+        let w = words(Greeting::Http2Preface, "too many", |_| {
+            unreachable!("HTTP/2")
+        });
         assert_eq!(
             &w[..9],
             &[0, 0, 0, 4, 0, 0, 0, 0, 0],
@@ -146,23 +153,11 @@ mod tests {
     }
 
     #[test]
-    fn the_http1_refusal_is_a_complete_429_with_an_openai_error_body() {
-        let w = String::from_utf8(words(Greeting::Http1Head, "too many")).expect("text");
-        let (head, body) = w.split_once("\r\n\r\n").expect("head and body");
-        assert!(
-            head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"),
-            "{head}"
-        );
-        assert!(head.contains("retry-after: 1\r\n"), "{head}");
-        assert!(head.contains("connection: close\r\n"), "{head}");
-        assert!(
-            head.contains(&format!("content-length: {}", body.len())),
-            "{head}"
-        );
-        let json: serde_json::Value = serde_json::from_str(body).expect("JSON body");
-        assert_eq!(json["error"]["message"], "too many");
-        assert_eq!(json["error"]["type"], "rate_limit_error");
-        assert_eq!(json["error"]["code"], "too_many_connections");
+    fn an_http1_refusal_is_the_response_the_http_api_hands_over() {
+        let w = words(Greeting::Http1Head, "too many", |reason| {
+            format!("HTTP/1.1 429 {reason}").into_bytes()
+        });
+        assert_eq!(w, b"HTTP/1.1 429 too many");
     }
 
     #[tokio::test]
