@@ -369,6 +369,11 @@ fn every_refusal_names_its_rule() {
 /// [`one_slot`] with room for kept states (they live in the session allowance), for the
 /// automatic prefix reuse tests.
 fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
+    one_slot_with(seed, |c| c.session_bytes = Some(64 << 20))
+}
+
+/// One compute slot, a short queue, and `tweak` applied to the configuration.
+fn one_slot_with(seed: u64, tweak: impl FnOnce(&mut Config)) -> (TempCheckpoint, Core) {
     let ck = synth("tiny", seed);
     let one = Capacity {
         max_active: 1,
@@ -376,9 +381,7 @@ fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
         max_queue: 4,
         per_uid: UidLimits::default(),
     };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.session_bytes = Some(64 << 20)
-    });
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, tweak);
     (ck, core)
 }
 
@@ -489,16 +492,7 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
 /// (here: the cap, lower); the finish says `Length` when the limit ended the reply.
 #[test]
 fn max_tokens_is_clamped_to_the_cap_never_refused() {
-    let ck = synth("tiny", 21);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-        per_uid: UidLimits::default(),
-    };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.limits.max_tokens_cap = 5
-    });
+    let (_ck, core) = one_slot_with(21, |c| c.limits.max_tokens_cap = 5);
     for asked in [Some(1_000_000), Some(6), None] {
         let job = core
             .submit(

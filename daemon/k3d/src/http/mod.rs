@@ -18,8 +18,11 @@ mod completions;
 mod error;
 mod listen;
 mod metrics;
+#[cfg(test)]
+mod replay;
 mod reply;
 pub mod request;
+pub mod responses;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 

@@ -275,40 +275,46 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     f.list("tools", |i, t| {
-        let at = |field: &str| format!("tools[{i}]{field}");
+        let at = format!("tools[{i}]");
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(ApiError::invalid(
-                at(".type"),
+                format!("{at}.type"),
                 "k3 declares function tools only (`\"type\": \"function\"`)",
             ));
         }
-        let function = t
-            .get("function")
-            .filter(|v| v.is_object())
-            .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
-        let name: String = value(&at(".function.name"), function.get("name"))?
-            .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
-        if name.is_empty() {
-            return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
-        }
-        let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
-        if parameters.as_ref().is_some_and(|p| !p.is_object()) {
-            return Err(ApiError::invalid(
-                at(".function.parameters"),
-                "`parameters` must be a JSON schema object",
-            ));
-        }
-        Ok(Tool {
-            name,
-            description: value(&at(".function.description"), function.get("description"))?,
-            parameters,
-        })
+        let function = t.get("function").filter(|v| v.is_object()).ok_or_else(|| {
+            ApiError::invalid(format!("{at}.function"), "a tool needs `function`")
+        })?;
+        function_tool(&format!("{at}.function"), function)
     })
 }
 
-/// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in
-/// the template (spec §8.2), so it is refused rather than rendered as something weaker.
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+/// A function's declaration, `{"name", "description", "parameters"}` at `at` (chat completions
+/// nest it under `function`, the Responses API does not).
+pub fn function_tool(at: &str, function: &Value) -> Result<Tool, ApiError> {
+    let name: String = value(&format!("{at}.name"), function.get("name"))?
+        .ok_or_else(|| ApiError::invalid(format!("{at}.name"), "a tool needs a name"))?;
+    if name.is_empty() {
+        return Err(ApiError::invalid(format!("{at}.name"), "the name is empty"));
+    }
+    let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
+    if parameters.as_ref().is_some_and(|p| !p.is_object()) {
+        return Err(ApiError::invalid(
+            format!("{at}.parameters"),
+            "`parameters` must be a JSON schema object",
+        ));
+    }
+    Ok(Tool {
+        name,
+        description: value(&format!("{at}.description"), function.get("description"))?,
+        parameters,
+    })
+}
+
+/// `tool_choice`: `"auto"`, `"none"` or `"required"` (chat completions and the Responses API
+/// alike). A named function has no counterpart in the template (spec §8.2), so it is refused
+/// rather than rendered as something weaker.
+pub fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -338,6 +344,20 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
     Ok(choice)
 }
 
+/// A `json_schema` format's schema (`param` names it): the template's `json_schema` note.
+pub fn schema_format(param: &str, schema: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    schema
+        .filter(|s| s.is_object())
+        .cloned()
+        .map(ResponseFormat::JsonSchema)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                param,
+                "a json_schema response format needs its schema (an object)",
+            )
+        })
+}
+
 /// `response_format`: `{"type": "text" | "json_object"}` or
 /// `{"type": "json_schema", "json_schema": {"schema": {...}}}`.
 fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
@@ -347,18 +367,10 @@ fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
         Some("json_object") => Ok(ResponseFormat::JsonObject),
-        Some("json_schema") => format
-            .get("json_schema")
-            .and_then(|s| s.get("schema"))
-            .filter(|s| s.is_object())
-            .cloned()
-            .map(ResponseFormat::JsonSchema)
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "response_format.json_schema.schema",
-                    "a json_schema response format needs `json_schema.schema` (an object)",
-                )
-            }),
+        Some("json_schema") => schema_format(
+            "response_format.json_schema.schema",
+            format.get("json_schema").and_then(|s| s.get("schema")),
+        ),
         other => Err(ApiError::invalid(
             "response_format.type",
             format!(

@@ -9,7 +9,9 @@
 //! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
 
 use crate::http::error::ApiError;
-use crate::http::request::{Budget, Common, Fields, no_empty_stop, temperature_and_top_p, value};
+use crate::http::request::{
+    Budget, Common, Fields, no_empty_stop, schema_format, temperature_and_top_p, value,
+};
 use k3_engine::echo::Echo;
 use k3_engine::engine::Sampling;
 use k3_engine::serve::{Prompt, Request};
@@ -823,17 +825,9 @@ fn output_config(
             let format = object("output_config.format", format)?;
             only(format, "output_config.format", &["type", "schema"])?;
             match kind("output_config.format", format)? {
-                "json_schema" => format
-                    .get("schema")
-                    .filter(|s| s.is_object())
-                    .cloned()
-                    .map(ResponseFormat::JsonSchema)
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "output_config.format.schema",
-                            "a json_schema format needs `schema` (an object)",
-                        )
-                    })?,
+                "json_schema" => {
+                    schema_format("output_config.format.schema", format.get("schema"))?
+                }
                 other => {
                     return Err(ApiError::invalid(
                         "output_config.format.type",
