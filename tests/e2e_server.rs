@@ -1038,9 +1038,10 @@ async fn chat_renders_tools_and_names_bad_fields() {
     let mut unknown = base.clone();
     unknown.messages[3].tool_call_id = "zz".into();
     assert!(refused(unknown).await.contains("messages[3].tool_call_id"));
+    // OpenAI's types give `name` to every role but tool (an assistant's is not rendered).
     let mut named = base.clone();
-    named.messages[1].name = "bot".into();
-    assert!(refused(named).await.contains("messages[1].name"));
+    named.messages[3].name = "bot".into();
+    assert!(refused(named).await.contains("messages[3].name"));
     let nothing = pb::ChatRequest {
         tool_choice: pb::ToolChoice::Required.into(),
         ..base.clone()
@@ -1210,9 +1211,11 @@ async fn refusals_are_counted_as_rejected_not_failed() {
     let before = status(&mut c).await;
     let mut bad_session = ids_request(prompt(0), 2);
     bad_session.session = "..".into();
+    let mut many_stops = ids_request(prompt(0), 2);
+    many_stops.options.as_mut().expect("options").stop_strings = vec!["x".into(); 17];
     let refused = [
         ids_request(vec![], 2),
-        ids_request(prompt(0), 1_000_000),
+        many_stops,
         ids_request(vec![u32::MAX - 1], 2),
         bad_session,
     ];
