@@ -317,6 +317,30 @@ async fn malformed_requests_get_clear_statuses_and_the_daemon_stays_up() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("temperature"), "{}", err.message());
 
+    // Logit bias and penalties: OpenAI's ranges, refused naming the field; a +100 bias makes
+    // greedy take that id every time.
+    let mut biased = ids_request(prompt(0), 4);
+    let sampling = |bias: f32, presence: f32| pb::Sampling {
+        logit_bias: [(7, bias)].into_iter().collect(),
+        presence_penalty: presence,
+        ..Default::default()
+    };
+    biased.options.as_mut().expect("options").sampling = Some(sampling(100.0, 0.0));
+    let out = collect(
+        c.generate(biased.clone())
+            .await
+            .expect("biased")
+            .into_inner(),
+    )
+    .await;
+    assert_eq!(out.ids, vec![7; 4], "{:?}", out.error);
+    for (bias, presence, field) in [(100.5, 0.0, "logit_bias"), (1.0, 2.5, "presence_penalty")] {
+        biased.options.as_mut().expect("options").sampling = Some(sampling(bias, presence));
+        let err = c.generate(biased.clone()).await.expect_err(field);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+
     let chat = c
         .chat(pb::ChatRequest::default())
         .await

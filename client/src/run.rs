@@ -52,6 +52,32 @@ pub struct Options {
     /// per step; same output, faster on repetitive text. 0 = the daemon's default.
     #[arg(long, default_value_t = 0)]
     speculate: u32,
+    /// Add BIAS (in [-100, 100]) to the logit of token ID before each choice, as ID=BIAS
+    /// (repeatable): -100 bans the id, +100 all but forces it.
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_bias, allow_hyphen_values = true)]
+    logit_bias: Vec<(u32, f32)>,
+    /// Lower the logit of an id by this much per time it was generated so far, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Lower the logit of an id generated at least once so far by this much, in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+}
+
+/// `ID=BIAS` of `--logit-bias`; the daemon checks the ranges.
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: give ID=BIAS, e.g. 42=-100"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("{id:?} is not a token id"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl Options {
@@ -63,6 +89,9 @@ impl Options {
                 top_p: self.top_p,
                 top_k: self.top_k,
                 seed: self.seed,
+                logit_bias: self.logit_bias.iter().copied().collect(),
+                frequency_penalty: self.frequency_penalty,
+                presence_penalty: self.presence_penalty,
             }),
             stop_ids: self.stop_ids.clone(),
             stop_strings: self.stop_strings.clone(),

@@ -212,6 +212,48 @@ def test_completions_with_token_ids_equal_grpc():
     assert t.usage.completion_tokens == 4
 
 
+def test_logit_bias_and_penalties_are_honoured_exactly_and_range_checked():
+    client = unix_client()
+    ids = REF["generate"]["prompt_ids"]
+
+    def complete(max_tokens, **kw):
+        return client.completions.create(model=MODEL, prompt=ids, max_tokens=max_tokens, temperature=0, **kw)
+
+    plain = complete(6)
+    # +100 on one id: greedy takes it every time (OpenAI: "should result in exclusive selection").
+    one = complete(1, logit_bias={"40": 100})
+    six = complete(6, logit_bias={"40": 100})
+    assert six.choices[0].text == one.choices[0].text * 6 != plain.choices[0].text
+    # -100 on the first id greedy chose bans it; the transform is deterministic, streamed or not.
+    first = complete(1).choices[0].text
+    banned = complete(6, logit_bias={str(i): -100 for i in range(0, 300)})
+    assert banned.choices[0].text != plain.choices[0].text and not banned.choices[0].text.startswith(first)
+    penalised = complete(6, frequency_penalty=2, presence_penalty=2)
+    assert penalised.choices[0].text == complete(6, frequency_penalty=2, presence_penalty=2).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=6, temperature=0, stream=True,
+        frequency_penalty=2, presence_penalty=2) if c.choices)
+    assert streamed == penalised.choices[0].text
+    # Chat takes them too.
+    msgs = [{"role": "user", "content": "hi"}]
+    biased = chat(client, msgs, max_tokens=3, logit_bias={"40": 100}, extra_body=THINKING_OFF)
+    assert biased.usage.completion_tokens == 3
+    # OpenAI's ranges, each refused naming its field.
+    for kw, param in [
+        (dict(logit_bias={"40": 100.5}), "logit_bias"),
+        (dict(logit_bias={"forty": 1}), "logit_bias"),
+        (dict(logit_bias={str(i): 1 for i in range(301)}), "logit_bias"),
+        (dict(frequency_penalty=2.5), "frequency_penalty"),
+        (dict(presence_penalty=-3), "presence_penalty"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, msgs, **kw)
+        assert e.value.body["param"] == param, (kw, e.value.body)
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(1, logit_bias={"99999999": 1})
+    assert "outside the vocabulary" in e.value.body["message"]
+
+
 def test_invalid_requests_are_400_naming_the_field():
     client = unix_client()
     msgs = [{"role": "user", "content": "hi"}]

@@ -7,25 +7,17 @@
 mod model_support;
 
 use k3_engine::engine::request::MAX_SPECULATE;
-use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, Step, StopReason, Summary};
-use k3_engine::model::LoadOptions;
+use k3_engine::engine::{Engine, GenerateRequest, Step, StopReason, Summary};
 use k3_engine::plan::PlanInputs;
-use model_support::{Rng, bits, synth};
+use model_support::{Rng, bits, open_engine, synth};
 
 fn engine(dir: &std::path::Path, threads: usize) -> Engine {
     // Journal memory planned for the largest request, so no request is clamped.
-    let options = EngineOptions {
-        threads,
-        model: LoadOptions {
-            plan: PlanInputs {
-                speculate: MAX_SPECULATE as u64,
-                ..PlanInputs::default()
-            },
-            ..LoadOptions::default()
-        },
-        ..EngineOptions::default()
+    let plan = PlanInputs {
+        speculate: MAX_SPECULATE as u64,
+        ..PlanInputs::default()
     };
-    Engine::open(dir, options, &mut |_| {}).unwrap_or_else(|e| panic!("engine: {e}"))
+    open_engine(dir, threads, plan)
 }
 
 /// Runs a request to the end; returns the ids the steps emitted and the summary.

@@ -11,12 +11,22 @@
 //! per step from a queue (queued tokens need no compute). Output and recorded logits are those
 //! of plain greedy by construction. Sampled requests ignore the setting: exact-in-distribution
 //! verification for sampling is a different algorithm (§6.2) and is not built.
+//!
+//! Each id is decided from its row of logits after the request's logit transform (bias,
+//! penalties: [`super::request::LogitTransform`]) and among the ids its guide allows
+//! ([`super::guide`]). Both depend only on the ids decided before, and speculation decides its
+//! rows in order through the same bookkeeping, so it stays exact with them. Ids the guide
+//! forces (exactly one allowed) are decided at once, without logits, and fed together with the
+//! id before them in one forward ([`Feed::Tokens`]): a prefill-like chunk, bit-identical to
+//! feeding them one by one (chunking never changes the state, spec §6).
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::EngineError;
-use super::request::{DecodeSteps, GenerateRequest, StopReason, Summary};
+use super::guide::{Allowed, Guiding};
+use super::logits::Counts;
+use super::request::{DecodeSteps, GenerateRequest, MAX_SPECULATE, StopReason, Summary};
 use super::sampler::Sampler;
 use super::speculate;
 use crate::model::{Logits, ModelError, State};
@@ -33,17 +43,27 @@ pub enum Step {
     Finished(Summary),
 }
 
+/// Most ids one forward feeds after the prompt: the last decided id and the ids forced after
+/// it, or the last id and its drafts (the memory plan reserves scratch for 1 + this many).
+const MAX_DECODE_FEED: usize = 1 + MAX_SPECULATE;
+
 /// A request in flight: its model state, sampler and bookkeeping.
 pub struct Generation {
     request: GenerateRequest,
     state: State,
     sampler: Sampler,
+    /// The request's guide at the current position (`None`: every id allowed).
+    guiding: Option<Box<dyn Guiding>>,
+    /// Generated ids counted, for the penalties (empty when the request has none).
+    counts: Counts,
     /// Prompt tokens in the state so far (reused ones included).
     fed: usize,
     /// Prompt tokens the starting state already held (a session's snapshot); never re-fed.
     reused: usize,
     /// Logits of the last fed position, not yet sampled from.
     next_logits: Option<Vec<f32>>,
+    /// Generated ids already in the state (fed back); the rest await the next decode feed.
+    generated_fed: usize,
     generated: Vec<u32>,
     /// Decoded output so far, kept only when stop strings must be matched.
     output_text: Vec<u8>,
@@ -80,6 +100,9 @@ pub enum Feed {
     Prompt { ids: Vec<u32>, want: Logits },
     /// The last generated token, to get the logits of the one after it.
     Token { id: u32 },
+    /// The last generated token and the ids a guide forced after it (decided without logits),
+    /// to get the logits after the last of them.
+    Tokens { ids: Vec<u32>, want: Logits },
     /// Speculative decoding: the last generated token then the drafted ids, every position's
     /// logits wanted (`ids[0]` is the last token).
     Verify { ids: Vec<u32> },
@@ -94,6 +117,7 @@ impl Feed {
         match self {
             Feed::Prompt { ids, want } => Some((ids, *want)),
             Feed::Token { id } => Some((std::slice::from_ref(id), Logits::Last)),
+            Feed::Tokens { ids, want } => Some((ids, *want)),
             Feed::Verify { ids } => Some((ids, Logits::All)),
             Feed::Nothing => None,
         }
@@ -105,14 +129,18 @@ impl Generation {
     /// (0 for a fresh state); feeding resumes after them.
     pub(super) fn new(request: GenerateRequest, state: State) -> Self {
         let sampler = Sampler::new(request.sampling.clone());
+        let guiding = request.guide.as_ref().map(|g| g.start());
         let reused = state.positions();
         Generation {
             request,
             state,
             sampler,
+            guiding,
+            counts: Counts::default(),
             fed: reused,
             reused,
             next_logits: None,
+            generated_fed: 0,
             generated: Vec::new(),
             output_text: Vec::new(),
             queued: VecDeque::new(),
@@ -185,7 +213,20 @@ impl Generation {
         if self.finish.is_some() || self.next_logits.is_some() || !self.queued.is_empty() {
             return Ok(Feed::Nothing);
         }
-        let last = *self.generated.last().ok_or(EngineError::Finished)?;
+        let unfed = &self.generated[self.generated_fed.min(self.generated.len())..];
+        let &[last] = unfed else {
+            if unfed.is_empty() {
+                return Err(EngineError::Finished);
+            }
+            return Ok(Feed::Tokens {
+                ids: unfed.to_vec(),
+                want: if self.request.record_logits {
+                    Logits::All
+                } else {
+                    Logits::Last
+                },
+            });
+        };
         let drafts = self.drafts();
         if drafts.is_empty() {
             return Ok(Feed::Token { id: last });
@@ -266,15 +307,30 @@ impl Generation {
                 if self.request.record_logits {
                     self.logits_log.extend_from_slice(&logits);
                 }
+                self.generated_fed += 1;
                 self.decode_seconds += seconds;
                 self.decode_steps.forward(0);
                 self.sample(logits, tokenizer)
+            }
+            (Feed::Tokens { ids, .. }, Some(logits)) => {
+                if self.request.record_logits {
+                    self.logits_log.extend_from_slice(&logits);
+                }
+                self.generated_fed += ids.len();
+                self.decode_seconds += seconds;
+                self.decode_steps.forward(0);
+                let last = logits
+                    .len()
+                    .checked_sub(vocab)
+                    .ok_or_else(|| EngineError::Internal("the model returned no logits".into()))?;
+                self.sample(logits[last..].to_vec(), tokenizer)
             }
             (Feed::Verify { ids }, Some(logits)) => {
                 if let Some(e) = self.speculation_refused.take() {
                     return Err(e.into());
                 }
                 self.verify(&ids[1..], &logits, vocab, tokenizer)?;
+                self.force(tokenizer);
                 self.decode_seconds += seconds;
                 // The verification decided at least one token or the end.
                 self.decided()
@@ -322,7 +378,7 @@ impl Generation {
         // Fed positions whose logits plain greedy would also have computed.
         let mut consumed = 0;
         for (i, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
-            let id = sample_row(&mut self.sampler, row, i)?;
+            let id = self.decide(row, i)?;
             consumed += 1;
             let confirmed = drafts.get(i) == Some(&id);
             if confirmed {
@@ -343,17 +399,60 @@ impl Generation {
         self.decode_steps.forward(drafts.len());
         self.decode_steps
             .verified(self.drafts_accepted - accepted_before);
+        // The last position fed before the verify, then one per decided id but the last.
+        self.generated_fed += consumed;
         Ok(self.state.rollback_to(base + consumed)?)
     }
 
-    /// Draws the next token from `logits` and applies the stop rules.
+    /// Draws the next token from `logits` and applies the stop rules; then decides the ids the
+    /// guide forces after it.
     fn sample(&mut self, logits: Vec<f32>, tokenizer: &Tokenizer) -> Result<Step, EngineError> {
         let started = Instant::now();
-        let id = sample_row(&mut self.sampler, &logits, 0)?;
+        let id = self.decide(&logits, 0)?;
         self.decode_seconds += started.elapsed().as_secs_f64();
         match self.take(id, tokenizer) {
-            Some(id) => Ok(Step::Token { id }),
+            Some(id) => {
+                self.force(tokenizer);
+                Ok(Step::Token { id })
+            }
             None => Ok(self.finished(StopReason::StopId(id))),
+        }
+    }
+
+    /// The id chosen from output row `row` (`logits`): the one id the guide forces, else the
+    /// sampler's choice among the allowed ids after the logit transform.
+    fn decide(&mut self, logits: &[f32], row: usize) -> Result<u32, EngineError> {
+        let allowed = match self.guiding.as_mut().map(|g| g.allowed()) {
+            None | Some(Allowed::Any) => None,
+            Some(Allowed::Forced(id)) => return Ok(id),
+            Some(Allowed::Only(set)) => match set.single() {
+                Some(id) => return Ok(id),
+                None => Some(set),
+            },
+        };
+        let transformed = self.request.transform.apply(logits, &self.counts);
+        self.sampler
+            .sample(&transformed, allowed)
+            .ok_or_else(|| choice_failed(logits, row, allowed.is_some()))
+    }
+
+    /// Decides, after the last decided id, every id the guide forces (one allowed id), each
+    /// through the plain bookkeeping, while the run fits one decode feed. They are queued for
+    /// emission and fed together with the id before them ([`Feed::Tokens`]).
+    fn force(&mut self, tokenizer: &Tokenizer) {
+        while self.finish.is_none() && self.generated.len() - self.generated_fed < MAX_DECODE_FEED {
+            let forced = match self.guiding.as_mut().map(|g| g.allowed()) {
+                Some(Allowed::Forced(id)) => id,
+                Some(Allowed::Only(set)) => match set.single() {
+                    Some(id) => id,
+                    None => return,
+                },
+                None | Some(Allowed::Any) => return,
+            };
+            match self.take(forced, tokenizer) {
+                Some(id) => self.queued.push_back(id),
+                None => self.finish = Some(StopReason::StopId(forced)),
+            }
         }
     }
 
@@ -365,6 +464,12 @@ impl Generation {
             return None;
         }
         self.generated.push(id);
+        if let Some(guiding) = self.guiding.as_mut() {
+            guiding.accept(id);
+        }
+        if self.request.transform.counts_ids() {
+            self.counts.add(id);
+        }
         if !self.request.stop_strings.is_empty() {
             let before = self.output_text.len();
             // An id without bytes in the tokenizer (possible only if the config's vocabulary is
@@ -413,17 +518,18 @@ fn first_completed_stop<'a>(stops: &'a [String], text: &[u8], new_from: usize) -
     })
 }
 
-/// Draws from output row `row`'s logits. A row the sampler cannot draw from holds a NaN (or is
-/// empty): the model's failure (spec §6.1 rule 12), named by row and index like the forward's
-/// own check, never the request's fault (issue 19.7: it was typed as an invalid request and
-/// reached clients as a refusal).
-fn sample_row(sampler: &mut Sampler, logits: &[f32], row: usize) -> Result<u32, EngineError> {
-    sampler
-        .sample(logits)
-        .ok_or_else(|| match logits.iter().position(|v| v.is_nan()) {
-            Some(index) => EngineError::Model(ModelError::NanLogits { row, index }),
-            None => EngineError::Internal(format!("output row {row} has no logits")),
-        })
+/// Why no id could be chosen from output row `row`'s logits. A row holding a NaN is the
+/// model's failure (spec §6.1 rule 12), named by row and index like the forward's own check,
+/// never the request's fault (issue 19.7: it was typed as an invalid request and reached
+/// clients as a refusal); an empty row, or a mask that left no id, is the engine's own.
+fn choice_failed(logits: &[f32], row: usize, masked: bool) -> EngineError {
+    match logits.iter().position(|v| v.is_nan()) {
+        Some(index) => EngineError::Model(ModelError::NanLogits { row, index }),
+        None if masked => EngineError::Internal(format!(
+            "output row {row}: the guide allows no id of the vocabulary"
+        )),
+        None => EngineError::Internal(format!("output row {row} has no logits")),
+    }
 }
 
 #[cfg(test)]
@@ -433,8 +539,9 @@ mod tests {
 
     #[test]
     fn nan_logits_are_the_models_failure_not_an_invalid_request() {
-        let mut greedy = Sampler::new(Sampling::default());
-        let e = sample_row(&mut greedy, &[0.5, f32::NAN, 2.0], 3).expect_err("NaN");
+        let greedy = Sampler::new(Sampling::default()).sample(&[0.5, f32::NAN, 2.0], None);
+        assert_eq!(greedy, None);
+        let e = choice_failed(&[0.5, f32::NAN, 2.0], 3, false);
         assert!(
             matches!(
                 e,
@@ -448,14 +555,16 @@ mod tests {
             top_k: 0,
             seed: 1,
         });
-        let e = sample_row(&mut sampled, &[f32::NAN], 0).expect_err("NaN");
+        assert_eq!(sampled.sample(&[f32::NAN], None), None);
+        let e = choice_failed(&[f32::NAN], 0, true);
         assert!(
             matches!(e, EngineError::Model(ModelError::NanLogits { .. })),
             "{e:?}"
         );
-        let e = sample_row(&mut greedy, &[], 0).expect_err("empty");
+        let e = choice_failed(&[], 0, false);
         assert!(matches!(e, EngineError::Internal(_)), "{e:?}");
-        assert_eq!(sample_row(&mut greedy, &[0.5, 2.0], 0).ok(), Some(1));
+        let e = choice_failed(&[1.0], 0, true);
+        assert!(e.to_string().contains("the guide allows no id"), "{e}");
     }
 
     #[test]

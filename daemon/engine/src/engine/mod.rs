@@ -12,7 +12,9 @@
 //! on the thread count, the prefill chunk size or what else the engine is doing (spec §6).
 
 mod generation;
+pub mod guide;
 mod info;
+mod logits;
 pub mod measure;
 pub mod request;
 pub mod sampler;
@@ -22,7 +24,9 @@ use generation::IoTally;
 pub use generation::{Feed, Generation, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
-pub use request::{DecodeSteps, GenerateRequest, RequestError, Sampling, StopReason, Summary};
+pub use request::{
+    DecodeSteps, GenerateRequest, LogitTransform, RequestError, Sampling, StopReason, Summary,
+};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,5 +1,9 @@
 //! What a caller asks for, and what it gets back at the end.
 
+use std::sync::Arc;
+
+use super::guide::Guide;
+
 /// Longest generation one request may ask for; larger values are refused, not clamped.
 pub const MAX_TOKENS_LIMIT: usize = 1 << 20;
 
@@ -37,6 +41,66 @@ impl Sampling {
     }
 }
 
+/// Most `logit_bias` entries one request may carry (OpenAI's own limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+/// `logit_bias` values lie in [-100, 100] (OpenAI's range: ±100 bans or forces an id in
+/// practice, as logits are far smaller).
+pub const LOGIT_BIAS_LIMIT: f32 = 100.0;
+/// `frequency_penalty` and `presence_penalty` lie in [-2, 2] (OpenAI's range).
+pub const PENALTY_LIMIT: f32 = 2.0;
+
+/// The deterministic changes to each row of logits before an id is chosen (OpenAI's
+/// `logit_bias`, `frequency_penalty`, `presence_penalty`). For id `j` that was generated `c[j]`
+/// times so far in this generation, in f32, in this order:
+///
+/// `l'[j] = (l[j] + bias[j]) - (c[j] * frequency_penalty + [c[j] > 0] * presence_penalty)`
+///
+/// Ids without a bias and not yet generated keep their logit bit for bit; the default changes
+/// nothing (see `docs/decoding.md`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogitTransform {
+    /// Added to the logit of each listed id; each id at most once.
+    pub bias: Vec<(u32, f32)>,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+}
+
+impl LogitTransform {
+    /// True when the transform leaves every logit as it is.
+    pub fn is_identity(&self) -> bool {
+        self.bias.is_empty() && self.frequency_penalty == 0.0 && self.presence_penalty == 0.0
+    }
+
+    fn validate(&self, vocab_size: usize) -> Result<(), RequestError> {
+        if self.bias.len() > MAX_LOGIT_BIAS {
+            return Err(RequestError::TooManyBiases {
+                given: self.bias.len(),
+            });
+        }
+        let mut seen = std::collections::HashSet::with_capacity(self.bias.len());
+        for &(id, value) in &self.bias {
+            if id as usize >= vocab_size {
+                return Err(RequestError::BiasIdOutsideVocabulary { id, vocab_size });
+            }
+            if !(value.is_finite() && value.abs() <= LOGIT_BIAS_LIMIT) {
+                return Err(RequestError::BiasValue { id, value });
+            }
+            if !seen.insert(id) {
+                return Err(RequestError::BiasTwice { id });
+            }
+        }
+        for (name, value) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(value.is_finite() && value.abs() <= PENALTY_LIMIT) {
+                return Err(RequestError::Penalty { name, value });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One generation request in token ids (text is tokenized by the caller).
 #[derive(Debug, Clone, Default)]
 pub struct GenerateRequest {
@@ -53,6 +117,12 @@ pub struct GenerateRequest {
     /// step; 0 = off. Greedy requests only (ignored when sampling); the output is identical
     /// either way, only the speed differs (see the generation module).
     pub speculate: usize,
+    /// Changes to the logits before each id is chosen (bias, penalties).
+    pub transform: LogitTransform,
+    /// Restricts which ids may come next (constrained decoding, the thinking budget): the
+    /// model's choice among the allowed ids is unchanged (greedy takes the best allowed id);
+    /// `None` allows every id.
+    pub guide: Option<Arc<dyn Guide>>,
 }
 
 /// Why a request cannot be served: one variant per rule of [`GenerateRequest::validate`], so
@@ -77,6 +147,16 @@ pub enum RequestError {
     TopP(f32),
     #[error("stop strings must not be empty")]
     EmptyStopString,
+    #[error("{given} logit_bias entries given; at most {MAX_LOGIT_BIAS} are accepted")]
+    TooManyBiases { given: usize },
+    #[error("logit_bias names id {id}, outside the vocabulary (0..{vocab_size})")]
+    BiasIdOutsideVocabulary { id: u32, vocab_size: usize },
+    #[error("logit_bias {value} for id {id} must be a number in [-100, 100]")]
+    BiasValue { id: u32, value: f32 },
+    #[error("logit_bias names id {id} twice")]
+    BiasTwice { id: u32 },
+    #[error("{name} {value} must be a number in [-2, 2]")]
+    Penalty { name: &'static str, value: f32 },
 }
 
 impl GenerateRequest {
@@ -117,7 +197,7 @@ impl GenerateRequest {
         if self.stop_strings.iter().any(|s| s.is_empty()) {
             return Err(RequestError::EmptyStopString);
         }
-        Ok(())
+        self.transform.validate(vocab_size)
     }
 }
 

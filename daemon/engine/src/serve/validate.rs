@@ -16,7 +16,7 @@
 //! values (Claude Code 32,000) and never expect a 400 for them; the reply's finish reason
 //! (`length`) and usage say where it stopped.
 
-use crate::engine::{GenerateRequest, RequestError, Sampling};
+use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation};
 use crate::tokenizer::{Specials, Tokenizer};
 
@@ -73,6 +73,8 @@ pub struct Request {
     /// cap for a chat, [`DEFAULT_MAX_TOKENS`] for a plain continuation.
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
+    /// Logit bias and penalties, applied before each id is chosen.
+    pub transform: LogitTransform,
     pub stop_ids: Vec<u32>,
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
@@ -92,6 +94,7 @@ impl Request {
             prompt,
             max_tokens: None,
             sampling: Sampling::default(),
+            transform: LogitTransform::default(),
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             speculate: None,
@@ -171,6 +174,7 @@ pub fn validate(
         prompt,
         max_tokens,
         sampling,
+        transform,
         mut stop_ids,
         stop_strings,
         speculate,
@@ -232,6 +236,8 @@ pub fn validate(
         stop_strings,
         record_logits: false,
         speculate: speculate.unwrap_or(limits.speculate),
+        transform,
+        guide: None,
         prompt,
     };
     request.validate(model.vocab_size)?;

@@ -219,6 +219,24 @@ pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
     }
 }
 
+/// An engine on `dir` at `threads` compute threads whose memory plan is made for `plan`.
+pub fn open_engine(
+    dir: &std::path::Path,
+    threads: usize,
+    plan: k3_engine::plan::PlanInputs,
+) -> k3_engine::engine::Engine {
+    let options = k3_engine::engine::EngineOptions {
+        threads,
+        model: k3_engine::model::LoadOptions {
+            plan,
+            ..k3_engine::model::LoadOptions::default()
+        },
+        ..k3_engine::engine::EngineOptions::default()
+    };
+    k3_engine::engine::Engine::open(dir, options, &mut |_| {})
+        .unwrap_or_else(|e| panic!("engine on {}: {e}", dir.display()))
+}
+
 /// Opens and loads a checkpoint directory.
 pub fn load(dir: &std::path::Path) -> k3_engine::model::Model {
     let ck = k3_engine::checkpoint::Checkpoint::open(dir)

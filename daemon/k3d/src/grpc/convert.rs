@@ -1,6 +1,7 @@
 //! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
 //! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
+use k3_engine::engine::LogitTransform;
 use k3_engine::serve::{
     Channel, Done, Event, Finish, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
@@ -34,12 +35,24 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
             top_k: s.top_k as usize,
             seed: s.seed,
         },
+        transform: transform(&s),
         stop_ids: o.stop_ids,
         stop_strings: o.stop_strings,
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
         reuse: None,
+    }
+}
+
+/// The wire's logit bias and penalties; ids in ascending order (a map has none of its own).
+fn transform(s: &pb::Sampling) -> LogitTransform {
+    let mut bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&id, &b)| (id, b)).collect();
+    bias.sort_by_key(|&(id, _)| id);
+    LogitTransform {
+        bias,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
     }
 }
 

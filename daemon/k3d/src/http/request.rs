@@ -7,7 +7,8 @@
 
 use super::error::ApiError;
 use k3_engine::echo::Echo;
-use k3_engine::engine::Sampling;
+use k3_engine::engine::request::{LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT};
+use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -84,6 +85,8 @@ pub struct Common {
     /// New tokens at most; `None` = the daemon's default.
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
+    /// `logit_bias`, `frequency_penalty`, `presence_penalty`.
+    pub transform: LogitTransform,
     pub stop_strings: Vec<String>,
     /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
     pub prefix_reuse: bool,
@@ -128,6 +131,7 @@ impl Common {
         Request {
             max_tokens: self.max_tokens,
             sampling: self.sampling.clone(),
+            transform: self.transform.clone(),
             stop_strings: self.stop_strings.clone(),
             ..Request::new(prompt)
         }
@@ -201,9 +205,61 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             top_k: 0,
             seed,
         },
+        transform: logit_transform(f)?,
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget: None,
+    })
+}
+
+/// `logit_bias` (token id as a string → a bias in [-100, 100], at most 300 entries),
+/// `frequency_penalty` and `presence_penalty` (each in [-2, 2], default 0), OpenAI's ranges.
+/// Ids outside the vocabulary are refused by the core, which knows it.
+fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
+    let penalty = |name: &str| -> Result<f32, ApiError> {
+        let value = f.get::<f32>(name)?.unwrap_or(0.0);
+        if !(value.is_finite() && value.abs() <= PENALTY_LIMIT) {
+            return Err(ApiError::invalid(
+                name,
+                format!("`{name}` must be between -2 and 2"),
+            ));
+        }
+        Ok(value)
+    };
+    let map = f
+        .get::<std::collections::BTreeMap<String, f32>>("logit_bias")?
+        .unwrap_or_default();
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "`logit_bias` has {} entries; at most {MAX_LOGIT_BIAS} are accepted",
+                map.len()
+            ),
+        ));
+    }
+    let mut bias = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let id = key.parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` key {} is not a token id", Echo(&key)),
+            )
+        })?;
+        if !(value.is_finite() && value.abs() <= LOGIT_BIAS_LIMIT) {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("`logit_bias` for token {id} must be between -100 and 100"),
+            ));
+        }
+        bias.push((id, value));
+    }
+    // "007" and "7" name the same id: refused by the core as a repeated id.
+    bias.sort_by_key(|&(id, _)| id);
+    Ok(LogitTransform {
+        bias,
+        frequency_penalty: penalty("frequency_penalty")?,
+        presence_penalty: penalty("presence_penalty")?,
     })
 }
 

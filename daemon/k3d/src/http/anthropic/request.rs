@@ -13,7 +13,7 @@ use crate::http::request::{
     Budget, Common, Fields, no_empty_stop, schema_format, temperature_and_top_p, value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::engine::Sampling;
+use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -89,6 +89,8 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<Parsed, ApiError> {
             top_k: f.get::<usize>("top_k")?.unwrap_or(0),
             seed: 0,
         },
+        // The Messages API has no logit bias or penalties.
+        transform: LogitTransform::default(),
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget: asked.thinking_budget,

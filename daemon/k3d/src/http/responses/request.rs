@@ -27,7 +27,7 @@ use crate::http::request::{
     Budget, Common, Fields, function_tool, schema_format, temperature_and_top_p, tool_choice, value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::engine::Sampling;
+use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
@@ -151,6 +151,8 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
             top_k: 0,
             seed: 0,
         },
+        // The Responses API has no logit bias or penalties.
+        transform: LogitTransform::default(),
         stop_strings: Vec::new(),
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget,
