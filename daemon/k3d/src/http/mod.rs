@@ -3,7 +3,8 @@
 //! mapping onto the same serve core (`k3_engine::serve::Core`: validation, admission queue,
 //! batching, sessions), exactly as the gRPC service is.
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
+//! ([`responses`], what Codex speaks), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, and Anthropic's `POST /v1/messages` and
 //! `POST /v1/messages/count_tokens` ([`anthropic`], issue 15 point 9); anything else is a 404 in
 //! OpenAI's error shape.
@@ -112,6 +113,14 @@ pub fn router(app: Arc<App>) -> Router {
             post(
                 |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
                     complete(app, peer, request, completions::Shape::Text)
+                },
+            ),
+        )
+        .route(
+            "/v1/responses",
+            post(
+                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
+                    responses::responses(app, peer, request)
                 },
             ),
         )
