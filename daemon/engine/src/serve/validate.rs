@@ -81,10 +81,10 @@ pub struct Request {
     pub speculate: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
-    /// Continue from the longest kept state of this caller that prefixes the prompt, and keep
-    /// this request's states for the caller's next one (automatic prefix reuse, see
-    /// [`super::prefix`]); `None` = compute the prompt afresh. Ignored with a session.
-    pub reuse: Option<super::prefix::Caller>,
+    /// Continue from the longest kept state of the same caller that prefixes the prompt, and
+    /// keep this request's states for the caller's next one (automatic prefix reuse, see
+    /// [`super::prefix`]); `false` = compute the prompt afresh. Ignored with a session.
+    pub reuse: bool,
 }
 
 impl Request {
@@ -99,7 +99,7 @@ impl Request {
             stop_strings: Vec::new(),
             speculate: None,
             session: None,
-            reuse: None,
+            reuse: false,
         }
     }
 }
@@ -239,6 +239,7 @@ pub fn validate(
         transform,
         guide: None,
         prompt,
+        keep_at: Vec::new(),
     };
     request.validate(model.vocab_size)?;
     Ok(Validated {

@@ -9,11 +9,11 @@
 //! may begin), and the reply is cut where the matched string begins.
 
 use super::error::ApiError;
-use k3_engine::serve::{Channel, Done, Event, Events, Finish as CoreFinish, JobHandle};
+use k3_engine::serve::{Channel, Done, Event, Events, FinishReason, JobHandle};
 use k3_engine::serve::{Malformed, ToolCallDelta};
 use std::collections::VecDeque;
 
-pub enum Piece {
+pub enum ReplyPart {
     Reasoning(String),
     Content(String),
     /// A tool call's start (id, name) or a fragment of its arguments' JSON text.
@@ -25,7 +25,7 @@ pub struct Finish {
     /// `stop`, `length` or `tool_calls` (OpenAI's `finish_reason`), also for a malformed chat
     /// reply (whose break is reported beside it, never repaired).
     pub reason: &'static str,
-    pub usage: Usage,
+    pub usage: OpenAiUsage,
     /// The reply's tool calls, whole: `(id, name, arguments)`.
     pub tool_calls: Vec<k3_engine::tokenizer::chat::ToolCall>,
     /// What was malformed, with the raw output (`k3_malformed` in the response).
@@ -35,7 +35,7 @@ pub struct Finish {
 }
 
 #[derive(Clone, Copy, Default, serde::Serialize)]
-pub struct Usage {
+pub struct OpenAiUsage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
@@ -68,7 +68,7 @@ pub struct Reader {
     /// Prompt tokens after rendering (known before the first token).
     pub prompt_tokens: usize,
     /// Pieces ready to be returned, in order (released text, then what came after it).
-    ready: VecDeque<Piece>,
+    ready: VecDeque<ReplyPart>,
     finished: bool,
 }
 
@@ -90,16 +90,16 @@ impl Held {
         }
     }
 
-    fn piece(reasoning: bool, text: String) -> Piece {
+    fn piece(reasoning: bool, text: String) -> ReplyPart {
         if reasoning {
-            Piece::Reasoning(text)
+            ReplyPart::Reasoning(text)
         } else {
-            Piece::Content(text)
+            ReplyPart::Content(text)
         }
     }
 
     /// Everything held, as a piece (`None` when nothing is held).
-    fn take(&mut self) -> Option<Piece> {
+    fn take(&mut self) -> Option<ReplyPart> {
         let text = std::mem::take(&mut self.text);
         (!text.is_empty()).then(|| Held::piece(self.reasoning, text))
     }
@@ -108,7 +108,7 @@ impl Held {
     /// of a stop string (up to the longest one's length less a byte stays, where a match the
     /// next token completes may begin). Text of the other channel held so far goes out first:
     /// a stop string ends the reply, so the one cut is always in the latest text.
-    fn push(&mut self, reasoning: bool, latest: &str, out: &mut VecDeque<Piece>) {
+    fn push(&mut self, reasoning: bool, latest: &str, out: &mut VecDeque<ReplyPart>) {
         if latest.is_empty() {
             return;
         }
@@ -159,7 +159,7 @@ impl Reader {
     }
 
     /// The next piece, `None` after `Finished`; an error ends the reply.
-    pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
+    pub async fn next(&mut self) -> Option<Result<ReplyPart, ApiError>> {
         loop {
             if let Some(piece) = self.ready.pop_front() {
                 return Some(Ok(piece));
@@ -176,7 +176,7 @@ impl Reader {
                 Event::Token { piece, .. } => {
                     if let Some(delta) = piece.tool_call {
                         self.ready.extend(self.held.take());
-                        self.ready.push_back(Piece::ToolCall(delta));
+                        self.ready.push_back(ReplyPart::ToolCall(delta));
                         continue;
                     }
                     match piece.channel {
@@ -194,7 +194,7 @@ impl Reader {
                     self.finished = true;
                     let finish = self.finish(done);
                     self.ready.extend(self.held.take());
-                    self.ready.push_back(Piece::Finished(finish));
+                    self.ready.push_back(ReplyPart::Finished(finish));
                 }
                 Event::Failed(e) => {
                     self.finished = true;
@@ -213,22 +213,23 @@ impl Reader {
         // A malformed reply still ends with one of the standard reasons: what was read before
         // the break is the reply (clients treat any other reason as a failed request).
         let reason = match &done.finish {
-            CoreFinish::Length => "length",
+            FinishReason::Length => "length",
             _ if !done.tool_calls.is_empty() => "tool_calls",
             _ => "stop",
         };
         let stop_string = match done.finish {
-            CoreFinish::StopString(s) => {
+            FinishReason::StopString(s) => {
                 self.held.cut(&s);
                 Some(s)
             }
             _ => None,
         };
-        let usage = Usage {
+        let usage = OpenAiUsage {
             prompt_tokens: core_usage.prompt_tokens,
             completion_tokens: core_usage.completion_tokens,
             total_tokens: core_usage.prompt_tokens + core_usage.completion_tokens,
-            prompt_tokens_details: (core_usage.reused_prompt_tokens > 0).then_some(PromptDetails {
+            // Always told, 0 included, as OpenAI does: a client reads the reuse of each reply.
+            prompt_tokens_details: Some(PromptDetails {
                 cached_tokens: core_usage.reused_prompt_tokens,
             }),
             completion_tokens_details: self.chat.then_some(Details {
@@ -249,11 +250,11 @@ impl Reader {
 mod tests {
     use super::*;
 
-    fn texts(out: &VecDeque<Piece>) -> Vec<(bool, String)> {
+    fn texts(out: &VecDeque<ReplyPart>) -> Vec<(bool, String)> {
         out.iter()
             .map(|p| match p {
-                Piece::Reasoning(t) => (true, t.clone()),
-                Piece::Content(t) => (false, t.clone()),
+                ReplyPart::Reasoning(t) => (true, t.clone()),
+                ReplyPart::Content(t) => (false, t.clone()),
                 _ => panic!("not text"),
             })
             .collect()

@@ -93,6 +93,10 @@ pub struct Common {
     /// How long the reply may think before k3d closes its thinking; `None` = the daemon's
     /// default (`--thinking-budget`).
     pub thinking_budget: Option<Budget>,
+    /// The name a caller gives itself for caching (OpenAI's `prompt_cache_key`, Anthropic's
+    /// `metadata.user_id`): narrows a keyed caller's kept states
+    /// ([`k3_engine::serve::Caller::scoped`]).
+    pub cache_scope: Option<String>,
 }
 
 /// A thinking budget as a request states it (issue 34.4): on a CPU at seconds per token,
@@ -209,6 +213,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget: None,
+        cache_scope: f.get::<String>("prompt_cache_key")?,
     })
 }
 

@@ -94,6 +94,7 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<Parsed, ApiError> {
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget: asked.thinking_budget,
+        cache_scope: f.get::<Metadata>("metadata")?.and_then(|m| m.user_id),
     };
     let request = common.request(Prompt::Chat(asked.conversation));
     Ok(Parsed {
@@ -101,6 +102,12 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<Parsed, ApiError> {
         request,
         show_thinking: asked.show_thinking,
     })
+}
+
+/// Anthropic's `metadata`: `user_id` names the caller (Claude Code sends its session there).
+#[derive(serde::Deserialize)]
+struct Metadata {
+    user_id: Option<String>,
 }
 
 /// `POST /v1/messages/count_tokens`: the model named and the conversation to render.

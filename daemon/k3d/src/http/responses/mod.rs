@@ -11,7 +11,7 @@ pub mod request;
 use super::error::ApiError;
 use super::request::Fields;
 use super::stream::{Timer, submit};
-use super::{App, Peer, body};
+use super::{App, body};
 use axum::extract::Request;
 use axum::response::Response;
 use k3_engine::serve::Caller;
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// `POST /v1/responses`.
-pub async fn responses(app: Arc<App>, peer: Peer, request: Request) -> Result<Response, ApiError> {
+pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
@@ -32,16 +32,7 @@ pub async fn responses(app: Arc<App>, peer: Peer, request: Request) -> Result<Re
         );
     }
     // The core's refusals name values, not fields: the field they concern is the input.
-    let reader = submit(
-        &app,
-        peer,
-        caller,
-        &parsed.common,
-        parsed.request,
-        true,
-        "input",
-    )
-    .await?;
+    let reader = submit(&app, caller, &parsed.common, parsed.request, true, "input").await?;
     let head = reply::Head {
         request: reader.request_id,
         model: parsed.common.model,

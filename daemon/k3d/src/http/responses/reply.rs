@@ -17,7 +17,7 @@
 use super::request::Echoed;
 use crate::http::App;
 use crate::http::error::ApiError;
-use crate::http::reply::{Finish, Piece, Reader, Usage};
+use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -159,7 +159,7 @@ fn status(finish: &Finish) -> &'static str {
 
 /// The Responses API's usage: the prompt with the tokens a kept state held, the output with
 /// its reasoning.
-fn usage(u: &Usage) -> Value {
+fn usage(u: &OpenAiUsage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {
@@ -329,9 +329,9 @@ impl Events {
     }
 
     /// The events one piece of the reply adds.
-    fn piece_events(&mut self, piece: &Piece) -> Vec<Value> {
+    fn piece_events(&mut self, piece: &ReplyPart) -> Vec<Value> {
         match piece {
-            Piece::Reasoning(t) => {
+            ReplyPart::Reasoning(t) => {
                 let mut events = match self.open {
                     Some(Open::Reasoning { .. }) => Vec::new(),
                     _ => self.enter(
@@ -351,7 +351,7 @@ impl Events {
                                    "delta": t}));
                 events
             }
-            Piece::Content(t) => {
+            ReplyPart::Content(t) => {
                 let mut events = match self.open {
                     Some(Open::Message { .. }) => Vec::new(),
                     _ => self.enter(
@@ -371,7 +371,7 @@ impl Events {
                                    "delta": t, "logprobs": []}));
                 events
             }
-            Piece::ToolCall(d) => {
+            ReplyPart::ToolCall(d) => {
                 let mut events = match &d.start {
                     Some(start) => self.enter(
                         Open::Call {
@@ -394,7 +394,7 @@ impl Events {
                 }
                 events
             }
-            Piece::Finished(finish) => {
+            ReplyPart::Finished(finish) => {
                 let mut events = self.close(Some(finish));
                 // A reply with nothing to say still answers with an (empty) message, as the
                 // whole response does.
@@ -432,7 +432,7 @@ impl Wire for Events {
         ]
     }
 
-    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+    fn piece(&mut self, piece: &ReplyPart) -> Vec<Event> {
         let events = self.piece_events(piece);
         events.into_iter().map(|v| self.named(v)).collect()
     }

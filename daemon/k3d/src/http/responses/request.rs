@@ -156,6 +156,7 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         stop_strings: Vec::new(),
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
         thinking_budget,
+        cache_scope: f.get::<String>("prompt_cache_key")?,
     };
     let echoed = Echoed {
         instructions,
