@@ -578,15 +578,7 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
                     (Some("text"), None) => {
                         return Err(ApiError::invalid(at, "a text part needs `text`"));
                     }
-                    (other, _) => {
-                        return Err(ApiError::invalid(
-                            at,
-                            format!(
-                                "content part type {}: k3 reads text parts only",
-                                Echo(other.unwrap_or("(none)"))
-                            ),
-                        ));
-                    }
+                    (other, _) => return Err(not_a_text_part(at, other)),
                 }
             }
             Ok(text)
@@ -653,4 +645,15 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
         request: common.request(prompt),
         common,
     })
+}
+
+/// A content part other than text, at `param` (every API's readers refuse it the same way).
+pub fn not_a_text_part(param: impl Into<String>, kind: Option<&str>) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!(
+            "content part type {}: k3 reads text parts only",
+            Echo(kind.unwrap_or("(none)"))
+        ),
+    )
 }

@@ -24,7 +24,8 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, function_tool, schema_format, temperature_and_top_p, tool_choice, value,
+    Budget, Common, Fields, function_tool, not_a_text_part, schema_format, temperature_and_top_p,
+    tool_choice, value,
 };
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
@@ -356,15 +357,7 @@ fn content(at: &str, v: Option<&Value>) -> Result<String, ApiError> {
                     Some("input_text" | "output_text" | "text") => {
                         text.push_str(&text_field(&part_at, part, "text")?)
                     }
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("{part_at}.type"),
-                            format!(
-                                "content part type {}: k3 reads text parts only",
-                                Echo(other.unwrap_or("(none)"))
-                            ),
-                        ));
-                    }
+                    other => return Err(not_a_text_part(format!("{part_at}.type"), other)),
                 }
             }
             Ok(text)
