@@ -58,6 +58,12 @@ def test_models_over_the_socket_and_over_tcp_with_a_key():
         models = client.models.list()
         assert [m.id for m in models.data] == [MODEL]
         assert client.models.retrieve(MODEL).id == MODEL
+        # The limits clients size requests by: the model's context under OpenRouter's and
+        # vLLM's names, and the cap a larger max_tokens is clamped to (the daemon's default).
+        for m in (models.data[0], client.models.retrieve(MODEL)):
+            extra = m.model_extra
+            assert extra["context_length"] == extra["max_model_len"] == 1 << 20, extra
+            assert extra["max_tokens_cap"] == 4096, extra
 
 
 def test_a_wrong_or_missing_key_is_401_on_tcp():

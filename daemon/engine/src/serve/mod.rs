@@ -113,7 +113,7 @@ use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, PassPro
 use crate::tokenizer::chat::ToolCall;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
-use metrics::Metrics;
+use metrics::TimingTotals;
 use validate::ModelLimits;
 
 /// Events buffered per job: small, so a reader that stops reading is noticed quickly and holds
@@ -316,7 +316,7 @@ pub struct Core {
     admission: Arc<Admission>,
     sessions: Arc<Sessions>,
     prefix: Arc<PrefixCache>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<TimingTotals>,
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
     tokenizer: Arc<Tokenizer>,
@@ -362,7 +362,7 @@ impl Core {
                 config.log,
             )),
             prefix: Arc::new(PrefixCache::default()),
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(TimingTotals::default()),
             tokenizer,
             model_limits,
             limits: config.limits,
@@ -526,6 +526,12 @@ impl Core {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The model's context in positions (`max_position_embeddings`; `None` when its config
+    /// does not say): prompt and reply together never exceed it.
+    pub fn context_length(&self) -> Option<usize> {
+        Some(self.model_limits.context).filter(|&c| c != usize::MAX)
     }
 
     /// Stops admitting: later submissions get [`ServeError::ShuttingDown`]; admitted jobs run.

@@ -124,8 +124,8 @@ pub struct Args {
 struct ChildReport {
     plan: serde_json::Value,
     generated: Vec<u32>,
-    prefill: Phase,
-    decode: Phase,
+    prefill: PhaseFigures,
+    decode: PhaseFigures,
     peak_rss_bytes: u64,
     threads: usize,
     /// With `--policy-slots`: the trace replayed at each size and policy.
@@ -144,7 +144,7 @@ struct PolicyReplay {
 
 /// [`PhaseCost`] on the wire between child and parent.
 #[derive(Serialize, Deserialize, Clone, Copy)]
-struct Phase {
+struct PhaseFigures {
     tokens: usize,
     seconds: f64,
     trunk_bytes: u64,
@@ -159,9 +159,9 @@ struct Phase {
     compute_seconds: f64,
 }
 
-impl From<PhaseCost> for Phase {
+impl From<PhaseCost> for PhaseFigures {
     fn from(p: PhaseCost) -> Self {
-        Phase {
+        PhaseFigures {
             tokens: p.tokens,
             seconds: p.seconds,
             trunk_bytes: p.trunk_bytes,
@@ -513,13 +513,13 @@ struct BudgetResult {
     runs: Vec<RunResult>,
 }
 
-fn bytes(p: &Phase) -> u64 {
+fn bytes(p: &PhaseFigures) -> u64 {
     p.trunk_bytes + p.expert_bytes + p.embedding_bytes + p.head_bytes
 }
 
 /// What the plan predicts: every byte read except guesses of the routing lookahead that the
 /// routing did not confirm (the plan counts routed experts; wrong guesses are reported apart).
-fn routed_bytes(p: &Phase) -> u64 {
+fn routed_bytes(p: &PhaseFigures) -> u64 {
     bytes(p) - p.lookahead_unused_bytes
 }
 
@@ -553,7 +553,7 @@ struct Derived {
 }
 
 impl Derived {
-    fn of(d: &Phase) -> Self {
+    fn of(d: &PhaseFigures) -> Self {
         let t = d.tokens.max(1) as f64;
         let (wall, io, compute) = (d.seconds, d.read_busy_seconds, d.compute_seconds);
         let ratio = |den: f64| if den > 0.0 { wall / den } else { 0.0 };
@@ -585,7 +585,7 @@ impl BudgetResult {
 
     /// Decode bytes of class `f` per token in the first run, and whether every run read exactly
     /// the plan's prediction for every decoded token.
-    fn class(&self, f: impl Fn(&Phase) -> u64, predicted: u64) -> serde_json::Value {
+    fn class(&self, f: impl Fn(&PhaseFigures) -> u64, predicted: u64) -> serde_json::Value {
         let measured: Vec<f64> = self
             .runs
             .iter()

@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k3_engine::echo::{Echo, bounded};
 use k3_engine::serve::ServeError;
-use k3_engine::session::StoreError;
+use k3_engine::session::SessionStoreError;
 use serde::Serialize;
 
 /// Seconds a client is told to wait before retrying a 429 or 503.
@@ -123,10 +123,10 @@ impl ApiError {
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ServeError::Session(s) => match s.as_ref() {
                 e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
-                StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
-                StoreError::NotFound(_) => StatusCode::NOT_FOUND,
-                StoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
-                StoreError::Busy { .. } => StatusCode::CONFLICT,
+                SessionStoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
+                SessionStoreError::NotFound(_) => StatusCode::NOT_FOUND,
+                SessionStoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+                SessionStoreError::Busy { .. } => StatusCode::CONFLICT,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ServeError::UnknownRequest(_) => StatusCode::NOT_FOUND,
@@ -223,6 +223,10 @@ impl ApiError {
     /// The response with `body`, telling the client when to retry a 429 or 503.
     fn respond(&self, body: serde_json::Value) -> Response {
         let mut response = (self.status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(Reason(match &self.param {
+            Some(param) => format!("{param}: {}", self.message),
+            None => self.message.clone(),
+        }));
         if self.retry_later() {
             response
                 .headers_mut()
@@ -231,6 +235,11 @@ impl ApiError {
         response
     }
 }
+
+/// Why a request was refused, carried on the response for the daemon's log line
+/// ([`super::error_log`]): the field at fault and the message the client was sent.
+#[derive(Clone)]
+pub struct Reason(pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

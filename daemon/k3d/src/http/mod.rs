@@ -17,6 +17,7 @@
 pub mod anthropic;
 mod completions;
 mod error;
+mod error_log;
 mod listen;
 mod metrics;
 #[cfg(test)]
@@ -36,6 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
+use k3_engine::echo::Echo;
 use k3_engine::serve::{Caller, Core, Health};
 use serde_json::json;
 use std::sync::Arc;
@@ -61,6 +63,8 @@ pub struct App {
     /// When the daemon started (`/v1/models`' `created`).
     created: u64,
     metrics: metrics::Metrics,
+    /// Error answers in the daemon's log, rate-limited.
+    errors: error_log::ErrorLog,
 }
 
 impl App {
@@ -73,6 +77,7 @@ impl App {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             metrics,
+            errors: error_log::ErrorLog::new(),
         })
     }
 
@@ -103,13 +108,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/chat/completions",
             post(|State(app): State<Arc<App>>, request| {
-                complete(app, request, completions::Shape::Chat)
+                complete(app, request, completions::CompletionKind::Chat)
             }),
         )
         .route(
             "/v1/completions",
             post(|State(app): State<Arc<App>>, request| {
-                complete(app, request, completions::Shape::Text)
+                complete(app, request, completions::CompletionKind::Text)
             }),
         )
         .route(
@@ -145,6 +150,17 @@ async fn guard(
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
+    // The log names the route as the client called it (an unmatched path as sent, bounded).
+    let called = format!(
+        "{} {}",
+        request.method(),
+        Echo(
+            request
+                .extensions()
+                .get::<MatchedPath>()
+                .map_or(request.uri().path(), |p| p.as_str())
+        )
+    );
     let mut request = request;
     let response = match authorise(&app, peer, request.headers(), &endpoint) {
         Ok(caller) => {
@@ -156,6 +172,14 @@ async fn guard(
         Err(e) => e.into_response(),
     };
     app.metrics.request(&endpoint, response.status().as_u16());
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        let reason = response.extensions().get::<error::Reason>().map_or_else(
+            || status.canonical_reason().unwrap_or("no reason given"),
+            |r| r.0.as_str(),
+        );
+        app.errors.answered(&called, status, reason);
+    }
     response
 }
 
@@ -224,7 +248,7 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
 async fn complete(
     app: Arc<App>,
     request: Request,
-    shape: completions::Shape,
+    shape: completions::CompletionKind,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
@@ -234,11 +258,18 @@ async fn complete(
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
 fn model_entry(app: &App) -> serde_json::Value {
+    // The limits clients size requests by (issue 34 point 4): the context under the names
+    // OpenRouter/aider (`context_length`) and vLLM (`max_model_len`) read, and the daemon's
+    // cap on new tokens per reply (a larger `max_tokens` is clamped to it, never refused).
+    let context = app.core.context_length();
     let mut entry = json!({
         "id": app.settings.model_id,
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
+        "context_length": context,
+        "max_model_len": context,
+        "max_tokens_cap": app.core.limits().max_tokens_cap,
     });
     if let Some(info) = app.core.status().info {
         entry["fingerprint"] = info.fingerprint.into();

@@ -56,8 +56,16 @@ pub struct Details {
     pub reasoning_tokens: usize,
 }
 
+/// Where a request came from, for its log line: the route and the tools it declared.
+pub struct Origin {
+    /// `POST /v1/messages`.
+    pub endpoint: &'static str,
+    pub tools: usize,
+}
+
 pub struct Reader {
     events: Events,
+    origin: Origin,
     /// Whether reasoning tokens are counted in `usage` (chat only).
     chat: bool,
     reasoning_tokens: usize,
@@ -145,8 +153,9 @@ impl Held {
 impl Reader {
     /// Reads job `job`'s events (dropping the reader abandons the job: the core cancels it at
     /// its next layer boundary).
-    pub fn new(job: JobHandle, chat: bool, stop_strings: &[String]) -> Reader {
+    pub fn new(job: JobHandle, chat: bool, stop_strings: &[String], origin: Origin) -> Reader {
         Reader {
+            origin,
             request_id: job.id,
             prompt_tokens: job.prompt_tokens,
             events: job.events,
@@ -236,6 +245,22 @@ impl Reader {
                 reasoning_tokens: self.reasoning_tokens,
             }),
         };
+        // One line per answered request (issue 34 point 9): which API, how many tools, how much
+        // of the prompt a kept state held — what an operator reads to see an agent's turns.
+        log!(
+            "request {} answered on {}: {} tools, {} prompt tokens ({} reused), {} new, {reason}{}",
+            self.request_id,
+            self.origin.endpoint,
+            self.origin.tools,
+            usage.prompt_tokens,
+            core_usage.reused_prompt_tokens,
+            usage.completion_tokens,
+            if done.malformed.is_some() {
+                " (malformed)"
+            } else {
+                ""
+            }
+        );
         Finish {
             reason,
             usage,

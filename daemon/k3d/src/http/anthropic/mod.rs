@@ -31,8 +31,17 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
         show_thinking,
     } = request::messages(&fields, &bytes)?;
     // The core's refusals name values, not fields: the field they concern is the conversation.
-    let reader = submit(&app, caller, &common, request, true, "messages").await?;
-    let head = reply::Head {
+    let reader = submit(
+        &app,
+        caller,
+        &common,
+        request,
+        true,
+        "messages",
+        "POST /v1/messages",
+    )
+    .await?;
+    let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: common.model,

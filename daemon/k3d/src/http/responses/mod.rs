@@ -32,8 +32,17 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
         );
     }
     // The core's refusals name values, not fields: the field they concern is the input.
-    let reader = submit(&app, caller, &parsed.common, parsed.request, true, "input").await?;
-    let head = reply::Head {
+    let reader = submit(
+        &app,
+        caller,
+        &parsed.common,
+        parsed.request,
+        true,
+        "input",
+        "POST /v1/responses",
+    )
+    .await?;
+    let head = reply::ResponseHead {
         request: reader.request_id,
         model: parsed.common.model,
         created_at: SystemTime::now()

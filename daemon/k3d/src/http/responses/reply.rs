@@ -26,7 +26,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 /// What every response carries.
-pub struct Head {
+pub struct ResponseHead {
     /// The core's job id: `resp_<request>`, and its items' ids.
     pub request: u64,
     pub model: String,
@@ -34,7 +34,7 @@ pub struct Head {
     pub echoed: Echoed,
 }
 
-impl Head {
+impl ResponseHead {
     fn id(&self) -> String {
         format!("resp_{}", self.request)
     }
@@ -175,13 +175,13 @@ fn usage(u: &OpenAiUsage) -> Value {
 
 pub async fn respond(
     app: Arc<App>,
-    head: Head,
+    head: ResponseHead,
     reader: Reader,
     stream: bool,
     timer: Timer,
 ) -> Result<Response, ApiError> {
     if stream {
-        let events = Events {
+        let events = ResponseEvents {
             head,
             sequence: Cell::new(0),
             open: None,
@@ -212,8 +212,8 @@ enum Open {
 }
 
 /// A response streamed as the API's events.
-struct Events {
-    head: Head,
+struct ResponseEvents {
+    head: ResponseHead,
     /// The next event's `sequence_number` (the idle and error events take one too).
     sequence: Cell<u64>,
     open: Option<Open>,
@@ -221,7 +221,7 @@ struct Events {
     done: Vec<Value>,
 }
 
-impl Events {
+impl ResponseEvents {
     /// `v` as an SSE event named by its `type`, numbered.
     fn named(&self, mut v: Value) -> Event {
         let n = self.sequence.get();
@@ -423,7 +423,7 @@ impl Events {
     }
 }
 
-impl Wire for Events {
+impl Wire for ResponseEvents {
     fn opening(&mut self) -> Vec<Event> {
         let response = self.head.response("in_progress", Vec::new(), None);
         vec![
