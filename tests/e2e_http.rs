@@ -264,6 +264,34 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
         &http_socket,
         &[("K3_REFERENCE", &reference_path)],
     );
+    // Issue 34 point 9: the suite's refusals are each in the log with endpoint, status and
+    // reason (the field at fault), and every answered request names its endpoint, its tool
+    // count and its reused tokens.
+    let log = d.log_text();
+    for line in [
+        "HTTP 400 on POST /v1/chat/completions: temperature: ",
+        "HTTP 400 on POST /v1/chat/completions: messages[0].role: ",
+        "HTTP 404 on POST /v1/chat/completions: model: ",
+        "HTTP 404 on POST /v1/nothing: ",
+        "HTTP 413 on POST /v1/chat/completions: ",
+        "HTTP 401 on GET /v1/models: the API key is not one of this daemon's keys",
+        "HTTP 401 on GET /v1/models: an API key is required",
+    ] {
+        assert_eq!(log.matches(line).count(), 1, "{line:?} once in:\n{log}");
+    }
+    let answered = |endpoint: &str, tools: usize| {
+        log.lines().any(|l| {
+            l.contains(&format!("answered on POST {endpoint}: {tools} tools, "))
+                && l.contains(" reused), ")
+        })
+    };
+    assert!(
+        answered("/v1/chat/completions", 1),
+        "a tool request:\n{log}"
+    );
+    assert!(answered("/v1/chat/completions", 0), "{log}");
+    assert!(answered("/v1/completions", 0), "{log}");
+    assert!(answered("/v1/responses", 0), "{log}");
 }
 
 /// Anthropic's Messages API through the official `anthropic` package, against the OpenAI
@@ -273,7 +301,12 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
 async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
     let python = python();
     let tmp = scratch("http-anthropic");
-    let (d, http_socket, _c) = keyed_daemon(tmp.path(), &["--session-gb", "0.25"]).await;
+    // A small cap, so that a request over it (Claude Code's 32,000) is clamped quickly.
+    let (d, http_socket, _c) = keyed_daemon(
+        tmp.path(),
+        &["--session-gb", "0.25", "--max-tokens-cap", "64"],
+    )
+    .await;
     pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
 }
 

@@ -404,7 +404,7 @@ pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
             .map(|completion| validates(completion.request)),
         messages_body::messages(&fields, data)
             .ok()
-            .map(|(_, request)| validates(request)),
+            .map(|parsed| validates(parsed.request)),
     ]
 }
 

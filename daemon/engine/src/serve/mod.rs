@@ -655,6 +655,12 @@ impl Core {
         &self.limits
     }
 
+    /// The model's context in positions (`max_position_embeddings`; `None` when its config
+    /// does not say): prompt and reply together never exceed it.
+    pub fn context_length(&self) -> Option<usize> {
+        Some(self.model_limits.context).filter(|&c| c != usize::MAX)
+    }
+
     /// Stops admitting: later submissions get [`ServeError::ShuttingDown`]; admitted jobs run.
     pub fn close(&self) {
         self.admission.close();

@@ -4,19 +4,27 @@
 //!
 //! The engine's own rules ([`GenerateRequest::validate`]: ids in the vocabulary, sampling
 //! ranges, speculate, the engine's absolute `max_tokens` limit) run here too, at submission;
-//! on top of them come the limits of a shared daemon: prompt length, the daemon's `max_tokens`
-//! cap (well below the context: one request must not hold the machine for hours), stop lists
-//! (matched after every token), and prompt + `max_tokens` within the model's advertised
-//! context (`max_position_embeddings`, spec §2.2).
+//! on top of them come the limits of a shared daemon: prompt length, stop lists (matched after
+//! every token), and a prompt that leaves room in the model's advertised context
+//! (`max_position_embeddings`, spec §2.2).
+//!
+//! `max_tokens` is a ceiling the client sets, not a promise k3d must refuse to break: as on
+//! OpenAI's API, unset means "as much as the context allows" (for a chat; a plain continuation,
+//! which has no end of its own, keeps [`DEFAULT_MAX_TOKENS`]), and any value is clamped to the
+//! daemon's cap (`--max-tokens-cap`: well below the context, so one request cannot hold the
+//! machine for hours) and to the room the prompt leaves in the context. Agents send large
+//! values (Claude Code 32,000) and never expect a 400 for them; the reply's finish reason
+//! (`length`) and usage say where it stopped.
 
 use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
-use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
+use crate::tokenizer::chat::{self, Conversation};
 use crate::tokenizer::{Specials, Tokenizer};
 
 /// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
 /// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
 pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
-/// `max_tokens` when the request leaves it unset (capped by [`Limits::max_tokens_cap`]).
+/// `max_tokens` of a plain continuation (no chat template) that leaves it unset (capped by
+/// [`Limits::max_tokens_cap`]); a chat left unset runs up to the cap.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 /// Default daemon-side cap on `max_tokens`: 4,096 new tokens is minutes of decoding on a
 /// streamed model, not the hours the 1,048,576-token context would allow.
@@ -66,7 +74,8 @@ pub enum Prompt {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub prompt: Prompt,
-    /// New tokens at most; `None` = [`DEFAULT_MAX_TOKENS`] (or the cap, if lower).
+    /// New tokens at most, clamped to the cap and to the context's room; `None` = up to the
+    /// cap for a chat, [`DEFAULT_MAX_TOKENS`] for a plain continuation.
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
     /// Logit bias and penalties, applied before each id is chosen.
@@ -117,10 +126,6 @@ pub enum Invalid {
     Tokenize(String),
     #[error("the conversation has no messages")]
     NoMessages,
-    #[error(
-        "the conversation ends with an assistant message; the last must be user, system or tool"
-    )]
-    EndsWithAssistant,
     #[error("cannot render the conversation: {0}")]
     Render(String),
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
@@ -129,16 +134,10 @@ pub enum Invalid {
     TooManyStopStrings { given: usize },
     #[error("a stop string of {bytes} bytes: at most {MAX_STOP_STRING_BYTES} are accepted")]
     StopStringTooLong { bytes: usize },
-    #[error("max_tokens {asked} exceeds this daemon's cap {cap} (--max-tokens-cap)")]
-    MaxTokensOverCap { asked: usize, cap: usize },
     #[error(
-        "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens"
+        "the prompt ({prompt} tokens) fills the model's context of {context} tokens: no room is left for a reply"
     )]
-    ContextExceeded {
-        prompt: usize,
-        max_tokens: usize,
-        context: usize,
-    },
+    ContextFull { prompt: usize, context: usize },
     /// Refused by the engine when the job started (e.g. a session state the prompt does not
     /// extend).
     #[error("{0}")]
@@ -150,7 +149,8 @@ pub enum Invalid {
 pub enum Kind {
     /// A plain continuation: every id is [`super::Channel::Text`].
     Text,
-    /// A chat reply: `thinking` says whether it opens in the reasoning channel (spec §8.4).
+    /// A chat reply: `thinking` says whether it opens in the reasoning channel (spec §8.4;
+    /// [`Conversation::reply_opens_thinking`]).
     Chat { thinking: bool },
 }
 
@@ -231,8 +231,19 @@ pub fn validate(
     {
         return Err(Invalid::StopStringTooLong { bytes: s.len() });
     }
+    let room = model.context.saturating_sub(prompt.len());
+    if room == 0 {
+        return Err(Invalid::ContextFull {
+            prompt: prompt.len(),
+            context: model.context,
+        });
+    }
+    let asked = max_tokens.unwrap_or(match kind {
+        Kind::Text => DEFAULT_MAX_TOKENS,
+        Kind::Chat { .. } => usize::MAX,
+    });
     let request = GenerateRequest {
-        max_tokens: max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(limits.max_tokens_cap)),
+        max_tokens: asked.min(limits.max_tokens_cap).min(room),
         sampling,
         stop_ids,
         stop_strings,
@@ -244,19 +255,6 @@ pub fn validate(
         keep_at: Vec::new(),
     };
     request.validate(model.vocab_size)?;
-    if request.max_tokens > limits.max_tokens_cap {
-        return Err(Invalid::MaxTokensOverCap {
-            asked: request.max_tokens,
-            cap: limits.max_tokens_cap,
-        });
-    }
-    if request.prompt.len() + request.max_tokens > model.context {
-        return Err(Invalid::ContextExceeded {
-            prompt: request.prompt.len(),
-            max_tokens: request.max_tokens,
-            context: model.context,
-        });
-    }
     Ok(Validated {
         request,
         kind,
@@ -269,20 +267,21 @@ pub fn validate(
 type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
 
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
-/// assistant message the reply continues, keeping at most `limit` ids (a longer one is only
-/// counted, so its memory stays bounded).
+/// assistant message the reply continues (a new one, or the final message when it is
+/// continued), keeping at most `limit` ids (a longer one is only counted, so its memory stays
+/// bounded).
 pub fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
     limit: usize,
 ) -> Result<RenderedChat, Invalid> {
-    match conversation.messages.last().map(|m| m.role) {
-        None => return Err(Invalid::NoMessages),
-        Some(Role::Assistant) => return Err(Invalid::EndsWithAssistant),
-        Some(_) => {}
+    if conversation.messages.is_empty() {
+        return Err(Invalid::NoMessages);
     }
+    // A conversation that ends with an assistant message gets a new assistant turn (OpenAI's
+    // and vLLM's reading), unless that message is marked to be continued (`partial`).
     conversation.generation_prompt = true;
-    let thinking = matches!(conversation.thinking, Thinking::On(_));
+    let thinking = conversation.reply_opens_thinking();
     match chat::render_limited(tokenizer, &conversation, limit)
         .map_err(|e| Invalid::Render(e.to_string()))?
     {

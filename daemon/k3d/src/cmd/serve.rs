@@ -64,8 +64,9 @@ pub struct Args {
     /// for N drafts.
     #[arg(long)]
     speculate: Option<usize>,
-    /// Most new tokens one request may ask for (`max_tokens`); more is refused as invalid, so
-    /// one request cannot hold the machine for hours [default: 4096].
+    /// Most new tokens one request generates: a larger `max_tokens` is clamped to it, and a chat
+    /// that leaves `max_tokens` unset runs up to it, so one request cannot hold the machine for
+    /// hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
     /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
