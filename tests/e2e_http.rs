@@ -272,7 +272,7 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
         "HTTP 400 on POST /v1/chat/completions: temperature: ",
         "HTTP 400 on POST /v1/chat/completions: messages[0].role: ",
         "HTTP 404 on POST /v1/chat/completions: model: ",
-        "HTTP 404 on POST /v1/nothing: ",
+        "HTTP 404 on POST \"/v1/nothing\": ",
         "HTTP 413 on POST /v1/chat/completions: ",
         "HTTP 401 on GET /v1/models: the API key is not one of this daemon's keys",
         "HTTP 401 on GET /v1/models: an API key is required",

@@ -161,17 +161,11 @@ async fn guard(
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
-    // The log names the route as the client called it (an unmatched path as sent, bounded).
-    let called = format!(
-        "{} {}",
-        request.method(),
-        Echo(
-            request
-                .extensions()
-                .get::<MatchedPath>()
-                .map_or(request.uri().path(), |p| p.as_str())
-        )
-    );
+    // The log names the route (an unmatched path as the client sent it: quoted, bounded).
+    let called = match request.extensions().get::<MatchedPath>() {
+        Some(route) => format!("{} {}", request.method(), route.as_str()),
+        None => format!("{} {}", request.method(), Echo(request.uri().path())),
+    };
     let mut request = request;
     let authorised = authorise(&app, peer, request.headers(), &endpoint).and_then(|caller| {
         // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
