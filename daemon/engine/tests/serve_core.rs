@@ -49,6 +49,7 @@ fn core_with(
     config.limits = Limits {
         max_tokens_cap: CAP,
         speculate: 0,
+        ..Limits::default()
     };
     tweak(&mut config);
     let core = Core::new(config).expect("core");

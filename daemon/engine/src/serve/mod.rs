@@ -306,6 +306,8 @@ pub struct Core {
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
     tokenizer: Arc<Tokenizer>,
+    /// The vocabulary as constrained decoding sees it (built on first use).
+    vocab: validate::VocabCache,
     model_limits: ModelLimits,
     limits: Limits,
     log: Log,
@@ -349,6 +351,7 @@ impl Core {
             prefix: Arc::new(PrefixCache::default()),
             metrics: Arc::new(Metrics::default()),
             tokenizer,
+            vocab: validate::VocabCache::default(),
             model_limits,
             limits: config.limits,
             log: config.log,
@@ -400,8 +403,13 @@ impl Core {
         let session = request.session.clone();
         // A session's own states take precedence over automatic reuse.
         let reuse = request.reuse.clone().filter(|_| session.is_none());
-        let validated =
-            validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
+        let validated = validate::validate(
+            &self.tokenizer,
+            &self.vocab,
+            self.model_limits,
+            &self.limits,
+            request,
+        )?;
         let id = self.admission.next_id();
         let lease = match &session {
             Some(name) => {

@@ -66,6 +66,11 @@ pub struct Args {
     /// one request cannot hold the machine for hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Ids a chat reply may think (its think channel) before k3d closes the thinking and the
+    /// model answers, for requests that do not set their own budget; `none` = unbounded
+    /// [default: 512].
+    #[arg(long, value_name = "N|none", value_parser = parse_thinking_budget)]
+    thinking_budget: Option<ThinkingBudget>,
     /// Directory where sessions are saved, spilled and found again after a restart
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
@@ -114,6 +119,8 @@ struct ConfigFile {
     cache_gb: Option<f64>,
     speculate: Option<usize>,
     max_tokens_cap: Option<usize>,
+    /// A number of ids, or "none" (unbounded), as `--thinking-budget`.
+    thinking_budget: Option<ThinkingBudget>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
     /// `--http` endpoints; the command line's replace the file's.
@@ -125,6 +132,35 @@ struct ConfigFile {
     http_body_limit: Option<usize>,
     max_connections_per_peer: Option<usize>,
     handshake_timeout: Option<f64>,
+}
+
+/// `--thinking-budget` / `thinking_budget`: a number of ids, or `none` for unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ThinkingBudget(Option<usize>);
+
+fn parse_thinking_budget(s: &str) -> Result<ThinkingBudget, String> {
+    match s {
+        "none" => Ok(ThinkingBudget(None)),
+        n => n
+            .parse()
+            .map(|n| ThinkingBudget(Some(n)))
+            .map_err(|_| format!("{s:?}: give a number of ids or `none`")),
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ThinkingBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Ids(usize),
+            Word(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Ids(n) => Ok(ThinkingBudget(Some(n))),
+            Given::Word(w) => parse_thinking_budget(&w).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -363,6 +399,10 @@ pub fn run(args: Args) -> CliResult {
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
+            thinking_budget: match args.thinking_budget.or(file.thinking_budget) {
+                Some(ThinkingBudget(budget)) => budget,
+                None => Some(k3_engine::serve::validate::DEFAULT_THINKING_BUDGET),
+            },
         },
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,

@@ -280,6 +280,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         tools,
         tool_choice,
         response_format: response_format(f)?,
+        parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
     Ok(ChatParams {
         request: common.request(Prompt::Chat(conversation)),
@@ -321,8 +322,9 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     })
 }
 
-/// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in
-/// the template (spec §8.2), so it is refused rather than rendered as something weaker.
+/// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function
+/// (`{"type": "function", "function": {"name"}}`); `required` and a named function are
+/// enforced by constrained decoding (the reply is a call, of that function).
 fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
@@ -337,11 +339,26 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
                 ));
             }
         },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a named function cannot be forced with K3's template: use auto, none or required",
-            ));
+        Some(named) => {
+            let name = named
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| named.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": \
+                         {\"name\": …}}",
+                    )
+                })?;
+            if !has_tools {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice names a function but `tools` is empty",
+                ));
+            }
+            ToolChoice::Function(name.to_owned())
         }
     };
     if choice == ToolChoice::Required && !has_tools {
