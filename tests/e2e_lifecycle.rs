@@ -202,6 +202,13 @@ async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
             .load_progress
             .expect("a loading daemon reports its progress");
         assert_eq!(p.phase, pb::Phase::Load as i32);
+        let figures = k3_engine::serve::LoadFigures {
+            done: p.done,
+            total: p.total,
+            bytes_per_second: p.bytes_per_second,
+            eta_seconds: p.eta_seconds,
+        };
+        assert_eq!(p.text, figures.to_string(), "the core's words on the wire");
         if p.total > 0 {
             seen.push(p);
         }
@@ -236,13 +243,12 @@ async fn status_reports_load_progress_in_bytes_with_rate_and_eta() {
     }
     let log = d.log_text();
     let line = |done| {
-        let p = pb::Progress {
-            phase: pb::Phase::Load.into(),
+        let figures = k3_engine::serve::LoadFigures {
             done,
             total,
-            ..pb::Progress::default()
+            ..Default::default()
         };
-        format!("loading the model: {}", k3proto::progress::load_text(&p))
+        format!("loading the model: {figures}")
     };
     assert!(
         log.contains(&line(0)) && log.contains(&format!("{}, ", line(total))),

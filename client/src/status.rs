@@ -97,7 +97,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
         format!("{} on {}", s.state, socket.path.display()),
     );
     if let Some(p) = &s.load_progress {
-        line("loading", k3proto::progress::load_text(p));
+        line("loading", p.text.clone());
     }
     if let Some(m) = &s.model {
         line("model", format!("{} ({})", m.name, m.dir));

@@ -6,7 +6,6 @@
 
 use crate::failure::{Code, Failure};
 use indicatif::{ProgressBar, ProgressStyle};
-use k3proto::progress::load_text;
 use k3proto::v1 as pb;
 use k3proto::v1::engine_client::EngineClient;
 use pb::event::Event;
@@ -80,7 +79,7 @@ impl LoadLines {
         });
         if due {
             self.last = Some((reading, Instant::now()));
-            eprintln!("k3: loading the model: {}", load_text(p));
+            eprintln!("k3: loading the model: {}", p.text);
         }
     }
 }
@@ -103,7 +102,7 @@ impl Bar {
         }
         let (_, bar) = self.shown.get_or_insert_with(|| (p.phase, new_bar(p)));
         if p.phase == pb::Phase::Load as i32 {
-            bar.set_message(format!("loading the model: {}", load_text(p)));
+            bar.set_message(format!("loading the model: {}", p.text));
         } else {
             bar.set_length(p.total);
             bar.set_position(p.done);

@@ -5,5 +5,4 @@ pub mod v1 {
 }
 
 pub mod codec;
-pub mod progress;
 pub mod socket;

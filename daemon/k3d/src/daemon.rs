@@ -62,10 +62,7 @@ enum Ended {
 /// few seconds at most), and systemd's status line.
 fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
     if let Health::Loading(figures) = health {
-        log!(
-            "loading the model: {}",
-            k3proto::progress::load_text(&grpc::convert::load_progress(figures))
-        );
+        log!("loading the model: {figures}");
     }
     crate::notify::health(health, info);
 }

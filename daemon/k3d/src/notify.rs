@@ -43,10 +43,7 @@ pub fn ready(text: &str) {
 pub fn health(health: &k3_engine::serve::Health, info: Option<&k3_engine::engine::EngineInfo>) {
     use k3_engine::serve::Health;
     match health {
-        Health::Loading(figures) => status(&format!(
-            "loading: {}",
-            k3proto::progress::load_text(&crate::grpc::convert::load_progress(figures))
-        )),
+        Health::Loading(figures) => status(&format!("loading: {figures}")),
         Health::Ready => ready(&format!(
             "serving {}",
             info.map_or("the model", |i| i.name.as_str())

@@ -10,7 +10,7 @@ pub enum StreamScheme {
     /// Buffers of `chunk` bytes (a multiple of 4096) consumed in order as they land:
     /// `in_flight` reads plus the one being consumed; the forward pass applies each matrix by
     /// the row ranges they hold. The plan may shrink `chunk` for a small model
-    /// ([`StreamScheme::fitted`]), never grow it.
+    /// (`StreamScheme::fitted`), never grow it.
     Chunks { chunk: u64, in_flight: usize },
     /// Whole runs in `slots` ≥ 2 slots, each sized for the largest streamed run.
     Ring { slots: usize },
@@ -134,7 +134,7 @@ impl std::str::FromStr for Preset {
 }
 
 /// Whether the plan may reserve cache slots for expert reads issued on a predicted routing
-/// ([`Plan::lookahead_slots`]).
+/// ([`super::Plan::lookahead_slots`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Lookahead {
     /// When the rules allow it (the default).

@@ -62,7 +62,8 @@
 //!
 //! Submodules: [`census`] (the bytes the plan is computed from), [`state`] (the state
 //! geometry), [`budget`] (what the user asks), [`inputs`] (what a loader or a daemon must hold
-//! at once: context, batch, speculation, sessions) and [`buffers`] (the store's buffer sizes).
+//! at once: context, batch, speculation, sessions), `rules` (the rules above, one step each,
+//! which [`Plan::new`] applies in order) and [`buffers`] (the store's buffer sizes).
 //!
 //! The plan sits between the checkpoint and the store (checkpoint → plan → store → model →
 //! engine): it is computed from the checkpoint's layout and configuration alone, before
@@ -72,6 +73,7 @@ pub mod budget;
 pub mod buffers;
 pub mod census;
 pub mod inputs;
+mod rules;
 pub mod state;
 
 use std::fmt;
@@ -81,7 +83,7 @@ pub use census::Census;
 pub use inputs::{PlanInputs, Serving};
 pub use state::StateShape;
 
-use buffers::{MAX_CHUNK, window_capacity};
+use buffers::MAX_CHUNK;
 
 pub const GIB: u64 = 1 << 30;
 
@@ -206,7 +208,7 @@ impl Plan {
         self.budget.saturating_sub(self.total())
     }
 
-    /// Plan `budget` for `census`.
+    /// Plan `budget` for `census`: the rules of the module doc, in order (`plan::rules`).
     pub fn new(census: &Census, budget: Budget, scheme: StreamScheme) -> Result<Self, PlanError> {
         census.validate()?;
         let largest_run = census
@@ -217,193 +219,49 @@ impl Plan {
             .max()
             .unwrap_or(0);
         let scheme = scheme.fitted(census.trunk_row_bytes, largest_run)?;
-        let gather = census.gather_bytes;
-        let min_slots = if census.moe_layers > 0 {
-            census.top_k + 1
-        } else {
-            0
-        };
-        let slot = census.expert_slot_bytes();
-        let row_window = window_capacity(census.embedding_row_bytes).unwrap_or(u64::MAX);
-        let base = census.state_bytes + census.scratch_bytes + census.model_vectors_bytes;
-
         let Some(ram) = budget.ram else {
-            // Max: exactly the budget that holds every byte, planned like any other.
-            let cache = census.pool() as u64 * slot;
-            let all =
-                base + census.trunk_bytes() + census.lm_head_bytes + census.embedding_bytes + cache;
-            // Pinning is greedy and counts the ring of whatever still streams, so the last
-            // layer only fits with that slack; the plan then allocates exactly `all`.
-            let largest = census.trunk_layers.iter().copied().max().unwrap_or(0);
-            let slack = scheme.bytes(
-                largest.max(census.lm_head_bytes.min(MAX_CHUNK as u64)),
-                gather,
-            );
-            let budget = Budget {
-                ram: Some(all + slack),
-                trunk: None,
-                cache: Some(cache),
-                lookahead: Lookahead::Off,
-                dense_lookahead: DenseLookahead::Off,
-                read_ahead: None,
-            };
-            let mut plan = Self::new(census, budget, scheme)?;
-            plan.budget = plan.total();
-            return Ok(plan);
+            return Self::everything(census, scheme);
         };
-        let cache_slots_wanted = match budget.cache {
-            // Never below the minimum, even for a model whose pool is smaller than top-k + 1.
-            Some(c) => ((c / slot) as usize).min(census.pool()).max(min_slots),
-            None => min_slots,
-        };
-        let mut pinned = vec![false; census.trunk_layers.len()];
-        let mut lm_head = Residency::Streamed;
-        let mut embedding = Residency::Streamed;
-        let lm_piece = census.lm_head_bytes.min(MAX_CHUNK as u64);
-        let largest_streamed = |pinned: &[bool], lm: Residency| -> u64 {
-            let trunk = census.trunk_layers.iter().zip(pinned).filter(|(_, p)| !**p);
-            trunk
-                .map(|(b, _)| *b)
-                .chain((lm == Residency::Streamed).then_some(lm_piece))
-                .max()
-                .unwrap_or(0)
-        };
-        // Bytes the plan needs with the current choices.
-        let needs = |pinned: &[bool], lm: Residency, emb: Residency, slots: usize| -> u64 {
-            let trunk = census.trunk_layers.iter().zip(pinned).filter(|(_, p)| **p);
-            base + trunk.map(|(b, _)| *b).sum::<u64>()
-                + scheme.bytes(largest_streamed(pinned, lm), gather)
-                + if lm == Residency::Resident {
-                    census.lm_head_bytes
-                } else {
-                    0
-                }
-                + if emb == Residency::Resident {
-                    census.embedding_bytes
-                } else {
-                    row_window
-                }
-                + slots as u64 * slot
-        };
-        let minimum = needs(&pinned, lm_head, embedding, cache_slots_wanted);
-        if ram < minimum {
-            return Err(PlanError::BudgetTooSmall {
-                needed: minimum,
-                budget: ram,
-            });
-        }
+        let costs = rules::Costs::new(census, scheme);
+        let mut choices = costs.minimum(budget.cache);
+        costs.check_minimum(&choices, ram)?;
+        costs.pin_trunk(&mut choices, ram, budget.trunk.unwrap_or(u64::MAX));
+        costs.resident_lm_head(&mut choices, ram);
+        costs.lookahead(&mut choices, ram, budget.lookahead);
+        let (scheme, read_ahead) = costs.read_ahead(&choices, ram, budget.read_ahead);
+        costs.grow_cache(&mut choices, ram - read_ahead, budget.cache.is_some());
+        costs.resident_embedding(&mut choices, ram - read_ahead);
+        Ok(costs.plan(choices, ram, scheme, budget.dense_lookahead))
+    }
 
-        let mut order: Vec<usize> = (0..census.trunk_layers.len()).collect();
-        order.sort_by_key(|&l| (std::cmp::Reverse(census.trunk_layers[l]), l));
-        let trunk_cap = budget.trunk.unwrap_or(u64::MAX);
-        let mut trunk = 0u64;
-        for l in order {
-            let size = census.trunk_layers[l];
-            if trunk + size > trunk_cap {
-                continue;
-            }
-            pinned[l] = true;
-            if needs(&pinned, lm_head, embedding, cache_slots_wanted) <= ram {
-                trunk += size;
-            } else {
-                pinned[l] = false;
-            }
-        }
-        if needs(&pinned, Residency::Resident, embedding, cache_slots_wanted) <= ram {
-            lm_head = Residency::Resident;
-        }
-        let mut cache_slots = cache_slots_wanted;
-        // Rule 4: with nothing streaming, the drive idles while each layer's mixer computes.
-        // Top-k slots per sequence a pass decodes, else for one (single-sequence decode).
-        let wanted = budget.lookahead == Lookahead::Auto
-            && census.moe_layers > 0
-            && largest_streamed(&pinned, lm_head) == 0
-            && cache_slots < census.pool();
-        let per_batch = census.sequences.max(1).saturating_mul(census.top_k);
-        let lookahead_slots = [per_batch, census.top_k]
-            .into_iter()
-            .find(|&slots| wanted && needs(&pinned, lm_head, embedding, cache_slots + slots) <= ram)
-            .unwrap_or(0);
-        cache_slots += lookahead_slots;
-        let left = ram - needs(&pinned, lm_head, embedding, cache_slots);
-        let streamed_matrices = (0..pinned.len())
-            .filter(|&l| !pinned[l])
-            .map(|l| census.trunk_matrix_bytes[l])
-            .max()
-            .unwrap_or(0);
-        let largest = largest_streamed(&pinned, lm_head);
-        let (scheme, read_ahead) = scheme.read_ahead(
-            left,
-            budget.read_ahead.unwrap_or(streamed_matrices),
-            largest,
+    /// The `max` plan: exactly the budget that holds every byte, planned like any other.
+    fn everything(census: &Census, scheme: StreamScheme) -> Result<Self, PlanError> {
+        let cache = census.pool() as u64 * census.expert_slot_bytes();
+        let all = census.state_bytes
+            + census.scratch_bytes
+            + census.model_vectors_bytes
+            + census.trunk_bytes()
+            + census.lm_head_bytes
+            + census.embedding_bytes
+            + cache;
+        // Pinning is greedy and counts the ring of whatever still streams, so the last
+        // layer only fits with that slack; the plan then allocates exactly `all`.
+        let largest = census.trunk_layers.iter().copied().max().unwrap_or(0);
+        let slack = scheme.bytes(
+            largest.max(census.lm_head_bytes.min(MAX_CHUNK as u64)),
+            census.gather_bytes,
         );
-        let left = left - read_ahead;
-        if budget.cache.is_none() && left >= census.token_expert_slots() as u64 * slot {
-            cache_slots = (cache_slots + (left / slot) as usize)
-                .min(census.pool())
-                .max(cache_slots);
-        }
-        if needs(&pinned, lm_head, Residency::Resident, cache_slots) + read_ahead <= ram {
-            embedding = Residency::Resident;
-        }
-        let stream_bytes = scheme.bytes(largest, gather);
-        let smallest_streamed_layer = (0..pinned.len())
-            .filter(|&l| !pinned[l])
-            .map(|l| census.trunk_layers[l])
-            .min()
-            .unwrap_or(0);
-        Ok(Self {
-            budget: ram,
-            pinned_layers: (0..pinned.len()).filter(|&l| pinned[l]).collect(),
-            pinned_trunk_bytes: trunk,
-            layer_count: census.trunk_layers.len(),
-            scheme,
-            stream_bytes,
-            lm_head,
-            lm_head_bytes: census.lm_head_bytes,
-            embedding,
-            embedding_bytes: if embedding == Residency::Resident {
-                census.embedding_bytes
-            } else {
-                row_window
-            },
-            cache_slots,
-            cache_min_slots: min_slots,
-            lookahead_slots,
-            dense_lookahead: if lookahead_slots > 0 {
-                budget.dense_lookahead
-            } else {
-                DenseLookahead::Off
-            },
-            cache_slot_bytes: slot,
-            state_bytes: census.state_bytes,
-            scratch_bytes: census.scratch_bytes,
-            model_vectors_bytes: census.model_vectors_bytes,
-            reads: ReadsPerToken {
-                // A chunk stream reads a streamed layer's matrices; a ring its whole run.
-                trunk: (0..pinned.len())
-                    .filter(|&l| !pinned[l])
-                    .map(|l| match scheme {
-                        StreamScheme::Chunks { .. } => census.trunk_matrix_bytes[l],
-                        StreamScheme::Ring { .. } => census.trunk_layers[l],
-                    })
-                    .sum(),
-                lm_head: if lm_head == Residency::Resident {
-                    0
-                } else {
-                    census.lm_head_bytes
-                },
-                embedding: if embedding == Residency::Resident {
-                    0
-                } else {
-                    census.embedding_row_bytes
-                },
-                // Lookahead slots only hold reads in flight: no retention.
-                experts: expert_reads(census, cache_slots - lookahead_slots, min_slots),
-            },
-            smallest_streamed_layer,
-            cache_threshold: census.token_expert_slots() as u64 * slot,
-        })
+        let budget = Budget {
+            ram: Some(all + slack),
+            trunk: None,
+            cache: Some(cache),
+            lookahead: Lookahead::Off,
+            dense_lookahead: DenseLookahead::Off,
+            read_ahead: None,
+        };
+        let mut plan = Self::new(census, budget, scheme)?;
+        plan.budget = plan.total();
+        Ok(plan)
     }
 }
 
@@ -579,6 +437,7 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use buffers::window_capacity;
 
     /// Released K3 (spec §1.2, §5.1) at an 8,192-position maximum context and 256 MiB scratch.
     fn k3() -> Census {

@@ -277,7 +277,7 @@ fn progress(phase: pb::Phase, done: u64, total: u64) -> pb::event::Event {
     })
 }
 
-/// The serve core's load figures on the wire; [`k3proto::progress::load_text`] words them.
+/// The serve core's load figures on the wire, with the core's words for them.
 pub fn load_progress(f: &LoadFigures) -> pb::Progress {
     pb::Progress {
         phase: pb::Phase::Load.into(),
@@ -285,6 +285,7 @@ pub fn load_progress(f: &LoadFigures) -> pb::Progress {
         total: f.total,
         bytes_per_second: f.bytes_per_second,
         eta_seconds: f.eta_seconds,
+        text: f.to_string(),
     }
 }
 

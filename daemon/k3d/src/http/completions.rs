@@ -1,24 +1,20 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`, streamed (SSE) and whole. Both read
-//! the serve core's reply through one `Reader` and differ only in how a piece is written
-//! (`Shape`), so a streamed reply concatenates to exactly the whole one.
+//! the serve core's reply through one `Reader` (submitted, collected and streamed by
+//! [`super::stream`]) and differ only in how a piece is written (`Shape`), so a streamed reply
+//! concatenates to exactly the whole one.
 
 use super::error::ApiError;
 use super::reply::{Finish, Piece, Reader, Usage};
 use super::request::{self, Common, Fields};
+use super::stream::{self, Timer, Whole, Wire, collect, submit};
 use super::{App, Peer};
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
 use k3_engine::tokenizer::chat::ToolCall;
 use serde_json::{Value, json};
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-
-/// SSE events buffered per response: small, so a client that stops reading is noticed soon.
-const SSE_BUFFER: usize = 8;
 
 /// Which endpoint: chat completions or text completions.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,7 +77,12 @@ impl Head {
         }
     }
 
-    fn whole(&self, reasoning: &str, content: &str, finish: &Finish) -> Value {
+    fn whole(&self, whole: &Whole) -> Value {
+        let Whole {
+            reasoning,
+            content,
+            finish,
+        } = whole;
         let mut choice = match self.shape {
             Shape::Chat => {
                 let mut message = json!({"role": "assistant", "content": content});
@@ -185,35 +186,6 @@ pub async fn complete(
     respond(app, shape, common, reader, arrived).await
 }
 
-/// Queues `request` on the serve core for every route that generates (`chat`: whether its
-/// reasoning is counted); `param` is the field the core's refusals concern.
-pub async fn submit(
-    app: &App,
-    peer: Peer,
-    caller: Option<Caller>,
-    common: &Common,
-    mut request: CoreRequest,
-    chat: bool,
-    param: &str,
-) -> Result<Reader, ApiError> {
-    app.check_model(&common.model)?;
-    app.check_ready()?;
-    // Clients resend the whole conversation each turn: continue from the caller's longest
-    // kept prefix (bit-identical to computing it afresh) unless told not to.
-    if common.prefix_reuse {
-        request.reuse = caller;
-    }
-    // Submission tokenises and renders the prompt (seconds for a large one): off the async
-    // workers, which every other request shares.
-    let core = Arc::clone(&app.core);
-    let uid = peer.uid();
-    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
-        .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
-    Ok(Reader::new(job, chat, &common.stop_strings))
-}
-
 async fn respond(
     app: Arc<App>,
     shape: Shape,
@@ -239,144 +211,68 @@ async fn respond(
     };
     let timer = Timer::new(arrived);
     if common.stream {
-        let (tx, rx) = mpsc::channel(SSE_BUFFER);
-        tokio::spawn(stream(app, head, reader, common.include_usage, timer, tx));
-        Ok(Sse::new(ReceiverStream::new(rx)).into_response())
+        let include_usage = common.include_usage;
+        Ok(stream::sse(
+            app,
+            reader,
+            timer,
+            Chunks {
+                head,
+                include_usage,
+            },
+        ))
     } else {
-        whole(app, head, reader, timer).await
+        let whole = collect(&app, reader, timer).await?;
+        Ok(axum::Json(head.whole(&whole)).into_response())
     }
 }
 
-/// Time to first token and decode time per token, for the metrics.
-pub struct Timer {
-    arrived: Instant,
-    first: Option<Instant>,
-}
-
-impl Timer {
-    pub fn new(arrived: Instant) -> Timer {
-        Timer {
-            arrived,
-            first: None,
-        }
-    }
-
-    pub fn piece(&mut self) {
-        self.first.get_or_insert_with(Instant::now);
-    }
-
-    pub fn record(&self, app: &App, usage: &Usage) {
-        let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
-        let decode = self
-            .first
-            .filter(|_| usage.completion_tokens > 1)
-            .map(|f| f.elapsed().as_secs_f64() / (usage.completion_tokens - 1) as f64);
-        app.metrics
-            .generation(usage.prompt_tokens, usage.completion_tokens, ttft, decode);
-    }
-}
-
-async fn whole(
-    app: Arc<App>,
+/// A chat or text completion streamed in OpenAI's chunks, `data: [DONE]` last.
+struct Chunks {
     head: Head,
-    reader: Reader,
-    timer: Timer,
-) -> Result<Response, ApiError> {
-    let (reasoning, content, finish) = collect(&app, reader, timer).await?;
-    Ok(axum::Json(head.whole(&reasoning, &content, &finish)).into_response())
-}
-
-/// A whole (not streamed) reply: its reasoning, its content and how it finished (with its
-/// tool calls), timed for the metrics.
-pub async fn collect(
-    app: &App,
-    mut reader: Reader,
-    mut timer: Timer,
-) -> Result<(String, String, Finish), ApiError> {
-    let (mut reasoning, mut content) = (String::new(), String::new());
-    while let Some(piece) = reader.next().await {
-        match piece? {
-            // The whole calls come with the finish.
-            Piece::ToolCall(_) => timer.piece(),
-            Piece::Reasoning(t) => {
-                timer.piece();
-                reasoning.push_str(&t);
-            }
-            Piece::Content(t) => {
-                timer.piece();
-                content.push_str(&t);
-            }
-            Piece::Finished(finish) => {
-                timer.record(app, &finish.usage);
-                return Ok((reasoning, content, finish));
-            }
-        }
-    }
-    Err(ApiError::internal("the reply ended without finishing"))
-}
-
-/// Writes the reply as SSE into `tx`. Ends as soon as the client is gone (the response body,
-/// and with it `tx`'s receiver, is dropped): dropping `reader` closes the core's stream, which
-/// cancels the generation at its next layer boundary (as a gRPC client that goes away does).
-async fn stream(
-    app: Arc<App>,
-    head: Head,
-    mut reader: Reader,
     include_usage: bool,
-    mut timer: Timer,
-    tx: mpsc::Sender<Result<Event, Infallible>>,
-) {
-    let send = |v: Value| {
-        let tx = tx.clone();
-        async move {
-            tx.send(Ok(Event::default().data(v.to_string())))
-                .await
-                .is_ok()
+}
+
+/// An SSE event carrying `v` as its data.
+fn data(v: Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+impl Wire for Chunks {
+    fn opening(&mut self) -> Vec<Event> {
+        let head = &self.head;
+        match head.shape {
+            Shape::Chat => vec![data(head.chunk(head.delta(Delta::Role, None), None))],
+            Shape::Text => Vec::new(),
         }
-    };
-    if head.shape == Shape::Chat && !send(head.chunk(head.delta(Delta::Role, None), None)).await {
-        return;
     }
-    loop {
-        let piece = tokio::select! {
-            piece = reader.next() => piece,
-            () = tx.closed() => return,
-        };
-        let chunk = match piece {
-            None => return,
-            Some(Err(e)) => {
-                let _ = send(e.json()).await;
-                return;
-            }
-            Some(Ok(Piece::Reasoning(t))) => {
-                timer.piece();
-                head.chunk(head.delta(Delta::Reasoning(&t), None), None)
-            }
-            Some(Ok(Piece::Content(t))) => {
-                timer.piece();
-                head.chunk(head.delta(Delta::Content(&t), None), None)
-            }
-            Some(Ok(Piece::ToolCall(d))) => {
-                timer.piece();
-                head.chunk(head.delta(Delta::ToolCall(&d), None), None)
-            }
-            Some(Ok(Piece::Finished(finish))) => {
-                timer.record(&app, &finish.usage);
+
+    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+        let head = &self.head;
+        let delta = match piece {
+            Piece::Reasoning(t) => Delta::Reasoning(t),
+            Piece::Content(t) => Delta::Content(t),
+            Piece::ToolCall(d) => Delta::ToolCall(d),
+            Piece::Finished(finish) => {
                 let mut choices = head.delta(Delta::Empty, Some(finish.reason));
-                malformed(&mut choices[0], &finish);
-                let last = head.chunk(choices, None);
-                if !send(last).await {
-                    return;
+                malformed(&mut choices[0], finish);
+                let mut out = vec![data(head.chunk(choices, None))];
+                if self.include_usage {
+                    out.push(data(head.chunk(json!([]), Some(&finish.usage))));
                 }
-                if include_usage && !send(head.chunk(json!([]), Some(&finish.usage))).await {
-                    return;
-                }
-                let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-                return;
+                out.push(Event::default().data("[DONE]"));
+                return out;
             }
         };
-        if !send(chunk).await {
-            return;
-        }
+        vec![data(head.chunk(head.delta(delta, None), None))]
+    }
+
+    fn error(&self, e: &ApiError) -> Event {
+        data(e.json())
+    }
+
+    /// An SSE comment line, which OpenAI's clients skip.
+    fn idle(&self) -> Event {
+        Event::default().comment("keep-alive")
     }
 }

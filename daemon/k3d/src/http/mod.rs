@@ -20,10 +20,10 @@ mod listen;
 mod metrics;
 mod reply;
 pub mod request;
+mod stream;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
-use crate::grpc::convert::load_progress;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
@@ -33,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
 use k3_engine::serve::{Caller, Core, Health};
-use k3proto::progress::load_text;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -86,8 +85,7 @@ impl App {
         match self.core.health() {
             Health::Ready => Ok(()),
             Health::Loading(figures) => Err(ApiError::unavailable(format!(
-                "the model is loading ({}); retry shortly",
-                load_text(&load_progress(&figures))
+                "the model is loading ({figures}); retry shortly"
             ))),
             Health::Failed(e) => Err(ApiError::unavailable(format!(
                 "the model failed to load, so k3d cannot generate: {e}"
@@ -267,17 +265,14 @@ async fn health(State(app): State<Arc<App>>) -> Response {
             StatusCode::OK,
             json!({"status": "ready", "model": app.settings.model_id}),
         ),
-        (Health::Loading(figures), true) => {
-            let p = load_progress(figures);
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json!({"status": "loading", "progress": {
-                    "done": p.done, "total": p.total,
-                    "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
-                    "text": load_text(&p),
-                }}),
-            )
-        }
+        (Health::Loading(p), true) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "loading", "progress": {
+                "done": p.done, "total": p.total,
+                "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
+                "text": p.to_string(),
+            }}),
+        ),
         (Health::Failed(e), true) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "failed", "error": e.to_string()}),

@@ -8,9 +8,9 @@
 mod reply;
 pub mod request;
 
-use super::completions::{Timer, submit};
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
+use super::stream::{Timer, submit};
 use super::{App, Peer, body};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};

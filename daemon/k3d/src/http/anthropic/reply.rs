@@ -1,25 +1,20 @@
 //! The serve core's reply as an Anthropic message: whole (`content` blocks: thinking, text,
 //! tool_use) or streamed as Anthropic's named SSE events (`message_start`, `ping`, per block
 //! `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`). Both are read
-//! through the OpenAI routes' one `Reader`, so a streamed reply concatenates to the whole one.
+//! through the OpenAI routes' one `Reader` and written by the same plumbing
+//! (`crate::http::stream`), so a streamed reply concatenates to the whole one.
 
 use crate::http::App;
-use crate::http::completions::{Timer, collect};
 use crate::http::error::ApiError;
 use crate::http::reply::{Finish, Piece, Reader, Usage};
+use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::http::header;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-
-/// SSE events buffered per response: small, so a client that stops reading is noticed soon.
-const SSE_BUFFER: usize = 8;
 
 /// What every message carries.
 pub struct Head {
@@ -132,18 +127,22 @@ pub async fn respond(
     timer: Timer,
 ) -> Result<Response, ApiError> {
     if stream {
-        let (tx, rx) = mpsc::channel(SSE_BUFFER);
-        tokio::spawn(events(app, head, reader, timer, tx));
-        Ok(Sse::new(ReceiverStream::new(rx)).into_response())
+        let prompt_tokens = reader.prompt_tokens;
+        let events = Events {
+            head,
+            prompt_tokens,
+            blocks: Blocks::default(),
+        };
+        Ok(stream::sse(app, reader, timer, events))
     } else {
-        whole(&app, &head, reader, timer).await
+        let Whole {
+            reasoning,
+            content,
+            finish,
+        } = collect(&app, reader, timer).await?;
+        let body = whole_body(&head, &reasoning, &content, &finish)?;
+        Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
     }
-}
-
-async fn whole(app: &App, head: &Head, reader: Reader, timer: Timer) -> Result<Response, ApiError> {
-    let (reasoning, text, finish) = collect(app, reader, timer).await?;
-    let body = whole_body(head, &reasoning, &text, &finish)?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// The whole message as JSON text: `content` is the thinking block (if the reply reasoned),
@@ -275,66 +274,46 @@ fn piece_events(blocks: &mut Blocks, request: u64, piece: &Piece) -> Vec<Value> 
     }
 }
 
-/// Writes the reply as Anthropic's SSE events into `tx`, each named by its `type`. Ends as
-/// soon as the client is gone: dropping `reader` cancels the generation at its next layer
-/// boundary, as on the OpenAI routes. An error after the stream began is an `error` event.
-async fn events(
-    app: Arc<App>,
+/// A message streamed as Anthropic's SSE events, each named by its `type`. An error after the
+/// stream began is an `error` event.
+struct Events {
     head: Head,
-    mut reader: Reader,
-    mut timer: Timer,
-    tx: mpsc::Sender<Result<Event, Infallible>>,
-) {
-    let send = |events: Vec<Value>| {
-        let tx = tx.clone();
-        async move {
-            for v in events {
-                let name = v["type"].as_str().unwrap_or("error").to_string();
-                let event = Event::default().event(name).data(v.to_string());
-                if tx.send(Ok(event)).await.is_err() {
-                    return false;
-                }
-            }
-            true
-        }
-    };
-    // The prompt's size is known at once; what a kept state held is known at the end
-    // (message_delta's usage, whose figures replace these).
-    let start = head.message(
-        Vec::new(),
-        None,
-        json!({"input_tokens": reader.prompt_tokens, "output_tokens": 0}),
-    );
-    if !send(vec![
-        json!({"type": "message_start", "message": start}),
-        json!({"type": "ping"}),
-    ])
-    .await
-    {
-        return;
+    /// The prompt's size, known at once; what a kept state held is known at the end
+    /// (`message_delta`'s usage, whose figures replace these).
+    prompt_tokens: usize,
+    blocks: Blocks,
+}
+
+/// `v` as an SSE event named by its `type`.
+fn named(v: Value) -> Event {
+    let name = v["type"].as_str().unwrap_or("error").to_string();
+    Event::default().event(name).data(v.to_string())
+}
+
+impl Wire for Events {
+    fn opening(&mut self) -> Vec<Event> {
+        let usage = json!({"input_tokens": self.prompt_tokens, "output_tokens": 0});
+        let start = self.head.message(Vec::new(), None, usage);
+        vec![
+            named(json!({"type": "message_start", "message": start})),
+            named(json!({"type": "ping"})),
+        ]
     }
-    let mut blocks = Blocks::default();
-    loop {
-        let piece = tokio::select! {
-            piece = reader.next() => piece,
-            () = tx.closed() => return,
-        };
-        let piece = match piece {
-            None => return,
-            Some(Err(e)) => {
-                let _ = send(vec![e.anthropic_json()]).await;
-                return;
-            }
-            Some(Ok(piece)) => piece,
-        };
-        match &piece {
-            Piece::Finished(finish) => timer.record(&app, &finish.usage),
-            _ => timer.piece(),
-        }
-        let out = piece_events(&mut blocks, head.request, &piece);
-        if !send(out).await || matches!(piece, Piece::Finished(_)) {
-            return;
-        }
+
+    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+        piece_events(&mut self.blocks, self.head.request, piece)
+            .into_iter()
+            .map(named)
+            .collect()
+    }
+
+    fn error(&self, e: &ApiError) -> Event {
+        named(e.anthropic_json())
+    }
+
+    /// Anthropic's own idle event.
+    fn idle(&self) -> Event {
+        named(json!({"type": "ping"}))
     }
 }
 

@@ -1,0 +1,325 @@
+//! What every generating route shares, whatever API it speaks: the request queued on the serve
+//! core ([`submit`]), the reply's timing for the metrics ([`Timer`]), a whole reply gathered
+//! ([`collect`]) and a streamed one written as Server-Sent Events ([`sse`]). An API says only
+//! how its reply looks on the wire: a [`Wire`] turns each piece of the one [`Reader`] into
+//! events, so a streamed reply concatenates to exactly the whole one on every API.
+//!
+//! Keep-alive: a long prompt's prefill can take minutes before the first token on a small
+//! machine, and agents abort a stream that stays silent that long (Claude Code and Codex after
+//! 300 s, which only a real event resets). After [`KEEP_ALIVE`] without an event the writer
+//! sends the API's idle event ([`Wire::idle`]).
+
+use super::error::ApiError;
+use super::reply::{Finish, Piece, Reader, Usage};
+use super::request::Common;
+use super::{App, Peer};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use k3_engine::serve::{Caller, Request};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// SSE events buffered per response: small, so a client that stops reading is noticed soon.
+const SSE_BUFFER: usize = 8;
+/// How long a stream may go without an event before the API's idle event is sent: well under
+/// the agents' 300 s idle limits, and rare enough to cost nothing.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Queues `request` on the serve core for every route that generates (`chat`: whether its
+/// reasoning is counted); `param` is the field the core's refusals concern (they name values,
+/// not fields).
+pub async fn submit(
+    app: &App,
+    peer: Peer,
+    caller: Option<Caller>,
+    common: &Common,
+    mut request: Request,
+    chat: bool,
+    param: &str,
+) -> Result<Reader, ApiError> {
+    app.check_model(&common.model)?;
+    app.check_ready()?;
+    // Clients resend the whole conversation each turn: continue from the caller's longest
+    // kept prefix (bit-identical to computing it afresh) unless told not to.
+    if common.prefix_reuse {
+        request.reuse = caller;
+    }
+    // Submission tokenises and renders the prompt (seconds for a large one): off the async
+    // workers, which every other request shares.
+    let core = Arc::clone(&app.core);
+    let uid = peer.uid();
+    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
+        .await
+        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
+        .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
+    Ok(Reader::new(job, chat, &common.stop_strings))
+}
+
+/// Time to first token and decode time per token, for the metrics.
+pub struct Timer {
+    arrived: Instant,
+    first: Option<Instant>,
+}
+
+impl Timer {
+    pub fn new(arrived: Instant) -> Timer {
+        Timer {
+            arrived,
+            first: None,
+        }
+    }
+
+    /// A piece of the reply went out (the first one is the time to first token).
+    fn piece(&mut self) {
+        self.first.get_or_insert_with(Instant::now);
+    }
+
+    /// The reply finished with `usage`: its figures go to the metrics.
+    fn record(&self, app: &App, usage: &Usage) {
+        let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
+        let decode = self
+            .first
+            .filter(|_| usage.completion_tokens > 1)
+            .map(|f| f.elapsed().as_secs_f64() / (usage.completion_tokens - 1) as f64);
+        app.metrics
+            .generation(usage.prompt_tokens, usage.completion_tokens, ttft, decode);
+    }
+
+    /// Times `piece` (the finish records the reply).
+    fn observe(&mut self, app: &App, piece: &Piece) {
+        match piece {
+            Piece::Finished(finish) => self.record(app, &finish.usage),
+            _ => self.piece(),
+        }
+    }
+}
+
+/// A whole (not streamed) reply.
+pub struct Whole {
+    pub reasoning: String,
+    pub content: String,
+    /// How it finished, with its tool calls whole.
+    pub finish: Finish,
+}
+
+/// Reads the whole reply, timed for the metrics.
+pub async fn collect(app: &App, mut reader: Reader, mut timer: Timer) -> Result<Whole, ApiError> {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    while let Some(piece) = reader.next().await {
+        let piece = piece?;
+        timer.observe(app, &piece);
+        match piece {
+            // The whole calls come with the finish.
+            Piece::ToolCall(_) => {}
+            Piece::Reasoning(t) => reasoning.push_str(&t),
+            Piece::Content(t) => content.push_str(&t),
+            Piece::Finished(finish) => {
+                return Ok(Whole {
+                    reasoning,
+                    content,
+                    finish,
+                });
+            }
+        }
+    }
+    Err(ApiError::internal("the reply ended without finishing"))
+}
+
+/// How one API writes a streamed reply.
+pub trait Wire: Send + 'static {
+    /// The events before the reply's first piece.
+    fn opening(&mut self) -> Vec<Event>;
+    /// The events one piece adds; for [`Piece::Finished`], the stream's last ones.
+    fn piece(&mut self, piece: &Piece) -> Vec<Event>;
+    /// The event that reports an error once the stream has begun (its status is sent).
+    fn error(&self, e: &ApiError) -> Event;
+    /// The event sent after [`KEEP_ALIVE`] without one, which changes nothing for the client.
+    fn idle(&self) -> Event;
+}
+
+/// Where a streamed reply's pieces come from: the core's reply ([`Reader`]), or a script in
+/// tests.
+trait Pieces: Send + 'static {
+    /// The next piece, `None` after `Finished`; an error ends the reply. Cancel-safe: dropped
+    /// while it waits (the keep-alive's turn), it loses nothing ([`Reader::next`] waits only
+    /// on the core's channel).
+    fn next(&mut self) -> impl Future<Output = Option<Result<Piece, ApiError>>> + Send;
+}
+
+impl Pieces for Reader {
+    fn next(&mut self) -> impl Future<Output = Option<Result<Piece, ApiError>>> + Send {
+        Reader::next(self)
+    }
+}
+
+/// The reply streamed as SSE, written by `wire` on a task of its own.
+pub fn sse(app: Arc<App>, reader: Reader, mut timer: Timer, wire: impl Wire) -> Response {
+    let (tx, rx) = mpsc::channel(SSE_BUFFER);
+    let observe = move |piece: &Piece| timer.observe(&app, piece);
+    tokio::spawn(write(reader, wire, observe, KEEP_ALIVE, tx));
+    Sse::new(ReceiverStream::new(rx)).into_response()
+}
+
+/// Writes the reply into `tx`, each piece `observe`d (timed) before it goes out, the idle
+/// event after `keep_alive` without one. Ends as soon as the client is gone (the response body,
+/// and with it `tx`'s receiver, is dropped): dropping `pieces` closes the core's stream, which
+/// cancels the generation at its next layer boundary (as a gRPC client that goes away does).
+async fn write(
+    mut pieces: impl Pieces,
+    mut wire: impl Wire,
+    mut observe: impl FnMut(&Piece) + Send + 'static,
+    keep_alive: Duration,
+    tx: mpsc::Sender<Result<Event, Infallible>>,
+) {
+    let send = |events: Vec<Event>| {
+        let tx = tx.clone();
+        async move {
+            for event in events {
+                if tx.send(Ok(event)).await.is_err() {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    if !send(wire.opening()).await {
+        return;
+    }
+    loop {
+        let piece = tokio::select! {
+            piece = pieces.next() => piece,
+            () = tx.closed() => return,
+            () = tokio::time::sleep(keep_alive) => {
+                if !send(vec![wire.idle()]).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let piece = match piece {
+            None => return,
+            Some(Err(e)) => {
+                let _ = send(vec![wire.error(&e)]).await;
+                return;
+            }
+            Some(Ok(piece)) => piece,
+        };
+        observe(&piece);
+        if !send(wire.piece(&piece)).await || matches!(piece, Piece::Finished(_)) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::reply::Finish;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Pieces after a silence, as a long prefill gives them (cancel-safe, as the writer
+    /// needs: the silence ends at a fixed time however often a wait is dropped).
+    struct Script {
+        until: tokio::time::Instant,
+        pieces: Vec<Piece>,
+    }
+
+    impl Script {
+        fn after(silence: Duration, pieces: Vec<Piece>) -> Script {
+            Script {
+                until: tokio::time::Instant::now() + silence,
+                pieces,
+            }
+        }
+    }
+
+    impl Pieces for Script {
+        async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
+            tokio::time::sleep_until(self.until).await;
+            (!self.pieces.is_empty()).then(|| Ok(self.pieces.remove(0)))
+        }
+    }
+
+    /// Counts the idle events it is asked for.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Wire for Counting {
+        fn opening(&mut self) -> Vec<Event> {
+            vec![Event::default().data("opening")]
+        }
+        fn piece(&mut self, _: &Piece) -> Vec<Event> {
+            vec![Event::default().data("piece")]
+        }
+        fn error(&self, _: &ApiError) -> Event {
+            Event::default().data("error")
+        }
+        fn idle(&self) -> Event {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Event::default().comment("idle")
+        }
+    }
+
+    fn finished() -> Piece {
+        Piece::Finished(Finish {
+            reason: "stop",
+            usage: Usage::default(),
+            tool_calls: Vec::new(),
+            malformed: None,
+            stop_string: None,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_stream_gets_an_idle_event_every_keep_alive_and_then_its_pieces() {
+        let idle = Arc::new(AtomicUsize::new(0));
+        let script = Script::after(
+            KEEP_ALIVE * 2 + KEEP_ALIVE / 2,
+            vec![Piece::Content("hi".into()), finished()],
+        );
+        let observed = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&observed);
+        let observe = move |_: &Piece| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        };
+        let (tx, mut rx) = mpsc::channel(SSE_BUFFER);
+        let writer = tokio::spawn(write(
+            script,
+            Counting(Arc::clone(&idle)),
+            observe,
+            KEEP_ALIVE,
+            tx,
+        ));
+        let mut events = 0;
+        while rx.recv().await.is_some() {
+            events += 1;
+        }
+        writer.await.expect("the writer ends");
+        assert_eq!(
+            idle.load(Ordering::SeqCst),
+            2,
+            "one idle event per silent interval"
+        );
+        assert_eq!(observed.load(Ordering::SeqCst), 2, "both pieces timed");
+        assert_eq!(events, 1 + 2 + 2, "opening, two idle events, two pieces");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_never_falls_silent_gets_no_idle_event() {
+        let idle = Arc::new(AtomicUsize::new(0));
+        let script = Script::after(KEEP_ALIVE / 2, vec![finished()]);
+        let (tx, mut rx) = mpsc::channel(SSE_BUFFER);
+        tokio::spawn(write(
+            script,
+            Counting(Arc::clone(&idle)),
+            |_| {},
+            KEEP_ALIVE,
+            tx,
+        ));
+        while rx.recv().await.is_some() {}
+        assert_eq!(idle.load(Ordering::SeqCst), 0);
+    }
+}
