@@ -180,6 +180,19 @@ async fn keyed_daemon(
     PathBuf,
     k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
 ) {
+    keyed_daemon_on(tiny_model(), dir, args).await
+}
+
+/// [`keyed_daemon`] on the checkpoint `model`.
+async fn keyed_daemon_on(
+    model: &Path,
+    dir: &Path,
+    args: &[&str],
+) -> (
+    Daemon,
+    PathBuf,
+    k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
+) {
     let http_socket = dir.join("http.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(
@@ -194,7 +207,7 @@ async fn keyed_daemon(
     let config_arg = config.display().to_string();
     let mut all = vec!["--config", &config_arg];
     all.extend_from_slice(args);
-    let d = Daemon::start(tiny_model(), &socket, &all);
+    let d = Daemon::start(model, &socket, &all);
     let mut c = client(&socket).await;
     wait_ready(&mut c).await;
     (d, http_socket, c)
@@ -203,7 +216,19 @@ async fn keyed_daemon(
 /// Runs `tests/http/<file>` under pytest against `d` (its HTTP socket, TCP address, key and
 /// model id in the environment, with `env`), failing with pytest's report and the daemon's log.
 fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&str, &Path)]) {
-    let model_id = std::fs::canonicalize(tiny_model())
+    pytest_on(tiny_model(), python, file, d, http_socket, env)
+}
+
+/// [`pytest`] against a daemon serving the checkpoint `model`.
+fn pytest_on(
+    model: &Path,
+    python: &Path,
+    file: &str,
+    d: &Daemon,
+    http_socket: &Path,
+    env: &[(&str, &Path)],
+) {
+    let model_id = std::fs::canonicalize(model)
         .expect("model dir")
         .file_name()
         .expect("a name")
@@ -283,6 +308,33 @@ async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
     let tmp = scratch("http-anthropic");
     let (d, http_socket, _c) = keyed_daemon(tmp.path(), &["--session-gb", "0.25"]).await;
     pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
+}
+
+/// Constrained decoding (issue 34 point 6) through the official `openai` and `anthropic`
+/// packages on the trained fixture: forced tool calls and JSON output parse, streamed and
+/// whole, valid against their schemas by `jsonschema`; schemas outside the subset are refused
+/// naming their path. The thinking budget (point 4) closes the fixture's endless thinking.
+#[tokio::test]
+async fn constrained_replies_parse_in_the_official_clients_and_are_valid() {
+    let python = python();
+    let tmp = scratch("http-constrained");
+    let model = trained_model();
+    let (d, http_socket, _c) =
+        keyed_daemon_on(&model, tmp.path(), &["--thinking-budget", "16"]).await;
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent-tools");
+    pytest_on(
+        &model,
+        &python,
+        "test_constrained.py",
+        &d,
+        &http_socket,
+        &[("K3_AGENT_TOOLS", &tools)],
+    );
+}
+
+/// The committed trained checkpoint.
+fn trained_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/trained/model")
 }
 
 #[test]

@@ -4,7 +4,9 @@
 //! still valid, so a matcher never reaches a state without an allowed continuation.
 //!
 //! Surface form: whitespace (space, tab, newline, carriage return) is allowed where JSON
-//! allows it, at most [`MAX_WHITESPACE`] bytes in a row (a model cannot pad forever); strings
+//! allows it, at most a [`Ws`] limit of bytes in a row — [`PRETTY`] in a JSON response (room to
+//! indent), [`SPACED`] in a tool call's argument values (the template's own form has one space
+//! after `,` and `:`) — so a model cannot pad forever; strings
 //! are valid UTF-8 with the escapes `\" \\ \/ \b \f \n \r \t \uXXXX` (no surrogate code
 //! points: they cannot form valid UTF-8 alone); numbers are JSON numbers of bounded length.
 //! Enum and const values are written in their canonical (compact) JSON text; object keys as
@@ -16,8 +18,36 @@ use super::schema::{
     BOUNDED_FRAC_DIGITS, BOUNDED_INT_DIGITS, Bounds, NANO, Node, NodeId, Object, Types,
 };
 
-/// Whitespace bytes in a row at one place of JSON text.
-pub const MAX_WHITESPACE: u8 = 32;
+/// Whitespace bytes in a row at one place of a JSON response (a newline and indentation).
+pub const PRETTY: u8 = 32;
+/// ... and of a tool call's argument value (spec §8.2 writes them with `", "` and `": "`).
+pub const SPACED: u8 = 1;
+
+/// Whitespace taken at the current place, and the most allowed in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ws {
+    used: u8,
+    max: u8,
+}
+
+impl Ws {
+    pub fn new(max: u8) -> Ws {
+        Ws { used: 0, max }
+    }
+
+    /// One more whitespace byte, if the limit allows it.
+    fn take(self) -> Option<Ws> {
+        (self.used < self.max).then_some(Ws {
+            used: self.used + 1,
+            max: self.max,
+        })
+    }
+
+    /// The next place (a new run of whitespace may start).
+    fn reset(self) -> Ws {
+        Ws::new(self.max)
+    }
+}
 /// Digits of an unbounded number's integer part, fraction and exponent.
 const MAX_INT_DIGITS: u8 = 20;
 const MAX_FRAC_DIGITS: u8 = 20;
@@ -29,7 +59,7 @@ pub enum Frame {
     Value {
         node: NodeId,
         types: Types,
-        ws: u8,
+        ws: Ws,
     },
     /// Inside the canonical text of enum value `alt` of `node`, `at` bytes matched.
     Literal {
@@ -58,11 +88,11 @@ pub enum Frame {
         node: NodeId,
         stage: ArrStage,
         count: u32,
-        ws: u8,
+        ws: Ws,
     },
     /// Optional whitespace after a value, then the symbol goes to the frame below.
     Tail {
-        ws: u8,
+        ws: Ws,
     },
 }
 
@@ -71,9 +101,13 @@ pub fn frame(f: Frame) -> AnyFrame {
     AnyFrame::Json(f)
 }
 
-/// A value of `node` (any type the node allows).
-pub fn value(node: NodeId, types: Types) -> AnyFrame {
-    frame(Frame::Value { node, types, ws: 0 })
+/// A value of `node` of the types `types`, with whitespace runs of at most `max_ws`.
+pub fn value(node: NodeId, types: Types, max_ws: u8) -> AnyFrame {
+    frame(Frame::Value {
+        node,
+        types,
+        ws: Ws::new(max_ws),
+    })
 }
 
 fn is_ws(b: u8) -> bool {
@@ -96,17 +130,12 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
     match f {
         Frame::Value { node, types, ws } => {
             if is_ws(b) {
-                return if ws < MAX_WHITESPACE {
-                    Outcome::consume([frame(Frame::Value {
-                        node,
-                        types,
-                        ws: ws + 1,
-                    })])
-                } else {
-                    Vec::new()
+                return match ws.take() {
+                    Some(ws) => Outcome::consume([frame(Frame::Value { node, types, ws })]),
+                    None => Vec::new(),
                 };
             }
-            start_value(g, node, types, b)
+            start_value(g, node, types, ws.max, b)
         }
         Frame::Literal { node, alt, at } => {
             let Node::Enum { json, .. } = &g.nodes[node] else {
@@ -170,27 +199,31 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
             count,
             ws,
         } => array_step(g, node, stage, count, ws, b),
-        Frame::Tail { ws } => {
-            if is_ws(b) && ws < MAX_WHITESPACE {
-                Outcome::consume([frame(Frame::Tail { ws: ws + 1 })])
-            } else if is_ws(b) {
-                Vec::new()
-            } else {
-                Outcome::pass([])
-            }
-        }
+        Frame::Tail { ws } if is_ws(b) => match ws.take() {
+            Some(ws) => Outcome::consume([frame(Frame::Tail { ws })]),
+            None => Vec::new(),
+        },
+        Frame::Tail { .. } => Outcome::pass([]),
     }
 }
 
 /// The first byte of a value of `node` restricted to `types`: which kinds of value it can
 /// start (each alternative a thread of its own).
-fn start_value(g: &Grammar, node: NodeId, types: Types, b: u8) -> Vec<Outcome> {
+fn start_value(g: &Grammar, node: NodeId, types: Types, max_ws: u8, b: u8) -> Vec<Outcome> {
     let mut out = Vec::new();
-    start_into(g, node, types, b, &mut out, 0);
+    start_into(g, node, types, max_ws, b, &mut out, 0);
     out
 }
 
-fn start_into(g: &Grammar, node: NodeId, types: Types, b: u8, out: &mut Vec<Outcome>, depth: u8) {
+fn start_into(
+    g: &Grammar,
+    node: NodeId,
+    types: Types,
+    max_ws: u8,
+    b: u8,
+    out: &mut Vec<Outcome>,
+    depth: u8,
+) {
     // A union of unions nests only as deep as the schema's references; a cycle of pure
     // unions (`{"$ref": "#"}` alone) describes nothing and is cut here.
     if depth > 32 {
@@ -200,7 +233,7 @@ fn start_into(g: &Grammar, node: NodeId, types: Types, b: u8, out: &mut Vec<Outc
     match &g.nodes[node] {
         Node::Union(ids) => {
             for &id in ids {
-                start_into(g, id, types, b, out, depth + 1);
+                start_into(g, id, types, max_ws, b, out, depth + 1);
             }
         }
         Node::Any => {
@@ -217,6 +250,7 @@ fn start_into(g: &Grammar, node: NodeId, types: Types, b: u8, out: &mut Vec<Outc
                         g,
                         g.any[t.0.trailing_zeros() as usize],
                         t,
+                        max_ws,
                         b,
                         out,
                         depth + 1,
@@ -268,7 +302,7 @@ fn start_into(g: &Grammar, node: NodeId, types: Types, b: u8, out: &mut Vec<Outc
                 node,
                 stage: ArrStage::Open,
                 count: 0,
-                ws: 0,
+                ws: Ws::new(max_ws),
             })]))
         }
         Node::Object(_) if types.has(Types::OBJECT) && b == b'{' => {
@@ -277,7 +311,7 @@ fn start_into(g: &Grammar, node: NodeId, types: Types, b: u8, out: &mut Vec<Outc
                 stage: ObjStage::Open,
                 used: 0,
                 free: Vec::new(),
-                ws: 0,
+                ws: Ws::new(max_ws),
             })))]))
         }
         _ => {}
@@ -309,7 +343,7 @@ fn array_step(
     node: NodeId,
     stage: ArrStage,
     count: u32,
-    ws: u8,
+    ws: Ws,
     b: u8,
 ) -> Vec<Outcome> {
     let Node::Array {
@@ -329,20 +363,20 @@ fn array_step(
         })
     };
     if is_ws(b) {
-        return if ws < MAX_WHITESPACE {
-            Outcome::consume([arr(stage, count, ws + 1)])
-        } else {
-            Vec::new()
+        return match ws.take() {
+            Some(ws) => Outcome::consume([arr(stage, count, ws)]),
+            None => Vec::new(),
         };
     }
     let room = max_items.is_none_or(|m| count < m);
+    let item = || value(*items, Types::ALL, ws.max);
     match (stage, b) {
         (_, b']') if count >= *min_items => Outcome::consume([]),
         (ArrStage::Item, b',') if room => {
-            Outcome::consume([arr(ArrStage::Item, count + 1, 0), value(*items, Types::ALL)])
+            Outcome::consume([arr(ArrStage::Item, count + 1, ws.reset()), item()])
         }
         (ArrStage::Open, _) if room => {
-            Outcome::pass([arr(ArrStage::Item, count + 1, 0), value(*items, Types::ALL)])
+            Outcome::pass([arr(ArrStage::Item, count + 1, ws.reset()), item()])
         }
         _ => Vec::new(),
     }
@@ -357,7 +391,7 @@ pub struct Obj {
     used: u128,
     /// Undeclared keys written (their JSON text, quotes excluded).
     free: Vec<Vec<u8>>,
-    ws: u8,
+    ws: Ws,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -385,11 +419,13 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
         ObjStage::Open | ObjStage::Colon { .. } | ObjStage::Value | ObjStage::Comma
     );
     if ws_ok && is_ws(b) {
-        if o.ws >= MAX_WHITESPACE {
-            return Vec::new();
-        }
-        o.ws += 1;
-        return Outcome::consume([frame(Frame::Obj(Box::new(o)))]);
+        return match o.ws.take() {
+            Some(ws) => {
+                o.ws = ws;
+                Outcome::consume([frame(Frame::Obj(Box::new(o)))])
+            }
+            None => Vec::new(),
+        };
     }
     let complete = spec.required & !o.used == 0;
     match std::mem::replace(&mut o.stage, ObjStage::Value) {
@@ -398,7 +434,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
         ObjStage::Value if b == b'}' && complete => Outcome::consume([]),
         ObjStage::Value if b == b',' && more_keys(spec, &o) => {
             o.stage = ObjStage::Comma;
-            o.ws = 0;
+            o.ws = o.ws.reset();
             Outcome::consume([frame(Frame::Obj(Box::new(o)))])
         }
         ObjStage::Key { prop, at } => {
@@ -411,7 +447,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
             } else {
                 ObjStage::Key { prop, at: at + 1 }
             };
-            o.ws = 0;
+            o.ws = o.ws.reset();
             Outcome::consume([frame(Frame::Obj(Box::new(o)))])
         }
         ObjStage::FreeKey { mut text, scan } => {
@@ -427,7 +463,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
                 }
                 o.free.push(text);
                 o.stage = ObjStage::Colon { prop: None };
-                o.ws = 0;
+                o.ws = o.ws.reset();
                 return Outcome::consume([frame(Frame::Obj(Box::new(o)))]);
             }
             match scan.step(b, true, None) {
@@ -451,8 +487,12 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
                 },
             };
             o.stage = ObjStage::Value;
-            o.ws = 0;
-            Outcome::consume([frame(Frame::Obj(Box::new(o))), value(node, Types::ALL)])
+            o.ws = o.ws.reset();
+            let max_ws = o.ws.max;
+            Outcome::consume([
+                frame(Frame::Obj(Box::new(o))),
+                value(node, Types::ALL, max_ws),
+            ])
         }
         _ => Vec::new(),
     }
@@ -470,7 +510,7 @@ fn key_start(spec: &Object, o: Obj) -> Vec<Outcome> {
                 prop: i as u16,
                 at: 1,
             };
-            k.ws = 0;
+            k.ws = k.ws.reset();
             out.push(Outcome::Consume(vec![frame(Frame::Obj(Box::new(k)))]));
         }
     }
@@ -480,7 +520,7 @@ fn key_start(spec: &Object, o: Obj) -> Vec<Outcome> {
             text: Vec::new(),
             scan: Scan::default(),
         };
-        k.ws = 0;
+        k.ws = k.ws.reset();
         out.push(Outcome::Consume(vec![frame(Frame::Obj(Box::new(k)))]));
     }
     out

@@ -248,8 +248,10 @@ fn content(g: &Grammar, sym: Sym) -> Vec<Outcome> {
         Outcome::Pass(vec![
             frame(Frame::EndId),
             lit(Lit::ResponseEnd),
-            json::frame(json::Frame::Tail { ws: 0 }),
-            json::value(root, Types::ALL),
+            json::frame(json::Frame::Tail {
+                ws: json::Ws::new(json::PRETTY),
+            }),
+            json::value(root, Types::ALL, json::PRETTY),
         ])
     };
     match (g.mode, sym) {
@@ -302,8 +304,10 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
                         }
                     } else {
                         let mut frames = head.to_vec();
-                        frames.push(json::frame(json::Frame::Tail { ws: 0 }));
-                        frames.push(json::value(property.node, ty));
+                        frames.push(json::frame(json::Frame::Tail {
+                            ws: json::Ws::new(json::SPACED),
+                        }));
+                        frames.push(json::value(property.node, ty, json::SPACED));
                         frames.push(tag);
                         out.push(Outcome::Consume(frames));
                     }
@@ -318,8 +322,10 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
                         json_block: true,
                     }),
                     lit(Lit::JsonEnd),
-                    json::frame(json::Frame::Tail { ws: 0 }),
-                    json::value(spec.root, Types::OBJECT),
+                    json::frame(json::Frame::Tail {
+                        ws: json::Ws::new(json::SPACED),
+                    }),
+                    json::value(spec.root, Types::OBJECT, json::SPACED),
                     lit(Lit::JsonTag),
                 ]));
             }
