@@ -342,7 +342,7 @@ async fn sigterm_with_requests_queued_prefilling_and_decoding_keeps_the_session(
     assert_eq!(status.code(), Some(0), "{}", d.log_text());
     assert!(t.elapsed() < Duration::from_secs(7), "{:?}", t.elapsed());
     assert!(!d.socket.exists(), "the socket is removed");
-    let file = d.socket.with_extension("sessions").join("kept.k3s");
+    let file = d.socket.with_extension("sessions").join("0@kept.k3s");
     assert!(
         file.exists(),
         "the session was written at shutdown:\n{}",

@@ -68,7 +68,7 @@ const KINDS: [Kind; 8] = [
 
 /// How one request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Outcome {
+enum RequestEnd {
     /// Ran to its end with its solo output.
     Completed,
     /// Refused because the queue was full.
@@ -77,7 +77,7 @@ enum Outcome {
     Cut,
 }
 
-type Tally = BTreeMap<(Kind, Outcome), usize>;
+type Tally = BTreeMap<(Kind, RequestEnd), usize>;
 
 /// One load run's size.
 struct Load {
@@ -212,13 +212,13 @@ async fn solo(c: &mut EngineClient<Channel>, http_socket: &Path, load: &Load) ->
 }
 
 /// A refusal must be the full queue's, nothing else.
-fn refused(status: &tonic::Status) -> Outcome {
+fn refused(status: &tonic::Status) -> RequestEnd {
     assert_eq!(
         status.code(),
         tonic::Code::ResourceExhausted,
         "only a full queue may refuse: {status:?}"
     );
-    Outcome::Refused
+    RequestEnd::Refused
 }
 
 /// `got` is a prefix of `solo` as far as both go (a request cut short, or asking for more
@@ -233,7 +233,7 @@ async fn complete(
     call: Result<tonic::Response<tonic::Streaming<pb::Event>>, tonic::Status>,
     expected: &[u32],
     what: &str,
-) -> Outcome {
+) -> RequestEnd {
     match call {
         Err(status) => refused(&status),
         Ok(stream) => {
@@ -241,7 +241,7 @@ async fn complete(
             assert!(r.error.is_none(), "{what}: {:?}", r.error);
             assert!(r.done.is_some(), "{what}: no Done");
             assert_eq!(r.ids, expected, "{what}: not its solo output");
-            Outcome::Completed
+            RequestEnd::Completed
         }
     }
 }
@@ -261,7 +261,7 @@ async fn session(
             let what = format!("session {name} turn {turn}");
             let outcome = complete(c.generate(req).await, expected, &what).await;
             *tally.entry((Kind::Session, outcome)).or_default() += 1;
-            if outcome == Outcome::Completed {
+            if outcome == RequestEnd::Completed {
                 break;
             }
             tokio::time::sleep(BACKOFF).await;
@@ -275,7 +275,7 @@ async fn session(
 }
 
 /// A long generation cancelled by a Cancel call once its first token arrived.
-async fn cancel(c: &mut EngineClient<Channel>, expected: &[u32], prompt: Vec<u32>) -> Outcome {
+async fn cancel(c: &mut EngineClient<Channel>, expected: &[u32], prompt: Vec<u32>) -> RequestEnd {
     let mut stream = match c.generate(ids_request(prompt, LONG)).await {
         Err(status) => return refused(&status),
         Ok(r) => r.into_inner(),
@@ -289,11 +289,15 @@ async fn cancel(c: &mut EngineClient<Channel>, expected: &[u32], prompt: Vec<u32
     assert_eq!(err.code(), tonic::Code::Cancelled, "{err:?}");
     ids.extend(rest.ids);
     assert_prefix(&ids, expected, "cancelled generation");
-    Outcome::Cut
+    RequestEnd::Cut
 }
 
 /// A long generation whose client drops the stream after two tokens.
-async fn drop_stream(c: &mut EngineClient<Channel>, expected: &[u32], prompt: Vec<u32>) -> Outcome {
+async fn drop_stream(
+    c: &mut EngineClient<Channel>,
+    expected: &[u32],
+    prompt: Vec<u32>,
+) -> RequestEnd {
     let mut stream = match c.generate(ids_request(prompt, LONG)).await {
         Err(status) => return refused(&status),
         Ok(r) => r.into_inner(),
@@ -301,12 +305,12 @@ async fn drop_stream(c: &mut EngineClient<Channel>, expected: &[u32], prompt: Ve
     let (_, ids) = first_tokens(&mut stream, 2).await;
     drop(stream);
     assert_prefix(&ids, expected, "dropped generation");
-    Outcome::Cut
+    RequestEnd::Cut
 }
 
 /// A real `k3 run --ids` SIGKILLed once it printed two whole ids; a `k3` the full queue
 /// refused exits 5 without output.
-fn kill_k3(socket: &Path, expected: &[u32], prompt: &[u32]) -> Outcome {
+fn kill_k3(socket: &Path, expected: &[u32], prompt: &[u32]) -> RequestEnd {
     let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
     let mut child = Command::new(bin("k3"))
         .arg("--socket")
@@ -341,7 +345,7 @@ fn kill_k3(socket: &Path, expected: &[u32], prompt: &[u32]) -> Outcome {
             "k3 ended without output, not refused as busy: {}",
             text(&done.stderr)
         );
-        return Outcome::Refused;
+        return RequestEnd::Refused;
     }
     child.kill().expect("SIGKILL k3");
     child.wait().expect("reap k3");
@@ -352,7 +356,7 @@ fn kill_k3(socket: &Path, expected: &[u32], prompt: &[u32]) -> Outcome {
         .map(|id| id.parse().expect("an id"))
         .collect();
     assert_prefix(&got, expected, "k3 run killed mid-stream");
-    Outcome::Cut
+    RequestEnd::Cut
 }
 
 /// One client: its own connection, requests of its kind until the deadline, and at least one
@@ -374,7 +378,7 @@ async fn client_loop(i: usize, ctx: Arc<Ctx>) -> Tally {
             Kind::Status => {
                 status(&mut c).await;
                 tokio::time::sleep(BACKOFF).await;
-                Outcome::Completed
+                RequestEnd::Completed
             }
             Kind::Generate => {
                 let req = ids_request(prompt.clone(), ctx.max_tokens);
@@ -406,9 +410,9 @@ async fn client_loop(i: usize, ctx: Arc<Ctx>) -> Tally {
                     match http_completion(&ctx.http, &ctx.solo.model_id, prompt, ctx.max_tokens) {
                         Ok(got) => {
                             assert_eq!(&got, expected, "HTTP completion: not its solo output");
-                            Outcome::Completed
+                            RequestEnd::Completed
                         }
-                        Err((429, _)) => Outcome::Refused,
+                        Err((429, _)) => RequestEnd::Refused,
                         Err((status, body)) => panic!("HTTP completion: {status} {body}"),
                     }
                 })
@@ -417,7 +421,7 @@ async fn client_loop(i: usize, ctx: Arc<Ctx>) -> Tally {
             }
         };
         *tally.entry((kind, outcome)).or_default() += 1;
-        if outcome == Outcome::Refused {
+        if outcome == RequestEnd::Refused {
             tokio::time::sleep(BACKOFF).await;
         } else {
             got_in = true;
@@ -532,9 +536,9 @@ async fn run_load(load: Load) {
     assert_eq!(s.requests_failed, 0, "no request failed");
     for kind in KINDS {
         let done = if matches!(kind, Kind::Cancel | Kind::Drop | Kind::Kill) {
-            Outcome::Cut
+            RequestEnd::Cut
         } else {
-            Outcome::Completed
+            RequestEnd::Completed
         };
         assert!(
             tally.get(&(kind, done)).is_some_and(|&n| n > 0),
@@ -543,7 +547,7 @@ async fn run_load(load: Load) {
     }
     let refusals: usize = tally
         .iter()
-        .filter(|((_, o), _)| *o == Outcome::Refused)
+        .filter(|((_, o), _)| *o == RequestEnd::Refused)
         .map(|(_, n)| n)
         .sum();
     assert!(refusals > 0, "the queue never overflowed: {tally:?}");

@@ -103,7 +103,7 @@ async fn generate_turns_reuse_the_session_and_survive_a_restart() {
     d.signal(libc::SIGTERM);
     let mut d = d;
     assert_eq!(d.wait(Duration::from_secs(30)).code(), Some(0));
-    let file = sessions.join("conv.k3s");
+    let file = sessions.join("0@conv.k3s");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&file)
         .expect("session file")
@@ -233,8 +233,8 @@ async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serv
         .expect("save");
         std::fs::create_dir_all(&sessions).expect("mkdir");
         std::fs::copy(
-            foreign_dir.join("foreign.k3s"),
-            sessions.join("foreign.k3s"),
+            foreign_dir.join("0@foreign.k3s"),
+            sessions.join("0@foreign.k3s"),
         )
         .expect("copy");
     }
@@ -250,19 +250,19 @@ async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serv
             .expect("save")
             .into_inner();
         assert!(
-            saved.path.ends_with(&format!("{name}.k3s")),
+            saved.path.ends_with(&format!("0@{name}.k3s")),
             "{}",
             saved.path
         );
     }
     d.signal(libc::SIGTERM);
     assert_eq!(d.wait(Duration::from_secs(30)).code(), Some(0));
-    let flip = sessions.join("flip.k3s");
+    let flip = sessions.join("0@flip.k3s");
     let mut bytes = std::fs::read(&flip).expect("read");
     let at = bytes.len() - 50;
     bytes[at] ^= 0x01;
     std::fs::write(&flip, &bytes).expect("write");
-    let cut = sessions.join("cut.k3s");
+    let cut = sessions.join("0@cut.k3s");
     let bytes = std::fs::read(&cut).expect("read");
     std::fs::write(&cut, &bytes[..bytes.len() - 100]).expect("write");
 
@@ -288,7 +288,7 @@ async fn damaged_and_foreign_session_files_are_refused_and_the_daemon_keeps_serv
                     .unwrap_or_else(|| panic!("{name}: a damaged file must be refused"))
             }
         };
-        let path = sessions.join(format!("{name}.k3s"));
+        let path = sessions.join(format!("0@{name}.k3s"));
         assert_eq!(
             err.code(),
             tonic::Code::FailedPrecondition,
@@ -367,10 +367,12 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
     );
     let uid = uid_of("k3e2e-member");
     let intruder = Some("k3e2e-other");
+    // Another user naming the owner's session (as UID/NAME) is refused.
+    let owners = format!("{uid}/mine");
     for args in [
-        vec!["run", "--ids", "--session", "mine", "5 6 7 8"],
-        vec!["sessions", "rm", "mine"],
-        vec!["sessions", "save", "mine"],
+        vec!["run", "--ids", "--session", &owners, "5 6 7 8"],
+        vec!["sessions", "rm", &owners],
+        vec!["sessions", "save", &owners],
     ] {
         let out = k3(&d.socket, intruder, &args);
         assert_eq!(
@@ -389,6 +391,34 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
     assert!(theirs.status.success(), "{}", text(&theirs.stderr));
     let v: serde_json::Value = serde_json::from_slice(&theirs.stdout).expect("JSON");
     assert_eq!(v["sessions"].as_array().map(Vec::len), Some(0), "{v}");
+    // Names are per user (issue 35 point 6): the other user's own `mine` is another session,
+    // which starts afresh and leaves the owner's alone.
+    let own_mine = k3(
+        &d.socket,
+        intruder,
+        &[
+            "run",
+            "--ids",
+            "--max-tokens",
+            "1",
+            "--session",
+            "mine",
+            "5 6 7 8",
+        ],
+    );
+    assert!(own_mine.status.success(), "{}", text(&own_mine.stderr));
+    assert!(
+        !text(&own_mine.stderr).contains("from the session"),
+        "{}",
+        text(&own_mine.stderr)
+    );
+    let theirs = k3(&d.socket, intruder, &["sessions", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&theirs.stdout).expect("JSON");
+    assert_eq!(v["sessions"][0]["name"], "mine", "{v}");
+    assert_eq!(
+        v["sessions"][0]["owner_uid"].to_string(),
+        uid_of("k3e2e-other")
+    );
     let own = k3(&d.socket, owner, &["sessions", "list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&own.stdout).expect("JSON");
     assert_eq!(v["sessions"][0]["name"], "mine", "{v}");
@@ -407,12 +437,17 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
     let saved = k3(&d.socket, owner, &["sessions", "save", "mine"]);
     assert!(saved.status.success(), "{}", text(&saved.stderr));
     assert!(
-        text(&saved.stdout).contains("mine.k3s"),
+        text(&saved.stdout).contains(&format!("{uid}@mine.k3s")),
         "{}",
         text(&saved.stdout)
     );
-    // Root administers every session.
-    assert_eq!(list(&mut c).await.len(), 1);
+    // Root administers every session, named UID/NAME.
+    let all = list(&mut c).await;
+    let mut names: Vec<String> = all.iter().map(|s| s.name.clone()).collect();
+    names.sort();
+    let mut want = vec![owners.clone(), format!("{}/mine", uid_of("k3e2e-other"))];
+    want.sort();
+    assert_eq!(names, want);
     let rm = k3(&d.socket, owner, &["sessions", "rm", "mine"]);
     assert!(rm.status.success(), "{}", text(&rm.stderr));
     let gone = k3(&d.socket, owner, &["sessions", "save", "mine"]);
@@ -506,11 +541,11 @@ async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() 
     // A FIFO where a session file should be (opening it for reading would wait for a writer
     // forever), a file that is not a session file, and a save a crash interrupted.
     let out = Command::new("mkfifo")
-        .arg(sessions.join("pipe.k3s"))
+        .arg(sessions.join("0@pipe.k3s"))
         .output()
         .expect("mkfifo");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    std::fs::write(sessions.join("junk.k3s"), b"not a session file").expect("write");
+    std::fs::write(sessions.join("0@junk.k3s"), b"not a session file").expect("write");
     std::fs::write(sessions.join(".crashed.k3s.tmp"), b"half a save").expect("write");
     let args = ["--session-dir", sessions.to_str().expect("utf-8 path")];
     let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
@@ -530,7 +565,7 @@ async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() 
     for name in ["pipe", "junk"] {
         let out = k3(&d.socket, None, &["sessions", "rm", name]);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
-        let path = sessions.join(format!("{name}.k3s"));
+        let path = sessions.join(format!("0@{name}.k3s"));
         assert!(std::fs::symlink_metadata(&path).is_err(), "{name} removed");
     }
     let (_, reused) = turn(&mut c, &[9, 8, 7], "fresh").await;
@@ -549,47 +584,6 @@ async fn unreadable_session_files_never_block_and_k3_sessions_rm_removes_them() 
     assert!(d2.log_text().contains("chmod go-w"), "{}", d2.log_text());
     let out = k3(&d2.socket, None, &["sessions", "list"]);
     assert!(!out.status.success(), "{}", text(&out.stdout));
-}
-
-/// A small tmpfs mounted for one test, unmounted when dropped (also when the test fails).
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).expect("mount point");
-        let out = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={size},mode=0700"),
-                "tmpfs",
-            ])
-            .arg(at)
-            .output()
-            .expect("mount");
-        assert!(
-            out.status.success(),
-            "mount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fills the filesystem of `dir` to the last byte.
-fn fill(dir: &Path) {
-    use std::io::Write;
-    let mut filler = std::fs::File::create(dir.join("filler")).expect("filler");
-    let block = [0u8; 4096];
-    while filler.write_all(&block).is_ok() {}
-    let _ = filler.write_all(&[0u8; 1]);
 }
 
 /// `k3 sessions save` on a full disk says the daemon's storage failed (exit 10), not "the
@@ -662,7 +656,7 @@ async fn sessions_a_full_disk_loses_at_shutdown_are_named_and_fail_the_exit_stat
     for name in idle.iter().chain(&["running"]) {
         assert!(
             log.contains(&format!(
-                "session {name:?} could not be written at shutdown"
+                "session {name:?} of uid 0 could not be written at shutdown"
             )),
             "{name} named in the log:\n{log}"
         );
@@ -693,7 +687,7 @@ async fn sigkill_during_a_save_leaves_the_old_file_or_the_new_one() {
     let tmp = scratch("sess-kill");
     let dir = tmp.path();
     let sessions = dir.join("sessions");
-    let temp_file = sessions.join(".k.k3s.tmp");
+    let temp_file = sessions.join(".0@k.k3s.tmp");
     let mut history: Vec<u32> = vec![5, 6, 7];
     // Token counts the file may hold: what it held before the last save, and what that save
     // wrote.

@@ -63,24 +63,37 @@ struct ChatSession {
     saved: bool,
 }
 
+/// 128 random bits as hex, for a temporary session's name: nobody can guess it (issue 35
+/// point 9: `chat-SECS-PID-N` could be), so nobody can race a chat for it. From the kernel's
+/// random source; without one, from the standard library's per-process random hash keys.
+fn unpredictable_hex() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if read.is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        for half in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(std::process::id().into());
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl ChatSession {
-    fn new(given: Option<&str>, serial: u32) -> ChatSession {
+    fn new(given: Option<&str>) -> ChatSession {
         match given {
             Some(name) => ChatSession {
                 name: name.to_string(),
                 temporary: false,
                 saved: true,
             },
-            None => {
-                let secs = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                ChatSession {
-                    name: format!("chat-{secs}-{}-{serial}", std::process::id()),
-                    temporary: true,
-                    saved: false,
-                }
-            }
+            None => ChatSession {
+                name: format!("chat-{}", unpredictable_hex()),
+                temporary: true,
+                saved: false,
+            },
         }
     }
 
@@ -124,7 +137,7 @@ pub fn run(socket: &SocketPath, args: Args) -> Result<(), Failure> {
         // Absent on first use; a damaged file only costs the recall.
         let _ = editor.load_history(path);
     }
-    let mut session = ChatSession::new(args.session.as_deref(), 0);
+    let mut session = ChatSession::new(args.session.as_deref());
     let result = converse(
         &rt,
         &mut client,
@@ -185,7 +198,6 @@ fn converse(
     args: &Args,
     session: &mut ChatSession,
 ) -> Result<(), Failure> {
-    let mut serial = 0;
     let mut conversation = initial(args);
     let show = Show {
         format: Format::Text,
@@ -231,8 +243,7 @@ fn converse(
             ("/reset", _) => {
                 conversation = initial(args);
                 session.discard(rt, client);
-                serial += 1;
-                *session = ChatSession::new(args.session.as_deref(), serial);
+                *session = ChatSession::new(args.session.as_deref());
                 session.keep(&conversation);
                 eprintln!(
                     "(new conversation: the messages so far are forgotten, and the next reply \

@@ -42,7 +42,7 @@ pub struct Show {
 
 /// What a finished (or cancelled) stream produced.
 #[derive(Default)]
-pub struct Outcome {
+pub struct Produced {
     pub response: String,
     pub reasoning: String,
     pub ids: Vec<u32>,
@@ -151,13 +151,13 @@ pub async fn show(
     stream: tonic::Streaming<pb::Event>,
     how: &Show,
     interrupts: &mut Signal,
-) -> Result<Outcome, Failure> {
+) -> Result<Produced, Failure> {
     let mut stream = stream;
     let tty_out = std::io::stdout().is_terminal();
     let tty_err = std::io::stderr().is_terminal();
     let colour = colour(tty_out);
     let mut out = std::io::stdout().lock();
-    let mut outcome = Outcome::default();
+    let mut outcome = Produced::default();
     let mut request_id = None;
     let mut dimmed = false;
     let mut bar = Bar::default();

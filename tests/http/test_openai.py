@@ -357,7 +357,7 @@ def test_prefix_reuse_continues_the_conversation_with_identical_output():
     fresh = []
     for follow_up in follow_ups + [None]:
         reply = chat(client, turns, max_tokens=6, extra_body=fresh_off)
-        assert reply.usage.prompt_tokens_details is None
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
         fresh.append(reply)
         if follow_up:
             turns += [{"role": "assistant", "content": reply.choices[0].message.content},
@@ -369,8 +369,7 @@ def test_prefix_reuse_continues_the_conversation_with_identical_output():
         # Bit-identical to computing the whole prompt afresh (greedy).
         assert reused.choices[0].message.content == want.choices[0].message.content
         assert reused.usage.prompt_tokens == want.usage.prompt_tokens
-        details = reused.usage.prompt_tokens_details
-        cached = details.cached_tokens if details else 0
+        cached = reused.usage.prompt_tokens_details.cached_tokens
         if n == 0:
             assert cached == 0, reused.usage
         else:

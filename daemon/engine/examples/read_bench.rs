@@ -26,7 +26,7 @@ use std::time::Instant;
 use k3_engine::checkpoint::layout::ByteRun;
 use k3_engine::store::aligned::AlignedBuf;
 use k3_engine::store::direct_io::{DirectPolicy, ShardSet, Window};
-use k3_engine::store::reader::{Batch, ReaderConfig, ReaderPool};
+use k3_engine::store::reader::{ReadBatch, ReaderConfig, ReaderPool};
 
 const EXPERT: u64 = 17_547_264;
 const KDA_LAYER: u64 = 1_267_744_256;
@@ -218,11 +218,11 @@ fn stream(
     bufs: &mut Vec<AlignedBuf>,
 ) -> Result<u64, String> {
     let end = HEADER_SHIFT + 2 * KDA_LAYER;
-    let mut inflight: VecDeque<(ByteRun, Batch)> = VecDeque::new();
+    let mut inflight: VecDeque<(ByteRun, ReadBatch)> = VecDeque::new();
     let mut next = HEADER_SHIFT;
     let mut bytes = 0;
     // Submit the next run into `buf`, or give `buf` back when the region is done.
-    let submit = |next: &mut u64, buf: AlignedBuf| -> Result<(ByteRun, Batch), AlignedBuf> {
+    let submit = |next: &mut u64, buf: AlignedBuf| -> Result<(ByteRun, ReadBatch), AlignedBuf> {
         if *next >= end {
             return Err(buf);
         }

@@ -85,7 +85,8 @@ fn continuing_a_snapshot_equals_one_long_run() {
         state_bytes: end.state.size_bytes() as u64,
     };
     file::save(&sessions, &header, &snaps1).expect("save");
-    let (_, loaded) = file::load(&file::path_of(sessions.path(), "t"), &fingerprint).expect("load");
+    let (_, loaded) =
+        file::load(&file::path_of(sessions.path(), None, "t"), &fingerprint).expect("load");
     assert_eq!(loaded, snaps1);
     let mut turn2 = end.history.clone();
     turn2.extend([11, 12, 13, 14]);

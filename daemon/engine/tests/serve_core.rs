@@ -10,8 +10,8 @@ use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sa
 use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
-    Capacity, Config, Core, Event, Finish, Health, Invalid, JobHandle, Limits, Prompt, Request,
-    ServeError, UidLimits,
+    Caller, Capacity, Config, Core, Event, FinishReason, Health, Invalid, JobHandle, Limits,
+    Prompt, Request, ServeError, UidLimits,
 };
 use k3_engine::session::StoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
@@ -75,7 +75,7 @@ fn ids(prompt: Vec<u32>, max_tokens: usize) -> Request {
 }
 
 /// Every event of a job to its end: the generated ids, and Done or the error.
-fn drain(job: &JobHandle) -> (Vec<u32>, Result<Finish, ServeError>) {
+fn drain(job: &JobHandle) -> (Vec<u32>, Result<FinishReason, ServeError>) {
     let mut out = Vec::new();
     while let Some(e) = job.events.recv() {
         match e {
@@ -154,7 +154,8 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
             if i == 1 {
                 r.sampling = sampled.clone();
             }
-            core.submit(Some(1000 + i as u32), r).expect("submit")
+            core.submit(Caller::Uid(1000 + i as u32), r)
+                .expect("submit")
         })
         .collect();
     let got: Vec<Vec<u32>> = jobs
@@ -205,7 +206,7 @@ fn computing(job: &JobHandle) {
 fn usable(core: &Core, name: &str, what: &str) {
     let mut r = ids(vec![1, 2, 3], 2);
     r.session = Some(name.into());
-    match core.submit(Some(7), r) {
+    match core.submit(Caller::Uid(7), r) {
         Ok(job) => {
             let (_, end) = drain(&job);
             assert!(end.is_ok(), "{what}: {end:?}");
@@ -224,20 +225,24 @@ fn on_session(name: &str, max_tokens: usize) -> Request {
 fn a_session_lease_is_released_however_the_job_ends() {
     let (_ck, core) = one_slot(6, 4);
     // Done.
-    let job = core.submit(Some(7), on_session("s", 3)).expect("submit");
+    let job = core
+        .submit(Caller::Uid(7), on_session("s", 3))
+        .expect("submit");
     assert!(drain(&job).1.is_ok());
     usable(&core, "s", "done");
 
     // While one job holds the only compute slot, others queue.
     let blocker = core
-        .submit(Some(7), ids(vec![4, 4, 4], 4000))
+        .submit(Caller::Uid(7), ids(vec![4, 4, 4], 4000))
         .expect("blocker");
     computing(&blocker);
     // Cancelled while queued.
-    let queued = core.submit(Some(7), on_session("s", 3)).expect("queued");
+    let queued = core
+        .submit(Caller::Uid(7), on_session("s", 3))
+        .expect("queued");
     let r = on_session("s", 3);
     assert!(
-        matches!(core.submit(Some(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
+        matches!(core.submit(Caller::Uid(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
         "one job at a time per session"
     );
     queued.cancel();
@@ -251,10 +256,12 @@ fn a_session_lease_is_released_however_the_job_ends() {
 /// `usable` once the blocker is out of the way; the abandoned, running-cancel, shutdown cases.
 fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
     // Abandoned while queued: dropping the receiver releases the lease at once.
-    let queued = core.submit(Some(7), on_session(name, 3)).expect("queued");
+    let queued = core
+        .submit(Caller::Uid(7), on_session(name, 3))
+        .expect("queued");
     drop(queued);
     let again = core
-        .submit(Some(7), on_session(name, 3))
+        .submit(Caller::Uid(7), on_session(name, 3))
         .expect("the abandoned job's lease was released");
     // Cancelled while running.
     blocker.cancel();
@@ -265,10 +272,12 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
     usable(core, name, "cancelled while running");
     // Shutdown: queued and running jobs are cancelled and their leases released.
     let running = core
-        .submit(Some(7), on_session(name, 4000))
+        .submit(Caller::Uid(7), on_session(name, 4000))
         .expect("running");
     computing(&running);
-    let other = core.submit(Some(7), on_session("t", 3)).expect("queued");
+    let other = core
+        .submit(Caller::Uid(7), on_session("t", 3))
+        .expect("queued");
     core.close();
     core.stop_all();
     assert!(matches!(drain(&running).1, Err(ServeError::Shutdown)));
@@ -285,7 +294,7 @@ fn usable_later(core: &Core, name: &str, blocker: &JobHandle) {
 fn every_refusal_names_its_rule() {
     let (_ck, core) = one_slot(7, 0);
     let vocab = core.tokenizer().vocab_size() as u32;
-    let refused = |r: Request| match core.submit(None, r) {
+    let refused = |r: Request| match core.submit(Caller::Unknown, r) {
         Err(ServeError::Invalid(i)) => i,
         Err(e) => panic!("not an invalid request: {e}"),
         Ok(_) => panic!("accepted"),
@@ -367,8 +376,10 @@ fn every_refusal_names_its_rule() {
         Invalid::EndsWithAssistant
     );
     // Busy: one running, no queue; the refusal carries the queue's state.
-    let running = core.submit(None, ids(vec![1, 2], 4000)).expect("running");
-    match core.submit(None, ids(vec![1, 2], 4)) {
+    let running = core
+        .submit(Caller::Unknown, ids(vec![1, 2], 4000))
+        .expect("running");
+    match core.submit(Caller::Unknown, ids(vec![1, 2], 4)) {
         Err(ServeError::Busy(q)) => {
             // The first is running or about to be taken from the queue.
             assert_eq!((q.running + q.queued, q.max_queue), (1, 0), "{q:?}")
@@ -378,7 +389,7 @@ fn every_refusal_names_its_rule() {
     drop(running);
     core.close();
     assert!(matches!(
-        core.submit(None, ids(vec![1], 4)),
+        core.submit(Caller::Unknown, ids(vec![1], 4)),
         Err(ServeError::ShuttingDown)
     ));
 }
@@ -407,7 +418,6 @@ fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
 fn a_chats_next_turn_prefills_only_what_the_user_added() {
     let (ck, core) = reusing_slot(11);
     let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
-    let me = k3_engine::serve::Caller::Uid(Some(7));
     let conversation = |messages: Vec<Message>| Conversation {
         messages,
         thinking: k3_engine::tokenizer::chat::Thinking::Off,
@@ -415,7 +425,7 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     };
     let chat = |messages: Vec<Message>, reuse: bool| Request {
         max_tokens: Some(6),
-        reuse: reuse.then(|| me.clone()),
+        reuse,
         ..Request::new(Prompt::Chat(conversation(messages)))
     };
     // The reply as an OpenAI client keeps it: its response-channel text.
@@ -441,14 +451,14 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     };
     let mut messages = vec![Message::new(Role::User, "Name a river.")];
     let first = core
-        .submit(Some(7), chat(messages.clone(), true))
+        .submit(Caller::Uid(7), chat(messages.clone(), true))
         .expect("turn 1");
     let (content, _) = reply(&first);
     let follow_up = Message::new(Role::User, "And another?");
     messages.extend([Message::new(Role::Assistant, content), follow_up.clone()]);
     // Submitted while the first turn's history is being warmed: it waits for it.
     let second = core
-        .submit(Some(7), chat(messages.clone(), true))
+        .submit(Caller::Uid(7), chat(messages.clone(), true))
         .expect("turn 2");
     let (reused_text, reused) = reply(&second);
     // What only this turn adds: the user's message and the generation prompt, which render
@@ -461,7 +471,9 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
         added.len(),
         "the next turn prefilled more than the user's message: {reused:?}"
     );
-    let fresh = core.submit(Some(7), chat(messages, false)).expect("fresh");
+    let fresh = core
+        .submit(Caller::Uid(7), chat(messages, false))
+        .expect("fresh");
     let (fresh_text, fresh) = reply(&fresh);
     assert_eq!(fresh.reused_tokens, 0);
     assert_eq!(
@@ -478,17 +490,19 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
     let (_ck, core) = reusing_slot(12);
     let chat = Request {
         max_tokens: Some(24),
-        reuse: Some(k3_engine::serve::Caller::Uid(Some(7))),
+        reuse: true,
         ..Request::new(Prompt::Chat(Conversation {
             messages: vec![Message::new(Role::User, "Name a river.")],
             thinking: k3_engine::tokenizer::chat::Thinking::Off,
             ..Conversation::default()
         }))
     };
-    let first = core.submit(Some(7), chat).expect("chat");
+    let first = core.submit(Caller::Uid(7), chat).expect("chat");
     computing(&first);
     // Queued behind the chat before its reply ends: another caller (no reuse) waits.
-    let other = core.submit(Some(8), ids(vec![5, 6, 7], 3)).expect("other");
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 3))
+        .expect("other");
     let (_, end) = drain(&first);
     assert!(end.is_ok(), "{end:?}");
     let (out, end) = drain(&other);
@@ -498,5 +512,129 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
         core.metrics().timings.warmed_tokens,
         0,
         "the warming ran while another request waited"
+    );
+}
+
+/// Runs `job` to its end: the generated ids and the engine's summary.
+fn completed(job: &JobHandle) -> (Vec<u32>, k3_engine::engine::Summary) {
+    let mut out = Vec::new();
+    while let Some(e) = job.events.recv() {
+        match e {
+            Event::Token { id, .. } => out.push(id),
+            Event::Done(d) => return (out, d.summary),
+            Event::Failed(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    panic!("the stream ended without Done or Failed");
+}
+
+fn chat_of(messages: &[(Role, &str)], reuse: bool) -> Request {
+    Request {
+        max_tokens: Some(5),
+        reuse,
+        ..Request::new(Prompt::Chat(Conversation {
+            messages: messages
+                .iter()
+                .map(|(role, text)| Message::new(*role, *text))
+                .collect(),
+            thinking: k3_engine::tokenizer::chat::Thinking::Off,
+            ..Conversation::default()
+        }))
+    }
+}
+
+/// Issue 34 point 5: an identical retry reuses all but the prompt's last id, a retry whose last
+/// message changed reuses everything before that message, and both answer exactly as a fresh
+/// computation does.
+#[test]
+fn a_retry_reuses_all_but_what_changed_and_answers_as_computed_afresh() {
+    let (ck, core) = reusing_slot(13);
+    let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
+    let history = [
+        (Role::System, "You answer briefly."),
+        (Role::User, "Name a river."),
+        (Role::Assistant, "The Rhine."),
+    ];
+    let asked = |last: &'static str| {
+        let mut m = history.to_vec();
+        m.push((Role::User, last));
+        m
+    };
+    let me = Caller::Uid(7);
+    let (first_out, first) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a sea?"), true))
+            .expect("1"),
+    );
+    assert_eq!(first.reused_tokens, 0);
+    let (retry_out, retry) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a sea?"), true))
+            .expect("2"),
+    );
+    assert_eq!(
+        retry.reused_tokens,
+        retry.prompt_tokens - 1,
+        "identical retry: {retry:?}"
+    );
+    assert_eq!(retry_out, first_out);
+    // The last message edited: everything before it is reused.
+    let mut before = Conversation {
+        messages: history.iter().map(|(r, t)| Message::new(*r, *t)).collect(),
+        thinking: k3_engine::tokenizer::chat::Thinking::Off,
+        ..Conversation::default()
+    };
+    before.generation_prompt = false;
+    let kept = k3_engine::tokenizer::chat::render(&tokenizer, &before).expect("render");
+    let (edited_out, edited) = completed(
+        &core
+            .submit(me.clone(), chat_of(&asked("And a lake?"), true))
+            .expect("3"),
+    );
+    assert_eq!(edited.reused_tokens, kept.len(), "edited retry: {edited:?}");
+    let (fresh_out, fresh) = completed(
+        &core
+            .submit(me, chat_of(&asked("And a lake?"), false))
+            .expect("4"),
+    );
+    assert_eq!(fresh.reused_tokens, 0);
+    assert_eq!(edited_out, fresh_out);
+}
+
+/// Issue 35 point 7: a state is continued only by the caller it was kept for; a caller nobody
+/// vouches for reuses nothing, not even its own identical request.
+#[test]
+fn kept_states_are_never_shared_between_callers() {
+    let (_ck, core) = reusing_slot(14);
+    let secret = [(Role::User, "My password is hunter2. Remember it.")];
+    let reused = |caller: Caller| {
+        let (_, s) = completed(&core.submit(caller, chat_of(&secret, true)).expect("submit"));
+        s.reused_tokens
+    };
+    let scoped = |scope: &str| Caller::Key {
+        key: 0,
+        scope: Some(scope.into()),
+    };
+    assert_eq!(reused(Caller::Uid(7)), 0);
+    assert!(reused(Caller::Uid(7)) > 0, "the same uid reuses its own");
+    assert_eq!(reused(Caller::Uid(8)), 0, "another uid");
+    assert_eq!(reused(scoped("a")), 0);
+    assert!(reused(scoped("a")) > 0, "the same key and scope");
+    for other in [
+        scoped("b"),
+        scoped("a").account(),
+        Caller::Key {
+            key: 1,
+            scope: Some("a".into()),
+        },
+    ] {
+        assert_eq!(reused(other.clone()), 0, "{other}");
+    }
+    assert_eq!(reused(Caller::Unknown), 0);
+    assert_eq!(
+        reused(Caller::Unknown),
+        0,
+        "an unknown caller keeps nothing"
     );
 }

@@ -6,7 +6,7 @@ mod tokenizer_support;
 
 use std::sync::OnceLock;
 
-use k3_engine::serve::{Channel, Kind, ReplyReader};
+use k3_engine::serve::{Channel, Kind, TokenReader};
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::fixtures;
 
@@ -21,7 +21,7 @@ fn script(s: &str) -> Vec<u32> {
 }
 
 /// The text of the ids in `want`.
-fn text_of(reader: &mut ReplyReader<'_>, ids: &[u32], want: Channel) -> String {
+fn text_of(reader: &mut TokenReader<'_>, ids: &[u32], want: Channel) -> String {
     ids.iter()
         .map(|&id| reader.read(id))
         .filter(|p| p.channel == want)
@@ -36,14 +36,14 @@ fn a_thinking_reply_splits_into_reasoning_response_and_control() {
          <|close|>response<|sep|><|close|>message<|sep|>",
     );
     let kind = Kind::Chat { thinking: true };
-    let picked = |want| text_of(&mut ReplyReader::new(tiny(), kind), &ids, want);
+    let picked = |want| text_of(&mut TokenReader::new(tiny(), kind), &ids, want);
     assert_eq!(picked(Channel::Reasoning), "ab");
     assert_eq!(picked(Channel::Response), "cd");
     assert_eq!(
         picked(Channel::Control),
         "<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|close|>message<|sep|>"
     );
-    let mut reader = ReplyReader::new(tiny(), kind);
+    let mut reader = TokenReader::new(tiny(), kind);
     for &id in &ids {
         reader.read(id);
     }
@@ -55,7 +55,7 @@ fn a_thinking_reply_splits_into_reasoning_response_and_control() {
 #[test]
 fn plain_continuations_are_text_throughout() {
     let ids = script("hi<|sep|>there");
-    let mut reader = ReplyReader::new(tiny(), Kind::Text);
+    let mut reader = TokenReader::new(tiny(), Kind::Text);
     let pieces: Vec<_> = ids.iter().map(|&id| reader.read(id)).collect();
     assert!(
         pieces
@@ -77,7 +77,7 @@ fn tool_calls_stream_as_deltas_and_arrive_whole_at_the_end() {
          <|open|>argument key=\"a\" type=\"number\"<|sep|>12<|close|>argument<|sep|>\
          <|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>",
     );
-    let mut reader = ReplyReader::new(tiny(), Kind::Chat { thinking: false });
+    let mut reader = TokenReader::new(tiny(), Kind::Chat { thinking: false });
     let pieces: Vec<_> = ids.iter().map(|&id| reader.read(id)).collect();
     let deltas: Vec<_> = pieces.iter().filter_map(|p| p.tool_call.as_ref()).collect();
     let start = deltas[0]
@@ -104,14 +104,14 @@ fn tool_calls_stream_as_deltas_and_arrive_whole_at_the_end() {
 
 #[test]
 fn a_reply_cut_short_is_not_malformed_and_a_broken_one_is_reported() {
-    let mut cut = ReplyReader::new(tiny(), Kind::Chat { thinking: false });
+    let mut cut = TokenReader::new(tiny(), Kind::Chat { thinking: false });
     for id in tiny().encode("partial", Specials::Plain).expect("encode") {
         cut.read(id);
     }
     let ending = cut.finish(None);
     assert_eq!((ending.tool_calls.len(), ending.malformed), (0, None));
 
-    let mut bad = ReplyReader::new(tiny(), Kind::Chat { thinking: false });
+    let mut bad = TokenReader::new(tiny(), Kind::Chat { thinking: false });
     for id in script("a<|sep|>b") {
         bad.read(id);
     }

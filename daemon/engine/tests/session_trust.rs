@@ -80,18 +80,19 @@ fn planted_temp_symlinks_are_never_written_through() {
     assert!(skipped.is_empty(), "{skipped:?}");
     assert!(std::fs::symlink_metadata(dir.join(".a.k3s.tmp")).is_err());
     // Planted while it runs: the save replaces the link and never writes the target.
-    std::os::unix::fs::symlink(&victim, dir.join(".a.k3s.tmp")).unwrap();
-    store.reserve("a", Some(VICTIM), 1).unwrap();
-    assert!(store.finish("a", Vec::new()).is_empty());
+    std::os::unix::fs::symlink(&victim, dir.join(".1000@a.k3s.tmp")).unwrap();
+    let a = store.reserve("a", Some(VICTIM), 1).unwrap();
+    assert!(store.finish(&a, Vec::new()).is_empty());
     store.save("a", Some(VICTIM)).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-    let (_, snaps) = file::load(&file::path_of(&dir, "a"), FP).expect("the saved file loads");
+    let saved = file::path_of(&dir, Some(VICTIM), "a");
+    let (_, snaps) = file::load(&saved, FP).expect("the saved file loads");
     assert!(snaps.is_empty());
     let names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names, ["a.k3s"], "no temp file or link left");
+    assert_eq!(names, ["1000@a.k3s"], "no temp file or link left");
 }
 
 #[test]
@@ -107,7 +108,7 @@ fn crash_leftover_temp_files_are_removed_at_start() {
     assert!(skipped.is_empty(), "{skipped:?}");
     assert_eq!(store.len(), 1);
     assert!(!dir.join(".kept.k3s.tmp").exists() && !dir.join(".other.k3s.tmp").exists());
-    assert!(dir.join("notes.txt").exists() && dir.join("kept.k3s").exists());
+    assert!(dir.join("notes.txt").exists() && dir.join("1000@kept.k3s").exists());
 }
 
 #[test]
@@ -117,7 +118,11 @@ fn a_symlinked_session_file_is_not_followed() {
     let elsewhere = tmp.path().join("elsewhere");
     write_session(&elsewhere, "s", FP, Some(VICTIM));
     open(&dir);
-    std::os::unix::fs::symlink(file::path_of(&elsewhere, "s"), file::path_of(&dir, "s")).unwrap();
+    let (there, here) = (
+        file::path_of(&elsewhere, Some(VICTIM), "s"),
+        file::path_of(&dir, Some(VICTIM), "s"),
+    );
+    std::os::unix::fs::symlink(&there, &here).unwrap();
     let (mut store, skipped) = open(&dir);
     assert_eq!(skipped.len(), 1);
     assert!(
@@ -137,9 +142,9 @@ fn a_symlinked_session_file_is_not_followed() {
         store.delete("s", Some(VICTIM)),
         Err(StoreError::PermissionDenied { owner: None, .. })
     ));
-    store.delete("s", Some(0)).unwrap();
-    assert!(std::fs::symlink_metadata(file::path_of(&dir, "s")).is_err());
-    assert!(file::path_of(&elsewhere, "s").exists());
+    store.delete("1000/s", Some(0)).unwrap();
+    assert!(std::fs::symlink_metadata(&here).is_err());
+    assert!(there.exists());
 }
 
 #[test]
@@ -150,7 +155,8 @@ fn an_owner_field_is_believed_only_in_the_daemons_own_files() {
     // A file the attacker forged for the victim's uid (placed while the directory was open to
     // them, say), owned by the attacker.
     write_session(&dir, "forged", FP, Some(VICTIM));
-    std::os::unix::fs::chown(file::path_of(&dir, "forged"), Some(ATTACKER), None).unwrap();
+    let forged = file::path_of(&dir, Some(VICTIM), "forged");
+    std::os::unix::fs::chown(&forged, Some(ATTACKER), None).unwrap();
     let (mut store, skipped) = open(&dir);
     assert_eq!(store.len(), 0);
     assert!(
@@ -169,15 +175,21 @@ fn an_owner_field_is_believed_only_in_the_daemons_own_files() {
         other => panic!("the forged file was used: {other:?}"),
     }
     assert!(store.list(Some(VICTIM)).is_empty());
-    // Neither the named victim nor the attacker may remove it; root may.
-    for who in [VICTIM, ATTACKER] {
-        assert!(matches!(
-            store.delete("forged", Some(who)),
-            Err(StoreError::PermissionDenied { owner: None, .. })
-        ));
-    }
-    store.delete("forged", Some(0)).unwrap();
-    assert!(!file::path_of(&dir, "forged").exists());
+    // Neither the named victim nor the attacker (naming the victim's session) may remove it;
+    // root may.
+    assert!(matches!(
+        store.delete("forged", Some(VICTIM)),
+        Err(StoreError::PermissionDenied { owner: None, .. })
+    ));
+    assert!(matches!(
+        store.delete("1000/forged", Some(ATTACKER)),
+        Err(StoreError::PermissionDenied {
+            owner: Some(VICTIM),
+            ..
+        })
+    ));
+    store.delete("1000/forged", Some(0)).unwrap();
+    assert!(!forged.exists());
 }
 
 #[test]
@@ -187,7 +199,8 @@ fn files_the_daemon_will_not_load_can_be_removed() {
     // Another model's session (every session after a model upgrade): its owner may remove it.
     write_session(&dir, "old-model", "fingerprint-b", Some(VICTIM));
     // A damaged one: no readable owner, so root only.
-    std::fs::write(file::path_of(&dir, "damaged"), b"not a session file").unwrap();
+    let damaged = file::path_of(&dir, Some(VICTIM), "damaged");
+    std::fs::write(&damaged, b"not a session file").unwrap();
     let (mut store, skipped) = open(&dir);
     assert_eq!((store.len(), skipped.len()), (0, 2));
     assert!(matches!(
@@ -195,20 +208,20 @@ fn files_the_daemon_will_not_load_can_be_removed() {
         Err(StoreError::File(FileError::Fingerprint { .. }))
     ));
     assert!(matches!(
-        store.delete("old-model", Some(ATTACKER)),
+        store.delete("1000/old-model", Some(ATTACKER)),
         Err(StoreError::PermissionDenied {
             owner: Some(VICTIM),
             ..
         })
     ));
     store.delete("old-model", Some(VICTIM)).unwrap();
-    assert!(!file::path_of(&dir, "old-model").exists());
+    assert!(!file::path_of(&dir, Some(VICTIM), "old-model").exists());
     let e = store.delete("damaged", Some(VICTIM)).unwrap_err();
     assert!(e.to_string().contains("only root may act on it"), "{e}");
-    store.delete("damaged", Some(0)).unwrap();
-    assert!(!file::path_of(&dir, "damaged").exists());
+    store.delete("1000/damaged", Some(0)).unwrap();
+    assert!(!damaged.exists());
     assert!(matches!(
-        store.delete("damaged", Some(0)),
+        store.delete("1000/damaged", Some(0)),
         Err(StoreError::NotFound(_))
     ));
 }
@@ -218,7 +231,7 @@ fn a_fifo_session_file_never_blocks() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("sessions");
     open(&dir);
-    let fifo = file::path_of(&dir, "pipe");
+    let fifo = file::path_of(&dir, Some(VICTIM), "pipe");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
     let started = Instant::now();
     let (mut store, skipped) = open(&dir);
@@ -232,6 +245,6 @@ fn a_fifo_session_file_never_blocks() {
         skipped[0]
     );
     assert!(store.reserve("pipe", Some(VICTIM), 1).is_err());
-    store.delete("pipe", Some(0)).unwrap();
+    store.delete("1000/pipe", Some(0)).unwrap();
     assert!(std::fs::symlink_metadata(&fifo).is_err());
 }

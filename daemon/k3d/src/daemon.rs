@@ -29,7 +29,7 @@ const UNWIND_LIMIT: Duration = Duration::from_secs(5);
 /// How often the model's state is checked for a failed load.
 const HEALTH_POLL: Duration = Duration::from_millis(20);
 
-pub struct Config {
+pub struct Options {
     pub model: PathBuf,
     pub socket: SocketSpec,
     pub threads: usize,
@@ -43,11 +43,14 @@ pub struct Config {
     pub session_dir: PathBuf,
     /// In-memory session allowance in bytes (`--session-gb`); `None` = from the plan.
     pub session_bytes: Option<u64>,
+    /// Sessions and bytes of session files one uid may have (`--sessions-per-uid`,
+    /// `--session-disk-gb-per-uid`).
+    pub session_quota: k3_engine::session::store::Quota,
     /// The HTTP API's endpoints (`--http`, none = no HTTP) and settings.
     pub http: Vec<crate::http::Endpoint>,
     pub http_settings: crate::http::Settings,
     /// Per-peer connection cap and handshake deadline, on every listener.
-    pub connections: gate::Limits,
+    pub connections: gate::ConnectionLimits,
 }
 
 /// How the serving loop ended.
@@ -67,7 +70,7 @@ fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
     crate::notify::health(health, info);
 }
 
-pub fn run(cfg: Config) -> CliResult {
+pub fn run(cfg: Options) -> CliResult {
     logging::start();
     let core = Core::new(k3_engine::serve::Config {
         model: cfg.model.clone(),
@@ -80,6 +83,7 @@ pub fn run(cfg: Config) -> CliResult {
         limits: cfg.limits,
         session_dir: cfg.session_dir,
         session_bytes: cfg.session_bytes,
+        session_quota: cfg.session_quota,
         log: k3_engine::serve::Log(logging::core_line),
         on_health,
     })

@@ -32,7 +32,7 @@ enum Command {
     /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
     Detokenize(cmd::tokenize::DetokenizeArgs),
     /// Load a model once and serve it to `k3` clients over a Unix socket.
-    Serve(cmd::serve::Args),
+    Serve(Box<cmd::serve::Args>),
     /// Check this machine (and a model directory) and recommend a memory budget.
     Doctor(cmd::doctor::Args),
     /// SHA-256 every checkpoint file against a manifest (resumable).
@@ -53,7 +53,7 @@ fn main() {
         Command::Run(args) => cmd::run::run(args),
         Command::Tokenize(args) => cmd::tokenize::tokenize(args),
         Command::Detokenize(args) => cmd::tokenize::detokenize(args),
-        Command::Serve(args) => cmd::serve::run(args),
+        Command::Serve(args) => cmd::serve::run(*args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Bench(args) => cmd::bench::run(args),

@@ -424,7 +424,7 @@ impl Found<'_> {
 /// layer's trunk and each expert one contiguous run, and nothing left over except the vision
 /// model. Never guesses: any disagreement is a refusal.
 pub fn bind(config: &ModelConfig, index: &TensorIndex) -> Result<ModelLayout, LayoutError> {
-    let mut b = Binder {
+    let mut b = IndexBinder {
         index,
         covered: vec![false; index.len()],
         issues: Vec::new(),
@@ -529,7 +529,7 @@ struct FoundLayer<'a> {
     experts: Vec<[Found<'a>; 6]>,
 }
 
-struct Binder<'a> {
+struct IndexBinder<'a> {
     index: &'a TensorIndex,
     /// Which index positions some requirement named.
     covered: Vec<bool>,
@@ -538,7 +538,7 @@ struct Binder<'a> {
     variants: Vec<DtypeVariant>,
 }
 
-impl<'a> Binder<'a> {
+impl<'a> IndexBinder<'a> {
     fn issue(&mut self, tensor: &str, file: Option<String>, kind: IssueKind) {
         self.total += 1;
         if self.issues.len() < KEPT_ISSUES {

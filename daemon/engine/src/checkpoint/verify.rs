@@ -143,7 +143,7 @@ pub fn hash_file(path: &Path, progress: &Progress) -> Result<[u8; 32], VerifyErr
 
 /// The verdict on one listed file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Verdict {
     Verified,
     /// Verified by an earlier run and unchanged since (same size and mtime).
     Resumed,
@@ -157,7 +157,7 @@ pub enum Outcome {
 /// Every listed file's verdict, in manifest order.
 #[derive(Debug, Clone)]
 pub struct Report {
-    pub files: Vec<(String, Outcome)>,
+    pub files: Vec<(String, Verdict)>,
     /// Bytes hashed in this run.
     pub hashed_bytes: u64,
 }
@@ -166,7 +166,7 @@ impl Report {
     pub fn all_good(&self) -> bool {
         self.files
             .iter()
-            .all(|(_, o)| matches!(o, Outcome::Verified | Outcome::Resumed))
+            .all(|(_, o)| matches!(o, Verdict::Verified | Verdict::Resumed))
     }
 }
 
@@ -247,12 +247,12 @@ pub fn verify(
             }
         },
         threads,
-        |(e, stamp, resumed)| -> Result<Outcome, VerifyError> {
+        |(e, stamp, resumed)| -> Result<Verdict, VerifyError> {
             let Some(stamp) = stamp else {
-                return Ok(Outcome::Missing);
+                return Ok(Verdict::Missing);
             };
             if *resumed {
-                return Ok(Outcome::Resumed);
+                return Ok(Verdict::Resumed);
             }
             let path = dir.join(&e.name);
             let actual = hex(&hash_file(&path, progress)?);
@@ -267,14 +267,14 @@ pub fn verify(
                         st.save(p)?;
                     }
                 }
-                Ok(Outcome::Verified)
+                Ok(Verdict::Verified)
             } else {
                 if st.files.remove(&e.name).is_some()
                     && let Some(p) = state_path
                 {
                     st.save(p)?;
                 }
-                Ok(Outcome::Mismatch { expected, actual })
+                Ok(Verdict::Mismatch { expected, actual })
             }
         },
     );

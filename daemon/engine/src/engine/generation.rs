@@ -62,6 +62,8 @@ pub struct Generation {
     reused: usize,
     /// Logits of the last fed position, not yet sampled from.
     next_logits: Option<Vec<f32>>,
+    /// Copies of the state at the request's `keep_at` positions, not yet taken.
+    kept: Vec<State>,
     /// Generated ids already in the state (fed back); the rest await the next decode feed.
     generated_fed: usize,
     generated: Vec<u32>,
@@ -140,6 +142,7 @@ impl Generation {
             fed: reused,
             reused,
             next_logits: None,
+            kept: Vec::new(),
             generated_fed: 0,
             generated: Vec::new(),
             output_text: Vec::new(),
@@ -181,6 +184,12 @@ impl Generation {
         &self.state
     }
 
+    /// The states kept at the request's `keep_at` positions since the last call, each
+    /// having consumed exactly the first `positions()` prompt ids.
+    pub fn take_kept(&mut self) -> Vec<State> {
+        std::mem::take(&mut self.kept)
+    }
+
     /// The ids the state has consumed: the prompt, then the generated ids fed back. The last
     /// generated id is fed only if another token was asked for, and a stop id never is.
     pub fn consumed(&self) -> Vec<u32> {
@@ -199,7 +208,11 @@ impl Generation {
         }
         let total = self.request.prompt.len();
         if self.fed < total {
-            let end = (self.fed + prefill_chunk.max(1)).min(total);
+            let mut end = (self.fed + prefill_chunk.max(1)).min(total);
+            // A chunk ends where a state is to be kept (chunking changes no bit, spec §6).
+            if let Some(&keep) = self.request.keep_at.iter().find(|&&p| p > self.fed) {
+                end = end.min(keep);
+            }
             let want = if self.request.record_logits {
                 Logits::All
             } else {
@@ -285,6 +298,9 @@ impl Generation {
             (Feed::Prompt { ids, .. }, Some(logits)) => {
                 let total = self.request.prompt.len();
                 self.fed += ids.len();
+                if self.request.keep_at.contains(&self.fed) {
+                    self.kept.push(self.state.clone());
+                }
                 if self.request.record_logits {
                     self.logits_log.extend_from_slice(&logits);
                 }

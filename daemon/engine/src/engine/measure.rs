@@ -40,7 +40,7 @@ pub struct PhaseCost {
 }
 
 impl PhaseCost {
-    fn between(a: &Snapshot, b: &Snapshot, tokens: usize) -> Self {
+    fn between(a: &Mark, b: &Mark, tokens: usize) -> Self {
         let (s, t) = (&a.store, &b.store);
         PhaseCost {
             tokens,
@@ -72,15 +72,15 @@ pub struct Measured {
     pub decode: PhaseCost,
 }
 
-struct Snapshot {
+struct Mark {
     at: Instant,
     store: StoreStats,
     compute: f64,
 }
 
-impl Snapshot {
+impl Mark {
     fn of(engine: &Engine) -> Self {
-        Snapshot {
+        Mark {
             store: engine.model().store_stats(),
             compute: engine.model().compute_seconds(),
             at: Instant::now(),
@@ -101,18 +101,18 @@ pub fn measure(
         ..GenerateRequest::default()
     };
     let mut generation = engine.start(request)?;
-    let start = Snapshot::of(engine);
-    let mut prefilled: Option<Snapshot> = None;
+    let start = Mark::of(engine);
+    let mut prefilled: Option<Mark> = None;
     let summary = loop {
         match engine.step(&mut generation, &|| false)? {
             Step::Prefill { done, total } if done == total => {
-                prefilled = Some(Snapshot::of(engine));
+                prefilled = Some(Mark::of(engine));
             }
             Step::Finished(summary) => break summary,
             _ => {}
         }
     };
-    let end = Snapshot::of(engine);
+    let end = Mark::of(engine);
     // A validated prompt is non-empty, so its last prefill step always reports done == total.
     let prefilled =
         prefilled.ok_or_else(|| EngineError::Internal("the prompt was never fed".into()))?;

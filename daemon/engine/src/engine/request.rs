@@ -117,6 +117,11 @@ pub struct GenerateRequest {
     /// step; 0 = off. Greedy requests only (ignored when sampling); the output is identical
     /// either way, only the speed differs (see the generation module).
     pub speculate: usize,
+    /// Prompt positions (ascending, from 1 to the prompt's length) at which the generation
+    /// keeps a copy of its state for the caller ([`super::Generation::take_kept`]): a later
+    /// prompt that shares exactly these first ids continues from there. The prefill feeds
+    /// its chunks so that each of these ends one; chunking never changes a bit (spec §6).
+    pub keep_at: Vec<usize>,
     /// Changes to the logits before each id is chosen (bias, penalties).
     pub transform: LogitTransform,
     /// Restricts which ids may come next (constrained decoding, the thinking budget): the
@@ -147,6 +152,10 @@ pub enum RequestError {
     TopP(f32),
     #[error("stop strings must not be empty")]
     EmptyStopString,
+    #[error(
+        "states to keep at prompt positions {0:?}: they must ascend, each from 1 to the prompt's length"
+    )]
+    KeepAt(Vec<usize>),
     #[error("{given} logit_bias entries given; at most {MAX_LOGIT_BIAS} are accepted")]
     TooManyBiases { given: usize },
     #[error("logit_bias names id {id}, outside the vocabulary (0..{vocab_size})")]
@@ -196,6 +205,11 @@ impl GenerateRequest {
         }
         if self.stop_strings.iter().any(|s| s.is_empty()) {
             return Err(RequestError::EmptyStopString);
+        }
+        let ascending = self.keep_at.windows(2).all(|w| w[0] < w[1]);
+        let within = |p: &usize| (1..=self.prompt.len()).contains(p);
+        if !(ascending && self.keep_at.iter().all(within)) {
+            return Err(RequestError::KeepAt(self.keep_at.clone()));
         }
         self.transform.validate(vocab_size)
     }

@@ -1,8 +1,17 @@
 //! What the plan must hold at once besides the weights: the context every state is sized for,
 //! the rows of one forward pass, the sequences held together, the drafts a speculative step
 //! journals, and (for a daemon) the memory kept for sessions.
+//!
+//! A daemon keeps its callers' recent conversation states between their requests (sessions and
+//! automatic prefix reuse), and an agent's next turn resends everything: without a state to
+//! continue from, every turn prefills the whole conversation again — on K3, hours at 40,000
+//! tokens. So by default the plan reserves, before any weight is placed, one conversation state
+//! of the planned context per active request (the states the running requests hold are
+//! reserved apart), as much of it as the budget holds beside the model's floor; the printed
+//! plan says what it reserved. A GiB reserved there costs the decode at most a GiB of pinned
+//! trunk (under 1 % of a K3 token's reads) and saves whole prefills (issue 34 point 5).
 
-use super::{Budget, Census, Plan, PlanError, StateShape, StreamScheme};
+use super::{Budget, Census, Plan, PlanError, SessionPlan, StateShape, StreamScheme};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::layout::ModelLayout;
 
@@ -26,6 +35,21 @@ pub struct PlanInputs {
     /// K3's sizes, so it is budgeted, never assumed. The engine clamps each request's
     /// `speculate` to this.
     pub speculate: u64,
+    /// What a daemon keeps beside the model for sessions and kept conversation states.
+    pub sessions: SessionReserve,
+}
+
+/// The budget a daemon keeps for sessions and kept conversation states (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SessionReserve {
+    /// None: not a daemon (a one-shot run, a benchmark).
+    #[default]
+    None,
+    /// Exactly this many bytes (`--session-gb`).
+    Bytes(u64),
+    /// One conversation state of the planned context per held sequence, as much of it as the
+    /// budget holds beside the model's floor; the headroom adds to it.
+    Default,
 }
 
 impl Default for PlanInputs {
@@ -37,6 +61,7 @@ impl Default for PlanInputs {
             max_tokens_per_call: 32,
             sequences: 1,
             speculate: 0,
+            sessions: SessionReserve::None,
         }
     }
 }
@@ -53,7 +78,7 @@ pub struct Serving {
     /// Drafts per speculative step any request may get.
     pub speculate: usize,
     /// Bytes of the budget kept for in-memory sessions (`--session-gb`); the model is planned
-    /// in the rest.
+    /// in the rest. `None`: the default reserve ([`SessionReserve::Default`]).
     pub session_bytes: Option<u64>,
 }
 
@@ -62,20 +87,22 @@ impl PlanInputs {
     /// every active request holds its own state and, with speculation, its rollback journal,
     /// and sessions count against the budget.
     pub fn serving(self, s: Serving) -> Result<Self, PlanError> {
-        let mut inputs = PlanInputs {
+        let sessions = match s.session_bytes {
+            Some(bytes) => SessionReserve::Bytes(bytes),
+            None => SessionReserve::Default,
+        };
+        if let (Some(ram), SessionReserve::Bytes(sessions)) = (self.budget.ram, sessions)
+            && sessions >= ram
+        {
+            return Err(PlanError::SessionsTakeBudget { sessions, ram });
+        }
+        Ok(PlanInputs {
             max_tokens_per_call: s.tokens_per_member.saturating_mul(s.max_batch) as u64,
             sequences: s.max_active as u64,
             speculate: s.speculate as u64,
+            sessions,
             ..self
-        };
-        if let (Some(ram), Some(sessions)) = (inputs.budget.ram, s.session_bytes) {
-            inputs.budget.ram = Some(
-                ram.checked_sub(sessions)
-                    .filter(|r| *r > 0)
-                    .ok_or(PlanError::SessionsTakeBudget { sessions, ram })?,
-            );
-        }
-        Ok(inputs)
+        })
     }
 }
 
@@ -104,7 +131,42 @@ impl Plan {
             .saturating_add(journal)
             .saturating_mul(inputs.sequences.max(1));
         census.sequences = usize::try_from(inputs.sequences.max(1)).unwrap_or(usize::MAX);
-        Plan::new(&census, inputs.budget, inputs.scheme)
+        let one_state = StateShape::of(config)
+            .bytes(inputs.max_context)
+            .ok_or_else(|| PlanError::BadCensus("the state size overflows".into()))?;
+        let (wanted, explicit) = match inputs.sessions {
+            SessionReserve::None => (0, false),
+            SessionReserve::Bytes(bytes) => (bytes, true),
+            SessionReserve::Default => (one_state.saturating_mul(inputs.sequences.max(1)), false),
+        };
+        let plan_in = |reserved: u64| {
+            let mut budget = inputs.budget;
+            budget.ram = budget.ram.map(|ram| ram - reserved);
+            let mut plan = Plan::new(&census, budget, inputs.scheme)?;
+            // The budget printed and checked is the caller's: the model's part and the reserve.
+            plan.budget += reserved;
+            plan.sessions = SessionPlan {
+                reserved,
+                wanted: if explicit { 0 } else { wanted },
+                explicit,
+            };
+            Ok(plan)
+        };
+        match inputs.budget.ram {
+            // `serving` refused an explicit reserve the budget cannot hold.
+            Some(ram) if explicit && wanted >= ram => Err(PlanError::SessionsTakeBudget {
+                sessions: wanted,
+                ram,
+            }),
+            Some(ram) if !explicit => match plan_in(wanted.min(ram)) {
+                // The default reserve takes only what the budget holds beside the model's floor.
+                Err(PlanError::BudgetTooSmall { needed, .. }) if wanted > 0 => {
+                    plan_in(ram.saturating_sub(needed).min(wanted))
+                }
+                planned => planned,
+            },
+            _ => plan_in(wanted),
+        }
     }
 }
 
@@ -128,6 +190,8 @@ fn scratch_bytes(c: &ModelConfig, t: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::census::released;
+    use crate::checkpoint::layout::bind;
     use crate::plan::GIB;
 
     fn daemon(ram: Option<u64>, session_bytes: Option<u64>) -> Result<PlanInputs, PlanError> {
@@ -147,15 +211,27 @@ mod tests {
         })
     }
 
+    /// The released model's plan for a daemon with `ram` and `session_bytes`.
+    fn released_plan(ram: Option<u64>, session_bytes: Option<u64>) -> Result<Plan, PlanError> {
+        let config = released::config();
+        let layout = bind(&config, &released::index(&config)).expect("binds");
+        Plan::for_model(&config, &layout, &daemon(ram, session_bytes)?)
+    }
+
+    /// One released state at the default 4,096 positions (spec §5.1).
+    const ONE_STATE: u64 = 464_633_856 + 55_296 * 4096;
+
     #[test]
     fn serving_reserves_every_active_request_and_the_batch_rows() {
         let i = daemon(Some(8 * GIB), Some(GIB)).unwrap();
         assert_eq!(i.max_tokens_per_call, 1024);
         assert_eq!(i.sequences, 4);
         assert_eq!(i.speculate, 3);
-        assert_eq!(i.budget.ram, Some(7 * GIB));
-        // The max budget has nothing to take sessions from: it plans everything.
-        assert_eq!(daemon(None, Some(GIB)).unwrap().budget.ram, None);
+        assert_eq!(i.sessions, SessionReserve::Bytes(GIB));
+        assert_eq!(
+            daemon(None, None).unwrap().sessions,
+            SessionReserve::Default
+        );
     }
 
     #[test]
@@ -167,5 +243,76 @@ mod tests {
                 ram: GIB
             })
         );
+    }
+
+    /// Issue 34 point 5: `--ram-gb max` left 0 bytes for kept states, so no agent turn reused
+    /// anything. By default the plan now reserves one state per active request at every
+    /// budget that holds it, within the budget, and prints it.
+    #[test]
+    fn a_daemon_reserves_kept_states_by_default_within_its_budget() {
+        let wanted = 4 * ONE_STATE;
+        for ram in [Some(16 * GIB), Some(64 * GIB), None] {
+            let plan = released_plan(ram, None).unwrap();
+            assert_eq!(
+                plan.sessions,
+                SessionPlan {
+                    reserved: wanted,
+                    wanted,
+                    explicit: false
+                },
+                "{ram:?}"
+            );
+            assert!(
+                plan.total() + plan.sessions.reserved <= plan.budget,
+                "{plan}"
+            );
+            assert_eq!(plan.session_allowance(), wanted + plan.headroom());
+            if let Some(ram) = ram {
+                assert_eq!(plan.budget, ram);
+            }
+            let text = plan.to_string();
+            assert!(
+                text.contains("sessions   2.76 GB: kept conversation states"),
+                "{text}"
+            );
+        }
+        // The max budget holds everything and the reserve on top.
+        let max = released_plan(None, None).unwrap();
+        assert_eq!(max.budget, max.total() + wanted);
+        assert_eq!(max.headroom(), 0);
+    }
+
+    #[test]
+    fn the_default_reserve_is_cut_to_what_the_budget_holds_beside_the_model() {
+        let floor = match released_plan(Some(1), None) {
+            Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
+            other => panic!("a 1-byte budget must be refused: {other:?}"),
+        };
+        let plan = released_plan(Some(floor + GIB), None).unwrap();
+        assert_eq!(plan.sessions.reserved, GIB);
+        assert_eq!(plan.sessions.wanted, 4 * ONE_STATE);
+        assert!(plan.pinned_layers.is_empty());
+        assert!(plan.to_string().contains("cut to what the budget holds"));
+        // At the floor nothing is left: the model plans, nothing is reserved.
+        let bare = released_plan(Some(floor), None).unwrap();
+        assert_eq!(bare.sessions.reserved, 0);
+    }
+
+    #[test]
+    fn session_gb_reserves_exactly_what_it_says() {
+        let plan = released_plan(Some(16 * GIB), Some(GIB)).unwrap();
+        assert_eq!(
+            plan.sessions,
+            SessionPlan {
+                reserved: GIB,
+                wanted: 0,
+                explicit: true
+            }
+        );
+        assert_eq!(plan.session_allowance(), GIB);
+        assert!(plan.total() + GIB <= 16 * GIB);
+        let max = released_plan(None, Some(GIB)).unwrap();
+        assert_eq!(max.budget, max.total() + GIB);
+        assert!(max.to_string().contains("(--session-gb)"));
     }
 }

@@ -80,7 +80,7 @@ use std::fmt;
 
 pub use budget::{Budget, DenseLookahead, Lookahead, Preset, StreamScheme};
 pub use census::Census;
-pub use inputs::{PlanInputs, Serving};
+pub use inputs::{PlanInputs, Serving, SessionReserve};
 pub use state::StateShape;
 
 use buffers::MAX_CHUNK;
@@ -180,6 +180,22 @@ pub struct Plan {
     /// What the expert cache needs left to grow beyond its minimum (rule 3): one token's
     /// routed experts' slots.
     pub cache_threshold: u64,
+    /// The budget a daemon keeps beside the model for sessions and kept conversation states.
+    pub sessions: SessionPlan,
+}
+
+/// What a daemon's plan keeps for sessions and kept conversation states
+/// ([`inputs::SessionReserve`]): bytes of the budget the model does not use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SessionPlan {
+    /// Bytes of the budget reserved (beside [`Plan::total`], which the model allocates).
+    pub reserved: u64,
+    /// What the default reserve asked for: one conversation state of the planned context per
+    /// active request (0 with `--session-gb`, which is `reserved` exactly).
+    pub wanted: u64,
+    /// Set by `--session-gb`: the allowance is exactly `reserved`; by default the headroom
+    /// adds to it.
+    pub explicit: bool,
 }
 
 impl Plan {
@@ -203,9 +219,22 @@ impl Plan {
             + self.model_vectors_bytes
     }
 
-    /// Budget left unallocated.
+    /// Budget left unallocated (neither the model's nor reserved for sessions).
     pub fn headroom(&self) -> u64 {
-        self.budget.saturating_sub(self.total())
+        self.budget
+            .saturating_sub(self.total())
+            .saturating_sub(self.sessions.reserved)
+    }
+
+    /// The in-memory allowance of a daemon's sessions and kept conversation states: the
+    /// reserve, and by default the headroom too (memory nothing else uses).
+    pub fn session_allowance(&self) -> u64 {
+        self.sessions.reserved
+            + if self.sessions.explicit {
+                0
+            } else {
+                self.headroom()
+            }
     }
 
     /// Plan `budget` for `census`: the rules of the module doc, in order (`plan::rules`).
@@ -389,6 +418,25 @@ impl fmt::Display for Plan {
             gb(self.scratch_bytes),
             self.model_vectors_bytes
         )?;
+        let reserve = self.sessions;
+        if reserve.reserved > 0 || reserve.wanted > 0 {
+            writeln!(
+                f,
+                "  sessions   {}: kept conversation states and sessions between turns ({})",
+                gb(reserve.reserved),
+                if reserve.explicit {
+                    "--session-gb".to_string()
+                } else if reserve.reserved < reserve.wanted {
+                    format!(
+                        "the default, one state of the planned context per active request, \
+                         {}, cut to what the budget holds beside the model",
+                        gb(reserve.wanted)
+                    )
+                } else {
+                    "the default: one state of the planned context per active request".into()
+                }
+            )?;
+        }
         if self.headroom() > 0 {
             let mut why = Vec::new();
             if self.smallest_streamed_layer > 0 {
@@ -407,7 +455,7 @@ impl fmt::Display for Plan {
             }
             writeln!(
                 f,
-                "  spare      {}{}: a daemon keeps it for in-memory sessions",
+                "  spare      {}{}: a daemon keeps it for sessions unless --session-gb is set",
                 gb(self.headroom()),
                 if why.is_empty() {
                     String::new()

@@ -8,8 +8,8 @@
 
 use super::buffers::{MAX_CHUNK, window_capacity};
 use super::{
-    Census, DenseLookahead, Lookahead, Plan, PlanError, ReadsPerToken, Residency, StreamScheme,
-    expert_reads,
+    Census, DenseLookahead, Lookahead, Plan, PlanError, ReadsPerToken, Residency, SessionPlan,
+    StreamScheme, expert_reads,
 };
 
 /// What the plan has chosen so far.
@@ -300,6 +300,8 @@ impl<'c> Costs<'c> {
                 .min()
                 .unwrap_or(0),
             cache_threshold: census.token_expert_slots() as u64 * self.slot,
+            // A daemon's reserve is set around the plan (`Plan::for_model`).
+            sessions: SessionPlan::default(),
         }
     }
 }

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::caller::Caller;
 use super::events::EventSender;
-use super::prefix::Caller;
 use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, LoadFigures, QueueState, ServeError, UidQueueState};
@@ -32,6 +32,9 @@ use crate::tokenizer::chat::Conversation;
 /// One admitted job on its way to (or in) the scheduler.
 pub(crate) struct Job {
     pub id: u64,
+    /// Who sent it, as its transport vouches.
+    pub caller: Caller,
+    /// The caller's uid (`caller.uid()`), which limits and fairness count today.
     pub uid: Option<u32>,
     pub request: GenerateRequest,
     pub kind: Kind,
@@ -53,7 +56,7 @@ pub(crate) struct Job {
 impl Job {
     pub fn new(
         id: u64,
-        uid: Option<u32>,
+        caller: Caller,
         request: GenerateRequest,
         kind: Kind,
         events: EventSender,
@@ -61,7 +64,8 @@ impl Job {
     ) -> Job {
         Job {
             id,
-            uid,
+            uid: caller.uid(),
+            caller,
             request,
             kind,
             events,
@@ -134,7 +138,7 @@ pub struct Counters {
 
 /// How a job ended, for the counters.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Outcome {
+pub(crate) enum JobEnd {
     Completed,
     Cancelled,
     Failed,
@@ -142,13 +146,13 @@ pub(crate) enum Outcome {
     Refused,
 }
 
-impl Outcome {
+impl JobEnd {
     /// How a job that ended with `error` is counted.
-    pub fn of(error: &ServeError) -> Outcome {
+    pub fn of(error: &ServeError) -> JobEnd {
         if error.is_refusal() {
-            Outcome::Refused
+            JobEnd::Refused
         } else {
-            Outcome::Failed
+            JobEnd::Failed
         }
     }
 }
@@ -268,7 +272,7 @@ impl State {
 
 /// A consistent copy of the admission figures.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub struct AdmissionFigures {
     pub health: Health,
     pub accepting: bool,
     pub info: Option<EngineInfo>,
@@ -509,17 +513,17 @@ impl Admission {
     }
 
     /// A running job ended.
-    pub fn finish(&self, id: u64, outcome: Outcome) {
+    pub fn finish(&self, id: u64, outcome: JobEnd) {
         let mut st = self.lock();
         if let Some(r) = st.running.remove(&id) {
             st.load(r.uid).running -= 1;
             st.tidy(r.uid);
         }
         match outcome {
-            Outcome::Completed => st.counters.completed += 1,
-            Outcome::Cancelled => st.counters.cancelled += 1,
-            Outcome::Failed => st.counters.failed += 1,
-            Outcome::Refused => st.counters.rejected += 1,
+            JobEnd::Completed => st.counters.completed += 1,
+            JobEnd::Cancelled => st.counters.cancelled += 1,
+            JobEnd::Failed => st.counters.failed += 1,
+            JobEnd::Refused => st.counters.rejected += 1,
         }
     }
 
@@ -649,9 +653,9 @@ impl Admission {
         self.lock().per_uid.get(&uid).copied().unwrap_or_default()
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> AdmissionFigures {
         let st = self.lock();
-        Snapshot {
+        AdmissionFigures {
             health: st.health.clone(),
             accepting: st.accepting,
             info: st.info.clone(),
@@ -679,7 +683,8 @@ mod tests {
             max_tokens: 4,
             ..GenerateRequest::default()
         };
-        (Job::new(id, uid, request, Kind::Text, tx, None), rx)
+        let caller = uid.map_or(Caller::Unknown, Caller::Uid);
+        (Job::new(id, caller, request, Kind::Text, tx, None), rx)
     }
 
     fn admission(max_active: usize, per_uid: UidLimits) -> Admission {
@@ -713,7 +718,7 @@ mod tests {
     fn service_order(admission: &Admission) -> Vec<u64> {
         std::iter::from_fn(|| {
             let id = *take_ids(admission, 1).first()?;
-            admission.finish(id, Outcome::Completed);
+            admission.finish(id, JobEnd::Completed);
             Some(id)
         })
         .collect()
@@ -733,7 +738,7 @@ mod tests {
         assert_eq!(positions(&held(&b)), vec![1], "first in line");
         assert_eq!(positions(&held(&a[1])), vec![1, 2], "moved back one");
         assert_eq!(positions(&held(&a[3])), vec![3, 4]);
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(service_order(&admission), vec![5, 2, 3, 4]);
     }
 
@@ -774,7 +779,7 @@ mod tests {
                 running: 1
             }
         );
-        admission.finish(1, Outcome::Completed);
+        admission.finish(1, JobEnd::Completed);
         assert_eq!(take_ids(&admission, 1), vec![2]);
     }
 

@@ -33,11 +33,11 @@
 //! ## Using it
 //!
 //! ```no_run
-//! use k3_engine::serve::{Config, Core, Event, Prompt, Request};
+//! use k3_engine::serve::{Caller, Config, Core, Event, Prompt, Request};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let core = Core::new(Config::new("/models/k3".into(), "/var/lib/k3d/sessions".into()))?;
 //! core.start()?; // loads the model on the scheduler thread; jobs may be submitted already
-//! let job = core.submit(Some(1000), Request::new(Prompt::Text("Hello".into())))?;
+//! let job = core.submit(Caller::Uid(1000), Request::new(Prompt::Text("Hello".into())))?;
 //! while let Some(event) = job.events.recv() {
 //!     match event {
 //!         Event::Token { piece, .. } => print!("{}", piece.text),
@@ -56,7 +56,7 @@
 //!   turns, one uid's at a time, within [`UidLimits`] ([`admission`]).
 //! * **Events** arrive in order: [`Event::Queued`] (position, when it must wait),
 //!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk, one
-//!   [`Event::Token`] per generated id (id + classified [`Piece`]), then exactly one of
+//!   [`Event::Token`] per generated id (id + classified [`TokenPiece`]), then exactly one of
 //!   [`Event::Done`] (finish reason, usage, timings) or [`Event::Failed`]. `recv` blocks;
 //!   `poll_recv` serves an async stream with std's `Waker` only.
 //! * **Cancel** ([`JobHandle::cancel`] or [`Core::cancel`] by id): a queued job leaves the queue
@@ -76,6 +76,7 @@
 
 pub mod admission;
 pub mod batch;
+pub mod caller;
 mod error;
 pub mod events;
 mod load;
@@ -89,13 +90,16 @@ pub mod validate;
 
 pub use admission::{Canceller, Capacity, Counters, UidLimits, UidLoad};
 pub use batch::{Batch, Member};
+pub use caller::Caller;
 pub use error::{QueueState, STORAGE_FAILED, ServeError, UidQueueState};
 pub use events::Events;
 pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
-pub use prefix::{Caller, PrefixCache, PrefixFigures};
-pub use reply::{Channel, Ending, Malformed, Piece, ReplyReader, ToolCallDelta, ToolCallStart};
+pub use prefix::{PrefixCache, PrefixFigures};
+pub use reply::{
+    Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
+};
 pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Invalid, Kind, Limits, Prompt, Request};
 
@@ -127,7 +131,7 @@ pub enum Event {
     /// A prefill chunk was fed: `done` of `total` prompt tokens are in the state.
     Prefill { done: usize, total: usize },
     /// One generated id and the text it completes, classified.
-    Token { id: u32, piece: Piece },
+    Token { id: u32, piece: TokenPiece },
     /// The job completed. Last event.
     Done(Done),
     /// The job ended without completing (cancelled, abandoned, shut down, refused when it
@@ -137,7 +141,7 @@ pub enum Event {
 
 /// Why a completed job stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Finish {
+pub enum FinishReason {
     /// It generated `max_tokens` tokens.
     Length,
     /// A chat reply ended its turn with this id (spec §8.4), not emitted.
@@ -160,7 +164,7 @@ pub struct Usage {
 /// The end of a completed job.
 #[derive(Debug, Clone)]
 pub struct Done {
-    pub finish: Finish,
+    pub finish: FinishReason,
     /// Text the reply reader held back at the end (an incomplete UTF-8 sequence, lossily).
     pub trailing_text: String,
     /// A chat reply's tool calls (arguments as JSON text, ids `call_<index>`); for a reply cut
@@ -254,8 +258,11 @@ pub struct Config {
     pub limits: Limits,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
-    /// In-memory session allowance in bytes; `None` = the plan's headroom.
+    /// In-memory session allowance in bytes; `None` = the memory plan's
+    /// ([`crate::plan::Plan::session_allowance`]).
     pub session_bytes: Option<u64>,
+    /// Sessions and bytes of session files one uid may have.
+    pub session_quota: crate::session::store::Quota,
     pub log: Log,
     /// Told about every change of the model's state (load phases, ready, failed).
     pub on_health: OnHealth,
@@ -277,6 +284,7 @@ impl Config {
             limits: Limits::default(),
             session_dir,
             session_bytes: None,
+            session_quota: crate::session::store::Quota::default(),
             log: Log::QUIET,
             on_health: ignore_health,
         }
@@ -346,6 +354,7 @@ impl Core {
             sessions: Arc::new(Sessions::new(
                 config.session_dir,
                 config.session_bytes,
+                config.session_quota,
                 config.log,
             )),
             prefix: Arc::new(PrefixCache::default()),
@@ -388,21 +397,24 @@ impl Core {
         Ok(())
     }
 
-    /// Validates `request` and queues it for `uid` (the caller's peer credentials; `None` when
-    /// unknown). Refusals are immediate and cost nothing.
-    pub fn submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
-        let submitted = self.try_submit(uid, request);
+    /// Validates `request` and queues it for `caller` (as its transport vouches for it: see
+    /// [`Caller`]). Refusals are immediate and cost nothing.
+    pub fn submit(&self, caller: Caller, request: Request) -> Result<JobHandle, ServeError> {
+        let submitted = self.try_submit(caller, request);
         if submitted.is_err() {
             self.admission.refused();
         }
         submitted
     }
 
-    fn try_submit(&self, uid: Option<u32>, request: Request) -> Result<JobHandle, ServeError> {
+    fn try_submit(&self, caller: Caller, request: Request) -> Result<JobHandle, ServeError> {
         self.admission.check_open()?;
+        let uid = caller.uid();
         let session = request.session.clone();
-        // A session's own states take precedence over automatic reuse.
-        let reuse = request.reuse.clone().filter(|_| session.is_none());
+        // A session's own states take precedence over automatic reuse; nothing is kept for a
+        // caller nobody vouches for (issue 35 point 7).
+        let reuse =
+            (request.reuse && session.is_none() && caller.is_known()).then(|| caller.clone());
         let validated = validate::validate(
             &self.tokenizer,
             &self.vocab,
@@ -430,18 +442,22 @@ impl Core {
         );
         let prompt_tokens = validated.request.prompt.len();
         self.log.info(format_args!(
-            "request {id}: {} from uid {} ({prompt_tokens} prompt tokens, max {} new{})",
+            "request {id}: {} from {caller} ({prompt_tokens} prompt tokens, max {} new{})",
             match validated.kind {
                 Kind::Text => "Generate",
                 Kind::Chat { .. } => "Chat",
             },
-            uid_text(uid),
             validated.request.max_tokens,
             session
                 .as_ref()
                 .map_or_else(String::new, |n| format!(", session {n:?}"))
         ));
-        let mut job = Job::new(id, uid, validated.request, validated.kind, sender, lease);
+        let mut request = validated.request;
+        if reuse.is_some() {
+            let end_of_message = self.tokenizer.special_id(crate::tokenizer::END_OF_MSG);
+            request.keep_at = prefix::keep_points(&request.prompt, end_of_message);
+        }
+        let mut job = Job::new(id, caller, request, validated.kind, sender, lease);
         job.conversation = validated.conversation.filter(|_| reuse.is_some());
         job.reuse = reuse;
         if let Err(e) = self.admission.submit(job) {

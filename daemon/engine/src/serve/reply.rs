@@ -45,7 +45,7 @@ pub struct ToolCallStart {
 
 /// One generated id as the client sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub struct TokenPiece {
     pub channel: Channel,
     /// The text this id completes (may be empty while a UTF-8 sequence is incomplete).
     pub text: String,
@@ -78,15 +78,15 @@ pub struct Ending {
 }
 
 /// Reads one job's generated ids in order.
-pub struct ReplyReader<'t> {
+pub struct TokenReader<'t> {
     text: StreamDecoder<'t>,
     /// `None` for plain continuations.
     chat: Option<chat::ReplyReader<'t>>,
 }
 
-impl<'t> ReplyReader<'t> {
-    pub fn new(tokenizer: &'t Tokenizer, kind: Kind) -> ReplyReader<'t> {
-        ReplyReader {
+impl<'t> TokenReader<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, kind: Kind) -> TokenReader<'t> {
+        TokenReader {
             text: StreamDecoder::new(tokenizer),
             chat: match kind {
                 Kind::Text => None,
@@ -96,7 +96,7 @@ impl<'t> ReplyReader<'t> {
     }
 
     /// The next generated id, classified, with the text it completes.
-    pub fn read(&mut self, id: u32) -> Piece {
+    pub fn read(&mut self, id: u32) -> TokenPiece {
         let (channel, tool_call) = match self.chat.as_mut() {
             None => (Channel::Text, None),
             Some(reader) => {
@@ -116,7 +116,7 @@ impl<'t> ReplyReader<'t> {
             .text
             .push(id)
             .unwrap_or_else(|_| char::REPLACEMENT_CHARACTER.to_string());
-        Piece {
+        TokenPiece {
             channel,
             text,
             tool_call,

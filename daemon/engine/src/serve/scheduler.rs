@@ -21,15 +21,16 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::admission::{Admission, Job, Outcome};
+use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
+use super::caller::Caller;
 use super::log::{Log, OnHealth};
 use super::metrics::Metrics;
-use super::prefix::{self, Caller, PrefixCache};
-use super::reply::ReplyReader;
+use super::prefix::{self, PrefixCache};
+use super::reply::TokenReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
-use super::{Done, Event, Finish, Health, LoadFigures, ServeError, uid_text};
+use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError};
 use crate::engine::{
     Engine, EngineError, EngineOptions, GenerateRequest, Generation, LoadProgress, Step, StopReason,
 };
@@ -59,12 +60,12 @@ pub(crate) struct Shared {
 struct Active<'e> {
     job: Job,
     generation: Generation,
-    reader: ReplyReader<'e>,
+    reader: TokenReader<'e>,
     started: Instant,
     first_token: Option<Instant>,
-    /// The state at the end of the prompt, kept as a snapshot with the end-of-generation one
-    /// (a chat's next prompt may re-render this turn's reply differently, so only the prompt
-    /// part would match).
+    /// A session's state at the end of the prompt, kept as a snapshot with the
+    /// end-of-generation one (a chat's next prompt may re-render this turn's reply
+    /// differently, so only the prompt part would match).
     prefill: Option<Snapshot>,
     watch: Watch<'e>,
 }
@@ -209,9 +210,10 @@ pub(crate) fn spawn(
                 engine.info().name,
                 started.elapsed().as_secs_f64()
             ));
-            shared
-                .sessions
-                .open(&engine.info().fingerprint, engine.model().plan().headroom());
+            shared.sessions.open(
+                &engine.info().fingerprint,
+                engine.model().plan().session_allowance(),
+            );
             admission.set_ready(engine.info().clone(), engine.stats());
             on_health(&Health::Ready, Some(engine.info()));
             run(&shared, &engine);
@@ -376,9 +378,9 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
     match started {
         Ok(generation) => {
             shared.log.info(format_args!(
-                "request {} started (uid {}, {} prompt tokens, {} reused, waited {:.3}s)",
+                "request {} started ({}, {} prompt tokens, {} reused, waited {:.3}s)",
                 job.id,
-                uid_text(job.uid),
+                job.caller,
                 job.request.prompt.len(),
                 generation.state().positions(),
                 job.admitted.elapsed().as_secs_f64()
@@ -389,7 +391,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 admission: &shared.admission,
             };
             Some(Active {
-                reader: ReplyReader::new(engine.tokenizer(), job.kind),
+                reader: TokenReader::new(engine.tokenizer(), job.kind),
                 generation,
                 started: Instant::now(),
                 first_token: None,
@@ -403,7 +405,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 .log
                 .info(format_args!("request {} refused: {error}", job.id));
             drop(job.lease.take());
-            shared.admission.finish(job.id, Outcome::of(&error));
+            shared.admission.finish(job.id, JobEnd::of(&error));
             job.events.send(Event::Failed(error));
             None
         }
@@ -420,8 +422,24 @@ fn deliver<'e>(
 ) -> Option<Running<'e>> {
     match result {
         Ok(Step::Prefill { done, total }) => {
-            if (a.job.lease.is_some() || a.job.reuse.is_some()) && done == total {
+            if a.job.lease.is_some() && done == total {
                 a.prefill = Some(snapshot(&a.generation));
+            }
+            if let Some(caller) = &a.job.reuse {
+                // The states at the job's keep points ([`prefix::keep_points`]), kept at once:
+                // within the allowance from the moment they exist.
+                let kept: Vec<Snapshot> = a
+                    .generation
+                    .take_kept()
+                    .into_iter()
+                    .map(|state| Snapshot {
+                        history: a.job.request.prompt[..state.positions()].to_vec(),
+                        state,
+                    })
+                    .collect();
+                if !kept.is_empty() {
+                    shared.prefix.keep(caller, kept, prefix_room(shared));
+                }
             }
             a.job.events.send(Event::Prefill { done, total });
             Some(Running::Job(a))
@@ -452,10 +470,10 @@ fn deliver<'e>(
                 Kind::Text => Vec::new(),
             };
             let finish = match &summary.stop_reason {
-                StopReason::MaxTokens => Finish::Length,
-                StopReason::StopId(id) if end_of_turn.contains(id) => Finish::EndOfTurn(*id),
-                StopReason::StopId(id) => Finish::StopId(*id),
-                StopReason::StopString(s) => Finish::StopString(s.clone()),
+                StopReason::MaxTokens => FinishReason::Length,
+                StopReason::StopId(id) if end_of_turn.contains(id) => FinishReason::EndOfTurn(*id),
+                StopReason::StopId(id) => FinishReason::StopId(*id),
+                StopReason::StopString(s) => FinishReason::StopString(s.clone()),
             };
             let mut unkept = None;
             if let Some(lease) = a.job.lease.take() {
@@ -474,21 +492,20 @@ fn deliver<'e>(
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
                 let end = snapshot(&a.generation);
-                let snapshots = a.prefill.take().into_iter().chain([end]).collect();
-                shared.prefix.keep(caller, snapshots, prefix_room(shared));
+                shared.prefix.keep(caller, vec![end], prefix_room(shared));
             }
             if let Some(error) = unkept {
                 shared.log.error(format_args!(
                     "request {}: the session's new state could not be written at shutdown: {error}",
                     a.job.id
                 ));
-                shared.admission.finish(a.job.id, Outcome::of(&error));
+                shared.admission.finish(a.job.id, JobEnd::of(&error));
                 a.job.events.send(Event::Failed(error));
                 return None;
             }
-            shared.admission.finish(a.job.id, Outcome::Completed);
+            shared.admission.finish(a.job.id, JobEnd::Completed);
             let end_id = match finish {
-                Finish::EndOfTurn(id) => Some(id),
+                FinishReason::EndOfTurn(id) => Some(id),
                 _ => None,
             };
             let ending = a.reader.finish(end_id);
@@ -522,7 +539,7 @@ fn deliver<'e>(
                 .log
                 .info(format_args!("request {} cancelled: {error}", a.job.id));
             drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, Outcome::Cancelled);
+            shared.admission.finish(a.job.id, JobEnd::Cancelled);
             a.job.events.send(Event::Failed(error));
             None
         }
@@ -532,7 +549,7 @@ fn deliver<'e>(
                 .error(format_args!("request {} failed: {e}", a.job.id));
             drop(a.job.lease.take());
             let error = ServeError::from_engine(e);
-            shared.admission.finish(a.job.id, Outcome::of(&error));
+            shared.admission.finish(a.job.id, JobEnd::of(&error));
             a.job.events.send(Event::Failed(error));
             None
         }

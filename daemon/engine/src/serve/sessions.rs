@@ -18,6 +18,7 @@ use std::time::Instant;
 use super::ServeError;
 use super::log::Log;
 use crate::model::State;
+use crate::session::store::{Dropped, Quota, SessionKey};
 use crate::session::{Access, FileError, SessionInfo, SessionStore, Snapshot, StoreError};
 
 enum Phase {
@@ -44,8 +45,9 @@ pub struct SessionFigures {
 
 pub struct Sessions {
     dir: PathBuf,
-    /// `None`: the plan's headroom, decided when the model is loaded (see `open`).
+    /// `None`: the memory plan's, decided when the model is loaded (see `open`).
     allowance: Option<u64>,
+    quota: Quota,
     phase: Mutex<Phase>,
     /// The sessions shutdown could not write ([`Sessions::save_all`]).
     lost: Mutex<Vec<String>>,
@@ -55,19 +57,20 @@ pub struct Sessions {
 /// A job's hold on its session: released exactly once (see the module docs).
 pub struct SessionLease {
     sessions: Arc<Sessions>,
-    name: String,
+    key: SessionKey,
     released: bool,
 }
 
 impl SessionLease {
+    /// The session's name in its owner's namespace.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.key.name
     }
 
     /// The job completed: keep `snapshots` as the session's newest states and release it.
     pub fn finish(mut self, snapshots: Vec<Snapshot>) {
         self.released = true;
-        self.sessions.finish(&self.name, snapshots);
+        self.sessions.finish(&self.key, snapshots);
     }
 
     /// [`Self::finish`], then the session written to its file before returning: for a turn
@@ -76,14 +79,14 @@ impl SessionLease {
     /// 19.7: a turn's state was lost at shutdown while its client got a success).
     pub fn finish_written(mut self, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
         self.released = true;
-        self.sessions.finish_written(&self.name, snapshots)
+        self.sessions.finish_written(&self.key, snapshots)
     }
 }
 
 impl Drop for SessionLease {
     fn drop(&mut self) {
         if !self.released {
-            self.sessions.finish(&self.name, Vec::new());
+            self.sessions.finish(&self.key, Vec::new());
         }
     }
 }
@@ -94,11 +97,20 @@ fn log_failures(log: Log, what: &str, failures: &[FileError]) {
     }
 }
 
+/// Sessions a failed write dropped from memory (issue 35 point 6: they were kept above the
+/// allowance): an error each, naming it.
+fn log_dropped(log: Log, dropped: &[Dropped]) {
+    for d in dropped {
+        log.error(format_args!("sessions: {d}"));
+    }
+}
+
 impl Sessions {
-    pub(crate) fn new(dir: PathBuf, allowance: Option<u64>, log: Log) -> Sessions {
+    pub(crate) fn new(dir: PathBuf, allowance: Option<u64>, quota: Quota, log: Log) -> Sessions {
         Sessions {
             dir,
             allowance,
+            quota,
             phase: Mutex::new(Phase::Waiting),
             lost: Mutex::new(Vec::new()),
             log,
@@ -111,13 +123,15 @@ impl Sessions {
         self.phase.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Opens the directory for the loaded model. Without an explicit allowance it is the plan's
-    /// unallocated budget and nothing more: the budget bounds everything the engine keeps
-    /// (issue 4). With no headroom, idle sessions wait on disk between turns.
-    pub(crate) fn open(&self, fingerprint: &str, headroom: u64) {
-        let allowance = self.allowance.unwrap_or(headroom);
+    /// Opens the directory for the loaded model. Without an explicit allowance it is what the
+    /// plan keeps for sessions ([`crate::plan::Plan::session_allowance`]) and nothing more:
+    /// the budget bounds everything the engine keeps (issue 4). With none, idle sessions wait
+    /// on disk between turns and nothing is kept for prefix reuse.
+    pub(crate) fn open(&self, fingerprint: &str, planned: u64) {
+        let allowance = self.allowance.unwrap_or(planned);
         let phase = match SessionStore::open(&self.dir, fingerprint, allowance) {
-            Ok((store, skipped)) => {
+            Ok((mut store, skipped)) => {
+                store.set_quota(self.quota);
                 log_failures(self.log, "not indexed", &skipped);
                 self.log.info(format_args!(
                     "sessions: {} in {}, in-memory allowance {:.3} GiB{}",
@@ -127,7 +141,7 @@ impl Sessions {
                     if self.allowance.is_some() {
                         " (--session-gb)"
                     } else {
-                        " (default: the plan's headroom)"
+                        " (the memory plan's)"
                     }
                 ));
                 Phase::Open(store)
@@ -151,17 +165,17 @@ impl Sessions {
         }
     }
 
-    /// Reserves `name` for request `request` of `who`.
+    /// Reserves `name` (in `who`'s namespace) for request `request` of `who`.
     pub(crate) fn lease(
         self: &Arc<Self>,
         name: &str,
         who: Access,
         request: u64,
     ) -> Result<SessionLease, ServeError> {
-        self.with(|s| s.reserve(name, who, request))?;
+        let key = self.with(|s| s.reserve(name, who, request))?;
         Ok(SessionLease {
             sessions: Arc::clone(self),
-            name: name.to_string(),
+            key,
             released: false,
         })
     }
@@ -173,38 +187,34 @@ impl Sessions {
         prompt: &[u32],
     ) -> Result<(Option<State>, usize), ServeError> {
         let started = Instant::now();
-        let start = self.with(|s| s.start(&lease.name, prompt))?;
+        let start = self.with(|s| s.start(&lease.key, prompt))?;
         // Copying a snapshot (or loading a spilled session) is the whole cost of reuse: logged
         // so it can be measured against the prefill it saves.
         self.log.info(format_args!(
-            "session {:?}: {} prompt tokens from its state, ready in {:.3}s",
-            lease.name,
+            "session {}: {} prompt tokens from its state, ready in {:.3}s",
+            lease.key,
             start.1,
             started.elapsed().as_secs_f64()
         ));
         Ok(start)
     }
 
-    fn finish(&self, name: &str, snapshots: Vec<Snapshot>) {
-        let failures = self
-            .with(|s| Ok(s.finish(name, snapshots)))
+    fn finish(&self, key: &SessionKey, snapshots: Vec<Snapshot>) {
+        let dropped = self
+            .with(|s| Ok(s.finish(key, snapshots)))
             .unwrap_or_default();
-        log_failures(self.log, "spilling failed (kept in memory)", &failures);
+        log_dropped(self.log, &dropped);
     }
 
     /// [`Self::finish`] and the session's file written, under one lock (no other request can
     /// take the session in between).
-    fn finish_written(&self, name: &str, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
-        let (spill_failures, written) = self.with(|s| {
-            let spilled = s.finish(name, snapshots);
-            Ok((spilled, s.write(name)))
+    fn finish_written(&self, key: &SessionKey, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
+        let (dropped, written) = self.with(|s| {
+            let dropped = s.finish(key, snapshots);
+            Ok((dropped, s.write(key)))
         })?;
-        log_failures(
-            self.log,
-            "spilling failed (kept in memory)",
-            &spill_failures,
-        );
-        written.map(|_| ()).map_err(|e| StoreError::from(e).into())
+        log_dropped(self.log, &dropped);
+        written.map(|_| ()).map_err(ServeError::from)
     }
 
     /// The sessions `who` may see.
@@ -214,10 +224,7 @@ impl Sessions {
 
     /// Writes session `name` to the session directory now; its info and file path.
     pub fn save(&self, name: &str, who: Access) -> Result<(SessionInfo, PathBuf), ServeError> {
-        let saved = self.with(|s| {
-            let info = s.save(name, who)?;
-            Ok((info, crate::session::file::path_of(s.dir(), name)))
-        })?;
+        let saved = self.with(|s| s.save(name, who))?;
         self.log.info(format_args!(
             "session {name:?} saved by uid {}",
             super::uid_text(who)
@@ -241,17 +248,18 @@ impl Sessions {
         let Ok(failures) = self.with(|s| Ok(s.save_all())) else {
             return;
         };
-        for (name, error) in &failures {
+        for (key, error) in &failures {
             self.log.error(format_args!(
-                "sessions: session {name:?} could not be written at shutdown, its newest \
-                 state is lost: {error}"
+                "sessions: session {key} could not be written at shutdown, its newest state \
+                 is lost: {error}"
             ));
         }
         let mut lost = self.lost.lock().unwrap_or_else(|p| p.into_inner());
-        lost.extend(failures.into_iter().map(|(name, _)| name));
+        lost.extend(failures.into_iter().map(|(key, _)| key.shown_to(Some(0))));
     }
 
-    /// The sessions shutdown could not write, by name (empty before shutdown).
+    /// The sessions shutdown could not write, as root names them (`UID/NAME`; empty before
+    /// shutdown).
     pub fn lost(&self) -> Vec<String> {
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

@@ -88,10 +88,10 @@ pub struct Request {
     pub thinking_budget: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
-    /// Continue from the longest kept state of this caller that prefixes the prompt, and keep
-    /// this request's states for the caller's next one (automatic prefix reuse, see
-    /// [`super::prefix`]); `None` = compute the prompt afresh. Ignored with a session.
-    pub reuse: Option<super::prefix::Caller>,
+    /// Continue from the longest kept state of the same caller that prefixes the prompt, and
+    /// keep this request's states for the caller's next one (automatic prefix reuse, see
+    /// [`super::prefix`]); `false` = compute the prompt afresh. Ignored with a session.
+    pub reuse: bool,
 }
 
 impl Request {
@@ -107,7 +107,7 @@ impl Request {
             speculate: None,
             thinking_budget: None,
             session: None,
-            reuse: None,
+            reuse: false,
         }
     }
 }
@@ -269,6 +269,7 @@ pub fn validate(
         transform,
         guide: guide.map(|g| g as Arc<dyn crate::engine::guide::Guide>),
         prompt,
+        keep_at: Vec::new(),
     };
     request.validate(model.vocab_size)?;
     if request.max_tokens > limits.max_tokens_cap {

@@ -147,6 +147,13 @@ impl SessionDir {
         Ok(names)
     }
 
+    /// Bytes an unprivileged writer may still write on the directory's filesystem
+    /// (`statvfs`: available blocks times the fragment size).
+    pub fn available_bytes(&self) -> io::Result<u64> {
+        let stats = nix::sys::statvfs::fstatvfs(&self.fd)?;
+        Ok((stats.blocks_available() as u64).saturating_mul(stats.fragment_size() as u64))
+    }
+
     /// Flushes the directory itself, so that renames and removals in it survive a crash.
     pub fn sync(&self) -> io::Result<()> {
         File::from(self.fd.try_clone()?).sync_all()

@@ -114,19 +114,56 @@ pub struct FileHeader {
     pub state_bytes: u64,
 }
 
-/// The file name of session `name`.
-pub fn file_name(name: &str) -> String {
-    format!("{name}.{EXTENSION}")
+/// The stem of the file of `owner`'s session `name`: `1000@work` (`unknown@work` for a caller
+/// the kernel did not name). Sessions are named per uid (issue 35 point 6: B's `work` is not
+/// A's), and `@` is not allowed in a name, so the stem says whose session it is unambiguously.
+pub fn stem(owner: Option<u32>, name: &str) -> String {
+    match owner {
+        Some(uid) => format!("{uid}@{name}"),
+        None => format!("unknown@{name}"),
+    }
 }
 
-/// The file of session `name` in `dir`.
-pub fn path_of(dir: &Path, name: &str) -> PathBuf {
-    dir.join(file_name(name))
+/// What a file stem names ([`parse_stem`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stem<'a> {
+    /// [`stem`]'s form: whose session and its name.
+    Owned { owner: Option<u32>, name: &'a str },
+    /// A bare name: a file an earlier k3d wrote, before names were per uid; its header says
+    /// whose it is.
+    Bare(&'a str),
 }
 
-/// The temporary file a save of session `name` writes before renaming it into place.
-fn temp_name(name: &str) -> String {
-    format!(".{name}.{EXTENSION}.tmp")
+/// The session a file stem names, if it names one.
+pub fn parse_stem(stem: &str) -> Option<Stem<'_>> {
+    let parsed = match stem.split_once('@') {
+        Some(("unknown", name)) => Stem::Owned { owner: None, name },
+        Some((uid, name)) if !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit()) => {
+            Stem::Owned {
+                owner: Some(uid.parse().ok()?),
+                name,
+            }
+        }
+        Some(_) => return None,
+        None => Stem::Bare(stem),
+    };
+    let (Stem::Owned { name, .. } | Stem::Bare(name)) = parsed;
+    super::valid_name(name).then_some(parsed)
+}
+
+/// The file name of the file stem `stem`.
+pub fn file_name(stem: &str) -> String {
+    format!("{stem}.{EXTENSION}")
+}
+
+/// The file of `owner`'s session `name` in `dir`.
+pub fn path_of(dir: &Path, owner: Option<u32>, name: &str) -> PathBuf {
+    dir.join(file_name(&stem(owner, name)))
+}
+
+/// The temporary file a save of file stem `stem` writes before renaming it into place.
+fn temp_name(stem: &str) -> String {
+    format!(".{stem}.{EXTENSION}.tmp")
 }
 
 /// Whether `file_name` is a save's temporary file ([`temp_name`]), which only a save in
@@ -135,13 +172,15 @@ pub fn is_temp_name(file_name: &str) -> bool {
     file_name
         .strip_prefix('.')
         .and_then(|n| n.strip_suffix(&format!(".{EXTENSION}.tmp")))
-        .is_some_and(super::valid_name)
+        .and_then(parse_stem)
+        .is_some()
 }
 
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-/// Writes `snapshots` as session `header.name` in `dir` atomically: a new temporary file in
+/// Writes `snapshots` as session `header.name` of `header.owner` in `dir` (its [`stem`]'s
+/// file) atomically: a new temporary file in
 /// the same directory (mode 0600, created exclusively and never through a symlink, see
 /// [`SessionDir::create_new`]), written, fsynced, renamed over the old file, then the
 /// directory fsynced so the rename survives a crash. Returns the file size.
@@ -150,7 +189,8 @@ pub fn save(
     header: &FileHeader,
     snapshots: &[Snapshot],
 ) -> Result<u64, FileError> {
-    let (name, tmp) = (file_name(&header.name), temp_name(&header.name));
+    let stem = stem(header.owner, &header.name);
+    let (name, tmp) = (file_name(&stem), temp_name(&stem));
     let io = |file: &str| {
         let path = dir.path().join(file);
         move |error| FileError::Io { path, error }
@@ -572,6 +612,29 @@ mod tests {
     use super::super::snapshot::tests::{scratch, snap};
     use super::*;
 
+    #[test]
+    fn a_file_stem_says_whose_session_it_is() {
+        assert_eq!(stem(Some(1000), "work"), "1000@work");
+        assert_eq!(stem(None, "work"), "unknown@work");
+        let owned = |owner, name| Some(Stem::Owned { owner, name });
+        assert_eq!(parse_stem("1000@work"), owned(Some(1000), "work"));
+        assert_eq!(parse_stem("unknown@a.b-c"), owned(None, "a.b-c"));
+        assert_eq!(parse_stem("work"), Some(Stem::Bare("work")));
+        for bad in [
+            "x@work",
+            "@work",
+            "1000@",
+            "1000@.hidden",
+            "99999999999@w",
+            "a@b@c",
+            ".w",
+        ] {
+            assert_eq!(parse_stem(bad), None, "{bad}");
+        }
+        assert!(is_temp_name(".1000@work.k3s.tmp") && is_temp_name(".work.k3s.tmp"));
+        assert!(!is_temp_name("1000@work.k3s") && !is_temp_name(".x@w.k3s.tmp"));
+    }
+
     fn header(name: &str) -> FileHeader {
         FileHeader {
             fingerprint: "abc123".into(),
@@ -591,7 +654,8 @@ mod tests {
             &snaps,
         )
         .unwrap();
-        let path = path_of(dir.path(), "s1");
+        let path = path_of(dir.path(), Some(1234), "s1");
+        assert!(path.ends_with("1234@s1.k3s"), "{}", path.display());
         assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
         (dir, path, snaps)
     }

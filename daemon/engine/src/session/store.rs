@@ -1,23 +1,34 @@
 //! The [`SessionStore`]: every named session of one daemon, who owns it, whether a request is
 //! using it, and where its snapshots are (in memory, in the session directory, or both).
 //!
-//! Rules (issue 7 item 3; documented for clients in `k3.proto`):
-//! * A session belongs to the uid that created it (its first request). Another uid may not
-//!   use, save or delete it, and does not see it in the list. Root (uid 0) administers the
-//!   daemon's files anyway, so it sees and may act on every session.
+//! Rules (issue 7 item 3, issue 35 point 6; documented for clients in `k3.proto`):
+//! * A session belongs to the uid that created it (its first request), and its name is that
+//!   uid's: B's `work` and A's `work` are two sessions ([`SessionKey`]). A uid sees and acts on
+//!   its own; root (uid 0) administers the daemon's files anyway, so it sees every session and
+//!   names another uid's as `UID/NAME`.
 //! * One request at a time per session: a second one is refused ([`StoreError::Busy`]) rather
 //!   than queued, because its prompt was written against a conversation the first is about to
 //!   change; the client retries after the first finishes.
+//! * Quotas per uid ([`Quota`]): at most so many sessions, and so many bytes of session files;
+//!   beyond, that uid's request is refused saying which limit ([`StoreError::Quota`]). And a
+//!   uid's write may not leave the filesystem too full to write again the sessions of every
+//!   uid holding less ([`StoreError::Reserved`]): one user's fill never costs a lighter
+//!   user's session, and the heavier user is the one who gives way.
 //! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
 //!   leaves the store above it, idle sessions are written to the session directory and dropped
-//!   from memory, least recently used first; the next request to one of them loads it back.
-//! * Files: [`super::file`] format, in a [`SessionDir`] the daemon owns (no symlink followed,
-//!   no FIFO blocked on). At start the directory is scanned: temporary files a crash left
-//!   are removed; files whose header does not parse, whose fingerprint is another model's or
-//!   that another uid owns (their `owner` field is not believed) are not indexed (reported by
-//!   `open`), and a request naming one gets the file's error: they are never loaded. Deleting
-//!   one works — that is how a user clears the refusal — for the owner its header names when
-//!   the daemon wrote it, and otherwise for root only.
+//!   from memory — the least recently used session of the uid holding the most memory first —
+//!   and the next request to one of them loads it back. A session whose write fails is
+//!   dropped from memory all the same (its file, if it has one, keeps its older state), and
+//!   the failure is returned: memory never stays above the allowance.
+//! * Files: [`super::file`] format, named by owner and name ([`super::file::stem`]), in a
+//!   [`SessionDir`] the daemon owns (no symlink followed, no FIFO blocked on). At start the
+//!   directory is scanned: temporary files a crash left are removed; files whose header does
+//!   not parse, whose fingerprint is another model's, whose name or owner disagrees with the
+//!   file name, or that another uid owns (their `owner` field is not believed) are not
+//!   indexed (reported by `open`), and a request naming one gets the file's error: they are
+//!   never loaded. Deleting one works — that is how a user clears the refusal — for the owner
+//!   its header names when the daemon wrote it, and otherwise for root only. A file an earlier
+//!   k3d wrote under the bare name is indexed by its header and renamed at its next write.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -25,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::dir::SessionDir;
-use super::file::{self, FileError, FileHeader};
+use super::file::{self, FileError, FileHeader, Stem};
 use super::snapshot::{self, Snapshot};
 use crate::echo::Echo;
 use crate::model::State;
@@ -33,7 +44,7 @@ use crate::model::State;
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("invalid session name {}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.')", Echo(.0))]
+    #[error("invalid session name {}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.'), or UID/NAME for another user's as root", Echo(.0))]
     InvalidName(String),
     #[error("no session named {}", Echo(.0))]
     NotFound(String),
@@ -44,6 +55,25 @@ pub enum StoreError {
         Echo(name)
     )]
     Busy { name: String, request: u64 },
+    #[error("{}", quota_text(*owner, *limit, *used))]
+    Quota {
+        owner: Option<u32>,
+        limit: QuotaLimit,
+        used: u64,
+    },
+    #[error(
+        "session {} was not written: the session directory's filesystem has {available} bytes \
+         free and writing {needed} would leave less than the {reserved} bytes kept so that the \
+         sessions of users holding less can be written again; delete a session \
+         (k3 sessions rm NAME)",
+        Echo(name)
+    )]
+    Reserved {
+        name: String,
+        needed: u64,
+        available: u64,
+        reserved: u64,
+    },
     #[error(transparent)]
     File(#[from] FileError),
     #[error("session directory {path}: {error}")]
@@ -53,20 +83,54 @@ pub enum StoreError {
     },
 }
 
+/// Which per-uid limit a [`StoreError::Quota`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaLimit {
+    /// Sessions one uid may have.
+    Sessions(usize),
+    /// Bytes of session files one uid may have in the session directory.
+    DiskBytes(u64),
+}
+
+fn quota_text(owner: Option<u32>, limit: QuotaLimit, used: u64) -> String {
+    let who = owner.map_or_else(
+        || "callers of unknown uid".to_string(),
+        |u| format!("uid {u}"),
+    );
+    match limit {
+        QuotaLimit::Sessions(n) => format!(
+            "{who} has {used} sessions, the most one user may have (--sessions-per-uid {n}); \
+             delete one (k3 sessions rm NAME)"
+        ),
+        QuotaLimit::DiskBytes(n) => format!(
+            "{who}'s session files would take {used} bytes, more than one user may have \
+             (--session-disk-gb-per-uid: {n} bytes); delete a session (k3 sessions rm NAME)"
+        ),
+    }
+}
+
 impl StoreError {
-    /// Reading or writing the session directory failed (the disk's fault, not the request's
-    /// nor the model's): the session's state may not have been kept.
+    /// Reading or writing the session directory failed or was refused for want of room (the
+    /// disk's or the quota's fault, not the request's nor the model's): the session's state
+    /// may not have been kept.
     pub fn is_storage_failure(&self) -> bool {
         matches!(
             self,
-            StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. }
+            StoreError::File(FileError::Io { .. })
+                | StoreError::Dir { .. }
+                | StoreError::Reserved { .. }
+                | StoreError::Quota {
+                    limit: QuotaLimit::DiskBytes(_),
+                    ..
+                }
         )
     }
 
-    /// A storage failure because the disk (or the quota) is full.
+    /// A storage failure because the disk, the reserve kept for others or a quota is full.
     pub fn is_out_of_space(&self) -> bool {
         let error = match self {
             StoreError::File(FileError::Io { error, .. }) | StoreError::Dir { error, .. } => error,
+            StoreError::Reserved { .. } | StoreError::Quota { .. } => return true,
             _ => return false,
         };
         matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
@@ -86,9 +150,83 @@ fn permission_text(name: &str, owner: Option<u32>) -> String {
 /// Who asks: `Some(uid)` from the socket's peer credentials.
 pub type Access = Option<u32>;
 
+/// A session: whose, and its name in that uid's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionKey {
+    pub owner: Option<u32>,
+    pub name: String,
+}
+
+impl SessionKey {
+    /// The session `name` means when `who` says it: `who`'s own, or — `UID/NAME` — the session
+    /// of that uid, which only that uid and root may name.
+    pub fn resolve(name: &str, who: Access) -> Result<SessionKey, StoreError> {
+        let invalid = || StoreError::InvalidName(name.to_string());
+        let (owner, bare) = match name.split_once('/') {
+            Some((uid, bare)) => {
+                let digits = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit());
+                let uid: u32 = uid.parse().ok().filter(|_| digits).ok_or_else(invalid)?;
+                if !permitted(Some(uid), who) {
+                    return Err(StoreError::PermissionDenied {
+                        name: name.to_string(),
+                        owner: Some(uid),
+                    });
+                }
+                (Some(uid), bare)
+            }
+            None => (who, name),
+        };
+        if !super::valid_name(bare) {
+            return Err(invalid());
+        }
+        Ok(SessionKey {
+            owner,
+            name: bare.to_string(),
+        })
+    }
+
+    /// How `who` names this session: its bare name when it is `who`'s own, else `UID/NAME`.
+    pub fn shown_to(&self, who: Access) -> String {
+        match self.owner {
+            Some(uid) if who != Some(uid) => format!("{uid}/{}", self.name),
+            _ => self.name.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for SessionKey {
+    /// `NAME of uid UID` (for logs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.owner {
+            Some(uid) => write!(f, "{:?} of uid {uid}", self.name),
+            None => write!(f, "{:?} of an unknown uid", self.name),
+        }
+    }
+}
+
+/// Per-uid limits on sessions (issue 35 point 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Sessions one uid may have (in memory and on disk together).
+    pub sessions: usize,
+    /// Bytes of session files one uid may have in the session directory.
+    pub disk_bytes: u64,
+}
+
+impl Default for Quota {
+    /// 64 sessions and 16 GiB of files per uid.
+    fn default() -> Self {
+        Quota {
+            sessions: 64,
+            disk_bytes: 16 << 30,
+        }
+    }
+}
+
 /// One session as listed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionInfo {
+    /// As the asking uid names it ([`SessionKey::shown_to`]).
     pub name: String,
     pub owner: Option<u32>,
     /// Length of the longest snapshot history.
@@ -104,10 +242,13 @@ pub struct SessionInfo {
 }
 
 struct Entry {
-    owner: Option<u32>,
     /// `None` while only the file holds them.
     snapshots: Option<Vec<Snapshot>>,
     on_disk: bool,
+    /// The name of its file in the session directory, if it has one (current or older).
+    file: Option<String>,
+    /// That file's size.
+    file_bytes: u64,
     in_use: Option<u64>,
     /// Logical clock of the last use (LRU order).
     tick: u64,
@@ -117,10 +258,10 @@ struct Entry {
 }
 
 impl Entry {
-    fn info(&self, name: &str) -> SessionInfo {
+    fn info(&self, key: &SessionKey, who: Access) -> SessionInfo {
         SessionInfo {
-            name: name.to_string(),
-            owner: self.owner,
+            name: key.shown_to(who),
+            owner: key.owner,
             tokens: self.tokens,
             state_bytes: self.state_bytes,
             in_memory: self.snapshots.is_some(),
@@ -137,7 +278,19 @@ impl Entry {
             0
         }
     }
+
+    /// What writing it again needs on disk at most: its file, or its state and histories in
+    /// the file format plus the framing.
+    fn write_bytes(&self) -> u64 {
+        self.file_bytes.max(self.state_bytes + FRAMING)
+    }
 }
+
+/// Bytes a session file needs beyond its snapshots' states and histories, at most: the
+/// preamble, a header of at most 4 KiB, per snapshot its count and per layer a kind byte and
+/// four array lengths (33 bytes; K3 has 93 layers), and the checksum — for the
+/// [`snapshot::MAX_SNAPSHOTS`] snapshots this store keeps.
+const FRAMING: u64 = 16 << 10;
 
 /// Bytes a set of snapshots holds: the states plus the id histories.
 fn bytes_of(snapshots: &[Snapshot]) -> u64 {
@@ -160,12 +313,54 @@ fn permitted(owner: Option<u32>, who: Access) -> bool {
     who == Some(0) || owner == who
 }
 
+/// A session dropped from memory because it could not be written (see the module docs).
+#[derive(Debug)]
+pub struct Dropped {
+    pub key: SessionKey,
+    pub error: StoreError,
+    /// Whether an older state of it is still on disk.
+    pub older_on_disk: bool,
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "session {} could not be written and was dropped from memory to stay within the \
+             allowance ({}): {}",
+            self.key,
+            if self.older_on_disk {
+                "its file keeps an older state"
+            } else {
+                "it had no file: it is gone"
+            },
+            self.error
+        )
+    }
+}
+
+/// Bytes a write of `needed` bytes by `owner` must leave free on the session filesystem, given
+/// what each owner's other sessions take (`usage`, this write's session left out): room for
+/// every owner who would then hold no more than `owner` to write each of its sessions again
+/// (a write needs its new file beside the old one until the rename) at twice its size, since
+/// a turn grows it. The heaviest owner gives way: one user's fill never costs a lighter
+/// user's session, and a lighter user is never held back by room kept for a heavier one.
+fn kept_for_others(owner: Option<u32>, needed: u64, usage: &BTreeMap<Option<u32>, u64>) -> u64 {
+    let mine = usage.get(&owner).copied().unwrap_or(0) + needed;
+    usage
+        .iter()
+        .filter(|&(other, used)| *other != owner && *used <= mine)
+        .map(|(_, used)| used.saturating_mul(2))
+        .sum()
+}
+
 /// Every session of one daemon. Not thread-safe by itself: the server wraps it in a mutex.
 pub struct SessionStore {
     dir: SessionDir,
     fingerprint: String,
     allowance: u64,
-    sessions: BTreeMap<String, Entry>,
+    quota: Quota,
+    sessions: BTreeMap<SessionKey, Entry>,
     clock: u64,
 }
 
@@ -174,6 +369,7 @@ impl SessionStore {
     /// and only the daemon may write into it ([`SessionDir::open`]) —, removes the temporary
     /// files of saves a crash interrupted, and indexes the sessions saved there for the model
     /// with `fingerprint`. Files that cannot be indexed or removed are returned with why.
+    /// Quotas are [`Quota::default`] until [`Self::set_quota`].
     pub fn open(
         dir: &Path,
         fingerprint: &str,
@@ -189,6 +385,7 @@ impl SessionStore {
             dir: session_dir,
             fingerprint: fingerprint.to_string(),
             allowance,
+            quota: Quota::default(),
             sessions: BTreeMap::new(),
             clock: 0,
         };
@@ -206,24 +403,28 @@ impl SessionStore {
                 }
                 continue;
             }
-            let Some(name) = entry.strip_suffix(&extension) else {
+            let Some(stem) = entry.strip_suffix(&extension) else {
                 continue;
             };
-            if !super::valid_name(name) {
+            if file::parse_stem(stem).is_none() {
                 continue;
             }
-            if let Err(e) = store.index(name) {
+            if let Err(e) = store.index(&entry) {
                 skipped.push(e);
             }
         }
         Ok((store, skipped))
     }
 
-    /// Opens session `name`'s file if the daemon may believe what it says: a regular file (no
+    pub fn set_quota(&mut self, quota: Quota) {
+        self.quota = quota;
+    }
+
+    /// Opens the file `file_name` if the daemon may believe what it says: a regular file (no
     /// symlink is followed, a FIFO is refused without blocking) that the daemon's uid owns.
-    fn open_trusted(&self, name: &str) -> Result<(PathBuf, File), FileError> {
-        let path = file::path_of(self.dir.path(), name);
-        let (file, file_uid) = match self.dir.open_file(&file::file_name(name)) {
+    fn open_trusted(&self, file_name: &str) -> Result<(PathBuf, File), FileError> {
+        let path = self.dir.path().join(file_name);
+        let (file, file_uid) = match self.dir.open_file(file_name) {
             Ok(opened) => opened,
             Err(error) => return Err(FileError::Io { path, error }),
         };
@@ -239,13 +440,16 @@ impl SessionStore {
 
     /// The owner a session file the daemon will not load names, if the daemon wrote it and its
     /// header reads; `None` otherwise.
-    fn claimed_owner(&self, name: &str) -> Option<u32> {
-        let (path, mut f) = self.open_trusted(name).ok()?;
+    fn claimed_owner(&self, file_name: &str) -> Option<u32> {
+        let (path, mut f) = self.open_trusted(file_name).ok()?;
         file::read_header_from(&path, &mut f).ok()?.owner
     }
 
-    fn index(&mut self, name: &str) -> Result<(), FileError> {
-        let (path, mut f) = self.open_trusted(name)?;
+    /// Indexes the file `file_name` (`STEM.k3s`): its header must be this model's and agree
+    /// with the owner and name its stem gives. A bare-named file (an earlier k3d's) is indexed
+    /// under the owner and name its header gives, unless that session has a file of its own.
+    fn index(&mut self, file_name: &str) -> Result<(), FileError> {
+        let (path, mut f) = self.open_trusted(file_name)?;
         let h = file::read_header_from(&path, &mut f)?;
         if h.fingerprint != self.fingerprint {
             return Err(FileError::Fingerprint {
@@ -254,23 +458,68 @@ impl SessionStore {
                 model: self.fingerprint.clone(),
             });
         }
-        if h.name != name {
-            return Err(FileError::Field {
-                path: path.to_path_buf(),
-                field: "name",
-                detail: format!("{:?} inside a file named for {name:?}", h.name),
-            });
+        let stem = file_name
+            .strip_suffix(&format!(".{}", file::EXTENSION))
+            .unwrap_or(file_name);
+        let field = |field: &'static str, detail: String| FileError::Field {
+            path: path.to_path_buf(),
+            field,
+            detail,
+        };
+        match file::parse_stem(stem) {
+            Some(Stem::Owned { owner, name }) => {
+                if h.name != name {
+                    return Err(field(
+                        "name",
+                        format!("{:?} inside a file named for {name:?}", h.name),
+                    ));
+                }
+                if h.owner != owner {
+                    return Err(field(
+                        "owner",
+                        format!("{:?} inside a file named for {owner:?}", h.owner),
+                    ));
+                }
+            }
+            Some(Stem::Bare(name)) => {
+                if h.name != name {
+                    return Err(field(
+                        "name",
+                        format!("{:?} inside a file named for {name:?}", h.name),
+                    ));
+                }
+                let key = SessionKey {
+                    owner: h.owner,
+                    name: h.name.clone(),
+                };
+                if self.sessions.contains_key(&key) {
+                    return Err(field(
+                        "name",
+                        format!("an earlier k3d's file of session {key}, which has a newer one"),
+                    ));
+                }
+            }
+            None => return Err(field("name", format!("{stem:?} names no session"))),
         }
-        let last_used = f
-            .metadata()
-            .and_then(|m| m.modified())
+        let meta = f.metadata();
+        let last_used = meta
+            .as_ref()
+            .ok()
+            .and_then(|m| m.modified().ok())
             .unwrap_or(SystemTime::UNIX_EPOCH);
+        let file_bytes = meta.map_or(0, |m| m.len());
+        let key = SessionKey {
+            owner: h.owner,
+            name: h.name,
+        };
+        // A session's own file replaces an earlier k3d's bare one indexed before it.
         self.sessions.insert(
-            name.to_string(),
+            key,
             Entry {
-                owner: h.owner,
                 snapshots: None,
                 on_disk: true,
+                file: Some(file_name.to_string()),
+                file_bytes,
                 in_use: None,
                 tick: 0,
                 last_used,
@@ -310,47 +559,66 @@ impl SessionStore {
         self.sessions.is_empty()
     }
 
-    fn checked(name: &str) -> Result<(), StoreError> {
-        if super::valid_name(name) {
-            Ok(())
-        } else {
-            Err(StoreError::InvalidName(name.to_string()))
-        }
+    /// The file of session `key` on disk: its current name if it has one, else the one it
+    /// would be written to.
+    pub fn path_of(&self, key: &SessionKey) -> PathBuf {
+        let current = self.sessions.get(key).and_then(|e| e.file.clone());
+        self.dir
+            .path()
+            .join(current.unwrap_or_else(|| file::file_name(&file::stem(key.owner, &key.name))))
     }
 
-    /// The entry `who` may act on.
-    fn entry_for(&mut self, name: &str, who: Access) -> Result<&mut Entry, StoreError> {
-        Self::checked(name)?;
-        if !self.sessions.contains_key(name) && self.dir.contains(&file::file_name(name)) {
+    /// The entry `name` names for `who` and its key.
+    fn entry_for(
+        &mut self,
+        name: &str,
+        who: Access,
+    ) -> Result<(SessionKey, &mut Entry), StoreError> {
+        let key = SessionKey::resolve(name, who)?;
+        let own_file = file::file_name(&file::stem(key.owner, &key.name));
+        if !self.sessions.contains_key(&key) && self.dir.contains(&own_file) {
             // A file the start-up scan could not index: its own error says why.
-            self.index(name)?;
+            self.index(&own_file)?;
         }
         let entry = self
             .sessions
-            .get_mut(name)
+            .get_mut(&key)
             .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
-        if permitted(entry.owner, who) {
-            Ok(entry)
-        } else {
-            Err(StoreError::PermissionDenied {
-                name: name.to_string(),
-                owner: entry.owner,
-            })
-        }
+        Ok((key, entry))
     }
 
-    /// Marks session `name` in use by `request`, creating it (owned by `who`) if it does not
-    /// exist. Refused if another uid owns it or another request is using it.
-    pub fn reserve(&mut self, name: &str, who: Access, request: u64) -> Result<(), StoreError> {
+    /// Marks session `name` of `who` in use by `request`, creating it (owned by `who`, within
+    /// its quota) if it does not exist. Refused if another request is using it. Returns the
+    /// session's key, which the later calls for this request take.
+    pub fn reserve(
+        &mut self,
+        name: &str,
+        who: Access,
+        request: u64,
+    ) -> Result<SessionKey, StoreError> {
         match self.entry_for(name, who) {
             Err(StoreError::NotFound(_)) => {
+                let key = SessionKey::resolve(name, who)?;
+                let owned = self
+                    .sessions
+                    .keys()
+                    .filter(|k| k.owner == key.owner)
+                    .count();
+                if owned >= self.quota.sessions {
+                    return Err(StoreError::Quota {
+                        owner: key.owner,
+                        limit: QuotaLimit::Sessions(self.quota.sessions),
+                        used: owned as u64,
+                    });
+                }
                 self.clock += 1;
                 self.sessions.insert(
-                    name.to_string(),
+                    key.clone(),
                     Entry {
-                        owner: who,
                         snapshots: Some(Vec::new()),
                         on_disk: false,
+                        file: None,
+                        file_bytes: 0,
                         in_use: Some(request),
                         tick: self.clock,
                         last_used: SystemTime::now(),
@@ -358,50 +626,43 @@ impl SessionStore {
                         state_bytes: 0,
                     },
                 );
-                Ok(())
+                Ok(key)
             }
             Err(e) => Err(e),
-            Ok(entry) => match entry.in_use {
+            Ok((key, entry)) => match entry.in_use {
                 Some(other) => Err(StoreError::Busy {
                     name: name.to_string(),
                     request: other,
                 }),
                 None => {
                     entry.in_use = Some(request);
-                    Ok(())
+                    Ok(key)
                 }
             },
         }
     }
 
-    /// Where a request on reserved session `name` starts: a copy of the best snapshot's state
+    /// Where a request on reserved session `key` starts: a copy of the best snapshot's state
     /// for `prompt` (the reuse rule of [`snapshot::best`]) and how many prompt tokens it holds,
     /// or `None`/0 for a fresh state. Loads the session from its file if it was spilled.
     pub fn start(
         &mut self,
-        name: &str,
+        key: &SessionKey,
         prompt: &[u32],
     ) -> Result<(Option<State>, usize), StoreError> {
         self.clock += 1;
         let tick = self.clock;
-        let spilled = self
-            .sessions
-            .get(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?
-            .snapshots
-            .is_none();
-        let loaded = if spilled {
-            let (path, f) = self.open_trusted(name)?;
-            Some(file::load_from(&path, f, &self.fingerprint)?)
-        } else {
-            None
+        let not_found = || StoreError::NotFound(key.name.clone());
+        let entry = self.sessions.get(key).ok_or_else(not_found)?;
+        let loaded = match (&entry.snapshots, &entry.file) {
+            (None, Some(file_name)) => {
+                let (path, f) = self.open_trusted(file_name)?;
+                Some(file::load_from(&path, f, &self.fingerprint)?)
+            }
+            _ => None,
         };
-        let entry = self
-            .sessions
-            .get_mut(name)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
-        if let Some((header, snaps)) = loaded {
-            entry.owner = header.owner;
+        let entry = self.sessions.get_mut(key).ok_or_else(not_found)?;
+        if let Some((_, snaps)) = loaded {
             entry.tokens = tokens_of(&snaps);
             entry.state_bytes = bytes_of(&snaps);
             entry.snapshots = Some(snaps);
@@ -415,11 +676,11 @@ impl SessionStore {
         })
     }
 
-    /// Ends the use of session `name`, adding `snapshots` (oldest first) taken by the request;
-    /// then spills idle sessions while memory is above the allowance. Returns the spill
-    /// failures (those sessions stay in memory).
-    pub fn finish(&mut self, name: &str, snapshots: Vec<Snapshot>) -> Vec<FileError> {
-        if let Some(entry) = self.sessions.get_mut(name) {
+    /// Ends the use of session `key`, adding `snapshots` (oldest first) taken by the request;
+    /// then spills idle sessions while memory is above the allowance. Returns the sessions a
+    /// failed write dropped from memory.
+    pub fn finish(&mut self, key: &SessionKey, snapshots: Vec<Snapshot>) -> Vec<Dropped> {
+        if let Some(entry) = self.sessions.get_mut(key) {
             entry.in_use = None;
             if !snapshots.is_empty() {
                 let snaps = entry.snapshots.get_or_insert_with(Vec::new);
@@ -434,35 +695,67 @@ impl SessionStore {
         self.spill()
     }
 
-    /// Writes idle sessions to disk and drops them from memory, least recently used first,
-    /// until memory is within the allowance or no idle session is left in memory.
-    fn spill(&mut self) -> Vec<FileError> {
-        let mut failures = Vec::new();
+    /// Writes idle sessions to disk and drops them from memory until memory is within the
+    /// allowance or no idle session is left in memory: the least recently used session of the
+    /// owner holding the most memory first, so one user's sessions never push out another's
+    /// while they take more. A session whose write fails is dropped all the same.
+    fn spill(&mut self) -> Vec<Dropped> {
+        let mut dropped = Vec::new();
         while self.memory_bytes() > self.allowance {
+            let mut held: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+            for (k, e) in &self.sessions {
+                *held.entry(k.owner).or_default() += e.memory();
+            }
             let victim = self
                 .sessions
                 .iter()
                 .filter(|(_, e)| e.in_use.is_none() && e.memory() > 0)
-                .filter(|(n, _)| !failures.iter().any(|f: &(String, FileError)| &f.0 == *n))
-                .min_by_key(|(_, e)| e.tick)
-                .map(|(n, _)| n.clone());
-            let Some(name) = victim else { break };
-            match self.write(&name) {
-                Ok(_) => {
-                    if let Some(e) = self.sessions.get_mut(&name) {
-                        e.snapshots = None;
-                    }
+                .max_by_key(|(k, e)| (held.get(&k.owner).copied(), std::cmp::Reverse(e.tick)))
+                .map(|(k, _)| k.clone());
+            let Some(key) = victim else { break };
+            let written = self.write(&key);
+            let Some(entry) = self.sessions.get_mut(&key) else {
+                break;
+            };
+            entry.snapshots = None;
+            if let Err(error) = written {
+                let older_on_disk = entry.file.is_some();
+                if older_on_disk {
+                    self.reread_header(&key);
+                } else {
+                    self.sessions.remove(&key);
                 }
-                Err(e) => failures.push((name, e)),
+                dropped.push(Dropped {
+                    key,
+                    error,
+                    older_on_disk,
+                });
             }
         }
-        failures.into_iter().map(|(_, e)| e).collect()
+        dropped
     }
 
-    /// Writes session `name`'s in-memory snapshots to its file (if they are not already
-    /// there). Returns the file size, or 0 when there was nothing new to write.
-    pub fn write(&mut self, name: &str) -> Result<u64, FileError> {
-        let Some(entry) = self.sessions.get_mut(name) else {
+    /// After a failed write dropped a session's newest state: its figures from its file again.
+    fn reread_header(&mut self, key: &SessionKey) {
+        let Some(file_name) = self.sessions.get(key).and_then(|e| e.file.clone()) else {
+            return;
+        };
+        let header = self
+            .open_trusted(&file_name)
+            .ok()
+            .and_then(|(path, mut f)| file::read_header_from(&path, &mut f).ok());
+        if let (Some(h), Some(entry)) = (header, self.sessions.get_mut(key)) {
+            entry.tokens = h.tokens;
+            entry.state_bytes = h.state_bytes;
+            entry.on_disk = true;
+        }
+    }
+
+    /// Writes session `key`'s in-memory snapshots to its file (if they are not already
+    /// there), within its owner's quota and never into the room kept for the other owners'
+    /// sessions. Returns the file size, or 0 when there was nothing new to write.
+    pub fn write(&mut self, key: &SessionKey) -> Result<u64, StoreError> {
+        let Some(entry) = self.sessions.get(key) else {
             return Ok(0);
         };
         let Some(snaps) = entry.snapshots.as_deref() else {
@@ -471,41 +764,87 @@ impl SessionStore {
         if entry.on_disk {
             return Ok(0);
         }
+        let needed = bytes_of(snaps) + FRAMING;
+        let owners_files: u64 = self
+            .sessions
+            .iter()
+            .filter(|(k, _)| k.owner == key.owner && *k != key)
+            .map(|(_, e)| e.file_bytes)
+            .sum();
+        if owners_files + needed > self.quota.disk_bytes {
+            return Err(StoreError::Quota {
+                owner: key.owner,
+                limit: QuotaLimit::DiskBytes(self.quota.disk_bytes),
+                used: owners_files + needed,
+            });
+        }
+        let mut usage: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+        for (k, e) in self.sessions.iter().filter(|(k, _)| *k != key) {
+            *usage.entry(k.owner).or_default() += e.write_bytes();
+        }
+        let available = self
+            .dir
+            .available_bytes()
+            .map_err(|error| StoreError::Dir {
+                path: self.dir.path().to_path_buf(),
+                error,
+            })?;
+        let reserved = kept_for_others(key.owner, needed, &usage);
+        // With nothing kept for others the filesystem alone decides (a full one says so).
+        if reserved > 0 && available < needed.saturating_add(reserved) {
+            return Err(StoreError::Reserved {
+                name: key.name.clone(),
+                needed,
+                available,
+                reserved,
+            });
+        }
         let header = FileHeader {
             fingerprint: self.fingerprint.clone(),
-            name: name.to_string(),
-            owner: entry.owner,
+            name: key.name.clone(),
+            owner: key.owner,
             tokens: entry.tokens,
             state_bytes: entry.state_bytes,
         };
         let size = file::save(&self.dir, &header, snaps)?;
-        entry.on_disk = true;
+        let written = file::file_name(&file::stem(key.owner, &key.name));
+        let previous = self.sessions.get(key).and_then(|e| e.file.clone());
+        if let Some(old) = previous.filter(|old| *old != written) {
+            // An earlier k3d's bare-named file: the session's own file replaces it.
+            let _ = self.dir.remove(&old);
+        }
+        if let Some(entry) = self.sessions.get_mut(key) {
+            entry.on_disk = true;
+            entry.file = Some(written);
+            entry.file_bytes = size;
+        }
         Ok(size)
     }
 
-    /// Ends the use of `name` without new snapshots (the request failed or was cancelled).
-    pub fn release(&mut self, name: &str) {
-        self.finish(name, Vec::new());
+    /// Ends the use of `key` without new snapshots (the request failed or was cancelled).
+    pub fn release(&mut self, key: &SessionKey) -> Vec<Dropped> {
+        self.finish(key, Vec::new())
     }
 
-    /// The sessions `who` may see, by name.
+    /// The sessions `who` may see, by owner and name.
     pub fn list(&self, who: Access) -> Vec<SessionInfo> {
         self.sessions
             .iter()
-            .filter(|(_, e)| permitted(e.owner, who))
-            .map(|(n, e)| e.info(n))
+            .filter(|(k, _)| permitted(k.owner, who))
+            .map(|(k, e)| e.info(k, who))
             .collect()
     }
 
-    /// Writes session `name` to the session directory now (it stays in memory).
-    pub fn save(&mut self, name: &str, who: Access) -> Result<SessionInfo, StoreError> {
-        self.entry_for(name, who)?;
-        self.write(name)?;
+    /// Writes session `name` to the session directory now (it stays in memory); its info
+    /// and the path of its file.
+    pub fn save(&mut self, name: &str, who: Access) -> Result<(SessionInfo, PathBuf), StoreError> {
+        let (key, _) = self.entry_for(name, who)?;
+        self.write(&key)?;
         let entry = self
             .sessions
-            .get(name)
+            .get(&key)
             .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
-        Ok(entry.info(name))
+        Ok((entry.info(&key, who), self.path_of(&key)))
     }
 
     /// Forgets session `name` and removes its file. Refused while a request uses it. A file
@@ -513,45 +852,50 @@ impl SessionStore {
     /// own, not a regular file) is removed too — the refusal tells the user to do exactly
     /// that —, by the owner its header names if the daemon wrote it, else by root only.
     pub fn delete(&mut self, name: &str, who: Access) -> Result<(), StoreError> {
-        match self.entry_for(name, who) {
-            Ok(entry) => {
+        let key = SessionKey::resolve(name, who)?;
+        let own_file = file::file_name(&file::stem(key.owner, &key.name));
+        let file_name = match self.entry_for(name, who) {
+            Ok((_, entry)) => {
                 if let Some(request) = entry.in_use {
                     return Err(StoreError::Busy {
                         name: name.to_string(),
                         request,
                     });
                 }
+                entry.file.clone()
             }
             Err(StoreError::File(_)) => {
-                let owner = self.claimed_owner(name);
+                let owner = self.claimed_owner(&own_file);
                 if !permitted(owner, who) {
                     return Err(StoreError::PermissionDenied {
                         name: name.to_string(),
                         owner,
                     });
                 }
+                Some(own_file)
             }
             Err(e) => return Err(e),
-        }
-        match self.dir.remove(&file::file_name(name)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(error) => {
-                let path = file::path_of(self.dir.path(), name);
-                return Err(FileError::Io { path, error }.into());
+        };
+        if let Some(file_name) = file_name {
+            match self.dir.remove(&file_name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    let path = self.dir.path().join(&file_name);
+                    return Err(FileError::Io { path, error }.into());
+                }
             }
         }
-        self.sessions.remove(name);
+        self.sessions.remove(&key);
         Ok(())
     }
 
     /// Writes every in-memory session whose file is not current (daemon shutdown). Returns
     /// the failures with the session each concerns: those sessions' newest states are lost.
-    pub fn save_all(&mut self) -> Vec<(String, FileError)> {
-        let names: Vec<String> = self.sessions.keys().cloned().collect();
-        names
-            .into_iter()
-            .filter_map(|n| self.write(&n).err().map(|e| (n, e)))
+    pub fn save_all(&mut self) -> Vec<(SessionKey, StoreError)> {
+        let keys: Vec<SessionKey> = self.sessions.keys().cloned().collect();
+        keys.into_iter()
+            .filter_map(|k| self.write(&k).err().map(|e| (k, e)))
             .collect()
     }
 }
@@ -568,14 +912,21 @@ mod tests {
         prompt: &[u32],
         full: &[u32],
     ) -> usize {
-        store.reserve(name, who, 1).unwrap();
-        let (_, reused) = store.start(name, prompt).unwrap();
+        let key = store.reserve(name, who, 1).unwrap();
+        let (_, reused) = store.start(&key, prompt).unwrap();
         assert!(
             store
-                .finish(name, vec![snap(prompt), snap(full)])
+                .finish(&key, vec![snap(prompt), snap(full)])
                 .is_empty()
         );
         reused
+    }
+
+    fn key(owner: u32, name: &str) -> SessionKey {
+        SessionKey {
+            owner: Some(owner),
+            name: name.into(),
+        }
     }
 
     #[test]
@@ -589,11 +940,11 @@ mod tests {
             turn(&mut s, "a", Some(10), &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5, 6]),
             4
         );
-        // Another uid: refused everywhere, and does not see it.
+        // Another uid naming it as 10/a: refused everywhere; it does not see it.
         for e in [
-            s.reserve("a", Some(11), 2).unwrap_err(),
-            s.save("a", Some(11)).unwrap_err(),
-            s.delete("a", Some(11)).unwrap_err(),
+            s.reserve("10/a", Some(11), 2).unwrap_err(),
+            s.save("10/a", Some(11)).unwrap_err(),
+            s.delete("10/a", Some(11)).unwrap_err(),
         ] {
             assert!(
                 matches!(
@@ -607,11 +958,17 @@ mod tests {
             );
         }
         assert!(s.list(Some(11)).is_empty());
-        assert_eq!(s.list(Some(10)).len(), 1);
-        assert_eq!(s.list(Some(0)).len(), 1);
+        assert_eq!(s.list(Some(10))[0].name, "a");
+        // Root sees it by owner and name, and names it so.
+        let listed = s.list(Some(0));
+        assert_eq!(
+            (listed[0].name.as_str(), listed[0].owner),
+            ("10/a", Some(10))
+        );
+        assert!(s.save("10/a", Some(0)).is_ok());
         // One request at a time; leased while it runs, not after its release.
         assert_eq!(s.leased(), 0);
-        s.reserve("a", Some(10), 7).unwrap();
+        let a = s.reserve("a", Some(10), 7).unwrap();
         assert_eq!(s.leased(), 1);
         assert!(matches!(
             s.reserve("a", Some(10), 8),
@@ -621,17 +978,140 @@ mod tests {
             s.delete("a", Some(10)),
             Err(StoreError::Busy { .. })
         ));
-        s.release("a");
+        s.release(&a);
         assert_eq!(s.leased(), 0);
-        assert!(matches!(
-            s.reserve("../x", Some(10), 9),
-            Err(StoreError::InvalidName(_))
-        ));
+        for bad in ["../x", "x/a", "10/../a", "/a"] {
+            assert!(
+                matches!(s.reserve(bad, Some(10), 9), Err(StoreError::InvalidName(_))),
+                "{bad}"
+            );
+        }
         s.delete("a", Some(10)).unwrap();
         assert!(matches!(
             s.save("a", Some(10)),
             Err(StoreError::NotFound(_))
         ));
+    }
+
+    /// Issue 35 point 6: B's `work` is not A's — each uid has its own names, files and state.
+    #[test]
+    fn names_are_per_uid() {
+        let tmp = scratch("store-names");
+        let dir = tmp.path().join("sessions");
+        let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        turn(&mut s, "work", Some(10), &[1, 2], &[1, 2, 3]);
+        turn(&mut s, "work", Some(11), &[7, 8], &[7, 8, 9]);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            turn(&mut s, "work", Some(10), &[1, 2, 3, 4], &[1, 2, 3, 4]),
+            3
+        );
+        assert_eq!(
+            turn(&mut s, "work", Some(11), &[7, 8, 9, 4], &[7, 8, 9, 4]),
+            3
+        );
+        assert!(s.save_all().is_empty());
+        for (owner, history) in [(10, [1, 2, 3, 4]), (11, [7, 8, 9, 4])] {
+            let path = s.path_of(&key(owner, "work"));
+            assert!(
+                path.ends_with(format!("{owner}@work.k3s")),
+                "{}",
+                path.display()
+            );
+            let (h, snaps) = file::load(&path, "fp").unwrap();
+            assert_eq!((h.owner, h.name.as_str()), (Some(owner), "work"));
+            assert_eq!(snaps.last().unwrap().history, history);
+        }
+        // Deleting one leaves the other.
+        s.delete("work", Some(11)).unwrap();
+        assert_eq!(s.list(Some(10)).len(), 1);
+        let (again, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        assert!(skipped.is_empty());
+        assert_eq!(again.list(Some(0)).len(), 1);
+    }
+
+    #[test]
+    fn an_earlier_k3ds_bare_named_file_is_indexed_by_its_header_and_renamed_at_its_next_write() {
+        let tmp = scratch("store-bare");
+        let dir = tmp.path().join("sessions");
+        let sessions = SessionDir::open(&dir).unwrap();
+        let header = FileHeader {
+            fingerprint: "fp".into(),
+            name: "old".into(),
+            owner: Some(10),
+            tokens: 2,
+            state_bytes: 0,
+        };
+        let stem_file = file::path_of(&dir, Some(10), "old");
+        file::save(&sessions, &header, &[snap(&[1, 2])]).unwrap();
+        std::fs::rename(&stem_file, dir.join("old.k3s")).unwrap();
+        let (mut s, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert!(s.list(Some(11)).is_empty());
+        assert_eq!(turn(&mut s, "old", Some(10), &[1, 2, 3], &[1, 2, 3, 4]), 2);
+        assert!(s.save_all().is_empty());
+        assert!(stem_file.exists() && !dir.join("old.k3s").exists());
+    }
+
+    #[test]
+    fn a_uid_has_at_most_its_quota_of_sessions_and_file_bytes() {
+        let tmp = scratch("store-quota");
+        let dir = tmp.path().join("sessions");
+        let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
+        s.set_quota(Quota {
+            sessions: 2,
+            disk_bytes: 2 * (bytes_of(&[snap(&[1, 2]), snap(&[1, 2, 3])]) + FRAMING),
+        });
+        turn(&mut s, "a", Some(10), &[1, 2], &[1, 2, 3]);
+        turn(&mut s, "b", Some(10), &[1, 2], &[1, 2, 3]);
+        let refused = s.reserve("c", Some(10), 3).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                StoreError::Quota {
+                    limit: QuotaLimit::Sessions(2),
+                    used: 2,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("--sessions-per-uid 2"),
+            "{refused}"
+        );
+        // Another uid is not counted against it.
+        turn(&mut s, "c", Some(11), &[1, 2], &[1, 2, 3]);
+        assert!(s.save("a", Some(10)).is_ok() && s.save("b", Some(10)).is_ok());
+        // A session grown past the file quota is not written.
+        let b = s.reserve("b", Some(10), 4).unwrap();
+        s.start(&b, &[1, 2, 3, 4]).unwrap();
+        s.finish(&b, vec![snap(&(0..20_000).collect::<Vec<_>>())]);
+        let e = s.save("b", Some(10)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Quota {
+                    limit: QuotaLimit::DiskBytes(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.is_storage_failure() && e.is_out_of_space());
+    }
+
+    #[test]
+    fn the_heavier_user_gives_way_to_the_room_kept_for_lighter_ones() {
+        let usage: BTreeMap<Option<u32>, u64> = [(Some(10), 100), (Some(11), 1000)].into();
+        // 11 writing 50 more: 10 holds less, so twice 10's bytes stay free.
+        assert_eq!(kept_for_others(Some(11), 50, &usage), 200);
+        // 10 writing: 11 holds more than 10 would, so nothing is kept for it.
+        assert_eq!(kept_for_others(Some(10), 50, &usage), 0);
+        // 10 growing past 11: now 11 is the lighter one.
+        assert_eq!(kept_for_others(Some(10), 950, &usage), 2000);
+        // A new user with nothing yet: everyone heavier is on its own.
+        assert_eq!(kept_for_others(Some(12), 10, &usage), 0);
     }
 
     #[test]
@@ -648,24 +1128,65 @@ mod tests {
         assert!(listed[1].in_memory);
         assert!(s.memory_bytes() <= one);
         // x comes back from disk with its snapshots; y is spilled in turn.
-        s.reserve("x", Some(5), 3).unwrap();
-        let (state, reused) = s.start("x", &[1, 2, 3, 9]).unwrap();
+        let x = s.reserve("x", Some(5), 3).unwrap();
+        let (state, reused) = s.start(&x, &[1, 2, 3, 9]).unwrap();
         assert_eq!((state, reused), (Some(snap(&[1, 2, 3]).state), 3));
-        s.release("x");
+        s.release(&x);
         assert!(!s.list(Some(5))[1].in_memory);
         assert!(s.save_all().is_empty());
         // A restart indexes both; the other model's store indexes neither.
         let (mut again, skipped) = SessionStore::open(&dir, "fp", one).unwrap();
         assert!(skipped.is_empty());
         assert_eq!(again.len(), 2);
-        again.reserve("y", Some(5), 1).unwrap();
-        assert_eq!(again.start("y", &[1, 2, 3, 4]).unwrap().1, 3);
+        let y = again.reserve("y", Some(5), 1).unwrap();
+        assert_eq!(again.start(&y, &[1, 2, 3, 4]).unwrap().1, 3);
         let (mut other, skipped) = SessionStore::open(&dir, "other", one).unwrap();
         assert_eq!((other.len(), skipped.len()), (0, 2));
         assert!(matches!(
             other.reserve("y", Some(5), 1),
             Err(StoreError::File(FileError::Fingerprint { .. }))
         ));
+    }
+
+    /// Memory: the user holding the most spills first, and a session whose write fails is
+    /// dropped from memory with the failure reported — never kept above the allowance.
+    #[test]
+    fn the_heaviest_user_spills_first_and_a_failed_spill_is_dropped_not_kept() {
+        let tmp = scratch("store-fair");
+        let dir = tmp.path().join("sessions");
+        let one = bytes_of(&[snap(&[1, 2]), snap(&[1, 2, 3])]);
+        let (mut s, _) = SessionStore::open(&dir, "fp", 3 * one).unwrap();
+        turn(&mut s, "a", Some(10), &[1, 2], &[1, 2, 3]);
+        turn(&mut s, "b1", Some(11), &[1, 2], &[1, 2, 3]);
+        turn(&mut s, "b2", Some(11), &[1, 2], &[1, 2, 3]);
+        // B's third: B holds the most, so B's oldest spills although A's is older.
+        turn(&mut s, "b3", Some(11), &[1, 2], &[1, 2, 3]);
+        let in_memory = |s: &SessionStore, who| -> Vec<String> {
+            s.list(Some(who))
+                .into_iter()
+                .filter(|i| i.in_memory)
+                .map(|i| i.name)
+                .collect()
+        };
+        assert_eq!(in_memory(&s, 10), ["a"]);
+        assert_eq!(in_memory(&s, 11), ["b2", "b3"]);
+        // B's session cannot be written (its quota is too small): dropped, not kept.
+        s.set_quota(Quota {
+            sessions: 64,
+            disk_bytes: 1,
+        });
+        let b4 = s.reserve("b4", Some(11), 9).unwrap();
+        let dropped = s.finish(&b4, vec![snap(&[1, 2]), snap(&[1, 2, 3])]);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert_eq!(dropped[0].key, key(11, "b2"));
+        assert!(!dropped[0].older_on_disk);
+        assert!(
+            dropped[0].to_string().contains("it is gone"),
+            "{}",
+            dropped[0]
+        );
+        assert!(s.memory_bytes() <= 3 * one);
+        assert_eq!(in_memory(&s, 10), ["a"], "A's session is untouched");
     }
 
     #[test]
@@ -675,7 +1196,7 @@ mod tests {
         let (mut s, _) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         turn(&mut s, "c", Some(5), &[1, 2], &[1, 2, 3]);
         s.save("c", Some(5)).unwrap();
-        let path = file::path_of(&dir, "c");
+        let path = file::path_of(&dir, Some(5), "c");
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 40;
         bytes[last] ^= 0xff;
@@ -683,11 +1204,11 @@ mod tests {
         let (mut again, skipped) = SessionStore::open(&dir, "fp", u64::MAX).unwrap();
         // The header is intact, so it is listed; using it reports the checksum.
         assert!(skipped.is_empty());
-        again.reserve("c", Some(5), 1).unwrap();
+        let c = again.reserve("c", Some(5), 1).unwrap();
         assert!(matches!(
-            again.start("c", &[1, 2, 3, 4]),
+            again.start(&c, &[1, 2, 3, 4]),
             Err(StoreError::File(FileError::Checksum { .. }))
         ));
-        again.release("c");
+        again.release(&c);
     }
 }

@@ -24,7 +24,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::aligned::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
-use super::reader::{Batch, Priority, ReaderPool};
+use super::reader::{Priority, ReadBatch, ReaderPool};
 use super::{Class, Counters, StoreError, Weights};
 use crate::checkpoint::layout::{ByteRun, Slice};
 use crate::plan::buffers::ALIGN;
@@ -38,7 +38,7 @@ pub enum Unit {
 
 /// One read: whole rows `first_row..` of one tensor.
 #[derive(Debug, Clone, Copy)]
-struct Piece {
+struct ChunkRead {
     first_row: usize,
     run: ByteRun,
     class: Class,
@@ -61,14 +61,14 @@ struct UnitPieces {
 struct StreamState {
     spare: Vec<AlignedBuf>,
     /// Reads in flight, in cycle order: (piece, one-run batch).
-    in_flight: VecDeque<(usize, Batch)>,
+    in_flight: VecDeque<(usize, ReadBatch)>,
     /// The next piece to issue.
     next: usize,
 }
 
 /// The pieces of one cycle and the buffers they pass through.
 pub(super) struct ChunkStream {
-    pieces: Vec<Piece>,
+    pieces: Vec<ChunkRead>,
     units: Vec<UnitPieces>,
     state: Mutex<StreamState>,
     chunk: usize,
@@ -108,7 +108,7 @@ impl ChunkStream {
                 let mut r = 0;
                 while r < rows {
                     let n = per.min(rows - r);
-                    pieces.push(Piece {
+                    pieces.push(ChunkRead {
                         first_row: r,
                         run: ByteRun {
                             shard: run.shard,
@@ -203,7 +203,7 @@ impl ChunkStream {
         Ok(())
     }
 
-    /// Piece `p`'s bytes: the oldest read in flight if it is `p`, else (out of order) the cycle
+    /// ChunkRead `p`'s bytes: the oldest read in flight if it is `p`, else (out of order) the cycle
     /// restarts at `p` once the reads in flight have finished.
     fn take(
         &self,

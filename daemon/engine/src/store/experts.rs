@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::aligned::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError, ReadFailure};
 use super::expert_cache::{Acquired, ExpertId, Ticket};
-use super::reader::{Batch, Priority};
+use super::reader::{Priority, ReadBatch};
 use super::{StoreError, WeightStore, slice_of};
 use crate::checkpoint::layout::{ByteRun, ExpertLayout, FfnLayout, MoeLayout};
 use crate::kernels::mxfp4;
@@ -34,7 +34,7 @@ impl ExpertView<'_> {
 /// its reserved slots emptied.
 pub struct ExpertPrefetch<'s> {
     layer: usize,
-    batch: Batch,
+    batch: ReadBatch,
     /// By batch id: the guessed expert, its reserved slot and its run length.
     reads: Vec<(usize, Ticket<'s>, u64)>,
     /// Guessed experts already resident, held so the guesses' own reservations cannot evict
@@ -271,7 +271,7 @@ impl WeightStore {
         ahead: ExpertPrefetch<'a>,
         ids: &[usize],
     ) -> (
-        Option<Batch>,
+        Option<ReadBatch>,
         Vec<Option<PendingRead<'a>>>,
         Vec<(usize, Arc<LoadedRun>)>,
     ) {
@@ -347,7 +347,7 @@ impl WeightStore {
     /// gives its slot and buffer back, nothing read.
     fn land<E: From<StoreError>>(
         &self,
-        batch: &mut Batch,
+        batch: &mut ReadBatch,
         mut pending: Vec<Option<PendingRead<'_>>>,
         f: &mut impl FnMut(Vec<(usize, Arc<LoadedRun>)>) -> Result<(), E>,
     ) -> Result<(), E> {

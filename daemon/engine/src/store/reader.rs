@@ -2,12 +2,12 @@
 //! (engine-lessons §2.2: queue depth matters more than io_uring; not tokio, not the compute
 //! pool).
 //!
-//! The caller submits a [`Batch`] of runs (for example every routed expert of a layer), each
+//! The caller submits a [`ReadBatch`] of runs (for example every routed expert of a layer), each
 //! with the aligned buffer it should land in. Runs longer than one request are split into
 //! 8–64 MiB requests that different threads fill in parallel; requests are queued sorted by
 //! (shard, offset) so the drive sweeps forward (§2.3). The caller then takes completions as they
-//! land ([`Batch::wait_any`]: compute can start on whichever expert arrives first, §4.4) or waits
-//! for a particular one ([`Batch::wait`]). A run completes only when all its requests succeeded;
+//! land ([`ReadBatch::wait_any`]: compute can start on whichever expert arrives first, §4.4) or waits
+//! for a particular one ([`ReadBatch::wait`]). A run completes only when all its requests succeeded;
 //! a failure hands back the error and the buffer, never the buffer as data (§8.2).
 //!
 //! The pool has `threads` workers, each with one `pread` in flight: the thread count is the
@@ -197,13 +197,13 @@ impl ReaderPool {
 
     /// Queue every run for reading into its buffer as a demand read; completion ids are indices
     /// into `runs`.
-    pub fn submit(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> Batch {
+    pub fn submit(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> ReadBatch {
         self.submit_as(runs, Priority::Demand)
     }
 
     /// [`ReaderPool::submit`] with an explicit [`Priority`].
-    pub fn submit_as(&self, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) -> Batch {
-        let mut batch = Batch::with_capacity(runs.len());
+    pub fn submit_as(&self, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) -> ReadBatch {
+        let mut batch = ReadBatch::with_capacity(runs.len());
         self.enqueue(&mut batch, runs, priority, true);
         batch
     }
@@ -211,8 +211,8 @@ impl ReaderPool {
     /// A demand batch whose runs start in the order given rather than sweeping the file
     /// forward: for guesses ranked by likelihood, so the least likely are the ones still queued
     /// (and cheap to [`ReaderPool::unqueue`]) when the guess is checked.
-    pub fn submit_ranked(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> Batch {
-        let mut batch = Batch::with_capacity(runs.len());
+    pub fn submit_ranked(&self, runs: Vec<(ByteRun, AlignedBuf)>) -> ReadBatch {
+        let mut batch = ReadBatch::with_capacity(runs.len());
         self.enqueue(&mut batch, runs, Priority::Demand, false);
         batch
     }
@@ -220,8 +220,13 @@ impl ReaderPool {
     /// Adds runs to a batch already in flight; their completion ids continue after the batch's
     /// current ones (the first new run gets id `batch.len()` as it was before the call). Lets a
     /// caller wait on reads issued early (a predicted routing) and on the ones issued once the
-    /// need is known with one [`Batch::wait_any`].
-    pub fn extend(&self, batch: &mut Batch, runs: Vec<(ByteRun, AlignedBuf)>, priority: Priority) {
+    /// need is known with one [`ReadBatch::wait_any`].
+    pub fn extend(
+        &self,
+        batch: &mut ReadBatch,
+        runs: Vec<(ByteRun, AlignedBuf)>,
+        priority: Priority,
+    ) {
         self.enqueue(batch, runs, priority, true);
     }
 
@@ -229,7 +234,7 @@ impl ReaderPool {
     /// drive reads forward (§2.3), otherwise they keep the order given.
     fn enqueue(
         &self,
-        batch: &mut Batch,
+        batch: &mut ReadBatch,
         runs: Vec<(ByteRun, AlignedBuf)>,
         priority: Priority,
         sweep: bool,
@@ -314,7 +319,7 @@ impl ReaderPool {
     /// completes through the batch: as `Err` [`ReadError::Cancelled`] with its buffer once any
     /// request already running has finished, or as `Ok` if every request had already landed
     /// (the bytes are then real data). Returns whether any request was withdrawn.
-    pub fn unqueue(&self, batch: &Batch, id: usize) -> bool {
+    pub fn unqueue(&self, batch: &ReadBatch, id: usize) -> bool {
         let mut withdrawn = Vec::new();
         {
             let mut q = lock(&self.shared.queue);
@@ -505,16 +510,16 @@ impl BatchState {
 }
 
 /// Runs in flight; take each completion once.
-pub struct Batch {
+pub struct ReadBatch {
     state: Arc<BatchState>,
     len: usize,
     taken: usize,
 }
 
-impl Batch {
+impl ReadBatch {
     /// A batch with no runs yet, room for `capacity`.
     fn with_capacity(capacity: usize) -> Self {
-        Batch {
+        ReadBatch {
             state: Arc::new(BatchState {
                 inner: Mutex::new(BatchInner {
                     slots: Vec::with_capacity(capacity),
@@ -591,7 +596,7 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
+impl Drop for ReadBatch {
     /// Requests still queued are skipped; reads already running finish into their buffers,
     /// which are freed with the batch state.
     fn drop(&mut self) {

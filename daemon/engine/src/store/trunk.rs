@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::aligned::AlignedBuf;
 use super::chunks::Unit;
 use super::direct_io::{LoadedRun, ReadError};
-use super::reader::{self, Batch};
+use super::reader::{self, ReadBatch};
 use super::stats::Class;
 use super::{StoreError, WeightStore, Weights, any_offset};
 use crate::checkpoint::layout::{ByteRun, Slice};
@@ -63,7 +63,7 @@ pub struct Ring {
 struct RingState {
     spare: Vec<AlignedBuf>,
     /// The prefetch in flight: which layer, and its one-run batch.
-    pending: Option<(usize, Batch)>,
+    pending: Option<(usize, ReadBatch)>,
 }
 
 impl Ring {

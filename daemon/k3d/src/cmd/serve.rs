@@ -75,11 +75,20 @@ pub struct Args {
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
     session_dir: Option<PathBuf>,
-    /// GiB of the memory budget kept for in-memory sessions; the model is planned in the rest.
-    /// Idle sessions beyond it are written to the session directory [default: the plan's
-    /// headroom, which may be zero: sessions then wait on disk between turns].
+    /// GiB of the memory budget kept for in-memory sessions and each caller's kept conversation
+    /// states; the model is planned in the rest. Idle sessions beyond it are written to the
+    /// session directory [default: one conversation state of the planned context per active
+    /// request, as much as the budget holds beside the model, plus the plan's headroom].
     #[arg(long)]
     session_gb: Option<f64>,
+    /// Sessions one user (uid) may have; creating more is refused (RESOURCE_EXHAUSTED)
+    /// [default: 64].
+    #[arg(long)]
+    sessions_per_uid: Option<usize>,
+    /// GiB of session files one user (uid) may have in the session directory; a save beyond
+    /// is refused, a spill beyond drops that user's session from memory [default: 16].
+    #[arg(long)]
+    session_disk_gb_per_uid: Option<f64>,
     /// Also serve the OpenAI-compatible HTTP API here: unix:PATH (same access rules as
     /// --socket; callers identified by uid) or IP:PORT (loopback unless `http_api_keys` is set
     /// in --config). Repeatable.
@@ -123,6 +132,8 @@ struct ConfigFile {
     thinking_budget: Option<ThinkingBudget>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
+    sessions_per_uid: Option<usize>,
+    session_disk_gb_per_uid: Option<f64>,
     /// `--http` endpoints; the command line's replace the file's.
     http: Option<Vec<String>>,
     /// Bearer keys the HTTP API accepts on TCP. Only here, never on the command line, which
@@ -315,6 +326,21 @@ pub fn run(args: Args) -> CliResult {
         .map(|g| Budget::gib("--session-gb", g))
         .transpose()
         .map_err(|e| usage(e.to_string()))?;
+    let defaults = k3_engine::session::store::Quota::default();
+    let session_quota = k3_engine::session::store::Quota {
+        sessions: match args.sessions_per_uid.or(file.sessions_per_uid) {
+            Some(0) => return Err(usage("sessions_per_uid must be at least 1".into())),
+            Some(n) => n,
+            None => defaults.sessions,
+        },
+        disk_bytes: args
+            .session_disk_gb_per_uid
+            .or(file.session_disk_gb_per_uid)
+            .map(|g| Budget::gib("--session-disk-gb-per-uid", g))
+            .transpose()
+            .map_err(|e| usage(e.to_string()))?
+            .unwrap_or(defaults.disk_bytes),
+    };
     let mut model_options = args
         .budget
         .or_from_file(
@@ -381,7 +407,7 @@ pub fn run(args: Args) -> CliResult {
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
     };
-    daemon::run(daemon::Config {
+    daemon::run(daemon::Options {
         model,
         socket: net::SocketSpec {
             path: socket,
@@ -407,9 +433,10 @@ pub fn run(args: Args) -> CliResult {
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
         session_bytes,
+        session_quota,
         http,
         http_settings,
-        connections: net::gate::Limits {
+        connections: net::gate::ConnectionLimits {
             per_peer,
             handshake,
         },

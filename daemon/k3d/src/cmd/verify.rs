@@ -2,7 +2,7 @@
 //! resumable, with progress on stderr. Exit 0 when every listed file matches, 3 otherwise.
 use crate::exit::{CliError, CliResult, Exit};
 use k3_engine::checkpoint::manifest::{self, Manifest};
-use k3_engine::checkpoint::verify::{self, Outcome, Progress};
+use k3_engine::checkpoint::verify::{self, Progress, Verdict};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -127,13 +127,13 @@ pub fn run(args: Args) -> CliResult {
     let mut bad = 0;
     for (name, outcome) in &report.files {
         match outcome {
-            Outcome::Verified => println!("{name}: OK"),
-            Outcome::Resumed => println!("{name}: OK (verified earlier, unchanged since)"),
-            Outcome::Missing => {
+            Verdict::Verified => println!("{name}: OK"),
+            Verdict::Resumed => println!("{name}: OK (verified earlier, unchanged since)"),
+            Verdict::Missing => {
                 bad += 1;
                 println!("{name}: MISSING");
             }
-            Outcome::Mismatch { expected, actual } => {
+            Verdict::Mismatch { expected, actual } => {
                 bad += 1;
                 println!("{name}: MISMATCH expected {expected} actual {actual}");
             }
@@ -149,7 +149,7 @@ pub fn run(args: Args) -> CliResult {
         report
             .files
             .iter()
-            .filter(|(_, o)| !matches!(o, Outcome::Resumed | Outcome::Missing))
+            .filter(|(_, o)| !matches!(o, Verdict::Resumed | Verdict::Missing))
             .count(),
         report.hashed_bytes as f64 / 1e9,
         secs,
@@ -157,7 +157,7 @@ pub fn run(args: Args) -> CliResult {
         report
             .files
             .iter()
-            .filter(|(_, o)| *o == Outcome::Resumed)
+            .filter(|(_, o)| *o == Verdict::Resumed)
             .count()
     );
     if bad > 0 || !unlisted.is_empty() {

@@ -3,7 +3,7 @@
 
 use k3_engine::engine::LogitTransform;
 use k3_engine::serve::{
-    Channel, Done, Event, Finish, LoadFigures, Prompt, Request, ServeError, SessionFigures,
+    Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
 use k3_engine::session::{FileError, SessionInfo, StoreError};
 use k3_engine::tokenizer::chat::{
@@ -43,7 +43,7 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         thinking_budget: None,
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
-        reuse: None,
+        reuse: false,
     }
 }
 
@@ -238,6 +238,8 @@ fn session_status(e: &StoreError, text: String) -> Status {
         // The disk's fault: RESOURCE_EXHAUSTED when it is full (gRPC's code for "the file
         // system is out of space"), else INTERNAL; the text says "could not store" either way.
         e if e.is_out_of_space() => Status::resource_exhausted(text),
+        // A quota or the room kept for other users (issue 35 point 6).
+        StoreError::Quota { .. } | StoreError::Reserved { .. } => Status::resource_exhausted(text),
         StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. } => Status::internal(text),
         StoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
@@ -301,10 +303,10 @@ fn channel(c: Channel) -> pb::Channel {
 
 fn done(d: &Done) -> pb::Done {
     let (reason, stop_id, stop_string) = match &d.finish {
-        Finish::Length => (pb::StopReason::MaxTokens, 0, String::new()),
-        Finish::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
-        Finish::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
-        Finish::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
+        FinishReason::Length => (pb::StopReason::MaxTokens, 0, String::new()),
+        FinishReason::EndOfTurn(id) => (pb::StopReason::EndOfTurn, *id, String::new()),
+        FinishReason::StopId(id) => (pb::StopReason::StopId, *id, String::new()),
+        FinishReason::StopString(text) => (pb::StopReason::StopString, 0, text.clone()),
     };
     let s = &d.summary;
     pb::Done {

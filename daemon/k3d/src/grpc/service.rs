@@ -2,7 +2,7 @@
 //! credentials, status codes. Runs on tokio; never computes and holds no rule of its own.
 
 use super::{convert, status};
-use k3_engine::serve::{Core, JobHandle, Prompt, Request as CoreRequest, ServeError};
+use k3_engine::serve::{Caller, Core, JobHandle, Prompt, Request as CoreRequest, ServeError};
 use k3_engine::tokenizer::Specials;
 use k3proto::v1 as pb;
 use std::pin::Pin;
@@ -68,7 +68,11 @@ impl Service {
         request: CoreRequest,
     ) -> Result<Response<EventStream>, Status> {
         let job = self
-            .off_runtime(move |core| core.submit(uid, request).map_err(|e| convert::status(&e)))
+            .off_runtime(move |core| {
+                let caller = uid.map_or(Caller::Unknown, Caller::Uid);
+                core.submit(caller, request)
+                    .map_err(|e| convert::status(&e))
+            })
             .await?;
         let accepted = pb::Event {
             event: Some(pb::event::Event::Accepted(pb::Accepted {

@@ -3,11 +3,11 @@
 //! [`super::stream`]) and differ only in how a piece is written (`Shape`), so a streamed reply
 //! concatenates to exactly the whole one.
 
+use super::App;
 use super::error::ApiError;
-use super::reply::{Finish, Piece, Reader, Usage};
+use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::{self, Common, Fields};
 use super::stream::{self, Timer, Whole, Wire, collect, submit};
-use super::{App, Peer};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
@@ -40,7 +40,7 @@ impl Head {
         }
     }
 
-    fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Value {
+    fn chunk(&self, choices: Value, usage: Option<&OpenAiUsage>) -> Value {
         let mut v = json!({
             "id": self.id,
             "object": self.object(true),
@@ -155,7 +155,6 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 
 pub async fn complete(
     app: Arc<App>,
-    peer: Peer,
     caller: Option<Caller>,
     shape: Shape,
     body: &[u8],
@@ -173,16 +172,7 @@ pub async fn complete(
             (p.common, p.request, "prompt")
         }
     };
-    let reader = submit(
-        &app,
-        peer,
-        caller,
-        &common,
-        request,
-        shape == Shape::Chat,
-        param,
-    )
-    .await?;
+    let reader = submit(&app, caller, &common, request, shape == Shape::Chat, param).await?;
     respond(app, shape, common, reader, arrived).await
 }
 
@@ -247,13 +237,13 @@ impl Wire for Chunks {
         }
     }
 
-    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+    fn piece(&mut self, piece: &ReplyPart) -> Vec<Event> {
         let head = &self.head;
         let delta = match piece {
-            Piece::Reasoning(t) => Delta::Reasoning(t),
-            Piece::Content(t) => Delta::Content(t),
-            Piece::ToolCall(d) => Delta::ToolCall(d),
-            Piece::Finished(finish) => {
+            ReplyPart::Reasoning(t) => Delta::Reasoning(t),
+            ReplyPart::Content(t) => Delta::Content(t),
+            ReplyPart::ToolCall(d) => Delta::ToolCall(d),
+            ReplyPart::Finished(finish) => {
                 let mut choices = head.delta(Delta::Empty, Some(finish.reason));
                 malformed(&mut choices[0], finish);
                 let mut out = vec![data(head.chunk(choices, None))];

@@ -121,18 +121,18 @@ impl Bound {
 #[derive(Debug, Clone, Copy)]
 pub enum Peer {
     /// A Unix socket client: its uid (SO_PEERCRED), `None` if the kernel did not say.
-    Unix {
-        uid: Option<u32>,
-    },
-    Tcp,
+    Unix { uid: Option<u32> },
+    /// A TCP client: for a loopback peer the uid owning its socket, as the kernel's socket
+    /// table says ([`crate::net::loopback_peer_uid`]); `None` for any other peer, or when the
+    /// table did not say.
+    Tcp { uid: Option<u32> },
 }
 
 impl Peer {
-    /// The uid sessions and ownership go by: the gRPC rules, so a TCP caller has none.
+    /// The account the kernel names for this peer, if it does.
     pub fn uid(&self) -> Option<u32> {
         match self {
-            Peer::Unix { uid } => *uid,
-            Peer::Tcp => None,
+            Peer::Unix { uid } | Peer::Tcp { uid } => *uid,
         }
     }
 }
@@ -186,7 +186,12 @@ impl Connected<IncomingStream<'_, Gated<tokio::net::UnixListener>>> for Peer {
 }
 
 impl Connected<IncomingStream<'_, Gated<tokio::net::TcpListener>>> for Peer {
-    fn connect_info(_: IncomingStream<'_, Gated<tokio::net::TcpListener>>) -> Peer {
-        Peer::Tcp
+    fn connect_info(stream: IncomingStream<'_, Gated<tokio::net::TcpListener>>) -> Peer {
+        let socket = stream.io().get_ref();
+        let uid = match (socket.local_addr(), socket.peer_addr()) {
+            (Ok(local), Ok(peer)) => crate::net::loopback_peer_uid(local, peer),
+            _ => None,
+        };
+        Peer::Tcp { uid }
     }
 }

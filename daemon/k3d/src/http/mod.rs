@@ -98,27 +98,19 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Chat)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Chat)
+            }),
         )
         .route(
             "/v1/completions",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    complete(app, peer, request, completions::Shape::Text)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| {
+                complete(app, request, completions::Shape::Text)
+            }),
         )
         .route(
             "/v1/messages",
-            post(
-                |State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<Peer>, request| {
-                    anthropic::messages(app, peer, request)
-                },
-            ),
+            post(|State(app): State<Arc<App>>, request| anthropic::messages(app, request)),
         )
         .route(
             "/v1/messages/count_tokens",
@@ -159,40 +151,48 @@ async fn guard(
     response
 }
 
-/// Who the request is from, for prefix reuse: a Unix peer by uid, a TCP one by its key (all
-/// keyless loopback callers are one caller: TCP carries no identity).
+/// Who the request is from ([`Caller`]): the API key it presented when the daemon has keys
+/// (a TCP caller must present one), else the account the kernel names for its connection —
+/// a Unix peer's credentials, a loopback TCP peer's socket owner. A caller neither names is
+/// [`Caller::Unknown`]: nothing is kept for it (issue 35 point 7).
 fn authorise(
     app: &App,
     peer: Peer,
     headers: &HeaderMap,
     endpoint: &str,
 ) -> Result<Caller, ApiError> {
+    let by_account = peer.uid().map_or(Caller::Unknown, Caller::Uid);
     let keys = &app.settings.keys;
-    if let Peer::Unix { .. } = peer {
-        return Ok(Caller::Uid(peer.uid()));
-    }
-    if keys.is_empty() || endpoint == "/health" {
-        return Ok(Caller::Key(String::new()));
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+        return Ok(by_account);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let given = header_text(header::AUTHORIZATION)
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .or_else(|| header_text(X_API_KEY))
         .ok_or_else(|| {
             ApiError::unauthorized(
                 "an API key is required: Authorization: Bearer KEY (or x-api-key: KEY)",
             )
         })?;
-    if let Some(key) = keys
-        .iter()
-        .find(|k| constant_time_eq(k.as_bytes(), given.trim().as_bytes()))
-    {
-        Ok(Caller::Key(key.clone()))
-    } else {
-        Err(ApiError::unauthorized(
+    // Every key is compared, so the time taken does not say which one matched.
+    let matched = keys.iter().enumerate().fold(None, |found, (index, k)| {
+        let equal = constant_time_eq(k.as_bytes(), given.trim().as_bytes());
+        found.or(equal.then_some(index))
+    });
+    match matched {
+        Some(key) => Ok(Caller::Key { key, scope: None }),
+        None => Err(ApiError::unauthorized(
             "the API key is not one of this daemon's keys",
-        ))
+        )),
     }
+}
+
+/// The credentials of an `Authorization: Bearer KEY` header; the scheme's name is
+/// case-insensitive (RFC 9110 §11.1), so `bearer KEY` is the same header.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 /// The header Anthropic's clients carry their key in (Claude Code's `ANTHROPIC_API_KEY`;
@@ -215,14 +215,13 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
 /// `POST /v1/chat/completions` and `/v1/completions`.
 async fn complete(
     app: Arc<App>,
-    peer: Peer,
     request: Request,
     shape: completions::Shape,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, peer, caller, shape, &bytes, arrived).await
+    completions::complete(app, caller, shape, &bytes, arrived).await
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.

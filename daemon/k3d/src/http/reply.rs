@@ -9,10 +9,10 @@
 //! the matched string begins.
 
 use super::error::ApiError;
-use k3_engine::serve::{Channel, Done, Event, Events, Finish as CoreFinish, JobHandle};
+use k3_engine::serve::{Channel, Done, Event, Events, FinishReason, JobHandle};
 use k3_engine::serve::{Malformed, ToolCallDelta};
 
-pub enum Piece {
+pub enum ReplyPart {
     Reasoning(String),
     Content(String),
     /// A tool call's start (id, name) or a fragment of its arguments' JSON text.
@@ -24,7 +24,7 @@ pub struct Finish {
     /// `stop`, `length` or `tool_calls` (OpenAI's `finish_reason`); `error` for a malformed
     /// chat reply (reported, never repaired).
     pub reason: &'static str,
-    pub usage: Usage,
+    pub usage: OpenAiUsage,
     /// The reply's tool calls, whole: `(id, name, arguments)`.
     pub tool_calls: Vec<k3_engine::tokenizer::chat::ToolCall>,
     /// What was malformed, with the raw output (`k3_malformed` in the response).
@@ -34,7 +34,7 @@ pub struct Finish {
 }
 
 #[derive(Clone, Copy, Default, serde::Serialize)]
-pub struct Usage {
+pub struct OpenAiUsage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
@@ -90,9 +90,9 @@ impl Reader {
     }
 
     /// The next piece, `None` after `Finished`; an error ends the reply.
-    pub async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
+    pub async fn next(&mut self) -> Option<Result<ReplyPart, ApiError>> {
         if let Some(finish) = self.pending.take() {
-            return Some(Ok(Piece::Finished(finish)));
+            return Some(Ok(ReplyPart::Finished(finish)));
         }
         if self.finished {
             return None;
@@ -106,18 +106,18 @@ impl Reader {
             match event {
                 Event::Token { piece, .. } => {
                     if let Some(delta) = piece.tool_call {
-                        return Some(Ok(Piece::ToolCall(delta)));
+                        return Some(Ok(ReplyPart::ToolCall(delta)));
                     }
                     match piece.channel {
                         Channel::Reasoning => {
                             self.reasoning_tokens += 1;
                             if !piece.text.is_empty() {
-                                return Some(Ok(Piece::Reasoning(piece.text)));
+                                return Some(Ok(ReplyPart::Reasoning(piece.text)));
                             }
                         }
                         Channel::Response | Channel::Text => {
                             if let Some(text) = self.release(&piece.text) {
-                                return Some(Ok(Piece::Content(text)));
+                                return Some(Ok(ReplyPart::Content(text)));
                             }
                         }
                         Channel::ToolCall | Channel::Control => {}
@@ -128,10 +128,10 @@ impl Reader {
                     let finish = self.finish(done);
                     let held = std::mem::take(&mut self.held);
                     if held.is_empty() {
-                        return Some(Ok(Piece::Finished(finish)));
+                        return Some(Ok(ReplyPart::Finished(finish)));
                     }
                     self.pending = Some(finish);
-                    return Some(Ok(Piece::Content(held)));
+                    return Some(Ok(ReplyPart::Content(held)));
                 }
                 Event::Failed(e) => {
                     self.finished = true;
@@ -167,12 +167,12 @@ impl Reader {
         self.held.push_str(&done.trailing_text);
         let reason = match (&done.finish, &done.malformed) {
             (_, Some(_)) => "error",
-            (CoreFinish::Length, None) => "length",
+            (FinishReason::Length, None) => "length",
             (_, None) if !done.tool_calls.is_empty() => "tool_calls",
             (_, None) => "stop",
         };
         let stop_string = match done.finish {
-            CoreFinish::StopString(s) => {
+            FinishReason::StopString(s) => {
                 if let Some(at) = self.held.find(s.as_str()) {
                     self.held.truncate(at);
                 }
@@ -180,11 +180,12 @@ impl Reader {
             }
             _ => None,
         };
-        let usage = Usage {
+        let usage = OpenAiUsage {
             prompt_tokens: core_usage.prompt_tokens,
             completion_tokens: core_usage.completion_tokens,
             total_tokens: core_usage.prompt_tokens + core_usage.completion_tokens,
-            prompt_tokens_details: (core_usage.reused_prompt_tokens > 0).then_some(PromptDetails {
+            // Always told, 0 included, as OpenAI does: a client reads the reuse of each reply.
+            prompt_tokens_details: Some(PromptDetails {
                 cached_tokens: core_usage.reused_prompt_tokens,
             }),
             completion_tokens_details: self.chat.then_some(Details {

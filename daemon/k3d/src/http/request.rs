@@ -90,6 +90,10 @@ pub struct Common {
     pub stop_strings: Vec<String>,
     /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
     pub prefix_reuse: bool,
+    /// The name a caller gives itself for caching (OpenAI's `prompt_cache_key`, Anthropic's
+    /// `metadata.user_id`): narrows a keyed caller's kept states
+    /// ([`k3_engine::serve::Caller::scoped`]).
+    pub cache_scope: Option<String>,
 }
 
 impl Common {
@@ -175,6 +179,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         transform: logit_transform(f)?,
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        cache_scope: f.get::<String>("prompt_cache_key")?,
     })
 }
 

@@ -9,10 +9,10 @@
 //! 300 s, which only a real event resets). After [`KEEP_ALIVE`] without an event the writer
 //! sends the API's idle event ([`Wire::idle`]).
 
+use super::App;
 use super::error::ApiError;
-use super::reply::{Finish, Piece, Reader, Usage};
+use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::Common;
-use super::{App, Peer};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Request};
@@ -34,7 +34,6 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// not fields).
 pub async fn submit(
     app: &App,
-    peer: Peer,
     caller: Option<Caller>,
     common: &Common,
     mut request: Request,
@@ -44,15 +43,16 @@ pub async fn submit(
     app.check_model(&common.model)?;
     app.check_ready()?;
     // Clients resend the whole conversation each turn: continue from the caller's longest
-    // kept prefix (bit-identical to computing it afresh) unless told not to.
-    if common.prefix_reuse {
-        request.reuse = caller;
-    }
+    // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
+    // nothing for a caller nobody vouches for.
+    request.reuse = common.prefix_reuse;
     // Submission tokenises and renders the prompt (seconds for a large one): off the async
     // workers, which every other request shares.
     let core = Arc::clone(&app.core);
-    let uid = peer.uid();
-    let job = tokio::task::spawn_blocking(move || core.submit(uid, request))
+    let caller = caller
+        .unwrap_or(Caller::Unknown)
+        .scoped(common.cache_scope.as_deref());
+    let job = tokio::task::spawn_blocking(move || core.submit(caller, request))
         .await
         .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
@@ -79,7 +79,7 @@ impl Timer {
     }
 
     /// The reply finished with `usage`: its figures go to the metrics.
-    fn record(&self, app: &App, usage: &Usage) {
+    fn record(&self, app: &App, usage: &OpenAiUsage) {
         let ttft = self.first.map(|f| (f - self.arrived).as_secs_f64());
         let decode = self
             .first
@@ -90,9 +90,9 @@ impl Timer {
     }
 
     /// Times `piece` (the finish records the reply).
-    fn observe(&mut self, app: &App, piece: &Piece) {
+    fn observe(&mut self, app: &App, piece: &ReplyPart) {
         match piece {
-            Piece::Finished(finish) => self.record(app, &finish.usage),
+            ReplyPart::Finished(finish) => self.record(app, &finish.usage),
             _ => self.piece(),
         }
     }
@@ -114,10 +114,10 @@ pub async fn collect(app: &App, mut reader: Reader, mut timer: Timer) -> Result<
         timer.observe(app, &piece);
         match piece {
             // The whole calls come with the finish.
-            Piece::ToolCall(_) => {}
-            Piece::Reasoning(t) => reasoning.push_str(&t),
-            Piece::Content(t) => content.push_str(&t),
-            Piece::Finished(finish) => {
+            ReplyPart::ToolCall(_) => {}
+            ReplyPart::Reasoning(t) => reasoning.push_str(&t),
+            ReplyPart::Content(t) => content.push_str(&t),
+            ReplyPart::Finished(finish) => {
                 return Ok(Whole {
                     reasoning,
                     content,
@@ -133,8 +133,8 @@ pub async fn collect(app: &App, mut reader: Reader, mut timer: Timer) -> Result<
 pub trait Wire: Send + 'static {
     /// The events before the reply's first piece.
     fn opening(&mut self) -> Vec<Event>;
-    /// The events one piece adds; for [`Piece::Finished`], the stream's last ones.
-    fn piece(&mut self, piece: &Piece) -> Vec<Event>;
+    /// The events one piece adds; for [`ReplyPart::Finished`], the stream's last ones.
+    fn piece(&mut self, piece: &ReplyPart) -> Vec<Event>;
     /// The event that reports an error once the stream has begun (its status is sent).
     fn error(&self, e: &ApiError) -> Event;
     /// The event sent after [`KEEP_ALIVE`] without one, which changes nothing for the client.
@@ -147,11 +147,11 @@ trait Pieces: Send + 'static {
     /// The next piece, `None` after `Finished`; an error ends the reply. Cancel-safe: dropped
     /// while it waits (the keep-alive's turn), it loses nothing ([`Reader::next`] waits only
     /// on the core's channel).
-    fn next(&mut self) -> impl Future<Output = Option<Result<Piece, ApiError>>> + Send;
+    fn next(&mut self) -> impl Future<Output = Option<Result<ReplyPart, ApiError>>> + Send;
 }
 
 impl Pieces for Reader {
-    fn next(&mut self) -> impl Future<Output = Option<Result<Piece, ApiError>>> + Send {
+    fn next(&mut self) -> impl Future<Output = Option<Result<ReplyPart, ApiError>>> + Send {
         Reader::next(self)
     }
 }
@@ -159,7 +159,7 @@ impl Pieces for Reader {
 /// The reply streamed as SSE, written by `wire` on a task of its own.
 pub fn sse(app: Arc<App>, reader: Reader, mut timer: Timer, wire: impl Wire) -> Response {
     let (tx, rx) = mpsc::channel(SSE_BUFFER);
-    let observe = move |piece: &Piece| timer.observe(&app, piece);
+    let observe = move |piece: &ReplyPart| timer.observe(&app, piece);
     tokio::spawn(write(reader, wire, observe, KEEP_ALIVE, tx));
     Sse::new(ReceiverStream::new(rx)).into_response()
 }
@@ -171,7 +171,7 @@ pub fn sse(app: Arc<App>, reader: Reader, mut timer: Timer, wire: impl Wire) -> 
 async fn write(
     mut pieces: impl Pieces,
     mut wire: impl Wire,
-    mut observe: impl FnMut(&Piece) + Send + 'static,
+    mut observe: impl FnMut(&ReplyPart) + Send + 'static,
     keep_alive: Duration,
     tx: mpsc::Sender<Result<Event, Infallible>>,
 ) {
@@ -209,7 +209,7 @@ async fn write(
             Some(Ok(piece)) => piece,
         };
         observe(&piece);
-        if !send(wire.piece(&piece)).await || matches!(piece, Piece::Finished(_)) {
+        if !send(wire.piece(&piece)).await || matches!(piece, ReplyPart::Finished(_)) {
             return;
         }
     }
@@ -225,11 +225,11 @@ mod tests {
     /// needs: the silence ends at a fixed time however often a wait is dropped).
     struct Script {
         until: tokio::time::Instant,
-        pieces: Vec<Piece>,
+        pieces: Vec<ReplyPart>,
     }
 
     impl Script {
-        fn after(silence: Duration, pieces: Vec<Piece>) -> Script {
+        fn after(silence: Duration, pieces: Vec<ReplyPart>) -> Script {
             Script {
                 until: tokio::time::Instant::now() + silence,
                 pieces,
@@ -238,7 +238,7 @@ mod tests {
     }
 
     impl Pieces for Script {
-        async fn next(&mut self) -> Option<Result<Piece, ApiError>> {
+        async fn next(&mut self) -> Option<Result<ReplyPart, ApiError>> {
             tokio::time::sleep_until(self.until).await;
             (!self.pieces.is_empty()).then(|| Ok(self.pieces.remove(0)))
         }
@@ -251,7 +251,7 @@ mod tests {
         fn opening(&mut self) -> Vec<Event> {
             vec![Event::default().data("opening")]
         }
-        fn piece(&mut self, _: &Piece) -> Vec<Event> {
+        fn piece(&mut self, _: &ReplyPart) -> Vec<Event> {
             vec![Event::default().data("piece")]
         }
         fn error(&self, _: &ApiError) -> Event {
@@ -263,10 +263,10 @@ mod tests {
         }
     }
 
-    fn finished() -> Piece {
-        Piece::Finished(Finish {
+    fn finished() -> ReplyPart {
+        ReplyPart::Finished(Finish {
             reason: "stop",
-            usage: Usage::default(),
+            usage: OpenAiUsage::default(),
             tool_calls: Vec::new(),
             malformed: None,
             stop_string: None,
@@ -278,11 +278,11 @@ mod tests {
         let idle = Arc::new(AtomicUsize::new(0));
         let script = Script::after(
             KEEP_ALIVE * 2 + KEEP_ALIVE / 2,
-            vec![Piece::Content("hi".into()), finished()],
+            vec![ReplyPart::Content("hi".into()), finished()],
         );
         let observed = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&observed);
-        let observe = move |_: &Piece| {
+        let observe = move |_: &ReplyPart| {
             seen.fetch_add(1, Ordering::SeqCst);
         };
         let (tx, mut rx) = mpsc::channel(SSE_BUFFER);

@@ -46,7 +46,7 @@ pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(5);
 const HTTP2_PREFACE_LEN: usize = 24;
 
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct ConnectionLimits {
     pub per_peer: usize,
     pub handshake: Duration,
 }
@@ -80,7 +80,7 @@ pub enum Greeting {
 }
 
 pub struct Gate {
-    limits: Limits,
+    limits: ConnectionLimits,
     open: Mutex<HashMap<PeerKey, usize>>,
     quiet: Mutex<RateLimit>,
     /// Refusals being written ([`super::refusal::tell`]).
@@ -102,7 +102,7 @@ struct RateLimit {
 }
 
 impl Gate {
-    pub fn new(limits: Limits, http1_refusal: Http1Refusal) -> Arc<Gate> {
+    pub fn new(limits: ConnectionLimits, http1_refusal: Http1Refusal) -> Arc<Gate> {
         Arc::new(Gate {
             limits,
             http1_refusal,
@@ -376,7 +376,7 @@ mod tests {
     #[tokio::test]
     async fn a_peer_over_its_cap_is_refused_and_its_slot_comes_back() {
         let gate = Gate::new(
-            Limits {
+            ConnectionLimits {
                 per_peer: 2,
                 handshake: DEFAULT_HANDSHAKE,
             },

@@ -7,7 +7,9 @@
 pub mod accept;
 pub mod gate;
 pub mod listener;
+mod peer_uid;
 mod refusal;
 
 pub use listener::{SocketSpec, bind as bind_socket};
+pub use peer_uid::loopback_peer_uid;
 pub use refusal::Http1Refusal;

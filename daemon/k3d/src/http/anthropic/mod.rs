@@ -11,7 +11,7 @@ pub mod request;
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
 use super::stream::{Timer, submit};
-use super::{App, Peer, body};
+use super::{App, body};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::Caller;
@@ -20,14 +20,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// `POST /v1/messages`.
-pub async fn messages(app: Arc<App>, peer: Peer, request: Request) -> Result<Response, Anthropic> {
+pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let bytes = body(&app, request.into_body()).await?;
     let fields = Fields::parse(&bytes)?;
     let (common, core_request) = request::messages(&fields, &bytes)?;
     // The core's refusals name values, not fields: the field they concern is the conversation.
-    let reader = submit(&app, peer, caller, &common, core_request, true, "messages").await?;
+    let reader = submit(&app, caller, &common, core_request, true, "messages").await?;
     let head = reply::Head {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,

@@ -6,7 +6,7 @@
 
 use crate::http::App;
 use crate::http::error::ApiError;
-use crate::http::reply::{Finish, Piece, Reader, Usage};
+use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::http::header;
 use axum::response::sse::Event;
@@ -89,7 +89,7 @@ fn tool_use_id(request: u64, call_id: &str) -> String {
 /// Anthropic's usage: `input_tokens` are the prompt tokens computed for this request and
 /// `cache_read_input_tokens` those a kept state already held (their sum is the prompt, as on
 /// Anthropic's API); `thinking_tokens` counts the reasoning.
-fn usage(u: &Usage) -> Value {
+fn usage(u: &OpenAiUsage) -> Value {
     let cached = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
     json!({
         "input_tokens": u.prompt_tokens - cached,
@@ -228,9 +228,9 @@ impl Blocks {
 /// The events one piece of the reply adds: a block's start (closing the open one) and its
 /// delta; for the finish, the last block's stop, `message_delta` and `message_stop`, or an
 /// `error` event for a reply that broke the grammar.
-fn piece_events(blocks: &mut Blocks, request: u64, piece: &Piece) -> Vec<Value> {
+fn piece_events(blocks: &mut Blocks, request: u64, piece: &ReplyPart) -> Vec<Value> {
     match piece {
-        Piece::Reasoning(t) => {
+        ReplyPart::Reasoning(t) => {
             let mut out = blocks.enter(
                 Open::Thinking,
                 || json!({"type": "thinking", "thinking": "", "signature": ""}),
@@ -238,12 +238,12 @@ fn piece_events(blocks: &mut Blocks, request: u64, piece: &Piece) -> Vec<Value> 
             out.push(blocks.delta(json!({"type": "thinking_delta", "thinking": t})));
             out
         }
-        Piece::Content(t) => {
+        ReplyPart::Content(t) => {
             let mut out = blocks.enter(Open::Text, || json!({"type": "text", "text": ""}));
             out.push(blocks.delta(json!({"type": "text_delta", "text": t})));
             out
         }
-        Piece::ToolCall(d) => {
+        ReplyPart::ToolCall(d) => {
             let mut out = match &d.start {
                 Some(start) => blocks.enter(Open::ToolUse(d.index), || {
                     json!({"type": "tool_use", "id": tool_use_id(request, &start.id),
@@ -258,7 +258,7 @@ fn piece_events(blocks: &mut Blocks, request: u64, piece: &Piece) -> Vec<Value> 
             }
             out
         }
-        Piece::Finished(finish) => {
+        ReplyPart::Finished(finish) => {
             let mut out: Vec<Value> = blocks.close().into_iter().collect();
             match ending(finish) {
                 Ok((reason, sequence)) => {
@@ -300,7 +300,7 @@ impl Wire for Events {
         ]
     }
 
-    fn piece(&mut self, piece: &Piece) -> Vec<Event> {
+    fn piece(&mut self, piece: &ReplyPart) -> Vec<Event> {
         piece_events(&mut self.blocks, self.head.request, piece)
             .into_iter()
             .map(named)
@@ -331,7 +331,7 @@ mod tests {
     fn finish(reason: &'static str, stop_string: Option<&str>) -> Finish {
         Finish {
             reason,
-            usage: Usage {
+            usage: OpenAiUsage {
                 prompt_tokens: 30,
                 completion_tokens: 9,
                 total_tokens: 39,
@@ -365,8 +365,8 @@ mod tests {
         }
     }
 
-    fn call(index: usize, start: Option<&str>, arguments: &str) -> Piece {
-        Piece::ToolCall(ToolCallDelta {
+    fn call(index: usize, start: Option<&str>, arguments: &str) -> ReplyPart {
+        ReplyPart::ToolCall(ToolCallDelta {
             index,
             start: start.map(|name| ToolCallStart {
                 id: format!("call_{index}"),
@@ -379,14 +379,14 @@ mod tests {
     #[test]
     fn streamed_blocks_open_close_and_index_in_order_and_concatenate_to_the_whole() {
         let pieces = [
-            Piece::Reasoning("Let me".into()),
-            Piece::Reasoning(" see.".into()),
-            Piece::Content("Checking.".into()),
+            ReplyPart::Reasoning("Let me".into()),
+            ReplyPart::Reasoning(" see.".into()),
+            ReplyPart::Content("Checking.".into()),
             call(0, Some("get_weather"), ""),
             call(0, None, r#"{"unit": "C", "#),
             call(0, None, r#""city": "Paris"}"#),
             call(1, Some("get_time"), "{}"),
-            Piece::Finished(finish("tool_calls", None)),
+            ReplyPart::Finished(finish("tool_calls", None)),
         ];
         let mut blocks = Blocks::default();
         let events: Vec<Value> = pieces
@@ -495,7 +495,7 @@ mod tests {
             (finish("stop", None), "end_turn", Value::Null),
         ];
         for (f, reason, sequence) in reasons {
-            let events = piece_events(&mut Blocks::default(), 1, &Piece::Finished(f));
+            let events = piece_events(&mut Blocks::default(), 1, &ReplyPart::Finished(f));
             assert_eq!(events[0]["delta"]["stop_reason"], reason);
             assert_eq!(events[0]["delta"]["stop_sequence"], sequence);
         }
@@ -504,7 +504,7 @@ mod tests {
             error: "a control id inside an argument".into(),
             raw: "<|open|>tools".into(),
         });
-        let events = piece_events(&mut Blocks::default(), 1, &Piece::Finished(broken));
+        let events = piece_events(&mut Blocks::default(), 1, &ReplyPart::Finished(broken));
         assert_eq!(events[0]["type"], "error");
         assert_eq!(events[0]["error"]["type"], "api_error");
         assert!(

@@ -80,9 +80,16 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<(Common, Request), ApiError> 
         transform: LogitTransform::default(),
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        cache_scope: f.get::<Metadata>("metadata")?.and_then(|m| m.user_id),
     };
     let request = common.request(Prompt::Chat(conversation));
     Ok((common, request))
+}
+
+/// Anthropic's `metadata`: `user_id` names the caller (Claude Code sends its session there).
+#[derive(serde::Deserialize)]
+struct Metadata {
+    user_id: Option<String>,
 }
 
 /// `POST /v1/messages/count_tokens`: the model named and the conversation to render.
