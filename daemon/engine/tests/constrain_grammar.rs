@@ -415,9 +415,10 @@ fn schemas_outside_the_subset_are_refused_naming_the_field_and_path() {
     let e = constrain::guide(&f.vocab, &c, ON).expect_err("refused");
     assert_eq!(
         e.to_string(),
-        "tools[1].function.parameters/properties/id: pattern is not supported by k3's \
-         constrained decoding"
+        "the parameters schema of tools[1] (`get_weather`) at /properties/id: pattern is not \
+         supported by k3's constrained decoding"
     );
+    assert_eq!(e.field(), "tools");
     let c = conversation(
         Vec::new(),
         ToolChoice::Auto,
@@ -426,9 +427,10 @@ fn schemas_outside_the_subset_are_refused_naming_the_field_and_path() {
     let e = constrain::guide(&f.vocab, &c, ON).expect_err("refused");
     assert!(
         e.to_string()
-            .starts_with("response_format.json_schema.schema/"),
+            .starts_with("the response format's schema at /"),
         "{e}"
     );
+    assert_eq!(e.field(), "response_format");
     // A schema that is not an object cannot be a tool's arguments.
     let mut scalar = weather();
     scalar.parameters = Some(json!({"type": "string"}));

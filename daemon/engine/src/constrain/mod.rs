@@ -76,15 +76,42 @@ pub struct Grammar {
     vocab: Arc<Vocab>,
 }
 
-/// Why a request's constraint cannot be built: the field and the schema path at fault.
+/// Why a request's constraint cannot be built: the schema and the path in it at fault, in
+/// words every API shares (each transport names its own field with [`ConstraintError::field`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConstraintError {
-    #[error("{field}{error}")]
-    Schema { field: String, error: SchemaError },
+    #[error("{place} at {error}")]
+    Schema {
+        place: SchemaPlace,
+        error: SchemaError,
+    },
     #[error("tool_choice names the function {0:?}, which is not in `tools`")]
     UnknownFunction(String),
-    #[error("{field}: the arguments must be an object schema (`\"type\": \"object\"`)")]
-    NotAnObject { field: String },
+    #[error("{place}: the arguments must be an object schema (`\"type\": \"object\"`)")]
+    NotAnObject { place: SchemaPlace },
+}
+
+/// Which schema of a request a [`ConstraintError`] is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaPlace {
+    #[error("the parameters schema of tools[{index}] (`{name}`)")]
+    Tool { index: usize, name: String },
+    #[error("the response format's schema")]
+    ResponseFormat,
+}
+
+impl ConstraintError {
+    /// The request field at fault, named alike by OpenAI and Anthropic.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ConstraintError::Schema {
+                place: SchemaPlace::ResponseFormat,
+                ..
+            } => "response_format",
+            ConstraintError::Schema { .. } | ConstraintError::NotAnObject { .. } => "tools",
+            ConstraintError::UnknownFunction(_) => "tool_choice",
+        }
+    }
 }
 
 impl Grammar {
@@ -123,7 +150,7 @@ pub fn guide(
         ResponseFormat::JsonObject => Some(any[5]),
         ResponseFormat::JsonSchema(s) => {
             Some(schema.add(s).map_err(|error| ConstraintError::Schema {
-                field: "response_format.json_schema.schema".into(),
+                place: SchemaPlace::ResponseFormat,
                 error,
             })?)
         }
@@ -151,16 +178,19 @@ pub fn guide(
             if forced.flatten().is_some_and(|name| name != tool.name) {
                 continue;
             }
-            let field = format!("tools[{i}].function.parameters");
+            let place = || SchemaPlace::Tool {
+                index: i,
+                name: tool.name.clone(),
+            };
             let root = match &tool.parameters {
                 None => any[5],
                 Some(p) => schema.add(p).map_err(|error| ConstraintError::Schema {
-                    field: field.clone(),
+                    place: place(),
                     error,
                 })?,
             };
             let root = object_root(&schema.nodes, root, any[5])
-                .ok_or(ConstraintError::NotAnObject { field })?;
+                .ok_or_else(|| ConstraintError::NotAnObject { place: place() })?;
             tools.push(tool_spec(&schema.nodes, &tool.name, root));
         }
     }

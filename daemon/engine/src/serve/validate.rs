@@ -134,7 +134,7 @@ pub enum Invalid {
     /// `tool_choice` / `response_format` cannot be enforced (a schema outside the supported
     /// subset, or one no value satisfies), naming the field and the schema path.
     #[error("cannot constrain the reply: {0}")]
-    Constraint(String),
+    Constraint(#[from] constrain::ConstraintError),
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
     TooManyStopIds { given: usize },
     #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
@@ -233,8 +233,7 @@ pub fn validate(
                 thinking,
                 budget: thinking_budget.or(limits.thinking_budget),
             };
-            guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)
-                .map_err(|e| Invalid::Constraint(e.to_string()))?;
+            guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)?;
             (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };

@@ -7,7 +7,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k3_engine::echo::{Echo, bounded};
-use k3_engine::serve::ServeError;
+use k3_engine::serve::{Invalid, ServeError};
 use k3_engine::session::StoreError;
 use serde::Serialize;
 
@@ -101,7 +101,12 @@ impl ApiError {
     pub fn from_serve(e: &ServeError, param: Option<&str>) -> ApiError {
         let message = e.to_string();
         let status = match e {
-            ServeError::Invalid(_) => {
+            ServeError::Invalid(invalid) => {
+                // A constraint names its own field (`tools`, `tool_choice`, `response_format`).
+                let param = match invalid {
+                    Invalid::Constraint(c) => Some(c.field()),
+                    _ => param,
+                };
                 return ApiError {
                     param: param.map(str::to_string),
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
