@@ -84,6 +84,16 @@ impl LoadLines {
     }
 }
 
+/// `, layer L of N` while a layer-major pass runs (a long prompt is one pass over every layer,
+/// so its progress is by layer), else nothing.
+fn pass_text(p: &pb::Progress) -> String {
+    if p.layers > 0 {
+        format!(", layer {} of {}", p.layers_done, p.layers)
+    } else {
+        String::new()
+    }
+}
+
 /// The progress shown on a terminal: a spinner while the model loads, a bar with rate and
 /// ETA during prefill. Drawn only when stderr is a terminal.
 #[derive(Default)]
@@ -106,6 +116,7 @@ impl Bar {
         } else {
             bar.set_length(p.total);
             bar.set_position(p.done);
+            bar.set_message(pass_text(p));
         }
     }
 
@@ -131,7 +142,7 @@ fn new_bar(p: &pb::Progress) -> ProgressBar {
     } else {
         ProgressBar::new(p.total).with_style(
             ProgressStyle::with_template(
-                "k3: prefill [{bar:30}] {pos}/{len} tokens, {per_sec}, ETA {eta}",
+                "k3: prefill [{bar:30}] {pos}/{len} tokens{msg}, {per_sec}, ETA {eta}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("#>-"),
@@ -211,7 +222,7 @@ pub async fn show(
                 } else if p.phase == pb::Phase::Load as i32 {
                     load_lines.offer(&p);
                 } else {
-                    eprintln!("k3: prefill {}/{}", p.done, p.total);
+                    eprintln!("k3: prefill {}/{}{}", p.done, p.total, pass_text(&p));
                 }
             }
             Event::Token(t) => {
@@ -328,6 +339,7 @@ pub fn json(event: &Event) -> serde_json::Value {
             "phase": if p.phase == pb::Phase::Load as i32 { "load" } else { "prefill" },
             "done": p.done, "total": p.total,
             "bytes_per_second": p.bytes_per_second, "eta_seconds": p.eta_seconds,
+            "layers_done": p.layers_done, "layers": p.layers,
         }),
         Event::Token(t) => json!({
             "event": "token", "id": t.id, "text": t.text,

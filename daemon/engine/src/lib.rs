@@ -16,6 +16,8 @@
 //!
 //! * [`checkpoint`] — safetensors headers, `config.json`, the layout binding (which bytes are
 //!   which tensor) and the byte census. Reads headers only.
+//! * [`pack`] — the trunk pack: an optional losslessly compressed copy of the BF16 trunk
+//!   (`k3d pack`), read instead of the shards to move fewer bytes per token.
 //! * [`plan`] — the memory plan: from the checkpoint's sizes, the budget and what must be held
 //!   at once (context, batch, speculation, sessions), what is resident and what streams.
 //! * [`store`] — where weight bytes live: direct-I/O reads, pinned trunk layers, the expert cache.
@@ -46,6 +48,7 @@ pub mod engine;
 pub mod input_file;
 pub mod kernels;
 pub mod model;
+pub mod pack;
 pub mod plan;
 pub mod rng;
 pub mod serve;

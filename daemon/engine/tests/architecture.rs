@@ -58,13 +58,15 @@ fn engine_library_imports_no_rpc_crates() {
 
 /// The library's data flow, bottom up: a module may use those before it, never one after it.
 /// The kernels know nothing of where their operands come from; reading and checking a
-/// checkpoint knows nothing of what is made of it; the memory plan is computed from the
+/// checkpoint knows nothing of what is made of it; the trunk pack (a compressed copy of the
+/// checkpoint's trunk) knows the checkpoint and nothing of who reads it; the memory plan is computed from the
 /// checkpoint alone, before anything is read; where weight bytes live knows nothing of the
 /// forward pass over them; the forward pass knows nothing of generations, sampling or serving;
 /// generation knows nothing of the serve core built on it.
-const FLOW: [&str; 7] = [
+const FLOW: [&str; 8] = [
     "kernels",
     "checkpoint",
+    "pack",
     "plan",
     "store",
     "model",

@@ -28,7 +28,7 @@ fn run(
     let mut fed = Vec::new();
     loop {
         match engine.step(&mut g, &|| false).expect("step") {
-            Step::Prefill { done, total } => {
+            Step::Prefill { done, total, .. } => {
                 fed.push(done);
                 if done == total {
                     snaps.push(Snapshot {

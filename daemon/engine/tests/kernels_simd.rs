@@ -211,6 +211,45 @@ fn mxfp4_every_scale_byte_and_every_nibble() {
     }
 }
 
+/// The prefill GEMM's blocking (issue 30): token tiles of every width and uneven splits,
+/// row tiles with every remainder, several weight panels (1,024 inputs each) with a partial
+/// last one, and token counts across the 64-token chunk — each output against the portable
+/// tree, bit for bit.
+#[test]
+fn gemm_tiles_and_panels_match_portable_bits() {
+    let mut rng = Rng(9);
+    let tokens: Vec<usize> = (2..=13).chain([64, 65]).collect();
+    let rows_list = [1usize, 2, 3, 4, 5, 7, 12, 13];
+    // BF16: two full panels, a partial one, and a tail of five inputs.
+    let cols = 2 * 1024 + 16 + 5;
+    for &rows in &rows_list {
+        let w = rng.bf16_bytes(rows * cols);
+        let m = Bf16Matrix::new(&w, rows, cols);
+        for &t in &tokens {
+            let xs = rng.f32s(t * cols);
+            let mut want = vec![0.0f32; t * rows];
+            matmul_bf16_with(Isa::portable(), m, &xs, &mut want);
+            for isa in simd_paths() {
+                let mut got = vec![f32::NAN; t * rows];
+                matmul_bf16_with(isa, m, &xs, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{isa} bf16 rows={rows} T={t}");
+            }
+        }
+    }
+    // MXFP4: one full panel and a partial one of two blocks (one scale group).
+    let cols = 1024 + 32;
+    for &rows in &rows_list {
+        let packed = rng.bytes(rows * cols / 2, 256);
+        let scales: Vec<u8> = (0..rows * cols / 32)
+            .map(|_| 110 + rng.below(30) as u8)
+            .collect();
+        for &t in &tokens {
+            let xs = rng.f32s(t * cols);
+            check_mxfp4(&packed, &scales, rows, cols, &xs, "panels");
+        }
+    }
+}
+
 #[test]
 fn t_token_call_equals_t_one_token_calls() {
     let mut rng = Rng(6);

@@ -70,6 +70,19 @@ pub fn engine_exit(e: &k3_engine::engine::EngineError) -> Exit {
     }
 }
 
+/// A checkpoint refused on opening: a bad `config.json` is a usage error, anything else about
+/// its files a checkpoint error.
+impl From<k3_engine::checkpoint::CheckpointError> for CliError {
+    fn from(e: k3_engine::checkpoint::CheckpointError) -> Self {
+        let exit = if e.is_config() {
+            Exit::Usage
+        } else {
+            Exit::Checkpoint
+        };
+        CliError::new(exit, e)
+    }
+}
+
 impl From<k3_engine::engine::EngineError> for CliError {
     fn from(e: k3_engine::engine::EngineError) -> Self {
         CliError::new(engine_exit(&e), e)

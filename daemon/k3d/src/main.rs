@@ -37,6 +37,9 @@ enum Command {
     Doctor(cmd::doctor::Args),
     /// SHA-256 every checkpoint file against a manifest (resumable).
     Verify(cmd::verify::Args),
+    /// Write the trunk pack: a losslessly compressed copy of the BF16 trunk, read instead of the
+    /// shards where it pays.
+    Pack(cmd::pack::Args),
     /// The standard decode benchmark: budgets × runs, medians, against the plan and the drive.
     Bench(cmd::bench::Args),
     /// Print a shell completion script (e.g. `k3d completions bash > /etc/bash_completion.d/k3d`).
@@ -56,6 +59,7 @@ fn main() {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Doctor(args) => cmd::doctor::run(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Pack(args) => cmd::pack::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "k3d", &mut std::io::stdout());

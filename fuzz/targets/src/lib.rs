@@ -48,6 +48,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("chat_reply", chat_reply),
     ("grpc_request", grpc_request),
     ("http_request", http_request),
+    ("pack_block", pack_block),
 ];
 
 /// The target called `name`.
@@ -182,6 +183,67 @@ pub fn tokenizer_config(data: &[u8]) {
     let (model, _) = valid_tokenizer_files();
     if let Some(tokenizer) = load_tokenizer(model.as_bytes(), data) {
         exercise(&tokenizer);
+    }
+}
+
+/// One block of the trunk pack's codec (`k3_engine::pack::block`), as the store decodes it
+/// from a pack file: byte 0 is a mode byte, the rest is the block. The value count the caller
+/// expects is the one the block's header claims (the index normally says it; a disagreement is
+/// refused before anything else is read). With the mode byte odd the checksum is recomputed
+/// first, so that the fuzzer reaches the checks behind it (code padding, exception order).
+/// Every decode path the CPU has must agree — the same error or the same bytes — and what
+/// decodes must encode and decode back to the same bytes.
+pub fn pack_block(data: &[u8]) {
+    use k3_engine::pack::block;
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let mut bytes = rest.to_vec();
+    let expected = match bytes.get(4..8) {
+        Some(v) => u32::from_le_bytes([v[0], v[1], v[2], v[3]]) as usize,
+        None => 0,
+    };
+    if expected > block::MAX_VALUES {
+        let mut out = Vec::new();
+        assert!(
+            block::decode(k3_engine::pack::Path::Portable, &bytes, expected, &mut out).is_err()
+        );
+        return;
+    }
+    if mode & 1 == 1
+        && let Ok(end) = block::block_len(&bytes, expected)
+    {
+        let check = block::checksum(
+            k3_engine::pack::Path::Portable,
+            &[&bytes[..16], &bytes[block::HEADER..end]],
+        );
+        bytes[16..24].copy_from_slice(&check.to_le_bytes());
+    }
+    let mut results = k3_engine::pack::Path::all_supported()
+        .into_iter()
+        .map(|path| {
+            let mut out = vec![0u8; 2 * expected];
+            let r = block::decode(path, &bytes, expected, &mut out);
+            (r, out)
+        });
+    let Some((first, decoded)) = results.next() else {
+        return;
+    };
+    for (r, out) in results {
+        assert_eq!(r, first, "decode paths disagree on the verdict");
+        if r.is_ok() {
+            assert!(out == decoded, "decode paths disagree on the bytes");
+        }
+    }
+    if first.is_ok() {
+        let mut again = Vec::new();
+        block::encode(&decoded, &mut again);
+        let mut back = vec![0u8; decoded.len()];
+        let r = block::decode(k3_engine::pack::Path::Portable, &again, expected, &mut back);
+        assert!(
+            r.is_ok() && back == decoded,
+            "a decoded block does not round-trip"
+        );
     }
 }
 

@@ -26,21 +26,56 @@ use std::time::Instant;
 use super::EngineError;
 use super::guide::{Allowed, Guiding};
 use super::logits::Counts;
+use super::passes::PassTokens;
 use super::request::{DecodeSteps, GenerateRequest, MAX_SPECULATE, StopReason, Summary};
 use super::sampler::Sampler;
 use super::speculate;
-use crate::model::{Logits, ModelError, State};
+use crate::model::{Logits, Model, ModelError, Pass, Sequence, State};
 use crate::tokenizer::Tokenizer;
 
 /// What one step of a generation ([`super::Engine::step`], [`super::Engine::step_batch`]) did.
 #[derive(Debug, Clone)]
 pub enum Step {
-    /// A prefill chunk was fed: `done` of `total` prompt tokens are now in the state.
-    Prefill { done: usize, total: usize },
+    /// Prefill progressed: `done` of `total` prompt tokens are in the state. While a
+    /// layer-major pass over the next tokens runs, `pass` says how far it has come (the state
+    /// holds them only once the pass completes).
+    Prefill {
+        done: usize,
+        total: usize,
+        pass: Option<PassProgress>,
+    },
     /// The next token (never a stop id).
     Token { id: u32 },
     /// The generation is over; further steps return [`EngineError::Finished`].
     Finished(Summary),
+}
+
+/// How far a layer-major prefill pass has come (issue 30): it feeds `tokens` prompt tokens and
+/// has run `layers_done` of the model's `layers` layers over all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassProgress {
+    pub tokens: usize,
+    pub layers_done: usize,
+    pub layers: usize,
+}
+
+impl PassProgress {
+    /// Prompt tokens' worth of work done: `tokens × layers_done / layers`, for a progress bar
+    /// and a rate in tokens per second that move every layer.
+    pub fn token_equivalent(&self) -> usize {
+        (self.tokens * self.layers_done)
+            .checked_div(self.layers)
+            .unwrap_or(0)
+    }
+}
+
+/// A prompt feed running as a layer-major pass, between two of its layers.
+struct PromptPass {
+    ids: Vec<u32>,
+    want: Logits,
+    pass: Pass,
+    /// Its share of the plan's pass activations, given back when it ends.
+    _held: PassTokens,
 }
 
 /// Most ids one forward feeds after the prompt: the last decided id and the ids forced after
@@ -58,6 +93,8 @@ pub struct Generation {
     counts: Counts,
     /// Prompt tokens in the state so far (reused ones included).
     fed: usize,
+    /// The layer-major pass feeding the next prompt tokens, while it runs.
+    pass: Option<PromptPass>,
     /// Prompt tokens the starting state already held (a session's snapshot); never re-fed.
     reused: usize,
     /// Logits of the last fed position, not yet sampled from.
@@ -140,6 +177,7 @@ impl Generation {
             guiding,
             counts: Counts::default(),
             fed: reused,
+            pass: None,
             reused,
             next_logits: None,
             kept: Vec::new(),
@@ -206,6 +244,11 @@ impl Generation {
         if self.done {
             return Err(EngineError::Finished);
         }
+        if self.pass.is_some() {
+            return Err(EngineError::Internal(
+                "a prefill pass is running: it is advanced, not fed again".into(),
+            ));
+        }
         let total = self.request.prompt.len();
         if self.fed < total {
             let mut end = (self.fed + prefill_chunk.max(1)).min(total);
@@ -248,6 +291,98 @@ impl Generation {
         ids.push(last);
         ids.extend(drafts);
         Ok(Feed::Verify { ids })
+    }
+
+    /// Whether a layer-major prefill pass is between two of its layers.
+    pub fn in_pass(&self) -> bool {
+        self.pass.is_some()
+    }
+
+    /// Gives up the running pass (cancelled): the state stays poisoned, as after a cancelled
+    /// forward.
+    pub(super) fn drop_pass(&mut self) {
+        self.pass = None;
+    }
+
+    /// Starts a layer-major pass ([`Model::begin`]) over the prompt feed `ids` (issue 30).
+    pub(super) fn begin_pass(
+        &mut self,
+        model: &Model,
+        ids: Vec<u32>,
+        want: Logits,
+        held: PassTokens,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<(), ModelError> {
+        let mut seqs = [Sequence {
+            state: &mut self.state,
+            ids: &ids,
+            want,
+        }];
+        let pass = model.begin(&mut seqs, cancel)?;
+        self.pass = Some(PromptPass {
+            ids,
+            want,
+            pass,
+            _held: held,
+        });
+        Ok(())
+    }
+
+    /// Runs the next `layers` layers of the pass begun by [`Generation::begin_pass`]
+    /// ([`Model::advance`]). Before its end: the progress. At its end the pass is consumed like
+    /// a prompt feed run whole ([`Generation::consume`]). A failure ends the pass (the state
+    /// stays poisoned, as after a failed forward).
+    pub(super) fn advance_pass(
+        &mut self,
+        model: &Model,
+        layers: usize,
+        cancel: &dyn Fn() -> bool,
+        io: impl FnOnce() -> IoTally,
+        seconds: impl FnOnce() -> f64,
+        tokenizer: &Tokenizer,
+    ) -> Result<Step, EngineError> {
+        let Some(p) = self.pass.as_mut() else {
+            return Err(EngineError::Internal("no prefill pass to advance".into()));
+        };
+        let mut seqs = [Sequence {
+            state: &mut self.state,
+            ids: &p.ids,
+            want: p.want,
+        }];
+        let outcome = model.advance(&mut p.pass, &mut seqs, layers, cancel);
+        let progress = PassProgress {
+            tokens: p.ids.len(),
+            layers_done: p.pass.layers_done(),
+            layers: p.pass.layers(),
+        };
+        match outcome {
+            Ok(None) => {
+                let io = io();
+                self.io.read += io.read;
+                self.io.avoided += io.avoided;
+                self.prefill_seconds += seconds();
+                Ok(Step::Prefill {
+                    done: self.fed,
+                    total: self.request.prompt.len(),
+                    pass: Some(progress),
+                })
+            }
+            Ok(Some(mut logits)) => {
+                let p = self.pass.take().ok_or_else(|| {
+                    EngineError::Internal("the prefill pass vanished while it ran".into())
+                })?;
+                let feed = Feed::Prompt {
+                    ids: p.ids,
+                    want: p.want,
+                };
+                let vocab = model.config().vocab_size;
+                self.consume(&feed, logits.pop(), io(), seconds(), vocab, tokenizer)
+            }
+            Err(e) => {
+                self.pass = None;
+                Err(e.into())
+            }
+        }
     }
 
     /// Ids to verify after the last generated one: none unless the request is greedy with
@@ -317,6 +452,7 @@ impl Generation {
                 Ok(Step::Prefill {
                     done: self.fed,
                     total,
+                    pass: None,
                 })
             }
             (Feed::Token { .. }, Some(logits)) => {

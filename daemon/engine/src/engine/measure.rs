@@ -105,7 +105,7 @@ pub fn measure(
     let mut prefilled: Option<Mark> = None;
     let summary = loop {
         match engine.step(&mut generation, &|| false)? {
-            Step::Prefill { done, total } if done == total => {
+            Step::Prefill { done, total, .. } if done == total => {
                 prefilled = Some(Mark::of(engine));
             }
             Step::Finished(summary) => break summary,

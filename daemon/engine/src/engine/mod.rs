@@ -16,14 +16,16 @@ pub mod guide;
 mod info;
 mod logits;
 pub mod measure;
+mod passes;
 pub mod request;
 pub mod sampler;
 pub mod speculate;
 
 use generation::IoTally;
-pub use generation::{Feed, Generation, Step};
+pub use generation::{Feed, Generation, PassProgress, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
+use passes::{PassTokens, PassTokensHeld};
 pub use request::{
     DecodeSteps, GenerateRequest, LogitTransform, RequestError, Sampling, StopReason, Summary,
 };
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::model::{LoadOptions, Model, ModelError, Sequence, State};
+use crate::model::{LoadOptions, Logits, Model, ModelError, Sequence, State};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// Most compute threads an engine accepts. Threads only ever split independent outputs, so
@@ -53,16 +55,23 @@ pub fn check_threads(threads: usize) -> Result<usize, String> {
     }
 }
 
-/// The default prompt tokens per prefill step.
+/// The default prompt tokens per prefill step that shares the forward with other members: a
+/// longer prompt feed runs as its own layer-major pass (up to the plan's
+/// [`crate::plan::Plan::prefill_tokens`]), one layer per step.
 pub const PREFILL_CHUNK: usize = 32;
+
+/// Layers a layer-major prefill pass runs per step: one, so the other members' decode steps
+/// (and cancellation, and progress) come between any two layers of a long prompt.
+const LAYERS_PER_PASS_STEP: usize = 1;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// Compute threads (the rayon pool). Results do not depend on it.
     pub threads: usize,
-    /// Prompt tokens fed per prefill step: the granularity of progress, fairness and
-    /// cancellation. Results do not depend on it.
+    /// Prompt tokens fed per prefill step in the forward shared with other members (a longer
+    /// prompt runs as a layer-major pass of up to the plan's `prefill_tokens`, one layer per
+    /// step). Results do not depend on it.
     pub prefill_chunk: usize,
     /// Passed through to the model (memory plan etc.).
     pub model: LoadOptions,
@@ -144,6 +153,9 @@ pub struct Engine {
     options: EngineOptions,
     info: EngineInfo,
     batches: BatchCounters,
+    /// Prompt tokens of the layer-major passes between their layers, against the plan's
+    /// `prefill_tokens`.
+    passes: PassTokensHeld,
 }
 
 impl Engine {
@@ -200,6 +212,7 @@ impl Engine {
             options,
             info,
             batches: BatchCounters::default(),
+            passes: PassTokensHeld::default(),
         })
     }
 
@@ -222,6 +235,13 @@ impl Engine {
     /// Counters since the engine was opened.
     pub fn stats(&self) -> EngineStats {
         EngineStats::new(self.model.store_stats(), &self.batches)
+    }
+
+    /// Prompt tokens one layer-major prefill pass may feed: what the memory plan holds the
+    /// activations for ([`crate::plan::Plan::prefill_tokens`]; 0 when it holds none, and
+    /// prompts are then fed in chunks of [`EngineOptions::prefill_chunk`]).
+    pub fn pass_tokens(&self) -> usize {
+        usize::try_from(self.model.plan().prefill_tokens).unwrap_or(usize::MAX)
     }
 
     /// Validates a request and prepares its generation (no compute yet).
@@ -320,10 +340,34 @@ impl Engine {
         let started = Instant::now();
         let vocab = self.model.config().vocab_size;
         let cancelled = |i: usize| cancel_each.get(i).is_some_and(|c| c());
+        let chunk = self.options.prefill_chunk.max(1);
+        let pass_tokens = self.pass_tokens();
         let mut results: Vec<Option<Result<Step, EngineError>>> = Vec::with_capacity(gens.len());
         let mut feeds = Vec::with_capacity(gens.len());
-        for (i, g) in gens.iter().enumerate() {
-            let feed = g.next_feed(self.options.prefill_chunk).and_then(|f| {
+        // Members stepping a layer-major pass this round, with the prompt ids of a pass that
+        // begins now (`None`: one between its layers).
+        let mut layered: Vec<(usize, Option<NewPass>)> = Vec::new();
+        for (i, g) in gens.iter_mut().enumerate() {
+            if g.in_pass() {
+                feeds.push(Feed::Nothing);
+                if cancelled(i) {
+                    g.drop_pass();
+                    results.push(Some(Err(EngineError::Cancelled)));
+                } else {
+                    layered.push((i, None));
+                    results.push(None);
+                }
+                continue;
+            }
+            // A prompt longer than a chunk runs as one layer-major pass of up to the planned
+            // tokens; logits of every position (a test's record) only in chunks, since the
+            // plan holds one row of logits per pass.
+            let size = if g.request().record_logits {
+                chunk
+            } else {
+                chunk.max(pass_tokens)
+            };
+            let feed = g.next_feed(size).and_then(|f| {
                 if cancelled(i) {
                     return Err(EngineError::Cancelled);
                 }
@@ -333,6 +377,22 @@ impl Engine {
                 Ok(f)
             });
             match feed {
+                Ok(Feed::Prompt { mut ids, want }) if ids.len() > chunk => {
+                    // The plan holds one pass of `pass_tokens`: a prompt that finds other
+                    // passes holding them meanwhile feeds chunks in the shared forward.
+                    match self.passes.reserve(ids.len(), chunk, pass_tokens) {
+                        Some(held) => {
+                            ids.truncate(held.tokens());
+                            feeds.push(Feed::Nothing);
+                            layered.push((i, Some(NewPass { ids, want, held })));
+                        }
+                        None => {
+                            ids.truncate(chunk);
+                            feeds.push(Feed::Prompt { ids, want });
+                        }
+                    }
+                    results.push(None);
+                }
                 Ok(f) => {
                     feeds.push(f);
                     results.push(None);
@@ -398,6 +458,41 @@ impl Engine {
                 },
             }
         }
+        // Each pass between its layers runs one more layer, after the shared forward: the
+        // decoding members' tokens never wait for a whole prompt (issue 30.2).
+        for (i, fresh) in layered {
+            if cancelled(i) {
+                gens[i].drop_pass();
+                results[i] = Some(Err(EngineError::Cancelled));
+                continue;
+            }
+            let cancel = || cancelled(i);
+            let g = &mut *gens[i];
+            let before = self.model.store_stats();
+            let step = match fresh {
+                Some(NewPass { ids, want, held }) => g
+                    .begin_pass(&self.model, ids, want, held, &cancel)
+                    .map_err(EngineError::from),
+                None => Ok(()),
+            }
+            .and_then(|()| {
+                g.advance_pass(
+                    &self.model,
+                    LAYERS_PER_PASS_STEP,
+                    &cancel,
+                    || {
+                        let after = self.model.store_stats();
+                        IoTally {
+                            read: after.bytes_read - before.bytes_read,
+                            avoided: after.bytes_avoided - before.bytes_avoided,
+                        }
+                    },
+                    || started.elapsed().as_secs_f64(),
+                    &self.tokenizer,
+                )
+            });
+            results[i] = Some(step);
+        }
         let seconds = started.elapsed().as_secs_f64();
         gens.iter_mut()
             .enumerate()
@@ -417,6 +512,14 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// A prompt feed that begins its layer-major pass this step, with its share of the plan's
+/// pass activations.
+struct NewPass {
+    ids: Vec<u32>,
+    want: Logits,
+    held: PassTokens,
 }
 
 /// Splits `total` bytes among members that fed `rows[k]` rows each, in proportion, exactly:

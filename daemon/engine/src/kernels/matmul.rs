@@ -1,8 +1,11 @@
 //! Matrix × activations: `ys[t][r] = round_f32(Σ_i W[r][i] · xs[t][i])` for T token rows.
 //!
-//! One kernel serves decode (T = 1) and prefill (T > 1): each output element is reduced over
-//! `i` with the one tree of [`super::reduce`], so a T-token call equals T one-token calls bit for
-//! bit (spec §6.1 rule 5). Threads split only the rows (rule 4).
+//! Each output element is reduced over `i` with the one tree of [`super::reduce`], whatever
+//! the path, so a T-token call equals T one-token calls bit for bit (spec §6.1 rule 5). Threads
+//! split only the rows (rule 4). On x86-64 a one-token call (decode) runs the tile kernels of
+//! [`super::x86`], which decode each weight register on the fly; two or more tokens (prefill,
+//! speculative verification) run the GEMM of [`super::x86::gemm`], which decodes each weight
+//! once per call into an f64 panel and reuses it for every token.
 //!
 //! Weights stay in their stored form: BF16 bytes (little-endian, unaligned is fine) or MXFP4
 //! packed nibbles + scale bytes, decoded on the fly — never widened into a copy.
@@ -14,6 +17,8 @@ use super::mxfp4;
 use super::reduce::{dot_f32_with, tree_sum};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
+#[cfg(target_arch = "x86_64")]
+use super::x86::gemm::Weights;
 
 /// A row-major BF16 matrix `[rows, cols]` viewed in its stored bytes.
 #[derive(Clone, Copy, Debug)]
@@ -98,13 +103,18 @@ const PARALLEL_MIN_WORK: usize = 1 << 16;
 /// by the others, few enough that each task streams a long contiguous run of weight rows.
 const TASKS_PER_THREAD: usize = 4;
 
-/// Task row counts are multiples of this (the largest SIMD tile height), so only the last
-/// task of a call runs the single-row remainder tiles.
-const ROW_ALIGN: usize = 4;
+/// Task row counts are multiples of this (a multiple of every SIMD tile height: 4 for the
+/// AVX-512 tiles and GEMM, 2 for the AVX2 tiles, 3 for the AVX2 GEMM), so only the last task
+/// of a call runs remainder tiles.
+const ROW_ALIGN: usize = 12;
 
 /// Tokens widened and multiplied per pass of a SIMD matmul: bounds the f64 activation copy
 /// (64 × 7168 × 8 B = 3.7 MB) while each weight row is still read once per 64 tokens.
 const TOKEN_CHUNK: usize = 64;
+
+/// Token rows from which a SIMD matmul runs the GEMM instead of the tile kernels.
+#[cfg(target_arch = "x86_64")]
+const GEMM_MIN_TOKENS: usize = 2;
 
 /// Checks the shapes of a matmul call and returns the token count T.
 fn token_count(rows: usize, cols: usize, xs: &[f32], ys: &[f32]) -> usize {
@@ -186,6 +196,50 @@ fn matmul_rows(
     });
 }
 
+/// A SIMD matmul on instruction set `S`: the GEMM for two or more tokens, else the tiles.
+#[cfg(target_arch = "x86_64")]
+fn matmul_simd<S: x86::Simd + x86::gemm::Gemm>(
+    simd: S,
+    w: Weights<'_>,
+    xs: &[f32],
+    ys: &mut [f32],
+) {
+    let (rows, cols) = match w {
+        Weights::Bf16(m) => (m.rows, m.cols),
+        Weights::Mxfp4(m) => (m.rows, m.cols),
+    };
+    if token_count(rows, cols, xs, ys) >= GEMM_MIN_TOKENS {
+        return matmul_gemm(simd, w, rows, cols, xs, ys);
+    }
+    match w {
+        Weights::Bf16(w) => matmul_tiled(&x86::Bf16 { w, simd }, rows, xs, ys),
+        Weights::Mxfp4(w) => matmul_tiled(&x86::Mxfp4 { w, simd }, rows, xs, ys),
+    }
+}
+
+/// The GEMM path: activations packed once per token chunk, each weight decoded once per chunk
+/// and task into the panels the micro-kernel reuses for every token.
+#[cfg(target_arch = "x86_64")]
+fn matmul_gemm<S: x86::gemm::Gemm>(
+    s: S,
+    w: Weights<'_>,
+    rows: usize,
+    cols: usize,
+    xs: &[f32],
+    ys: &mut [f32],
+) {
+    for (xc, yc) in xs
+        .chunks(TOKEN_CHUNK * cols)
+        .zip(ys.chunks_mut(TOKEN_CHUNK * rows))
+    {
+        let packed = x86::gemm::PackedTokens::new(xc, cols, &S::POSITIONS, S::TOKENS);
+        let t = packed.tokens();
+        for_row_blocks(rows, cols, t, yc, |r0, out| {
+            x86::gemm::rows(s, w, &packed, r0, out.len() / t, out)
+        });
+    }
+}
+
 /// A SIMD matmul: activations widened once per token chunk, weights decoded per tile.
 #[cfg(target_arch = "x86_64")]
 fn matmul_tiled<K: x86::Tile>(k: &K, rows: usize, xs: &[f32], ys: &mut [f32]) {
@@ -216,14 +270,14 @@ pub fn matmul_bf16_with(isa: Isa, w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32])
             // SAFETY: an `Isa` of kind Avx512 is only constructed after
             // `IsaKind::is_supported` detected AVX-512F, AVX2 and FMA.
             let simd = unsafe { x86::avx512::Avx512::new() };
-            matmul_tiled(&x86::Bf16 { w, simd }, w.rows, xs, ys);
+            matmul_simd(simd, Weights::Bf16(w), xs, ys);
         }
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => {
             // SAFETY: an `Isa` of kind Avx2 is only constructed after
             // `IsaKind::is_supported` detected AVX2 and FMA.
             let simd = unsafe { x86::avx2::Avx2::new() };
-            matmul_tiled(&x86::Bf16 { w, simd }, w.rows, xs, ys);
+            matmul_simd(simd, Weights::Bf16(w), xs, ys);
         }
         _ => matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
             let row = &w.bytes[2 * r * w.cols..2 * (r + 1) * w.cols];
@@ -260,14 +314,14 @@ pub fn matmul_mxfp4_with(isa: Isa, w: Mxfp4Matrix<'_>, xs: &[f32], ys: &mut [f32
             // SAFETY: an `Isa` of kind Avx512 is only constructed after
             // `IsaKind::is_supported` detected AVX-512F, AVX2 and FMA.
             let simd = unsafe { x86::avx512::Avx512::new() };
-            matmul_tiled(&x86::Mxfp4 { w, simd }, w.rows, xs, ys);
+            matmul_simd(simd, Weights::Mxfp4(w), xs, ys);
         }
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => {
             // SAFETY: an `Isa` of kind Avx2 is only constructed after
             // `IsaKind::is_supported` detected AVX2 and FMA.
             let simd = unsafe { x86::avx2::Avx2::new() };
-            matmul_tiled(&x86::Mxfp4 { w, simd }, w.rows, xs, ys);
+            matmul_simd(simd, Weights::Mxfp4(w), xs, ys);
         }
         _ => {
             let half = w.cols / 2;

@@ -6,6 +6,7 @@
 //! result of every kernel is a function of its inputs alone — not of thread count, batch size,
 //! memory budget or SIMD path.
 
+pub(crate) mod aligned;
 pub mod elementwise;
 pub mod isa;
 pub mod matmul;

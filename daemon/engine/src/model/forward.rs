@@ -70,6 +70,42 @@ pub struct Sequence<'a> {
     pub want: Logits,
 }
 
+/// A forward pass in progress (issue 30): begun by [`Model::begin`], advanced layer by layer by
+/// [`Model::advance`] until it returns the logits. It holds what the layer loop carries between
+/// layers — the AttnRes snapshots and the running sum, every member's rows concatenated — and
+/// nothing of the store.
+pub struct Pass {
+    /// Per member: ids fed, the state's positions before the pass, the logits it wants.
+    members: Vec<(usize, usize, Logits)>,
+    blocks: Vec<Vec<f32>>,
+    cur: Vec<f32>,
+    /// The next layer to run (the layer count once complete, or after a failure).
+    next: usize,
+    layers: usize,
+}
+
+impl Pass {
+    /// Layers run so far.
+    pub fn layers_done(&self) -> usize {
+        self.next
+    }
+
+    /// Layers of the model.
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// Token rows of the pass (all members).
+    pub fn rows(&self) -> usize {
+        self.members.iter().map(|m| m.0).sum()
+    }
+
+    /// Bytes of activations held between two layers.
+    pub fn held_bytes(&self) -> usize {
+        4 * (self.cur.len() + self.blocks.iter().map(Vec::len).sum::<usize>())
+    }
+}
+
 /// The loaded Kimi K3 text model.
 pub struct Model {
     config: ModelConfig,
@@ -277,8 +313,51 @@ impl Model {
         seqs: &mut [Sequence<'_>],
         cancel: &dyn Fn() -> bool,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pass = self.begin(seqs, cancel)?;
+        self.advance(&mut pass, seqs, usize::MAX, cancel)?
+            .ok_or_else(|| {
+                ModelError::PassMismatch("a whole pass ended before its last layer".into())
+            })
+    }
+
+    /// Starts a layer-major pass over `seqs` (issue 30): checks every member as
+    /// [`Model::forward_batch`] does, looks up the embedding rows and marks the states poisoned
+    /// until the pass ends. [`Model::advance`] then runs its layers, as many per call as asked,
+    /// with the same members; between two calls the pass holds only its members' activations
+    /// (no weights, no expert-cache slots), so other passes — another sequence's decode step —
+    /// may run in between. A pass whose caller gives up simply drops it: its states stay
+    /// poisoned.
+    pub fn begin(
+        &self,
+        seqs: &mut [Sequence<'_>],
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Pass, ModelError> {
+        self.timed(|| self.begin_timed(seqs, cancel))
+    }
+
+    /// Runs up to `layers` more layers of `pass` (at least one) over the same members it began
+    /// with; after the last layer the model-level head, and the states advance. Returns the
+    /// logits (one vector per member, as [`Model::forward_batch`]) once the pass is complete,
+    /// `None` before. `cancel` is polled before every layer but the first of the pass and
+    /// between the expert groups of a MoE layer; a cancelled or failed pass leaves its states
+    /// poisoned.
+    pub fn advance(
+        &self,
+        pass: &mut Pass,
+        seqs: &mut [Sequence<'_>],
+        layers: usize,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+        self.timed(|| self.advance_timed(pass, seqs, layers.max(1), cancel))
+    }
+
+    /// Runs `f`, adding its wall time to the forward time ([`Model::compute_seconds`]).
+    fn timed<T>(&self, f: impl FnOnce() -> T) -> T {
         let start = Instant::now();
-        let out = self.forward_timed(seqs, cancel);
+        let out = f();
         self.forward_nanos
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
@@ -307,14 +386,11 @@ impl Model {
         Ok(())
     }
 
-    fn forward_timed(
+    fn begin_timed(
         &self,
         seqs: &mut [Sequence<'_>],
         cancel: &dyn Fn() -> bool,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        if seqs.is_empty() {
-            return Ok(Vec::new());
-        }
+    ) -> Result<Pass, ModelError> {
         for (index, s) in seqs.iter().enumerate() {
             self.check_input(s.state, s.ids)
                 .map_err(|e| ModelError::Member {
@@ -335,13 +411,53 @@ impl Model {
         for s in seqs.iter_mut() {
             s.state.poisoned = true;
         }
-        let (blocks, cur) = self.layers(seqs, cur, cancel)?;
-        let logits = self.head(&blocks, &cur, seqs)?;
+        Ok(Pass {
+            members: seqs
+                .iter()
+                .map(|s| (s.ids.len(), s.state.positions, s.want))
+                .collect(),
+            blocks: Vec::new(),
+            cur,
+            next: 0,
+            layers: self.layers.len(),
+        })
+    }
+
+    fn advance_timed(
+        &self,
+        pass: &mut Pass,
+        seqs: &mut [Sequence<'_>],
+        layers: usize,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<Vec<f32>>>, ModelError> {
+        let same = pass.members.len() == seqs.len()
+            && pass
+                .members
+                .iter()
+                .zip(seqs.iter())
+                .all(|(&(n, at, want), s)| {
+                    n == s.ids.len()
+                        && at == s.state.positions
+                        && want == s.want
+                        && s.state.poisoned
+                });
+        if !same || pass.next >= pass.layers {
+            return Err(ModelError::PassMismatch(format!(
+                "advancing a pass at layer {} of {} with other members than it began with",
+                pass.next, pass.layers
+            )));
+        }
+        let end = pass.next.saturating_add(layers).min(pass.layers);
+        self.layers(pass, seqs, end, cancel)?;
+        if pass.next < pass.layers {
+            return Ok(None);
+        }
+        let logits = self.head(&pass.blocks, &pass.cur, seqs)?;
         for s in seqs.iter_mut() {
             s.state.positions += s.ids.len();
             s.state.poisoned = false;
         }
-        Ok(logits)
+        Ok(Some(logits))
     }
 
     /// Refuses a state made for another model: layer kinds and every carried size must match.
@@ -378,36 +494,41 @@ impl Model {
         }
     }
 
-    /// The layer loop of spec §4.4 over the rows of all sequences (concatenated in order);
-    /// returns the snapshots and the final `cur`.
+    /// The layer loop of spec §4.4 over the rows of all sequences (concatenated in order), from
+    /// the pass's next layer up to (not including) `end`, advancing its snapshots and `cur`.
     fn layers(
         &self,
+        pass: &mut Pass,
         seqs: &mut [Sequence<'_>],
-        mut cur: Vec<f32>,
+        end: usize,
         cancel: &dyn Fn() -> bool,
-    ) -> Result<(Vec<Vec<f32>>, Vec<f32>), ModelError> {
+    ) -> Result<(), ModelError> {
         let h = self.config.hidden_size;
         let eps = self.config.rms_norm_eps;
         let binder = Binder {
             config: &self.config,
             dims: &self.dims,
         };
-        let mut blocks: Vec<Vec<f32>> = Vec::new();
         let dense_lookahead = self.store.plan().dense_lookahead;
-        let rows = cur.len() / h;
-        // The next layer's guess, made across a dense layer (issue 16).
+        let rows = pass.cur.len() / h;
+        let blocks = &mut pass.blocks;
+        let mut cur = std::mem::take(&mut pass.cur);
+        // The next layer's guess, made across a dense layer (issue 16). Never kept past this
+        // call: a pass resumed later must hold no cache slots in between.
         let mut early: Option<ExpertPrefetch<'_>> = None;
-        for (l, lp) in self.layers.iter().enumerate() {
+        for (l, lp) in self.layers.iter().enumerate().take(end).skip(pass.next) {
             if l > 0 && cancel() {
                 return Err(ModelError::Cancelled);
             }
+            // Whatever happens in this layer, the pass is not resumable past a failure.
+            pass.next = pass.layers;
             let ll = &self.store.layout().layers[l];
             let view = self.store.trunk(l)?;
             let trunk = Trunk::of(&view, &self.store, l);
             let h_in = if blocks.is_empty() {
                 cur.clone()
             } else {
-                aggregate_rows(&blocks, &cur, &lp.vectors.attn_res, eps, h)
+                aggregate_rows(blocks, &cur, &lp.vectors.attn_res, eps, h)
             };
             // At a block start the finished block is banked and the partial sum restarts.
             let base = if is_block_start(l, self.config.attn_res_block_size) {
@@ -426,12 +547,12 @@ impl Model {
             let mut ahead = match (&moe_parts, early.take()) {
                 (Some(_), Some(guessed)) => Some(guessed),
                 (Some((p, m)), None) => {
-                    self.read_ahead(l, (p, m), &blocks, base.as_deref(), rows)?
+                    self.read_ahead(l, (p, m), blocks, base.as_deref(), rows)?
                 }
                 (None, _) => None,
             };
             if moe_parts.is_none() && dense_lookahead == DenseLookahead::Input {
-                early = self.read_across_dense(l, &blocks, base.as_deref(), rows)?;
+                early = self.read_across_dense(l, blocks, base.as_deref(), rows)?;
             }
             let mut a = vec![0.0f32; x.len()];
             let matrices = binder.mixer(ll, &trunk)?;
@@ -470,9 +591,9 @@ impl Model {
                 }
             };
             if moe_parts.is_none() && dense_lookahead == DenseLookahead::MlpInput {
-                early = self.read_across_dense(l, &blocks, Some(&partial), rows)?;
+                early = self.read_across_dense(l, blocks, Some(&partial), rows)?;
             }
-            let h2 = aggregate_rows(&blocks, &partial, &lp.vectors.mlp_res, eps, h);
+            let h2 = aggregate_rows(blocks, &partial, &lp.vectors.mlp_res, eps, h);
             let x2 = norm_rows(&h2, &lp.vectors.post_norm, eps, h);
             let mut f = vec![0.0f32; x2.len()];
             match (&lp.ffn, &ll.ffn, &moe_parts) {
@@ -489,7 +610,17 @@ impl Model {
                     // reads are in flight.
                     let mut shared = None;
                     let mut outputs = Vec::with_capacity(plan.needed.len());
-                    for group in self.store.expert_groups(&plan.needed, ahead.as_ref()) {
+                    for (g, group) in self
+                        .store
+                        .expert_groups(&plan.needed, ahead.as_ref())
+                        .into_iter()
+                        .enumerate()
+                    {
+                        // A long prompt's layer can take minutes: cancelling waits at most
+                        // for one group of experts.
+                        if g > 0 && cancel() {
+                            return Err(ModelError::Cancelled);
+                        }
                         // Resident experts run together, then each read as it lands.
                         self.store.experts_each(
                             l,
@@ -528,8 +659,10 @@ impl Model {
             }
             cur = partial;
             add_into(&mut cur, &f);
+            pass.next = l + 1;
         }
-        Ok((blocks, cur))
+        pass.cur = cur;
+        Ok(())
     }
 
     /// Routing lookahead (plan rule 4): starts reading the experts MoE layer `l` (router and

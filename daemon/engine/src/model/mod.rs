@@ -24,7 +24,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model, Sequence};
+pub use forward::{LoadOptions, Logits, Model, Pass, Sequence};
 pub use state::State;
 
 use crate::store::StoreError;
@@ -79,6 +79,10 @@ pub enum ModelError {
         index: usize,
         error: Box<ModelError>,
     },
+    /// A caller broke the contract of [`Model::advance`] (other members than the pass began
+    /// with, or a pass already complete): the engine's fault, never the request's.
+    #[error("forward pass misuse: {0}")]
+    PassMismatch(String),
     #[error("NaN in the logits at output row {row}, vocabulary index {index} (spec §6.1 rule 12)")]
     NanLogits { row: usize, index: usize },
 }

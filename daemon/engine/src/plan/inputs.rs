@@ -26,6 +26,11 @@ pub struct PlanInputs {
     /// Prompt tokens per forward the plan reserves scratch memory for (all rows of a batched
     /// pass).
     pub max_tokens_per_call: u64,
+    /// Prompt tokens one layer-major prefill pass should feed (issue 30): the plan holds their
+    /// activations, halving the count until the budget allows (down to none; see
+    /// [`Plan::prefill_tokens`]). 0: no such passes, prompts are fed in calls of
+    /// `max_tokens_per_call`.
+    pub prefill_tokens: u64,
     /// Sequences whose states are held at once (a daemon's active requests, a batch's
     /// members): the plan reserves a full-context state for each.
     pub sequences: u64,
@@ -59,6 +64,7 @@ impl Default for PlanInputs {
             scheme: StreamScheme::default(),
             max_context: 4096,
             max_tokens_per_call: 32,
+            prefill_tokens: 0,
             sequences: 1,
             speculate: 0,
             sessions: SessionReserve::None,
@@ -108,17 +114,42 @@ impl PlanInputs {
 
 impl Plan {
     /// The memory plan for loading `config`/`layout` with `inputs`, computed before anything is
-    /// allocated.
+    /// allocated. The prefill passes get the requested tokens' activations if the budget holds
+    /// them on top of everything else's minimum, else half as many, and so on: a smaller pass
+    /// only means more passes (each reading the weights once), while a budget below the floor
+    /// is refused either way.
     pub fn for_model(
         config: &ModelConfig,
         layout: &ModelLayout,
         inputs: &PlanInputs,
     ) -> Result<Plan, PlanError> {
+        let mut tokens = inputs.prefill_tokens;
+        loop {
+            let pass = tokens.saturating_mul(pass_bytes_per_token(config));
+            match Plan::with_scratch(config, layout, inputs, pass) {
+                Ok(mut plan) => {
+                    plan.prefill_tokens = tokens;
+                    plan.prefill_bytes = pass;
+                    return Ok(plan);
+                }
+                Err(PlanError::BudgetTooSmall { .. }) if tokens > 0 => tokens /= 2,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The plan with `pass` bytes of prefill-pass activations on top of the call scratch.
+    fn with_scratch(
+        config: &ModelConfig,
+        layout: &ModelLayout,
+        inputs: &PlanInputs,
+        pass: u64,
+    ) -> Result<Plan, PlanError> {
         let mut census = Census::from_layout(
             layout,
             config,
             inputs.max_context,
-            scratch_bytes(config, inputs.max_tokens_per_call),
+            scratch_bytes(config, inputs.max_tokens_per_call).saturating_add(pass),
         )?;
         let journal = match inputs.speculate {
             0 => 0,
@@ -185,6 +216,46 @@ fn scratch_bytes(c: &ModelConfig, t: u64) -> u64 {
     .max()
     .unwrap_or(0) as u64;
     t * 4 * (8 * widest + c.vocab_size as u64)
+}
+
+/// Bytes one prompt token of a layer-major prefill pass holds at the widest point of a layer
+/// (issue 30), in f32 values of the forward pass (`model::forward` and the ops it calls):
+///
+/// * carried between layers: the running sum and every AttnRes snapshot the model banks
+///   (⌈layers / block⌉ + 1 rows of `hidden`), and within a layer the partial sum, the AttnRes
+///   mix, the normed input and the sub-layer's output (4 more);
+/// * the widest sub-layer: KDA's q, k, v, gate and decay plus its head outputs by head and by
+///   row (7 × heads·head_dim); MLA's queries, per-head outputs (twice) and gate; the dense
+///   MLP's gate, up and activation (3 × intermediate); a MoE layer's latent input, router
+///   logits, the top-k expert outputs kept for the ordered sum and their gathered copy
+///   (2 × top-k × latent), the shared MLP (3 × its width);
+/// * one matmul output's transposition copy of the widest matrix.
+///
+/// The last row's logits and the kernels' per-call workspaces are in the call scratch.
+pub fn pass_bytes_per_token(c: &ModelConfig) -> u64 {
+    let h = c.hidden_size;
+    let carried = (c.num_hidden_layers.div_ceil(c.attn_res_block_size.max(1)) + 1) * h + 4 * h;
+    let kda = 7 * c.kda.num_heads * c.kda.head_dim + c.kda.num_heads;
+    let qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    let mla = c.num_attention_heads * (qk + 3 * c.v_head_dim) + c.q_lora_rank + c.kv_lora_rank + qk;
+    let dense = 3 * c.intermediate_size;
+    let shared = c.num_shared_experts * c.moe_intermediate_size;
+    let moe = 2 * c.routed_expert_hidden_size
+        + c.num_experts
+        + 2 * c.num_experts_per_token * c.routed_expert_hidden_size
+        + 3 * shared;
+    let widest_matrix = [
+        c.intermediate_size,
+        c.kda.num_heads * c.kda.head_dim,
+        c.num_attention_heads * (qk + c.v_head_dim),
+        shared,
+        h,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let layer = [kda, mla, dense, moe].into_iter().max().unwrap_or(0);
+    4 * (carried + layer + widest_matrix) as u64
 }
 
 #[cfg(test)]

@@ -173,6 +173,13 @@ pub struct Plan {
     pub cache_slot_bytes: u64,
     pub state_bytes: u64,
     pub scratch_bytes: u64,
+    /// Prompt tokens one layer-major prefill pass may feed (issue 30): the most of the
+    /// requested [`PlanInputs::prefill_tokens`] whose activations fit the budget (counted in
+    /// `scratch_bytes`), 0 when none was asked for or none fits. A prompt of T tokens takes
+    /// ⌈T / prefill_tokens⌉ passes, each reading the weights once.
+    pub prefill_tokens: u64,
+    /// Of `scratch_bytes`, what those passes' activations take.
+    pub prefill_bytes: u64,
     pub model_vectors_bytes: u64,
     pub reads: ReadsPerToken,
     /// The smallest trunk layer left streaming (0: none): headroom below it could not pin one.
@@ -418,6 +425,16 @@ impl fmt::Display for Plan {
             gb(self.scratch_bytes),
             self.model_vectors_bytes
         )?;
+        if self.prefill_tokens > 0 {
+            writeln!(
+                f,
+                "  prefill    passes of up to {} prompt tokens, each reading the weights once \
+                 ({} of activations, in scratch); a longer prompt takes ⌈tokens / {}⌉ passes",
+                self.prefill_tokens,
+                gb(self.prefill_bytes),
+                self.prefill_tokens
+            )?;
+        }
         let reserve = self.sessions;
         if reserve.reserved > 0 || reserve.wanted > 0 {
             writeln!(

@@ -275,6 +275,9 @@ impl<'c> Costs<'c> {
             cache_slot_bytes: self.slot,
             state_bytes: census.state_bytes,
             scratch_bytes: census.scratch_bytes,
+            // Set by `Plan::for_model`, which sizes the passes.
+            prefill_tokens: 0,
+            prefill_bytes: 0,
             model_vectors_bytes: census.model_vectors_bytes,
             reads: ReadsPerToken {
                 // A chunk stream reads a streamed layer's matrices; a ring its whole run.

@@ -55,7 +55,7 @@
 //!   length, and its [`Events`] receiver. The queue is fair across uids: jobs are served in
 //!   turns, one uid's at a time, within [`UidLimits`] ([`admission`]).
 //! * **Events** arrive in order: [`Event::Queued`] (position, when it must wait),
-//!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk, one
+//!   [`Event::Loading`] (while the model loads), [`Event::Prefill`] per chunk or pass layer, one
 //!   [`Event::Token`] per generated id (id + classified [`TokenPiece`]), then exactly one of
 //!   [`Event::Done`] (finish reason, usage, timings) or [`Event::Failed`]. `recv` blocks;
 //!   `poll_recv` serves an async stream with std's `Waker` only.
@@ -109,7 +109,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::config::{ConfigError, ModelConfig};
-use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, Summary};
+use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, PassProgress, Summary};
 use crate::tokenizer::chat::ToolCall;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
@@ -128,8 +128,14 @@ pub enum Event {
     Queued { position: u32 },
     /// The model is still loading: resident bytes read, rate and time left.
     Loading(LoadFigures),
-    /// A prefill chunk was fed: `done` of `total` prompt tokens are in the state.
-    Prefill { done: usize, total: usize },
+    /// Prefill progressed: `done` of `total` prompt tokens are in the state; during a
+    /// layer-major pass over the next tokens, `pass` says how many layers of it have run
+    /// (issue 30: a long prompt's one pass reports every layer).
+    Prefill {
+        done: usize,
+        total: usize,
+        pass: Option<PassProgress>,
+    },
     /// One generated id and the text it completes, classified.
     Token { id: u32, piece: TokenPiece },
     /// The job completed. Last event.

@@ -320,7 +320,7 @@ fn warm(
 /// the member ends (nothing is sampled). Returns it while there is more to feed.
 fn warmed(shared: &Shared, w: Warm, result: Result<Step, EngineError>) -> Option<Warm> {
     match result {
-        Ok(Step::Prefill { done, total }) if done < total => Some(w),
+        Ok(Step::Prefill { done, total, .. }) if done < total => Some(w),
         Ok(Step::Prefill { .. }) => {
             let fed = w.generation.state().positions() - w.generation.reused();
             shared.metrics.warmed(fed);
@@ -421,7 +421,7 @@ fn deliver<'e>(
     result: Result<Step, EngineError>,
 ) -> Option<Running<'e>> {
     match result {
-        Ok(Step::Prefill { done, total }) => {
+        Ok(Step::Prefill { done, total, pass }) => {
             if a.job.lease.is_some() && done == total {
                 a.prefill = Some(snapshot(&a.generation));
             }
@@ -441,7 +441,7 @@ fn deliver<'e>(
                     shared.prefix.keep(caller, kept, prefix_room(shared));
                 }
             }
-            a.job.events.send(Event::Prefill { done, total });
+            a.job.events.send(Event::Prefill { done, total, pass });
             Some(Running::Job(a))
         }
         Ok(Step::Token { id }) => {

@@ -3,6 +3,7 @@
 //! of the model's drive ([`read_probe`]), and this process's resident memory
 //! ([`ProcessMemory`]). `k3d doctor` reports them; nothing here changes state.
 
+pub mod gemm_probe;
 pub mod read_probe;
 
 use std::path::{Path, PathBuf};

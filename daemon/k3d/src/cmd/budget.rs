@@ -1,6 +1,6 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
 //! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`,
-//! `--read-ahead-gb` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
+//! `--read-ahead-gb`, `--prefill-tokens` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
 //! fractional (tiny test models need budgets of a few MiB).
 
 use k3_engine::model::LoadOptions;
@@ -30,7 +30,18 @@ pub struct PlanArgs {
     /// permitting (default: one streamed layer's matrices). Output does not depend on it.
     #[arg(long, value_name = "GIB")]
     read_ahead_gb: Option<f64>,
+    /// Prompt tokens one prefill pass feeds, reading every weight once for all of them: the
+    /// plan holds their activations, or half as many until the budget allows (the plan says
+    /// how many it holds); 0 = prompts fed in chunks of 32 (default 2048). Output does not
+    /// depend on it.
+    #[arg(long, value_name = "TOKENS")]
+    pub prefill_tokens: Option<u64>,
 }
+
+/// Prompt tokens of one prefill pass unless `--prefill-tokens` says otherwise (issue 30): an
+/// editor's file context and most agent turns in one pass; ~1.6 GB of activations at K3's
+/// widths (`plan::pass_bytes_per_token`), fewer tokens when the budget is tighter.
+pub const DEFAULT_PREFILL_TOKENS: u64 = 2048;
 
 impl PlanArgs {
     /// These flags as command-line arguments (to hand them to a child process).
@@ -47,6 +58,9 @@ impl PlanArgs {
         }
         if let Some(r) = self.read_ahead_gb {
             out.extend(["--read-ahead-gb".to_string(), r.to_string()]);
+        }
+        if let Some(p) = self.prefill_tokens {
+            out.extend(["--prefill-tokens".to_string(), p.to_string()]);
         }
         if self.dense_lookahead != DenseLookahead::default() {
             out.extend([
@@ -120,6 +134,7 @@ impl BudgetArgs {
                 no_lookahead: self.plan.no_lookahead,
                 dense_lookahead: self.plan.dense_lookahead,
                 read_ahead_gb: self.plan.read_ahead_gb,
+                prefill_tokens: self.plan.prefill_tokens,
             },
         }
     }
@@ -129,6 +144,7 @@ impl BudgetArgs {
         Ok(LoadOptions {
             plan: PlanInputs {
                 budget: self.budget()?,
+                prefill_tokens: self.plan.prefill_tokens.unwrap_or(DEFAULT_PREFILL_TOKENS),
                 ..PlanInputs::default()
             },
             ..LoadOptions::default()

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use k3_engine::checkpoint::config::MixerKind;
 use k3_engine::checkpoint::layout::VariantGroup;
-use k3_engine::checkpoint::{Census, Checkpoint, CheckpointError};
+use k3_engine::checkpoint::{Census, Checkpoint};
 use k3_engine::tokenizer::{ADDED_SLOTS, Tokenizer};
 
 use crate::exit::{CliError, CliResult, Exit};
@@ -21,14 +21,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> CliResult {
-    let checkpoint = Checkpoint::open(&args.model_dir).map_err(classify)?;
+    let checkpoint = Checkpoint::open(&args.model_dir).map_err(CliError::from)?;
     // The tokenizer files are part of the checkpoint: malformed, or more ids than the
     // embedding has rows, is a checkpoint error (exit 3).
     let tokenizer = Tokenizer::load_for_vocab(&args.model_dir, checkpoint.config.vocab_size)
         .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
     let tokens = TokenizerFigures::of(&tokenizer, checkpoint.config.vocab_size);
     let variants = checkpoint.layout.variant_groups();
-    let fingerprint = checkpoint.fingerprint().map_err(classify)?;
+    let fingerprint = checkpoint.fingerprint().map_err(CliError::from)?;
     if args.json {
         let json = json_report(&checkpoint, &fingerprint, &tokens, &variants)
             .map_err(|e| CliError::new(Exit::Failure, e))?;
@@ -107,15 +107,6 @@ fn variant_lines(tokens: &TokenizerFigures, variants: &[VariantGroup]) -> String
 }
 
 /// Exit 2 for a refused config.json, exit 3 for anything wrong with the files (exit.rs).
-fn classify(e: CheckpointError) -> CliError {
-    let exit = if e.is_config() {
-        Exit::Usage
-    } else {
-        Exit::Checkpoint
-    };
-    CliError::new(exit, e)
-}
-
 fn report(
     ck: &Checkpoint,
     fingerprint: &str,

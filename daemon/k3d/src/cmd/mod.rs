@@ -3,6 +3,8 @@ pub mod bench;
 pub mod budget;
 pub mod check;
 pub mod doctor;
+pub mod pack;
+pub mod progress;
 pub mod run;
 pub mod serve;
 pub mod synth;

@@ -3,10 +3,11 @@
 use crate::exit::{CliError, CliResult, Exit};
 use k3_engine::checkpoint::manifest::{self, Manifest};
 use k3_engine::checkpoint::verify::{self, Progress, Verdict};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use super::progress::Reporter;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,61 +22,11 @@ pub struct Args {
     /// Create the manifest from the files present instead of checking against it.
     #[arg(long)]
     write_manifest: bool,
-}
-
-/// Prints "done / total, rate, ETA" to stderr until dropped: in place on a terminal, one line
-/// every few seconds otherwise (logs).
-struct Reporter {
-    stop: std::sync::mpsc::Sender<()>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Reporter {
-    fn start(progress: std::sync::Arc<Progress>, verb: &'static str) -> Reporter {
-        let (stop, rx) = std::sync::mpsc::channel::<()>();
-        let tty = std::io::stderr().is_terminal();
-        let every = if tty {
-            Duration::from_millis(500)
-        } else {
-            Duration::from_secs(5)
-        };
-        let thread = std::thread::spawn(move || {
-            let start = Instant::now();
-            let line = |end: &str| {
-                let done = progress.done.load(Ordering::Relaxed);
-                let total = progress.total.load(Ordering::Relaxed).max(1);
-                let secs = start.elapsed().as_secs_f64();
-                let rate = done as f64 / secs.max(1e-9);
-                let eta = (total.saturating_sub(done)) as f64 / rate.max(1.0);
-                eprint!(
-                    "k3d verify: {verb} {:.2} / {:.2} GB ({:.0}%), {:.0} MB/s, ETA {}:{:02}{end}",
-                    done as f64 / 1e9,
-                    total as f64 / 1e9,
-                    100.0 * done as f64 / total as f64,
-                    rate / 1e6,
-                    eta as u64 / 60,
-                    eta as u64 % 60
-                );
-            };
-            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
-                line(if tty { "\r" } else { "\n" });
-            }
-            line("\n");
-        });
-        Reporter {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Reporter {
-    fn drop(&mut self) {
-        let _ = self.stop.send(());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    /// Check this trunk pack (`k3d pack`) against the shards instead of checking the manifest:
+    /// every block decodes, and decodes to the shards' bytes. Without it, a pack at
+    /// MODEL_DIR/trunk.k3pack is checked after the manifest.
+    #[arg(long, value_name = "PATH", conflicts_with = "write_manifest")]
+    trunk_pack: Option<PathBuf>,
 }
 
 fn io_error(e: verify::VerifyError) -> CliError {
@@ -93,6 +44,9 @@ pub fn run(args: Args) -> CliResult {
     let progress = std::sync::Arc::new(Progress::default());
     if args.write_manifest {
         return write_manifest(&args.model_dir, &manifest_path, threads, progress);
+    }
+    if let Some(pack) = &args.trunk_pack {
+        return verify_pack(&args.model_dir, pack);
     }
     let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
         CliError::new(
@@ -113,7 +67,7 @@ pub fn run(args: Args) -> CliResult {
     }
     let start = Instant::now();
     let report = {
-        let _reporter = Reporter::start(progress.clone(), "hashed");
+        let _reporter = Reporter::start(progress.clone(), "k3d verify", "hashed");
         verify::verify(
             &args.model_dir,
             &parsed,
@@ -160,6 +114,12 @@ pub fn run(args: Args) -> CliResult {
             .filter(|(_, o)| *o == Verdict::Resumed)
             .count()
     );
+    let pack = args.model_dir.join(k3_engine::pack::file::DEFAULT_NAME);
+    let pack_result = if pack.exists() {
+        verify_pack(&args.model_dir, &pack)
+    } else {
+        Ok(())
+    };
     if bad > 0 || !unlisted.is_empty() {
         return Err(CliError::new(
             Exit::Checkpoint,
@@ -170,6 +130,40 @@ pub fn run(args: Args) -> CliResult {
             ),
         ));
     }
+    pack_result
+}
+
+/// Checks the trunk pack at `pack` against the checkpoint in `model_dir`: exit 3 naming the
+/// file, tensor, block and offset of the first damage or difference.
+fn verify_pack(model_dir: &Path, pack: &Path) -> CliResult {
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(model_dir)?;
+    let file = k3_engine::pack::PackFile::open(pack, &checkpoint)
+        .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
+    let progress = std::sync::Arc::new(Progress::default());
+    let start = Instant::now();
+    let summary = {
+        let _reporter = Reporter::start(progress.clone(), "k3d verify", "decoded");
+        k3_engine::pack::verify::verify(
+            &file,
+            &checkpoint,
+            k3_engine::pack::Path::detect(),
+            &progress,
+        )
+        .map_err(|e| CliError::new(Exit::Checkpoint, e))?
+    };
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{}: OK ({} tensors, {} blocks: {:.3} GB packed decode to the shards' {:.3} GB)",
+        pack.display(),
+        summary.tensors,
+        summary.blocks,
+        summary.packed_bytes as f64 / 1e9,
+        summary.original_bytes as f64 / 1e9
+    );
+    eprintln!(
+        "k3d verify: pack checked in {secs:.1} s ({:.0} MB/s of original bytes)",
+        summary.original_bytes as f64 / secs.max(1e-9) / 1e6
+    );
     Ok(())
 }
 
@@ -200,7 +194,7 @@ fn write_manifest(
     let names = verify::manifest_candidates(dir, path).map_err(io_error)?;
     let start = Instant::now();
     let built = {
-        let _reporter = Reporter::start(progress.clone(), "hashed");
+        let _reporter = Reporter::start(progress.clone(), "k3d verify", "hashed");
         verify::build_manifest(dir, &names, threads, &progress).map_err(io_error)?
     };
     std::fs::write(path, built.to_text()).map_err(|e| {

@@ -1,7 +1,7 @@
 //! Between the wire (`k3.v1`) and the serve core's types: requests and conversations in; events,
 //! summaries, sessions and errors out. No rule lives here: the core validates every request.
 
-use k3_engine::engine::LogitTransform;
+use k3_engine::engine::{LogitTransform, PassProgress};
 use k3_engine::serve::{
     Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
@@ -252,7 +252,7 @@ pub fn event(e: Event) -> Result<pb::Event, Status> {
     let event = match e {
         Event::Queued { position } => pb::event::Event::Queued(pb::Queued { position }),
         Event::Loading(figures) => pb::event::Event::Progress(load_progress(&figures)),
-        Event::Prefill { done, total } => progress(pb::Phase::Prefill, done as u64, total as u64),
+        Event::Prefill { done, total, pass } => prefill_progress(done, total, pass),
         Event::Token { id, piece } => pb::event::Event::Token(pb::Token {
             id,
             text: piece.text,
@@ -270,11 +270,17 @@ pub fn event(e: Event) -> Result<pb::Event, Status> {
     Ok(pb::Event { event: Some(event) })
 }
 
-fn progress(phase: pb::Phase, done: u64, total: u64) -> pb::event::Event {
+/// Prefill progress on the wire: during a layer-major pass, `done` counts its tokens in
+/// proportion to the layers run (a 1,000-token prompt is one pass, whose bar should move every
+/// layer), and the layers are given as they are.
+fn prefill_progress(done: usize, total: usize, pass: Option<PassProgress>) -> pb::event::Event {
+    let ahead = pass.map_or(0, |p| p.token_equivalent());
     pb::event::Event::Progress(pb::Progress {
-        phase: phase.into(),
-        done,
-        total,
+        phase: pb::Phase::Prefill.into(),
+        done: (done + ahead) as u64,
+        total: total as u64,
+        layers_done: pass.map_or(0, |p| p.layers_done as u32),
+        layers: pass.map_or(0, |p| p.layers as u32),
         ..pb::Progress::default()
     })
 }
@@ -288,6 +294,7 @@ pub fn load_progress(f: &LoadFigures) -> pb::Progress {
         bytes_per_second: f.bytes_per_second,
         eta_seconds: f.eta_seconds,
         text: f.to_string(),
+        ..pb::Progress::default()
     }
 }
 

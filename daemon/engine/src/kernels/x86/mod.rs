@@ -14,6 +14,9 @@
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod gemm;
+mod gemm_avx2;
+mod gemm_avx512;
 
 use super::matmul::{Bf16Matrix, Mxfp4Matrix};
 use super::mxfp4;
