@@ -172,27 +172,19 @@ async fn tools_reference(
 /// A daemon on the tiny model serving HTTP on `dir/http.sock` and loopback TCP, with a key and
 /// a small body limit from its config file; `args` are more flags. Returns it with the HTTP
 /// socket and a gRPC client, once the model is ready.
-async fn keyed_daemon(
-    dir: &Path,
-    args: &[&str],
-) -> (
-    Daemon,
-    PathBuf,
-    k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
-) {
+async fn keyed_daemon(dir: &Path, args: &[&str]) -> Keyed {
     keyed_daemon_on(tiny_model(), dir, args).await
 }
 
-/// [`keyed_daemon`] on the checkpoint `model`.
-async fn keyed_daemon_on(
-    model: &Path,
-    dir: &Path,
-    args: &[&str],
-) -> (
+/// A ready daemon, its HTTP socket and a gRPC client.
+type Keyed = (
     Daemon,
     PathBuf,
     k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
-) {
+);
+
+/// [`keyed_daemon`] on the checkpoint `model`.
+async fn keyed_daemon_on(model: &Path, dir: &Path, args: &[&str]) -> Keyed {
     let http_socket = dir.join("http.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(

@@ -172,43 +172,19 @@ fn a_required_call_accepts_valid_arguments_in_any_split_and_the_reader_parses_th
 fn a_required_call_refuses_what_the_schema_or_the_reader_would_not_take() {
     let f = Fixture::new();
     let c = conversation(vec![weather()], ToolChoice::Required, ResponseFormat::Text);
+    // A valid city and one more argument.
+    let city_and = |key: &str, ty: &str, value: &str| {
+        format!("{}{}", arg("city", "string", "a"), arg(key, ty, value))
+    };
     let bad = [
         // Out of the bounds, wrong type, not an enum value, an unknown key, a key twice.
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("days", "number", "15")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("days", "number", "0")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("days", "number", "2.5")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("days", "string", "2")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("unit", "string", "K")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("country", "string", "FR")
-        ),
-        format!(
-            "{}{}",
-            arg("city", "string", "a"),
-            arg("city", "string", "b")
-        ),
+        city_and("days", "number", "15"),
+        city_and("days", "number", "0"),
+        city_and("days", "number", "2.5"),
+        city_and("days", "string", "2"),
+        city_and("unit", "string", "K"),
+        city_and("country", "string", "FR"),
+        city_and("city", "string", "b"),
         // The required key missing; an empty city (minLength 1); four tags (maxItems 3).
         arg("days", "number", "3"),
         arg("city", "string", ""),

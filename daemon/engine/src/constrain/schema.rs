@@ -710,24 +710,20 @@ fn number(s: &Map<String, Value>, path: &str) -> Result<Node, SchemaError> {
     let unit = if integer { NANO } else { 1 };
     // Inclusive bounds on the values the matcher can write (whole numbers for integers,
     // multiples of 10⁻⁹ otherwise).
-    let min = match (bound("minimum")?, bound("exclusiveMinimum")?) {
-        (a, b) => [
-            a.map(|m| ceil_to(m, unit)),
-            b.map(|m| floor_to(m, unit) + unit),
-        ]
-        .into_iter()
-        .flatten()
-        .max(),
-    };
-    let max = match (bound("maximum")?, bound("exclusiveMaximum")?) {
-        (a, b) => [
-            a.map(|m| floor_to(m, unit)),
-            b.map(|m| ceil_to(m, unit) - unit),
-        ]
-        .into_iter()
-        .flatten()
-        .min(),
-    };
+    let min = [
+        bound("minimum")?.map(|m| ceil_to(m, unit)),
+        bound("exclusiveMinimum")?.map(|m| floor_to(m, unit) + unit),
+    ]
+    .into_iter()
+    .flatten()
+    .max();
+    let max = [
+        bound("maximum")?.map(|m| floor_to(m, unit)),
+        bound("exclusiveMaximum")?.map(|m| ceil_to(m, unit) - unit),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
     if let (Some(lo), Some(hi)) = (min, max)
         && lo > hi
     {

@@ -277,7 +277,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let tool_choice = tool_choice(f, &tools)?;
     let conversation = Conversation {
         messages,
         thinking: thinking(f)?,
@@ -330,7 +330,8 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
 /// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function
 /// (`{"type": "function", "function": {"name"}}`); `required` and a named function are
 /// enforced by constrained decoding (the reply is a call, of that function).
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    let has_tools = !tools.is_empty();
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -372,7 +373,25 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
             "tool_choice \"required\" needs at least one tool in `tools`",
         ));
     }
+    known_function(&choice, tools)?;
     Ok(choice)
+}
+
+/// A `tool_choice` naming a function not in `tools` is refused by the field it is in, in
+/// both APIs (the core would refuse it too, naming no field).
+pub fn known_function(choice: &ToolChoice, tools: &[Tool]) -> Result<(), ApiError> {
+    match choice {
+        ToolChoice::Function(name) if !tools.iter().any(|t| t.name == *name) => {
+            Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice names the function {}, which is not in `tools`",
+                    Echo(name)
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `response_format`: `{"type": "text" | "json_object"}` or

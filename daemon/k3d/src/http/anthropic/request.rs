@@ -9,7 +9,9 @@
 //! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
 
 use crate::http::error::ApiError;
-use crate::http::request::{Common, Fields, no_empty_stop, temperature_and_top_p, value};
+use crate::http::request::{
+    Common, Fields, known_function, no_empty_stop, temperature_and_top_p, value,
+};
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
@@ -161,7 +163,7 @@ fn conversation(f: &Fields, body: &[u8]) -> Result<Conversation, ApiError> {
         ));
     }
     let tools = tools(f)?;
-    let (tool_choice, parallel_tool_calls) = tool_choice(f, !tools.is_empty())?;
+    let (tool_choice, parallel_tool_calls) = tool_choice(f, &tools)?;
     let (thinking, response_format) = output_config(f)?;
     Ok(Conversation {
         messages,
@@ -485,7 +487,8 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
 /// (a call, of that tool), as is `disable_parallel_tool_use` with them (exactly one call).
 /// With `auto` nothing constrains the reply, so `disable_parallel_tool_use` there is refused,
 /// not ignored. Returns the choice and whether parallel calls are allowed.
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<(ToolChoice, bool), ApiError> {
+fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
+    let has_tools = !tools.is_empty();
     let Some(choice) = f.get::<Value>("tool_choice")? else {
         return Ok((ToolChoice::Auto, true));
     };
@@ -532,6 +535,7 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<(ToolChoice, bool), ApiErr
             ));
         }
     };
+    known_function(&choice, tools)?;
     Ok((choice, !single))
 }
 
