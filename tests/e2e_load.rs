@@ -43,7 +43,7 @@ const BACKOFF: Duration = Duration::from_millis(100);
 
 /// What each client does, by its index modulo the list (two of every eight generate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
+enum RequestKind {
     Generate,
     Chat,
     Session,
@@ -55,15 +55,15 @@ enum Kind {
     Status,
 }
 
-const KINDS: [Kind; 8] = [
-    Kind::Generate,
-    Kind::Generate,
-    Kind::Chat,
-    Kind::Session,
-    Kind::Cancel,
-    Kind::Drop,
-    Kind::Kill,
-    Kind::Http,
+const KINDS: [RequestKind; 8] = [
+    RequestKind::Generate,
+    RequestKind::Generate,
+    RequestKind::Chat,
+    RequestKind::Session,
+    RequestKind::Cancel,
+    RequestKind::Drop,
+    RequestKind::Kill,
+    RequestKind::Http,
 ];
 
 /// How one request ended.
@@ -77,7 +77,7 @@ enum RequestEnd {
     Cut,
 }
 
-type Tally = BTreeMap<(Kind, RequestEnd), usize>;
+type Tally = BTreeMap<(RequestKind, RequestEnd), usize>;
 
 /// One load run's size.
 struct Load {
@@ -260,7 +260,7 @@ async fn session(
             let req = session_request(prompt.clone(), ctx.max_tokens, name);
             let what = format!("session {name} turn {turn}");
             let outcome = complete(c.generate(req).await, expected, &what).await;
-            *tally.entry((Kind::Session, outcome)).or_default() += 1;
+            *tally.entry((RequestKind::Session, outcome)).or_default() += 1;
             if outcome == RequestEnd::Completed {
                 break;
             }
@@ -365,7 +365,7 @@ async fn client_loop(i: usize, ctx: Arc<Ctx>) -> Tally {
     let kind = if i < ctx.busy {
         KINDS[i % KINDS.len()]
     } else {
-        Kind::Status
+        RequestKind::Status
     };
     let mut c = client(&ctx.socket).await;
     let mut tally = Tally::new();
@@ -375,35 +375,35 @@ async fn client_loop(i: usize, ctx: Arc<Ctx>) -> Tally {
         let v = (i + round) % ctx.variants;
         let (prompt, expected) = &ctx.solo.generate[v];
         let outcome = match kind {
-            Kind::Status => {
+            RequestKind::Status => {
                 status(&mut c).await;
                 tokio::time::sleep(BACKOFF).await;
                 RequestEnd::Completed
             }
-            Kind::Generate => {
+            RequestKind::Generate => {
                 let req = ids_request(prompt.clone(), ctx.max_tokens);
                 complete(c.generate(req).await, expected, "generate").await
             }
-            Kind::Chat => {
+            RequestKind::Chat => {
                 let (req, expected) = &ctx.solo.chat[v];
                 complete(c.chat(req.clone()).await, expected, "chat").await
             }
-            Kind::Session => {
+            RequestKind::Session => {
                 session(&mut c, &ctx, &format!("load-{i}-{round}"), v, &mut tally).await;
                 round += 1;
                 got_in = true;
                 continue;
             }
-            Kind::Cancel => cancel(&mut c, expected, prompt.clone()).await,
-            Kind::Drop => drop_stream(&mut c, expected, prompt.clone()).await,
-            Kind::Kill => {
+            RequestKind::Cancel => cancel(&mut c, expected, prompt.clone()).await,
+            RequestKind::Drop => drop_stream(&mut c, expected, prompt.clone()).await,
+            RequestKind::Kill => {
                 let (socket, prompt, expected) =
                     (ctx.socket.clone(), prompt.clone(), expected.clone());
                 tokio::task::spawn_blocking(move || kill_k3(&socket, &expected, &prompt))
                     .await
                     .expect("k3 task")
             }
-            Kind::Http => {
+            RequestKind::Http => {
                 let ctx = Arc::clone(&ctx);
                 tokio::task::spawn_blocking(move || {
                     let (prompt, expected) = &ctx.solo.http[v];
@@ -535,7 +535,10 @@ async fn run_load(load: Load) {
     assert_eq!(sessions.count, 0, "every session was deleted");
     assert_eq!(s.requests_failed, 0, "no request failed");
     for kind in KINDS {
-        let done = if matches!(kind, Kind::Cancel | Kind::Drop | Kind::Kill) {
+        let done = if matches!(
+            kind,
+            RequestKind::Cancel | RequestKind::Drop | RequestKind::Kill
+        ) {
             RequestEnd::Cut
         } else {
             RequestEnd::Completed

@@ -393,7 +393,7 @@ fn effort(name: &str) -> pb::Effort {
 
 /// One message of a transcript file (`/save FILE`, the kept sessions): roles by name.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Message {
+struct TranscriptMessage {
     role: String,
     content: String,
     #[serde(default)]
@@ -401,9 +401,9 @@ struct Message {
 }
 
 fn write_transcript(path: &Path, conversation: &[pb::ChatMessage]) -> Result<(), String> {
-    let messages: Vec<Message> = conversation
+    let messages: Vec<TranscriptMessage> = conversation
         .iter()
-        .map(|m| Message {
+        .map(|m| TranscriptMessage {
             role: pb::Role::try_from(m.role)
                 .map(|r| r.as_str_name().trim_start_matches("ROLE_").to_lowercase())
                 .unwrap_or_else(|_| "unknown".into()),
@@ -421,7 +421,7 @@ fn write_transcript(path: &Path, conversation: &[pb::ChatMessage]) -> Result<(),
 fn read_transcript(path: &Path) -> Result<Vec<pb::ChatMessage>, String> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
-    let messages: Vec<Message> = serde_json::from_str(&text)
+    let messages: Vec<TranscriptMessage> = serde_json::from_str(&text)
         .map_err(|e| format!("{shown} is not a conversation written by /save FILE: {e}"))?;
     messages
         .into_iter()

@@ -41,7 +41,7 @@ impl Rng {
 const EXPERTS: usize = 8;
 const BANDWIDTH_BYTES: usize = 512 << 20;
 
-struct Expert {
+struct BenchExpert {
     packed: [Vec<u8>; 3],
     scales: [Vec<u8>; 3],
 }
@@ -49,12 +49,12 @@ struct Expert {
 /// (rows, cols) of w1, w3, w2.
 const EXPERT_SHAPES: [(usize, usize); 3] = [(3072, 3584), (3072, 3584), (3584, 3072)];
 
-fn expert(rng: &mut Rng) -> Expert {
+fn expert(rng: &mut Rng) -> BenchExpert {
     let mk =
         |rng: &mut Rng, n: usize, f: &dyn Fn(u64) -> u8| (0..n).map(|_| f(rng.next())).collect();
     let packed = EXPERT_SHAPES.map(|(r, c)| mk(rng, r * c / 2, &|v| v as u8));
     let scales = EXPERT_SHAPES.map(|(r, c)| mk(rng, r * c / 32, &|v| 118 + (v % 5) as u8));
-    Expert { packed, scales }
+    BenchExpert { packed, scales }
 }
 
 fn expert_bytes() -> usize {
@@ -129,7 +129,7 @@ fn main() {
         .flat_map(|_| (((rng.unit() * 0.05).to_bits() >> 16) as u16).to_le_bytes())
         .collect();
     let x_big: Vec<f32> = (0..big_c.max(big_r)).map(|_| rng.unit()).collect();
-    let experts: Vec<Expert> = (0..EXPERTS).map(|_| expert(&mut rng)).collect();
+    let experts: Vec<BenchExpert> = (0..EXPERTS).map(|_| expert(&mut rng)).collect();
     let x_exp: Vec<f32> = (0..3584).map(|_| rng.unit()).collect();
     let stream: Vec<u64> = (0..BANDWIDTH_BYTES / 8).map(|_| rng.next()).collect();
 

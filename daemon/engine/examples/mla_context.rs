@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if !dir.join("config.json").exists() {
         let shape = Shape::named("small").ok_or("no synth shape `small`")?;
-        let plan = k3_engine::synth::plan(&shape)?;
+        let plan = k3_engine::synth::blueprint(&shape)?;
         eprintln!("writing the small checkpoint to {}", dir.display());
         k3_engine::synth::write(&plan, &dir, 0, false, &mut |_| {})?;
     }

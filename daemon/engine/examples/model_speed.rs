@@ -35,7 +35,7 @@ fn checkpoint_dir(arg: &str) -> Result<PathBuf, Error> {
     if !dir.join("config.json").exists() {
         eprintln!("writing the {arg} checkpoint to {}", dir.display());
         k3_engine::synth::write(
-            &k3_engine::synth::plan(&shape)?,
+            &k3_engine::synth::blueprint(&shape)?,
             &dir,
             0,
             false,

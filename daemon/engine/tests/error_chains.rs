@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use k3_engine::engine::EngineError;
 use k3_engine::model::ModelError;
 use k3_engine::plan::PlanError;
-use k3_engine::session::{FileError, StoreError};
+use k3_engine::session::{FileError, SessionStoreError};
 use k3_engine::store::StoreError as WeightStoreError;
 use k3_engine::store::aligned::AllocError;
 use k3_engine::store::direct_io::ReadError;
@@ -52,14 +52,14 @@ fn every_cause_is_said_once() {
             ENOENT,
         ),
         (
-            Box::new(StoreError::from(FileError::Io {
+            Box::new(SessionStoreError::from(FileError::Io {
                 path: path.clone(),
                 error: io(),
             })),
             ENOENT,
         ),
         (
-            Box::new(StoreError::Dir {
+            Box::new(SessionStoreError::Dir {
                 path: path.clone(),
                 error: io(),
             }),

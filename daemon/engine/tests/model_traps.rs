@@ -55,14 +55,14 @@ enum KdaTrap {
 
 struct KdaCase {
     dims: KdaDims,
-    q: Bf16,
-    k: Bf16,
-    v: Bf16,
-    g: Bf16,
-    o: Bf16,
-    fa: Bf16,
-    fb: Bf16,
-    b: Bf16,
+    q: Bf16Weights,
+    k: Bf16Weights,
+    v: Bf16Weights,
+    g: Bf16Weights,
+    o: Bf16Weights,
+    fa: Bf16Weights,
+    fb: Bf16Weights,
+    b: Bf16Weights,
     conv: [Vec<f32>; 3],
     a_log: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -89,14 +89,14 @@ fn kda_case() -> KdaCase {
         .collect();
     a_log[5] = 0.0;
     KdaCase {
-        q: Bf16::random(&mut r, p, h, sd(h)),
-        k: Bf16::random(&mut r, p, h, sd(h)),
-        v: Bf16::random(&mut r, p, h, sd(h)),
-        g: Bf16::random(&mut r, p, h, sd(h)),
-        o: Bf16::random(&mut r, h, p, sd(p)),
-        fa: Bf16::random(&mut r, dims.rank, h, sd(h)),
-        fb: Bf16::random(&mut r, p, dims.rank, sd(dims.rank)),
-        b: Bf16::random(&mut r, dims.heads, h, sd(h)),
+        q: Bf16Weights::random(&mut r, p, h, sd(h)),
+        k: Bf16Weights::random(&mut r, p, h, sd(h)),
+        v: Bf16Weights::random(&mut r, p, h, sd(h)),
+        g: Bf16Weights::random(&mut r, p, h, sd(h)),
+        o: Bf16Weights::random(&mut r, h, p, sd(p)),
+        fa: Bf16Weights::random(&mut r, dims.rank, h, sd(h)),
+        fb: Bf16Weights::random(&mut r, p, dims.rank, sd(dims.rank)),
+        b: Bf16Weights::random(&mut r, dims.heads, h, sd(h)),
         conv: [
             r.normals(p * 4, 0.5),
             r.normals(p * 4, 0.5),
@@ -258,14 +258,14 @@ enum MlaTrap {
 
 struct MlaCase {
     dims: MlaDims,
-    qa: Bf16,
-    qb: Bf16,
-    kva: Bf16,
-    kvb: Bf16,
-    o: Bf16,
-    g: Bf16,
-    qa_norm: Bf16,
-    kva_norm: Bf16,
+    qa: Bf16Weights,
+    qb: Bf16Weights,
+    kva: Bf16Weights,
+    kvb: Bf16Weights,
+    o: Bf16Weights,
+    g: Bf16Weights,
+    qa_norm: Bf16Weights,
+    kva_norm: Bf16Weights,
     xs: Vec<f32>,
 }
 
@@ -285,24 +285,24 @@ fn mla_case() -> MlaCase {
     let sd = |n: usize| 0.5 / (n as f64).sqrt();
     // Small q_a / kv_a outputs (rms ≈ 0.05) make the latent-norm ε visible, as trap 16 needs.
     MlaCase {
-        qa: Bf16::random(&mut r, dims.q_lora, h, 0.05 / (h as f64).sqrt()),
-        qb: Bf16::random(&mut r, dims.heads * dims.qk(), dims.q_lora, sd(dims.q_lora)),
-        kva: Bf16::random(
+        qa: Bf16Weights::random(&mut r, dims.q_lora, h, 0.05 / (h as f64).sqrt()),
+        qb: Bf16Weights::random(&mut r, dims.heads * dims.qk(), dims.q_lora, sd(dims.q_lora)),
+        kva: Bf16Weights::random(
             &mut r,
             dims.kv_lora + dims.rope,
             h,
             0.05 / (h as f64).sqrt(),
         ),
-        kvb: Bf16::random(
+        kvb: Bf16Weights::random(
             &mut r,
             dims.heads * (dims.nope + dims.v),
             dims.kv_lora,
             2.0 / (dims.kv_lora as f64).sqrt(),
         ),
-        o: Bf16::random(&mut r, h, dims.heads * dims.v, sd(dims.heads * dims.v)),
-        g: Bf16::random(&mut r, dims.heads * dims.v, h, sd(h)),
-        qa_norm: Bf16::random(&mut r, 1, dims.q_lora, 1.0),
-        kva_norm: Bf16::random(&mut r, 1, dims.kv_lora, 1.0),
+        o: Bf16Weights::random(&mut r, h, dims.heads * dims.v, sd(dims.heads * dims.v)),
+        g: Bf16Weights::random(&mut r, dims.heads * dims.v, h, sd(h)),
+        qa_norm: Bf16Weights::random(&mut r, 1, dims.q_lora, 1.0),
+        kva_norm: Bf16Weights::random(&mut r, 1, dims.kv_lora, 1.0),
         xs: r.normals(6 * h, 1.0),
         dims,
     }
@@ -523,7 +523,13 @@ fn router_ties_go_to_the_lower_index_in_top_k_order() {
 // ---------------------------------------------------------------------------------------------
 // SiTU-GLU (§4.1): trap 11 (σ applied to the capped gate).
 
-fn mlp_reference(g: &Bf16, u: &Bf16, dn: &Bf16, x: &[f64], capped_sigma: bool) -> Vec<f64> {
+fn mlp_reference(
+    g: &Bf16Weights,
+    u: &Bf16Weights,
+    dn: &Bf16Weights,
+    x: &[f64],
+    capped_sigma: bool,
+) -> Vec<f64> {
     let gv = g.mul(x);
     let uv = u.mul(x);
     let a: Vec<f64> = gv
@@ -539,9 +545,9 @@ fn situ_sigma_takes_the_uncapped_gate() {
     let mut r = Rng::new(44);
     let (h, w) = (64, 96);
     // Gate weights N(0, 0.75²) so that |g| often exceeds β₁ = 4 and the cap engages (spec §9.1).
-    let g = Bf16::random(&mut r, w, h, 0.75);
-    let u = Bf16::random(&mut r, w, h, 0.5 / (h as f64).sqrt());
-    let dn = Bf16::random(&mut r, h, w, 0.5 / (w as f64).sqrt());
+    let g = Bf16Weights::random(&mut r, w, h, 0.75);
+    let u = Bf16Weights::random(&mut r, w, h, 0.5 / (h as f64).sqrt());
+    let dn = Bf16Weights::random(&mut r, h, w, 0.5 / (w as f64).sqrt());
     let xs = r.normals(3 * h, 1.0);
     let mlp = Mlp {
         gate: g.matrix(),
@@ -583,12 +589,12 @@ enum MoeTrap {
 
 struct MoeCase {
     dims: MoeDims,
-    router: Bf16,
+    router: Bf16Weights,
     bias: Vec<f32>,
-    down: Bf16,
-    up: Bf16,
-    norm: Bf16,
-    shared: [Bf16; 3],
+    down: Bf16Weights,
+    up: Bf16Weights,
+    norm: Bf16Weights,
+    shared: [Bf16Weights; 3],
     experts: Vec<[Fp4; 3]>,
     xs: Vec<f32>,
 }
@@ -613,15 +619,15 @@ fn moe_case() -> MoeCase {
             },
             eps: 1e-5,
         },
-        router: Bf16::random(&mut r, n_exp, h, sd(h)),
+        router: Bf16Weights::random(&mut r, n_exp, h, sd(h)),
         bias: r.normals(n_exp, 0.1),
-        down: Bf16::random(&mut r, latent, h, sd(h)),
-        up: Bf16::random(&mut r, h, latent, sd(latent)),
-        norm: Bf16::random(&mut r, 1, latent, 1.0),
+        down: Bf16Weights::random(&mut r, latent, h, sd(h)),
+        up: Bf16Weights::random(&mut r, h, latent, sd(latent)),
+        norm: Bf16Weights::random(&mut r, 1, latent, 1.0),
         shared: [
-            Bf16::random(&mut r, 2 * width, h, 0.75),
-            Bf16::random(&mut r, 2 * width, h, sd(h)),
-            Bf16::random(&mut r, h, 2 * width, sd(2 * width)),
+            Bf16Weights::random(&mut r, 2 * width, h, 0.75),
+            Bf16Weights::random(&mut r, 2 * width, h, sd(h)),
+            Bf16Weights::random(&mut r, h, 2 * width, sd(2 * width)),
         ],
         experts: (0..n_exp)
             .map(|_| {
@@ -726,8 +732,8 @@ fn moe_catches_its_traps() {
 fn attn_res_values_are_raw_sources() {
     let mut r = Rng::new(66);
     let h = 64;
-    let norm = Bf16::random(&mut r, 1, h, 1.0);
-    let proj = Bf16::random(&mut r, 1, h, 0.15);
+    let norm = Bf16Weights::random(&mut r, 1, h, 1.0);
+    let proj = Bf16Weights::random(&mut r, 1, h, 0.15);
     let f = fold_query(&norm.f32s(), &proj.f32s());
     let mut ours = Vec::new();
     let mut correct = Vec::new();

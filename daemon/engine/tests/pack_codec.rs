@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use k3_engine::checkpoint::Checkpoint;
-use k3_engine::checkpoint::verify::Progress;
+use k3_engine::checkpoint::verify::ByteProgress;
 use k3_engine::pack::file::packable;
 use k3_engine::pack::{self, PackError, PackFile};
 
@@ -20,7 +20,7 @@ fn packed(shape: &str, dir: &Path) -> (Checkpoint, std::path::PathBuf) {
     synth_support::synth(shape, &model);
     let checkpoint = Checkpoint::open(&model).expect("synthesised checkpoint opens");
     let out = dir.join(format!("{shape}.k3pack"));
-    pack::write::pack(&checkpoint, &out, 2, &Progress::default()).expect("packs");
+    pack::write::pack(&checkpoint, &out, 2, &ByteProgress::default()).expect("packs");
     (checkpoint, out)
 }
 
@@ -77,7 +77,7 @@ fn every_tensor_decodes_to_its_shard_bytes(shape: &str) {
         &file,
         &checkpoint,
         pack::Path::detect(),
-        &Progress::default(),
+        &ByteProgress::default(),
     )
     .expect("verifies");
     assert_eq!(summary.tensors, wanted.len());
@@ -121,7 +121,7 @@ fn a_damaged_block_is_refused_naming_file_tensor_block_and_offset() {
         &file,
         &checkpoint,
         pack::Path::detect(),
-        &Progress::default(),
+        &ByteProgress::default(),
     )
     .expect_err("a damaged block is refused");
     let text = e.to_string();

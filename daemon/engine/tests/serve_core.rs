@@ -13,7 +13,7 @@ use k3_engine::serve::{
     Caller, Capacity, Config, Core, Event, FinishReason, Health, Invalid, JobHandle, Limits,
     Prompt, Request, ServeError, UidLimits,
 };
-use k3_engine::session::StoreError;
+use k3_engine::session::SessionStoreError;
 use k3_engine::tokenizer::chat::{Conversation, Message, Role};
 use model_support::*;
 
@@ -242,7 +242,7 @@ fn a_session_lease_is_released_however_the_job_ends() {
         .expect("queued");
     let r = on_session("s", 3);
     assert!(
-        matches!(core.submit(Caller::Uid(7), r), Err(ServeError::Session(e)) if matches!(*e, StoreError::Busy { .. })),
+        matches!(core.submit(Caller::Uid(7), r), Err(ServeError::Session(e)) if matches!(*e, SessionStoreError::Busy { .. })),
         "one job at a time per session"
     );
     queued.cancel();

@@ -10,7 +10,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k3_engine::session::{FileError, FileHeader, SessionDir, SessionStore, StoreError, file};
+use k3_engine::session::{
+    FileError, FileHeader, SessionDir, SessionStore, SessionStoreError, file,
+};
 
 const FP: &str = "fingerprint-a";
 /// The uid of a user who plants files (any uid but the daemon's).
@@ -52,7 +54,7 @@ fn a_directory_others_may_write_or_another_uid_owns_is_refused() {
     open(&dir);
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let e = SessionStore::open(&dir, FP, 0).err().expect("refused");
-    assert!(matches!(e, StoreError::Dir { .. }), "{e:?}");
+    assert!(matches!(e, SessionStoreError::Dir { .. }), "{e:?}");
     let text = e.to_string();
     assert!(
         text.contains(&dir.display().to_string()) && text.contains("0777"),
@@ -134,13 +136,13 @@ fn a_symlinked_session_file_is_not_followed() {
     );
     assert!(matches!(
         store.reserve("s", Some(VICTIM), 1),
-        Err(StoreError::File(FileError::Io { .. }))
+        Err(SessionStoreError::File(FileError::Io { .. }))
     ));
     // Its owner cannot be known without following it: root only may remove it, and removing
     // it removes the link.
     assert!(matches!(
         store.delete("s", Some(VICTIM)),
-        Err(StoreError::PermissionDenied { owner: None, .. })
+        Err(SessionStoreError::PermissionDenied { owner: None, .. })
     ));
     store.delete("1000/s", Some(0)).unwrap();
     assert!(std::fs::symlink_metadata(&here).is_err());
@@ -171,7 +173,7 @@ fn an_owner_field_is_believed_only_in_the_daemons_own_files() {
         "{skipped:?}"
     );
     match store.reserve("forged", Some(VICTIM), 1) {
-        Err(StoreError::File(FileError::Untrusted { .. })) => {}
+        Err(SessionStoreError::File(FileError::Untrusted { .. })) => {}
         other => panic!("the forged file was used: {other:?}"),
     }
     assert!(store.list(Some(VICTIM)).is_empty());
@@ -179,11 +181,11 @@ fn an_owner_field_is_believed_only_in_the_daemons_own_files() {
     // root may.
     assert!(matches!(
         store.delete("forged", Some(VICTIM)),
-        Err(StoreError::PermissionDenied { owner: None, .. })
+        Err(SessionStoreError::PermissionDenied { owner: None, .. })
     ));
     assert!(matches!(
         store.delete("1000/forged", Some(ATTACKER)),
-        Err(StoreError::PermissionDenied {
+        Err(SessionStoreError::PermissionDenied {
             owner: Some(VICTIM),
             ..
         })
@@ -205,11 +207,11 @@ fn files_the_daemon_will_not_load_can_be_removed() {
     assert_eq!((store.len(), skipped.len()), (0, 2));
     assert!(matches!(
         store.reserve("old-model", Some(VICTIM), 1),
-        Err(StoreError::File(FileError::Fingerprint { .. }))
+        Err(SessionStoreError::File(FileError::Fingerprint { .. }))
     ));
     assert!(matches!(
         store.delete("1000/old-model", Some(ATTACKER)),
-        Err(StoreError::PermissionDenied {
+        Err(SessionStoreError::PermissionDenied {
             owner: Some(VICTIM),
             ..
         })
@@ -222,7 +224,7 @@ fn files_the_daemon_will_not_load_can_be_removed() {
     assert!(!damaged.exists());
     assert!(matches!(
         store.delete("1000/damaged", Some(0)),
-        Err(StoreError::NotFound(_))
+        Err(SessionStoreError::NotFound(_))
     ));
 }
 

@@ -7,8 +7,8 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    Channel, Conversation, Message, ReplyError, ReplyEvent, ReplyReader, Role, Thinking, ToolCall,
-    parse_reply, render,
+    Conversation, Message, ReplyChannel, ReplyError, ReplyEvent, ReplyReader, Role, Thinking,
+    ToolCall, parse_reply, render,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::fixtures;
@@ -26,7 +26,7 @@ fn script(s: &str) -> Vec<u32> {
 
 /// Pushes every id; returns the events with adjacent text pieces of one kind merged, and the
 /// reader.
-fn read(ids: &[u32], thinking: bool) -> (Vec<ReplyEvent>, Vec<Channel>, ReplyReader<'static>) {
+fn read(ids: &[u32], thinking: bool) -> (Vec<ReplyEvent>, Vec<ReplyChannel>, ReplyReader<'static>) {
     let mut reader = ReplyReader::new(tiny(), thinking);
     let mut events: Vec<ReplyEvent> = Vec::new();
     let mut channels = Vec::new();
@@ -116,7 +116,7 @@ fn a_scripted_reply_gives_exact_events_and_tool_calls() {
         ]
     );
     // Every id is classified: text by its channel, the rest as structure.
-    let picked = |want: Channel| -> String {
+    let picked = |want: ReplyChannel| -> String {
         let ids: Vec<u32> = ids
             .iter()
             .zip(&channels)
@@ -125,10 +125,10 @@ fn a_scripted_reply_gives_exact_events_and_tool_calls() {
             .collect();
         tiny().decode_text(&ids).unwrap()
     };
-    assert_eq!(picked(Channel::Reasoning), "let me check 中");
-    assert_eq!(picked(Channel::Content), "On it.");
+    assert_eq!(picked(ReplyChannel::Reasoning), "let me check 中");
+    assert_eq!(picked(ReplyChannel::Content), "On it.");
     assert_eq!(
-        picked(Channel::ToolCall),
+        picked(ReplyChannel::ToolCall),
         "Pa\"ris\n3{\"a\": [true, null]}{\"x\":1}"
     );
 }
@@ -274,7 +274,7 @@ fn malformed(text: &str, thinking: bool) -> ReplyError {
                 | ReplyError::Trailing { position, .. }
                 | ReplyError::Truncated { position, .. } => *position,
             };
-            assert!(channels[at..].iter().all(|c| *c == Channel::Control));
+            assert!(channels[at..].iter().all(|c| *c == ReplyChannel::Control));
         }
         more => panic!("reported {} times: {more:?}", more.len()),
     }

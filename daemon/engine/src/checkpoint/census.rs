@@ -8,7 +8,7 @@ use super::layout::{FfnLayout, ModelLayout};
 
 /// Byte counts of a bound model. All figures are stored bytes as laid out in the shards.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Census {
+pub struct ByteCensus {
     pub layers: usize,
     pub kda_layers: usize,
     pub mla_layers: usize,
@@ -36,8 +36,8 @@ pub struct Census {
     pub decode_token_bytes: u64,
 }
 
-impl Census {
-    pub fn of(config: &ModelConfig, layout: &ModelLayout) -> Census {
+impl ByteCensus {
+    pub fn of(config: &ModelConfig, layout: &ModelLayout) -> ByteCensus {
         let count = |kind| config.layer_kinds.iter().filter(|&&k| k == kind).count();
         let trunk_bytes_per_layer: Vec<u64> = layout.layers.iter().map(|l| l.trunk.len).collect();
         let mut expert_bytes = 0;
@@ -71,7 +71,7 @@ impl Census {
         .fold(0u64, |a, t| a.saturating_add(t.run.len));
         let experts_per_token =
             (moe_layers as u64).saturating_mul(config.num_experts_per_token as u64);
-        Census {
+        ByteCensus {
             layers: layout.layers.len(),
             kda_layers: count(MixerKind::Kda),
             mla_layers: count(MixerKind::Mla),
@@ -146,7 +146,7 @@ mod tests {
         let index = released_index(&config);
         assert_eq!(index.len(), 497_220 - 168, "text tensors of §3.1");
         let layout = bind(&config, &index).expect("binds");
-        let c = Census::of(&config, &layout);
+        let c = ByteCensus::of(&config, &layout);
         assert_eq!((c.kda_layers, c.mla_layers), (69, 24));
         assert_eq!((c.dense_layers, c.moe_layers), (1, 92));
         assert_eq!(c.expert_bytes, 17_547_264);

@@ -97,7 +97,7 @@ impl ModelConfig {
                 message: "the top level is not a JSON object".into(),
             });
         };
-        let mut r = Reader::default();
+        let mut r = KeyReader::default();
         let config = read(&mut r, &root);
         match config {
             Some(c) if r.issues.is_empty() => Ok(c),
@@ -189,11 +189,11 @@ struct Obj<'a> {
 
 /// Collects issues while typed getters read required keys.
 #[derive(Default)]
-struct Reader {
+struct KeyReader {
     issues: Vec<ConfigIssue>,
 }
 
-impl Reader {
+impl KeyReader {
     fn issue(&mut self, path: String, problem: impl Into<String>) {
         self.issues.push(ConfigIssue {
             path,
@@ -350,7 +350,7 @@ fn describe(v: &Value) -> String {
 
 /// Every rule of §2.2–§2.3. Returns `None` if any required value could not be read; the issues
 /// explain why. Validation continues past failures so that all of them are reported.
-fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
+fn read(r: &mut KeyReader, root: &Map<String, Value>) -> Option<ModelConfig> {
     let root_obj = Obj {
         map: root,
         path: String::new(),
@@ -532,7 +532,7 @@ fn read(r: &mut Reader, root: &Map<String, Value>) -> Option<ModelConfig> {
 
 /// `linear_attn_config`: KDA dims and the two one-based layer lists (§2.3 rule 4).
 fn read_kda(
-    r: &mut Reader,
+    r: &mut KeyReader,
     t: &Obj,
     num_layers: Option<usize>,
 ) -> Option<(KdaConfig, Vec<MixerKind>)> {
@@ -567,7 +567,7 @@ fn read_kda(
 
 /// The two lists must partition `{1..N}` (they are one-based); returns the zero-based map.
 fn layer_map(
-    r: &mut Reader,
+    r: &mut KeyReader,
     path: &str,
     n: usize,
     kda: Vec<i64>,
@@ -645,7 +645,7 @@ fn layer_map(
 
 /// `quantization_config` (in `text_config`, else at the root): compressed-tensors MXFP4,
 /// group 32 (§2.2). If both places have one they must agree.
-fn read_quantization(r: &mut Reader, root: &Obj, t: &Obj) {
+fn read_quantization(r: &mut KeyReader, root: &Obj, t: &Obj) {
     let inner = t.map.get("quantization_config");
     let outer = if t.path.is_empty() {
         None

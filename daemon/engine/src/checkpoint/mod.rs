@@ -26,7 +26,7 @@ pub mod verify;
 
 use std::path::{Path, PathBuf};
 
-pub use census::Census;
+pub use census::ByteCensus;
 pub use config::{ConfigError, ModelConfig};
 pub use layout::{LayoutError, ModelLayout};
 pub use safetensors::{SafetensorsError, ShardFile, TensorIndex};
@@ -39,7 +39,7 @@ pub struct Checkpoint {
     /// In bytewise file-name order; [`layout::ByteRun::shard`] indexes this.
     pub shards: Vec<ShardFile>,
     pub layout: ModelLayout,
-    pub census: Census,
+    pub census: ByteCensus,
 }
 
 /// Why a checkpoint directory was refused.
@@ -80,7 +80,7 @@ impl Checkpoint {
             index.check_index_file(&index_file)?;
         }
         let layout = layout::bind(&config, &index)?;
-        let census = Census::of(&config, &layout);
+        let census = ByteCensus::of(&config, &layout);
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config,

@@ -2,8 +2,8 @@
 //!
 //! Only headers are read (one positioned read per shard); tensor data is never touched. The
 //! index is compact because the release has 497,220 tensors: names live in one string arena,
-//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte `Entry` on top of its name
-//! and dims.
+//! shapes in one `u64` arena, and each tensor costs a fixed 40-byte `TensorRecord` on top of its
+//! name and dims.
 //!
 //! Headers are read with `pread` rather than a memory map: a map would need `unsafe`, and a
 //! shard truncated while mapped would kill the process with SIGBUS instead of giving an error.
@@ -238,7 +238,7 @@ pub enum SafetensorsError {
 
 /// Per-tensor record. 40 bytes; names and dims live in the index's arenas.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct TensorRecord {
     name_start: u32,
     name_len: u32,
     dims_start: u32,
@@ -270,7 +270,7 @@ pub struct TensorIndex {
     names: String,
     dims: Vec<u64>,
     /// Sorted bytewise by name; names are unique.
-    entries: Vec<Entry>,
+    entries: Vec<TensorRecord>,
 }
 
 impl TensorIndex {
@@ -348,7 +348,7 @@ impl TensorIndex {
             let dims_base = u32::try_from(index.dims.len()).map_err(|_| too_large("dims"))?;
             let shard_no = u32::try_from(shard).map_err(|_| too_large("shards"))?;
             for e in &p.entries {
-                index.entries.push(Entry {
+                index.entries.push(TensorRecord {
                     name_start: e
                         .name_start
                         .checked_add(name_base)
@@ -401,7 +401,7 @@ impl TensorIndex {
     pub fn heap_bytes(&self) -> usize {
         self.names.capacity()
             + self.dims.capacity() * size_of::<u64>()
-            + self.entries.capacity() * size_of::<Entry>()
+            + self.entries.capacity() * size_of::<TensorRecord>()
             + self
                 .shards
                 .iter()
@@ -431,7 +431,7 @@ impl TensorIndex {
         self.entries.iter().map(|e| self.view(e))
     }
 
-    fn view(&self, e: &Entry) -> TensorRef<'_> {
+    fn view(&self, e: &TensorRecord) -> TensorRef<'_> {
         let dims = e.dims_start as usize;
         TensorRef {
             name: entry_name(&self.names, e),
@@ -500,7 +500,7 @@ impl TensorIndex {
     }
 }
 
-fn entry_name<'a>(names: &'a str, e: &Entry) -> &'a str {
+fn entry_name<'a>(names: &'a str, e: &TensorRecord) -> &'a str {
     &names[e.name_start as usize..(e.name_start + e.name_len) as usize]
 }
 
@@ -510,7 +510,7 @@ struct ParsedShard {
     names: String,
     dims: Vec<u64>,
     /// Sorted by name.
-    entries: Vec<Entry>,
+    entries: Vec<TensorRecord>,
 }
 
 fn read_shard(path: &Path) -> Result<ParsedShard, SafetensorsError> {
@@ -642,15 +642,15 @@ fn parse_shard(path: PathBuf, size: u64, header: &[u8]) -> Result<ParsedShard, S
 fn check_tiling(
     file: &str,
     names: &str,
-    entries: &[Entry],
+    entries: &[TensorRecord],
     data_start: u64,
     size: u64,
 ) -> Result<(), SafetensorsError> {
-    let mut order: Vec<&Entry> = entries.iter().collect();
+    let mut order: Vec<&TensorRecord> = entries.iter().collect();
     // Empty tensors sort before the tensor starting at the same offset, so they tile too.
     order.sort_unstable_by_key(|e| (e.offset, e.len));
     let mut expected = data_start;
-    let mut previous: Option<&Entry> = None;
+    let mut previous: Option<&TensorRecord> = None;
     for e in order {
         if e.offset < expected {
             let previous = previous.map_or("", |p| entry_name(names, p)).to_owned();
@@ -693,7 +693,7 @@ struct HeaderState {
     file: String,
     names: String,
     dims: Vec<u64>,
-    entries: Vec<Entry>,
+    entries: Vec<TensorRecord>,
     seen_metadata: bool,
     /// Which value serde was reading when it failed, to tell a malformed entry from bad JSON.
     failed_in: Option<FailedIn>,
@@ -774,7 +774,7 @@ impl HeaderState {
                 tensor: tensor(),
             })?;
         let too_large = |what| SafetensorsError::TooLarge { file: file(), what };
-        let entry = Entry {
+        let entry = TensorRecord {
             name_start: u32::try_from(self.names.len()).map_err(|_| too_large("names"))?,
             name_len: u32::try_from(name.len()).map_err(|_| too_large("names"))?,
             dims_start: u32::try_from(dims_start).map_err(|_| too_large("dims"))?,

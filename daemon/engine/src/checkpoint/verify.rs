@@ -97,9 +97,10 @@ pub fn default_state_path(manifest: &Path) -> Option<PathBuf> {
     Some(base.join("k3").join("verify").join(format!("{key}.json")))
 }
 
-/// Progress counters, updated while hashing; read them from another thread.
+/// Bytes done of long byte-counting work (hashing here, packing in [`crate::pack`]), updated as
+/// it goes; read them from another thread.
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct ByteProgress {
     /// Bytes of the files to hash in this run (skipped files excluded).
     pub total: AtomicU64,
     pub done: AtomicU64,
@@ -108,7 +109,7 @@ pub struct Progress {
 /// SHA-256 of a file, adding bytes to `progress.done` as they are hashed. The pages read are
 /// dropped from the page cache as we go: verifying a checkpoint larger than RAM should not
 /// evict everything else.
-pub fn hash_file(path: &Path, progress: &Progress) -> Result<[u8; 32], VerifyError> {
+pub fn hash_file(path: &Path, progress: &ByteProgress) -> Result<[u8; 32], VerifyError> {
     let err = |error| VerifyError::Read {
         path: path.to_path_buf(),
         error,
@@ -210,7 +211,7 @@ pub fn verify(
     manifest: &Manifest,
     state_path: Option<&Path>,
     threads: usize,
-    progress: &Progress,
+    progress: &ByteProgress,
 ) -> Result<Report, VerifyError> {
     let state = Mutex::new(state_path.map(ResumeState::load).unwrap_or_default());
     // Decide up front what needs hashing, so the progress total is right.
@@ -293,7 +294,7 @@ pub fn build_manifest(
     dir: &Path,
     names: &[String],
     threads: usize,
-    progress: &Progress,
+    progress: &ByteProgress,
 ) -> Result<Manifest, VerifyError> {
     let mut sized = Vec::with_capacity(names.len());
     for n in names {

@@ -262,7 +262,7 @@ pub fn mxfp4_matrix<'a>(
 }
 
 /// A layer's AttnRes and norm vectors, decoded once.
-pub(super) struct LayerVectors {
+pub(super) struct DecodedVectors {
     pub(super) input_norm: Vec<f32>,
     pub(super) post_norm: Vec<f32>,
     /// `self_attention_res_norm ⊙ self_attention_res_proj`.
@@ -283,7 +283,7 @@ pub(super) enum FfnParams {
 
 /// A layer's small tensors, decoded once at load.
 pub(super) struct LayerParams {
-    pub(super) vectors: LayerVectors,
+    pub(super) vectors: DecodedVectors,
     pub(super) mixer: MixerParams,
     pub(super) ffn: FfnParams,
 }
@@ -599,7 +599,7 @@ fn layer_params(
     let v = &ll.vectors;
     let vec_h = |s, name| run.vector(s, &[h], t(name));
     let proj = |s, name| run.vector(s, &[1, h], t(name));
-    let vectors = LayerVectors {
+    let vectors = DecodedVectors {
         input_norm: vec_h(&v.input_layernorm, n::INPUT_LAYERNORM)?,
         post_norm: vec_h(&v.post_attention_layernorm, n::POST_ATTENTION_LAYERNORM)?,
         attn_res: fold_query(

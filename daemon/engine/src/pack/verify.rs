@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::file::{PackError, PackFile, PackedTensor};
 use super::simd::Path as DecodePath;
 use crate::checkpoint::Checkpoint;
-use crate::checkpoint::verify::Progress;
+use crate::checkpoint::verify::ByteProgress;
 
 /// Blocks read and compared at once.
 const BATCH_BLOCKS: usize = 256;
@@ -31,7 +31,7 @@ pub fn verify(
     pack: &PackFile,
     checkpoint: &Checkpoint,
     path: DecodePath,
-    progress: &Progress,
+    progress: &ByteProgress,
 ) -> Result<Summary, PackError> {
     progress
         .total
@@ -54,7 +54,7 @@ fn verify_tensor(
     checkpoint: &Checkpoint,
     t: &PackedTensor,
     path: DecodePath,
-    progress: &Progress,
+    progress: &ByteProgress,
 ) -> Result<(), PackError> {
     let shard = &checkpoint.shards[t.shard];
     let source = crate::input_file::open(&shard.path).map_err(|e| PackError::io(&shard.path, e))?;

@@ -27,7 +27,7 @@ use super::file::{
 use super::simd::Path as DecodePath;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::safetensors::TensorIndex;
-use crate::checkpoint::verify::Progress;
+use crate::checkpoint::verify::ByteProgress;
 
 /// Blocks encoded per batch: bounds memory (about 16 MiB of original bytes) while giving
 /// every thread many blocks.
@@ -98,7 +98,7 @@ pub fn pack(
     checkpoint: &Checkpoint,
     out: &Path,
     threads: usize,
-    progress: &Progress,
+    progress: &ByteProgress,
 ) -> Result<Summary, PackError> {
     let fingerprint = checkpoint.fingerprint().map_err(|e| PackError::Write {
         path: checkpoint.dir.clone(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::validate::Invalid;
 use crate::engine::EngineError;
-use crate::session::StoreError;
+use crate::session::SessionStoreError;
 
 /// How full the admission queue was when a job was refused ([`ServeError::Busy`]): enough for
 /// a transport to say when to retry (HTTP 429 `Retry-After`).
@@ -62,9 +62,9 @@ pub enum ServeError {
     #[error("k3d is shutting down: the request was cancelled after the grace period")]
     Shutdown,
     /// A session refusal (not found, another user's, in use, its file damaged), or a failure
-    /// of the session storage ([`StoreError::is_storage_failure`]), which says so first.
+    /// of the session storage ([`SessionStoreError::is_storage_failure`]), which says so first.
     #[error("{}", session_text(.0))]
-    Session(Arc<StoreError>),
+    Session(Arc<SessionStoreError>),
     /// Sessions are not open yet: the model is still loading (`UNAVAILABLE`).
     #[error("the daemon is loading its model; sessions are available once it is ready")]
     SessionsLoading,
@@ -104,7 +104,7 @@ fn uid_busy_text(s: &UidQueueState) -> String {
 
 /// What a session error says: a storage failure is named as one, so that no transport or
 /// client mistakes a full disk for a refusal or for the model failing.
-fn session_text(e: &StoreError) -> String {
+fn session_text(e: &SessionStoreError) -> String {
     if e.is_storage_failure() {
         format!("{STORAGE_FAILED}: {e}")
     } else {
@@ -115,8 +115,8 @@ fn session_text(e: &StoreError) -> String {
 /// How every session storage failure's message begins (clients match on it).
 pub const STORAGE_FAILED: &str = "k3d could not store the session";
 
-impl From<StoreError> for ServeError {
-    fn from(e: StoreError) -> Self {
+impl From<SessionStoreError> for ServeError {
+    fn from(e: SessionStoreError) -> Self {
         ServeError::Session(Arc::new(e))
     }
 }
@@ -171,15 +171,15 @@ mod tests {
                 max_queue: 1,
             }),
             ServeError::ShuttingDown,
-            StoreError::NotFound("s".into()).into(),
-            StoreError::InvalidName("..".into()).into(),
+            SessionStoreError::NotFound("s".into()).into(),
+            SessionStoreError::InvalidName("..".into()).into(),
         ];
         for e in &refused {
             assert!(e.is_refusal(), "{e}");
         }
         let failed = [
             ServeError::Model(Arc::new(EngineError::InvalidRequest("x".into()))),
-            StoreError::Dir {
+            SessionStoreError::Dir {
                 path: "/sessions".into(),
                 error: std::io::Error::from_raw_os_error(libc::ENOSPC),
             }
@@ -221,7 +221,7 @@ mod storage_tests {
 
     #[test]
     fn a_full_disk_says_it_is_a_storage_failure() {
-        let full: ServeError = StoreError::File(FileError::Io {
+        let full: ServeError = SessionStoreError::File(FileError::Io {
             path: "/sessions/a.k3s".into(),
             error: std::io::Error::from_raw_os_error(libc::ENOSPC),
         })
@@ -233,7 +233,7 @@ mod storage_tests {
             ServeError::Session(s) => assert!(s.is_out_of_space()),
             other => panic!("{other}"),
         }
-        let refused: ServeError = StoreError::NotFound("a".into()).into();
+        let refused: ServeError = SessionStoreError::NotFound("a".into()).into();
         assert!(!refused.to_string().starts_with(STORAGE_FAILED));
     }
 }

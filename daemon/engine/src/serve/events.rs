@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::Event;
 
-struct State {
+struct MailboxState {
     queue: VecDeque<Event>,
     /// The receiver was dropped: the job is abandoned.
     abandoned: bool,
@@ -24,8 +24,8 @@ struct State {
     waker: Option<Waker>,
 }
 
-struct Channel {
-    state: Mutex<State>,
+struct Mailbox {
+    state: Mutex<MailboxState>,
     ready: Condvar,
     capacity: usize,
     /// Called (outside the lock) when the receiver is dropped, so the scheduler wakes and
@@ -33,17 +33,17 @@ struct Channel {
     on_abandon: Box<dyn Fn() + Send + Sync>,
 }
 
-impl Channel {
+impl Mailbox {
     /// The bookkeeping never panics while holding the lock; a poisoned lock is still
     /// consistent, so it is used as is.
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, MailboxState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The scheduler's half (crate-internal): never blocks.
 pub(crate) struct EventSender {
-    channel: Arc<Channel>,
+    channel: Arc<Mailbox>,
 }
 
 /// The receiving half of a job's events, held by the transport. Dropping it abandons the job.
@@ -51,7 +51,7 @@ pub(crate) struct EventSender {
 /// Events arrive in order; the last one is [`Event::Done`] or [`Event::Failed`], after which
 /// [`Events::recv`] returns `None`.
 pub struct Events {
-    channel: Arc<Channel>,
+    channel: Arc<Mailbox>,
 }
 
 /// A channel holding at most `capacity` step events (advisory and final events may exceed it
@@ -60,8 +60,8 @@ pub(crate) fn channel(
     capacity: usize,
     on_abandon: Box<dyn Fn() + Send + Sync>,
 ) -> (EventSender, Events) {
-    let channel = Arc::new(Channel {
-        state: Mutex::new(State {
+    let channel = Arc::new(Mailbox {
+        state: Mutex::new(MailboxState {
             queue: VecDeque::new(),
             abandoned: false,
             ended: false,
@@ -81,7 +81,7 @@ pub(crate) fn channel(
 
 /// Whether a job's receiver is gone, asked from the compute threads between layers.
 pub(crate) struct AbandonProbe {
-    channel: Arc<Channel>,
+    channel: Arc<Mailbox>,
 }
 
 impl AbandonProbe {

@@ -28,11 +28,11 @@ pub struct Timings {
 }
 
 #[derive(Default)]
-pub(crate) struct Metrics {
+pub(crate) struct TimingTotals {
     sums: Mutex<Timings>,
 }
 
-impl Metrics {
+impl TimingTotals {
     fn lock(&self) -> MutexGuard<'_, Timings> {
         self.sums.lock().unwrap_or_else(|p| p.into_inner())
     }

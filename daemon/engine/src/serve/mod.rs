@@ -113,7 +113,7 @@ use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, PassPro
 use crate::tokenizer::chat::ToolCall;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
-use metrics::Metrics;
+use metrics::TimingTotals;
 use validate::ModelLimits;
 
 /// Events buffered per job: small, so a reader that stops reading is noticed quickly and holds
@@ -316,7 +316,7 @@ pub struct Core {
     admission: Arc<Admission>,
     sessions: Arc<Sessions>,
     prefix: Arc<PrefixCache>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<TimingTotals>,
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
     tokenizer: Arc<Tokenizer>,
@@ -364,7 +364,7 @@ impl Core {
                 config.log,
             )),
             prefix: Arc::new(PrefixCache::default()),
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(TimingTotals::default()),
             tokenizer,
             vocab: validate::VocabCache::default(),
             model_limits,

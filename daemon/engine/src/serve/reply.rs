@@ -102,10 +102,10 @@ impl<'t> TokenReader<'t> {
             Some(reader) => {
                 let pushed = reader.push(id);
                 let channel = match pushed.channel {
-                    chat::Channel::Reasoning => Channel::Reasoning,
-                    chat::Channel::Content => Channel::Response,
-                    chat::Channel::ToolCall => Channel::ToolCall,
-                    chat::Channel::Control => Channel::Control,
+                    chat::ReplyChannel::Reasoning => Channel::Reasoning,
+                    chat::ReplyChannel::Content => Channel::Response,
+                    chat::ReplyChannel::ToolCall => Channel::ToolCall,
+                    chat::ReplyChannel::Control => Channel::Control,
                 };
                 (channel, pushed.events.into_iter().find_map(delta))
             }

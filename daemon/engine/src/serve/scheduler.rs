@@ -25,7 +25,7 @@ use super::admission::{Admission, Job, JobEnd};
 use super::batch::{Batch, Cancel, Member, Never};
 use super::caller::Caller;
 use super::log::{Log, OnHealth};
-use super::metrics::Metrics;
+use super::metrics::TimingTotals;
 use super::prefix::{self, PrefixCache};
 use super::reply::TokenReader;
 use super::sessions::Sessions;
@@ -51,7 +51,7 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     pub sessions: Arc<Sessions>,
     pub prefix: Arc<PrefixCache>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<TimingTotals>,
     pub log: Log,
     pub on_health: OnHealth,
 }

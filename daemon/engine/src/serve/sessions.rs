@@ -19,7 +19,7 @@ use super::ServeError;
 use super::log::Log;
 use crate::model::State;
 use crate::session::store::{Dropped, Quota, SessionKey};
-use crate::session::{Access, FileError, SessionInfo, SessionStore, Snapshot, StoreError};
+use crate::session::{Access, FileError, SessionInfo, SessionStore, SessionStoreError, Snapshot};
 
 enum Phase {
     /// The model is loading; the fingerprint files are checked against is not known yet.
@@ -156,7 +156,7 @@ impl Sessions {
 
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut SessionStore) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut SessionStore) -> Result<T, SessionStoreError>,
     ) -> Result<T, ServeError> {
         match &mut *self.lock() {
             Phase::Open(store) => f(store).map_err(ServeError::from),

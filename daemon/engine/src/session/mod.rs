@@ -19,7 +19,7 @@ pub mod store;
 pub use dir::SessionDir;
 pub use file::{FileError, FileHeader};
 pub use snapshot::{MAX_SNAPSHOTS, Snapshot};
-pub use store::{Access, SessionInfo, SessionStore, StoreError};
+pub use store::{Access, SessionInfo, SessionStore, SessionStoreError};
 
 /// Longest session name accepted.
 pub const MAX_NAME_LEN: usize = 64;

@@ -6,13 +6,13 @@
 //!   uid's: B's `work` and A's `work` are two sessions ([`SessionKey`]). A uid sees and acts on
 //!   its own; root (uid 0) administers the daemon's files anyway, so it sees every session and
 //!   names another uid's as `UID/NAME`.
-//! * One request at a time per session: a second one is refused ([`StoreError::Busy`]) rather
-//!   than queued, because its prompt was written against a conversation the first is about to
-//!   change; the client retries after the first finishes.
+//! * One request at a time per session: a second one is refused
+//!   ([`SessionStoreError::Busy`]) rather than queued, because its prompt was written against a
+//!   conversation the first is about to change; the client retries after the first finishes.
 //! * Quotas per uid ([`Quota`]): at most so many sessions, and so many bytes of session files;
-//!   beyond, that uid's request is refused saying which limit ([`StoreError::Quota`]). And a
+//!   beyond, that uid's request is refused saying which limit ([`SessionStoreError::Quota`]). And a
 //!   uid's write may not leave the filesystem too full to write again the sessions of every
-//!   uid holding less ([`StoreError::Reserved`]): one user's fill never costs a lighter
+//!   uid holding less ([`SessionStoreError::Reserved`]): one user's fill never costs a lighter
 //!   user's session, and the heavier user is the one who gives way.
 //! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
 //!   leaves the store above it, idle sessions are written to the session directory and dropped
@@ -43,7 +43,7 @@ use crate::model::State;
 
 /// Why a session operation was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum SessionStoreError {
     #[error("invalid session name {}: use 1–64 of A-Z a-z 0-9 . _ - (not starting with '.'), or UID/NAME for another user's as root", Echo(.0))]
     InvalidName(String),
     #[error("no session named {}", Echo(.0))]
@@ -83,7 +83,7 @@ pub enum StoreError {
     },
 }
 
-/// Which per-uid limit a [`StoreError::Quota`] is about.
+/// Which per-uid limit a [`SessionStoreError::Quota`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaLimit {
     /// Sessions one uid may have.
@@ -109,17 +109,17 @@ fn quota_text(owner: Option<u32>, limit: QuotaLimit, used: u64) -> String {
     }
 }
 
-impl StoreError {
+impl SessionStoreError {
     /// Reading or writing the session directory failed or was refused for want of room (the
     /// disk's or the quota's fault, not the request's nor the model's): the session's state
     /// may not have been kept.
     pub fn is_storage_failure(&self) -> bool {
         matches!(
             self,
-            StoreError::File(FileError::Io { .. })
-                | StoreError::Dir { .. }
-                | StoreError::Reserved { .. }
-                | StoreError::Quota {
+            SessionStoreError::File(FileError::Io { .. })
+                | SessionStoreError::Dir { .. }
+                | SessionStoreError::Reserved { .. }
+                | SessionStoreError::Quota {
                     limit: QuotaLimit::DiskBytes(_),
                     ..
                 }
@@ -129,8 +129,9 @@ impl StoreError {
     /// A storage failure because the disk, the reserve kept for others or a quota is full.
     pub fn is_out_of_space(&self) -> bool {
         let error = match self {
-            StoreError::File(FileError::Io { error, .. }) | StoreError::Dir { error, .. } => error,
-            StoreError::Reserved { .. } | StoreError::Quota { .. } => return true,
+            SessionStoreError::File(FileError::Io { error, .. })
+            | SessionStoreError::Dir { error, .. } => error,
+            SessionStoreError::Reserved { .. } | SessionStoreError::Quota { .. } => return true,
             _ => return false,
         };
         matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
@@ -160,14 +161,14 @@ pub struct SessionKey {
 impl SessionKey {
     /// The session `name` means when `who` says it: `who`'s own, or — `UID/NAME` — the session
     /// of that uid, which only that uid and root may name.
-    pub fn resolve(name: &str, who: Access) -> Result<SessionKey, StoreError> {
-        let invalid = || StoreError::InvalidName(name.to_string());
+    pub fn resolve(name: &str, who: Access) -> Result<SessionKey, SessionStoreError> {
+        let invalid = || SessionStoreError::InvalidName(name.to_string());
         let (owner, bare) = match name.split_once('/') {
             Some((uid, bare)) => {
                 let digits = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit());
                 let uid: u32 = uid.parse().ok().filter(|_| digits).ok_or_else(invalid)?;
                 if !permitted(Some(uid), who) {
-                    return Err(StoreError::PermissionDenied {
+                    return Err(SessionStoreError::PermissionDenied {
                         name: name.to_string(),
                         owner: Some(uid),
                     });
@@ -317,7 +318,7 @@ fn permitted(owner: Option<u32>, who: Access) -> bool {
 #[derive(Debug)]
 pub struct Dropped {
     pub key: SessionKey,
-    pub error: StoreError,
+    pub error: SessionStoreError,
     /// Whether an older state of it is still on disk.
     pub older_on_disk: bool,
 }
@@ -374,8 +375,8 @@ impl SessionStore {
         dir: &Path,
         fingerprint: &str,
         allowance: u64,
-    ) -> Result<(SessionStore, Vec<FileError>), StoreError> {
-        let dir_err = |error| StoreError::Dir {
+    ) -> Result<(SessionStore, Vec<FileError>), SessionStoreError> {
+        let dir_err = |error| SessionStoreError::Dir {
             path: dir.to_path_buf(),
             error,
         };
@@ -573,7 +574,7 @@ impl SessionStore {
         &mut self,
         name: &str,
         who: Access,
-    ) -> Result<(SessionKey, &mut Entry), StoreError> {
+    ) -> Result<(SessionKey, &mut Entry), SessionStoreError> {
         let key = SessionKey::resolve(name, who)?;
         let own_file = file::file_name(&file::stem(key.owner, &key.name));
         if !self.sessions.contains_key(&key) && self.dir.contains(&own_file) {
@@ -583,7 +584,7 @@ impl SessionStore {
         let entry = self
             .sessions
             .get_mut(&key)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
         Ok((key, entry))
     }
 
@@ -595,9 +596,9 @@ impl SessionStore {
         name: &str,
         who: Access,
         request: u64,
-    ) -> Result<SessionKey, StoreError> {
+    ) -> Result<SessionKey, SessionStoreError> {
         match self.entry_for(name, who) {
-            Err(StoreError::NotFound(_)) => {
+            Err(SessionStoreError::NotFound(_)) => {
                 let key = SessionKey::resolve(name, who)?;
                 let owned = self
                     .sessions
@@ -605,7 +606,7 @@ impl SessionStore {
                     .filter(|k| k.owner == key.owner)
                     .count();
                 if owned >= self.quota.sessions {
-                    return Err(StoreError::Quota {
+                    return Err(SessionStoreError::Quota {
                         owner: key.owner,
                         limit: QuotaLimit::Sessions(self.quota.sessions),
                         used: owned as u64,
@@ -630,7 +631,7 @@ impl SessionStore {
             }
             Err(e) => Err(e),
             Ok((key, entry)) => match entry.in_use {
-                Some(other) => Err(StoreError::Busy {
+                Some(other) => Err(SessionStoreError::Busy {
                     name: name.to_string(),
                     request: other,
                 }),
@@ -649,10 +650,10 @@ impl SessionStore {
         &mut self,
         key: &SessionKey,
         prompt: &[u32],
-    ) -> Result<(Option<State>, usize), StoreError> {
+    ) -> Result<(Option<State>, usize), SessionStoreError> {
         self.clock += 1;
         let tick = self.clock;
-        let not_found = || StoreError::NotFound(key.name.clone());
+        let not_found = || SessionStoreError::NotFound(key.name.clone());
         let entry = self.sessions.get(key).ok_or_else(not_found)?;
         let loaded = match (&entry.snapshots, &entry.file) {
             (None, Some(file_name)) => {
@@ -754,7 +755,7 @@ impl SessionStore {
     /// Writes session `key`'s in-memory snapshots to its file (if they are not already
     /// there), within its owner's quota and never into the room kept for the other owners'
     /// sessions. Returns the file size, or 0 when there was nothing new to write.
-    pub fn write(&mut self, key: &SessionKey) -> Result<u64, StoreError> {
+    pub fn write(&mut self, key: &SessionKey) -> Result<u64, SessionStoreError> {
         let Some(entry) = self.sessions.get(key) else {
             return Ok(0);
         };
@@ -772,7 +773,7 @@ impl SessionStore {
             .map(|(_, e)| e.file_bytes)
             .sum();
         if owners_files + needed > self.quota.disk_bytes {
-            return Err(StoreError::Quota {
+            return Err(SessionStoreError::Quota {
                 owner: key.owner,
                 limit: QuotaLimit::DiskBytes(self.quota.disk_bytes),
                 used: owners_files + needed,
@@ -785,14 +786,14 @@ impl SessionStore {
         let available = self
             .dir
             .available_bytes()
-            .map_err(|error| StoreError::Dir {
+            .map_err(|error| SessionStoreError::Dir {
                 path: self.dir.path().to_path_buf(),
                 error,
             })?;
         let reserved = kept_for_others(key.owner, needed, &usage);
         // With nothing kept for others the filesystem alone decides (a full one says so).
         if reserved > 0 && available < needed.saturating_add(reserved) {
-            return Err(StoreError::Reserved {
+            return Err(SessionStoreError::Reserved {
                 name: key.name.clone(),
                 needed,
                 available,
@@ -837,13 +838,17 @@ impl SessionStore {
 
     /// Writes session `name` to the session directory now (it stays in memory); its info
     /// and the path of its file.
-    pub fn save(&mut self, name: &str, who: Access) -> Result<(SessionInfo, PathBuf), StoreError> {
+    pub fn save(
+        &mut self,
+        name: &str,
+        who: Access,
+    ) -> Result<(SessionInfo, PathBuf), SessionStoreError> {
         let (key, _) = self.entry_for(name, who)?;
         self.write(&key)?;
         let entry = self
             .sessions
             .get(&key)
-            .ok_or_else(|| StoreError::NotFound(name.to_string()))?;
+            .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
         Ok((entry.info(&key, who), self.path_of(&key)))
     }
 
@@ -851,23 +856,23 @@ impl SessionStore {
     /// the daemon will not load (damaged, another format version or model, not the daemon's
     /// own, not a regular file) is removed too — the refusal tells the user to do exactly
     /// that —, by the owner its header names if the daemon wrote it, else by root only.
-    pub fn delete(&mut self, name: &str, who: Access) -> Result<(), StoreError> {
+    pub fn delete(&mut self, name: &str, who: Access) -> Result<(), SessionStoreError> {
         let key = SessionKey::resolve(name, who)?;
         let own_file = file::file_name(&file::stem(key.owner, &key.name));
         let file_name = match self.entry_for(name, who) {
             Ok((_, entry)) => {
                 if let Some(request) = entry.in_use {
-                    return Err(StoreError::Busy {
+                    return Err(SessionStoreError::Busy {
                         name: name.to_string(),
                         request,
                     });
                 }
                 entry.file.clone()
             }
-            Err(StoreError::File(_)) => {
+            Err(SessionStoreError::File(_)) => {
                 let owner = self.claimed_owner(&own_file);
                 if !permitted(owner, who) {
-                    return Err(StoreError::PermissionDenied {
+                    return Err(SessionStoreError::PermissionDenied {
                         name: name.to_string(),
                         owner,
                     });
@@ -892,7 +897,7 @@ impl SessionStore {
 
     /// Writes every in-memory session whose file is not current (daemon shutdown). Returns
     /// the failures with the session each concerns: those sessions' newest states are lost.
-    pub fn save_all(&mut self) -> Vec<(SessionKey, StoreError)> {
+    pub fn save_all(&mut self) -> Vec<(SessionKey, SessionStoreError)> {
         let keys: Vec<SessionKey> = self.sessions.keys().cloned().collect();
         keys.into_iter()
             .filter_map(|k| self.write(&k).err().map(|e| (k, e)))
@@ -949,7 +954,7 @@ mod tests {
             assert!(
                 matches!(
                     e,
-                    StoreError::PermissionDenied {
+                    SessionStoreError::PermissionDenied {
                         owner: Some(10),
                         ..
                     }
@@ -972,24 +977,27 @@ mod tests {
         assert_eq!(s.leased(), 1);
         assert!(matches!(
             s.reserve("a", Some(10), 8),
-            Err(StoreError::Busy { request: 7, .. })
+            Err(SessionStoreError::Busy { request: 7, .. })
         ));
         assert!(matches!(
             s.delete("a", Some(10)),
-            Err(StoreError::Busy { .. })
+            Err(SessionStoreError::Busy { .. })
         ));
         s.release(&a);
         assert_eq!(s.leased(), 0);
         for bad in ["../x", "x/a", "10/../a", "/a"] {
             assert!(
-                matches!(s.reserve(bad, Some(10), 9), Err(StoreError::InvalidName(_))),
+                matches!(
+                    s.reserve(bad, Some(10), 9),
+                    Err(SessionStoreError::InvalidName(_))
+                ),
                 "{bad}"
             );
         }
         s.delete("a", Some(10)).unwrap();
         assert!(matches!(
             s.save("a", Some(10)),
-            Err(StoreError::NotFound(_))
+            Err(SessionStoreError::NotFound(_))
         ));
     }
 
@@ -1068,7 +1076,7 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                StoreError::Quota {
+                SessionStoreError::Quota {
                     limit: QuotaLimit::Sessions(2),
                     used: 2,
                     ..
@@ -1091,7 +1099,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                StoreError::Quota {
+                SessionStoreError::Quota {
                     limit: QuotaLimit::DiskBytes(_),
                     ..
                 }
@@ -1144,7 +1152,7 @@ mod tests {
         assert_eq!((other.len(), skipped.len()), (0, 2));
         assert!(matches!(
             other.reserve("y", Some(5), 1),
-            Err(StoreError::File(FileError::Fingerprint { .. }))
+            Err(SessionStoreError::File(FileError::Fingerprint { .. }))
         ));
     }
 
@@ -1207,7 +1215,7 @@ mod tests {
         let c = again.reserve("c", Some(5), 1).unwrap();
         assert!(matches!(
             again.start(&c, &[1, 2, 3, 4]),
-            Err(StoreError::File(FileError::Checksum { .. }))
+            Err(SessionStoreError::File(FileError::Checksum { .. }))
         ));
         again.release(&c);
     }

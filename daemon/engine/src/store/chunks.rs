@@ -25,7 +25,7 @@ use std::sync::{Mutex, MutexGuard};
 use super::aligned::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
 use super::reader::{Priority, ReadBatch, ReaderPool};
-use super::{Class, Counters, StoreError, Weights};
+use super::{Class, StoreError, Traffic, Weights};
 use crate::checkpoint::layout::{ByteRun, Slice};
 use crate::plan::buffers::ALIGN;
 
@@ -46,7 +46,7 @@ struct ChunkRead {
 
 /// A streamed tensor: where its run starts within its unit's run (its key) and its pieces.
 #[derive(Debug, Clone)]
-struct Tensor {
+struct StreamedTensor {
     start: usize,
     pieces: Range<usize>,
 }
@@ -55,7 +55,7 @@ struct Tensor {
 #[derive(Debug, Clone)]
 struct UnitPieces {
     unit: Unit,
-    tensors: Vec<Tensor>,
+    tensors: Vec<StreamedTensor>,
 }
 
 struct StreamState {
@@ -119,7 +119,7 @@ impl ChunkStream {
                     });
                     r += n;
                 }
-                ts.push(Tensor {
+                ts.push(StreamedTensor {
                     start: s.start,
                     pieces: first..pieces.len(),
                 });
@@ -175,7 +175,7 @@ impl ChunkStream {
     pub(super) fn rows<E: From<StoreError>>(
         &self,
         pool: &ReaderPool,
-        counters: &Counters,
+        traffic: &Traffic,
         unit: Unit,
         start: usize,
         mut f: impl FnMut(usize, &[u8]) -> Result<(), E>,
@@ -195,7 +195,7 @@ impl ChunkStream {
             Unit::LmHead => Weights::LmHead,
         };
         for p in pieces {
-            let loaded = self.take(pool, counters, p).map_err(|e| e.reading(what))?;
+            let loaded = self.take(pool, traffic, p).map_err(|e| e.reading(what))?;
             let result = f(self.pieces[p].first_row, loaded.payload());
             self.give_back(pool, loaded.into_buffer());
             result?;
@@ -208,7 +208,7 @@ impl ChunkStream {
     fn take(
         &self,
         pool: &ReaderPool,
-        counters: &Counters,
+        traffic: &Traffic,
         p: usize,
     ) -> Result<LoadedRun, StoreError> {
         let mut batch = {
@@ -216,9 +216,9 @@ impl ChunkStream {
             if st.in_flight.front().map(|(q, _)| *q) != Some(p) {
                 let abandoned: Vec<_> = st.in_flight.drain(..).collect();
                 for (q, mut b) in abandoned {
-                    match counters.waiting(|| b.wait(0)) {
+                    match traffic.waiting(|| b.wait(0)) {
                         Some(Ok(r)) => {
-                            counters.read(self.pieces[q].class, self.pieces[q].run.len);
+                            traffic.read(self.pieces[q].class, self.pieces[q].run.len);
                             st.spare.push(r.into_buffer());
                         }
                         Some(Err(f)) => st.spare.push(match f.buf {
@@ -242,9 +242,9 @@ impl ChunkStream {
             }
         };
         let piece = self.pieces[p];
-        match counters.waiting(|| batch.wait(0)) {
+        match traffic.waiting(|| batch.wait(0)) {
             Some(Ok(r)) => {
-                counters.read(piece.class, piece.run.len);
+                traffic.read(piece.class, piece.run.len);
                 Ok(r)
             }
             Some(Err(f)) => {

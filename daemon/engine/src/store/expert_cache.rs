@@ -45,6 +45,11 @@ pub struct CacheCounters {
 }
 
 impl CacheCounters {
+    /// Requests that needed a read of their own.
+    pub fn misses(&self) -> u64 {
+        self.requests - self.hits
+    }
+
     /// Fraction of requested bytes served without a read (engine-lessons §4.2).
     pub fn retention(&self) -> f64 {
         let total = self.bytes_read + self.bytes_avoided;
@@ -227,7 +232,7 @@ impl EvictionPolicy for LfuAging {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Entry {
+enum SlotContent {
     Empty,
     Filling(ExpertId),
     Ready(ExpertId),
@@ -239,7 +244,7 @@ enum Lookup {
     Hit(usize),
     /// Someone else is reading this expert into the slot.
     InFlight(usize),
-    /// Slot reserved for reading this expert.
+    /// SlotBuffer reserved for reading this expert.
     Miss(usize),
     /// Every slot is in flight or in use.
     Full,
@@ -248,7 +253,7 @@ enum Lookup {
 /// Which expert is where, the policy and the counters: the cache's bookkeeping without the
 /// buffers, shared by [`ExpertCache`] and [`replay`].
 struct Directory {
-    entries: Vec<Entry>,
+    entries: Vec<SlotContent>,
     map: HashMap<ExpertId, usize>,
     policy: Box<dyn EvictionPolicy>,
     counters: CacheCounters,
@@ -257,7 +262,7 @@ struct Directory {
 impl Directory {
     fn new(capacity: usize, policy: PolicyKind) -> Self {
         Self {
-            entries: vec![Entry::Empty; capacity],
+            entries: vec![SlotContent::Empty; capacity],
             map: HashMap::with_capacity(capacity),
             policy: policy.build(capacity),
             counters: CacheCounters::default(),
@@ -269,27 +274,27 @@ impl Directory {
     fn lookup(&mut self, key: ExpertId, evictable: &dyn Fn(usize) -> bool) -> Lookup {
         if let Some(&slot) = self.map.get(&key) {
             match self.entries.get(slot) {
-                Some(Entry::Ready(_)) => {
+                Some(SlotContent::Ready(_)) => {
                     self.policy.touch(slot);
                     return Lookup::Hit(slot);
                 }
-                Some(Entry::Filling(_)) => return Lookup::InFlight(slot),
+                Some(SlotContent::Filling(_)) => return Lookup::InFlight(slot),
                 _ => {}
             }
         }
-        let slot = match self.entries.iter().position(|e| *e == Entry::Empty) {
+        let slot = match self.entries.iter().position(|e| *e == SlotContent::Empty) {
             Some(s) => s,
             None => match self.policy.victim(evictable) {
                 Some(s) => s,
                 None => return Lookup::Full,
             },
         };
-        if let Some(Entry::Ready(old)) = self.entries.get(slot).copied() {
+        if let Some(SlotContent::Ready(old)) = self.entries.get(slot).copied() {
             self.map.remove(&old);
             self.policy.remove(slot);
             self.counters.evictions += 1;
         }
-        self.entries[slot] = Entry::Filling(key);
+        self.entries[slot] = SlotContent::Filling(key);
         self.map.insert(key, slot);
         Lookup::Miss(slot)
     }
@@ -310,7 +315,7 @@ impl Directory {
 
     /// The reservation of `slot` was given up before any read finished: empty it.
     fn abandon(&mut self, slot: usize, key: ExpertId) {
-        self.entries[slot] = Entry::Empty;
+        self.entries[slot] = SlotContent::Empty;
         self.map.remove(&key);
     }
 
@@ -319,11 +324,11 @@ impl Directory {
         self.counters.reads += 1;
         if ok {
             self.counters.bytes_read += bytes;
-            self.entries[slot] = Entry::Ready(key);
+            self.entries[slot] = SlotContent::Ready(key);
             self.policy.insert(slot);
         } else {
             self.counters.read_errors += 1;
-            self.entries[slot] = Entry::Empty;
+            self.entries[slot] = SlotContent::Empty;
             self.map.remove(&key);
         }
     }
@@ -408,7 +413,7 @@ pub enum CacheError {
     },
 }
 
-enum Slot {
+enum SlotBuffer {
     /// A free buffer (`None` after a failed read lost it: reallocated on next use).
     Spare(Option<AlignedBuf>),
     /// The buffer is out with a reader.
@@ -418,7 +423,7 @@ enum Slot {
 
 struct Inner {
     dir: Directory,
-    slots: Vec<Slot>,
+    slots: Vec<SlotBuffer>,
 }
 
 /// The expert cache; share it by reference between the threads of a forward pass.
@@ -463,7 +468,7 @@ impl ExpertCache {
             return Err(CacheError::NoSlots);
         }
         let slots = (0..capacity)
-            .map(|_| AlignedBuf::zeroed(slot_bytes).map(|b| Slot::Spare(Some(b))))
+            .map(|_| AlignedBuf::zeroed(slot_bytes).map(|b| SlotBuffer::Spare(Some(b))))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             inner: Mutex::new(Inner {
@@ -489,7 +494,7 @@ impl ExpertCache {
         let loaded = inner
             .slots
             .iter()
-            .filter(|s| matches!(s, Slot::Loaded(_)))
+            .filter(|s| matches!(s, SlotBuffer::Loaded(_)))
             .count();
         loaded as u64 * self.slot_bytes as u64
     }
@@ -531,27 +536,28 @@ impl ExpertCache {
         demand: bool,
     ) -> Result<Option<Acquired<'_>>, CacheError> {
         let Inner { dir, slots } = &mut **inner;
-        let evictable =
-            |s: usize| matches!(slots.get(s), Some(Slot::Loaded(a)) if Arc::strong_count(a) == 1);
+        let evictable = |s: usize| matches!(slots.get(s), Some(SlotBuffer::Loaded(a)) if Arc::strong_count(a) == 1);
         let outcome = dir.lookup(key, &evictable);
         if demand {
             dir.count(outcome, run.len);
         }
         match outcome {
             Lookup::Hit(slot) => {
-                if let Some(Slot::Loaded(a)) = slots.get(slot) {
+                if let Some(SlotBuffer::Loaded(a)) = slots.get(slot) {
                     return Ok(Some(Acquired::Ready(Arc::clone(a))));
                 }
             }
             Lookup::InFlight(_) => return Ok(None),
             Lookup::Full => {}
             Lookup::Miss(slot) => {
-                let buf = match std::mem::replace(&mut slots[slot], Slot::Lent) {
-                    Slot::Spare(Some(b)) => Ok(b),
-                    Slot::Loaded(a) => Arc::try_unwrap(a)
+                let buf = match std::mem::replace(&mut slots[slot], SlotBuffer::Lent) {
+                    SlotBuffer::Spare(Some(b)) => Ok(b),
+                    SlotBuffer::Loaded(a) => Arc::try_unwrap(a)
                         .map(LoadedRun::into_buffer)
                         .or_else(|_| AlignedBuf::zeroed(self.slot_bytes)),
-                    Slot::Spare(None) | Slot::Lent => AlignedBuf::zeroed(self.slot_bytes),
+                    SlotBuffer::Spare(None) | SlotBuffer::Lent => {
+                        AlignedBuf::zeroed(self.slot_bytes)
+                    }
                 };
                 return match buf {
                     Ok(buf) => Ok(Some(Acquired::Read {
@@ -567,7 +573,7 @@ impl ExpertCache {
                     })),
                     Err(e) => {
                         // No ticket exists yet: undo the reservation here, under the lock.
-                        slots[slot] = Slot::Spare(None);
+                        slots[slot] = SlotBuffer::Spare(None);
                         dir.abandon(slot, key);
                         Err(e.into())
                     }
@@ -593,12 +599,12 @@ impl ExpertCache {
         let out = match result {
             Ok(run) => {
                 let a = Arc::new(run);
-                inner.slots[slot] = Slot::Loaded(Arc::clone(&a));
+                inner.slots[slot] = SlotBuffer::Loaded(Arc::clone(&a));
                 inner.dir.finish(slot, key, bytes, true);
                 Ok(a)
             }
             Err(f) => {
-                inner.slots[slot] = Slot::Spare(f.buf);
+                inner.slots[slot] = SlotBuffer::Spare(f.buf);
                 inner.dir.finish(slot, key, bytes, false);
                 Err(CacheError::Read {
                     layer: key.layer,
@@ -618,7 +624,7 @@ impl ExpertCache {
     /// caller has it back (otherwise the slot gets a new one when next filled).
     fn abandon(&self, slot: usize, key: ExpertId, buf: Option<AlignedBuf>) {
         let mut inner = lock(&self.inner);
-        inner.slots[slot] = Slot::Spare(buf);
+        inner.slots[slot] = SlotBuffer::Spare(buf);
         inner.dir.abandon(slot, key);
         drop(inner);
         self.landed.notify_all();

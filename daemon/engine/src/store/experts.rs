@@ -324,7 +324,7 @@ impl WeightStore {
             };
             match self.cache.acquire(key, run)? {
                 Acquired::Ready(a) => {
-                    self.counters.avoided(a.payload().len());
+                    self.traffic.avoided(a.payload().len());
                     ready.push((e, a));
                 }
                 Acquired::Read { ticket, run, buf } => {
@@ -351,7 +351,7 @@ impl WeightStore {
         mut pending: Vec<Option<PendingRead<'_>>>,
         f: &mut impl FnMut(Vec<(usize, Arc<LoadedRun>)>) -> Result<(), E>,
     ) -> Result<(), E> {
-        while let Some((id, result)) = self.counters.waiting(|| batch.wait_any()) {
+        while let Some((id, result)) = self.traffic.waiting(|| batch.wait_any()) {
             let Some(p) = pending.get_mut(id).and_then(Option::take) else {
                 continue;
             };
@@ -364,7 +364,7 @@ impl WeightStore {
                     // Publishing a failure empties the slot; the error names file, offset,
                     // errno.
                     let run = p.ticket.publish(result).map_err(StoreError::from)?;
-                    self.counters.expert_read(p.len, p.guessed, p.wanted);
+                    self.traffic.expert_read(p.len, p.guessed, p.wanted);
                     if p.wanted {
                         f(vec![(p.expert, run)])?;
                     }

@@ -58,7 +58,7 @@ use direct_io::{LoadedRun, ReadError, Window};
 use expert_cache::{ExpertCache, ExpertId};
 use experts::BadScale;
 use reader::ReaderPool;
-use stats::{Class, Counters, GuessCounters};
+use stats::{Class, GuessCounters, Traffic};
 
 /// The three small model-level tensors (spec §3.3, shard 94), always resident.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +90,7 @@ pub struct WeightStore {
     norm: LoadedRun,
     output_attn_res_norm: LoadedRun,
     output_attn_res_proj: LoadedRun,
-    counters: Counters,
+    traffic: Traffic,
     /// `guesses[L]`: how the lookahead's guesses for layer L fared against its routing.
     guesses: Vec<GuessCounters>,
     /// With [`StoreOptions::record_trace`]: the (layer, expert) requests so far.
@@ -122,7 +122,7 @@ impl WeightStore {
                 .payload()
                 .get(start..start + row_bytes)
                 .ok_or(StoreError::NoSuchRow { id, rows })?;
-            self.counters.avoided(row.len());
+            self.traffic.avoided(row.len());
             return Ok(row.to_vec());
         }
         let run = ByteRun {
@@ -135,14 +135,14 @@ impl WeightStore {
             Some(b) => b,
             None => AlignedBuf::zeroed(any_offset(run.len)?)?,
         };
-        let loaded = match self.counters.waiting(|| self.pool.read(run, buf)) {
+        let loaded = match self.traffic.waiting(|| self.pool.read(run, buf)) {
             Ok(r) => r,
             Err(f) => {
                 *slot = f.buf;
                 return Err(StoreError::from(f.error).reading(Weights::Embedding));
             }
         };
-        self.counters.read(Class::Embedding, run.len);
+        self.traffic.read(Class::Embedding, run.len);
         let row = loaded.payload().to_vec();
         *slot = Some(loaded.into_buffer());
         Ok(row)
@@ -165,11 +165,11 @@ impl WeightStore {
         };
         if let Some(head) = &self.lm_head {
             let bytes = slice_of(head.payload(), &t.slice).ok_or_else(bad)?;
-            self.counters.avoided(bytes.len());
+            self.traffic.avoided(bytes.len());
             return f(0, bytes);
         }
         if let Some(c) = self.chunks.as_ref().filter(|c| c.has(Unit::LmHead)) {
-            return c.rows(&self.pool, &self.counters, Unit::LmHead, t.slice.start, f);
+            return c.rows(&self.pool, &self.traffic, Unit::LmHead, t.slice.start, f);
         }
         let block = head_block_rows(&t.slice);
         let mut first = 0;
@@ -181,7 +181,7 @@ impl WeightStore {
                 len: (n * row_bytes) as u64,
             };
             let buf = self.ring.take("an lm_head block")?;
-            let loaded = match self.counters.waiting(|| self.pool.read(run, buf)) {
+            let loaded = match self.traffic.waiting(|| self.pool.read(run, buf)) {
                 Ok(r) => r,
                 Err(fail) => {
                     if let Some(b) = fail.buf {
@@ -190,7 +190,7 @@ impl WeightStore {
                     return Err(StoreError::from(fail.error).reading(Weights::LmHead).into());
                 }
             };
-            self.counters.read(Class::Head, run.len);
+            self.traffic.read(Class::Head, run.len);
             let result = f(first, loaded.payload());
             self.ring.give_back(loaded.into_buffer());
             result?;

@@ -12,7 +12,7 @@ use super::direct_io::{DirectPolicy, LoadedRun, ShardSet};
 use super::expert_cache::{ExpertCache, PolicyKind};
 use super::experts::BadScale;
 use super::reader::{ReaderConfig, ReaderPool};
-use super::stats::{Class, Counters, GuessCounters};
+use super::stats::{Class, GuessCounters, Traffic};
 use super::trunk::Ring;
 use super::{
     StoreError, WeightStore, any_offset, head_block_rows, head_row_bytes, window_capacity,
@@ -83,7 +83,7 @@ impl WeightStore {
         let set = set.with_faults(options.faults);
         let set = Arc::new(set);
         let pool = ReaderPool::new(set, options.reader)?;
-        let counters = Counters::default();
+        let traffic = Traffic::default();
         let guesses = (0..layout.layers.len())
             .map(|_| GuessCounters::default())
             .collect();
@@ -93,7 +93,7 @@ impl WeightStore {
         let mut read_new = |run: ByteRun, class: Class| -> Result<LoadedRun, StoreError> {
             let buf = AlignedBuf::zeroed(window_capacity(run)?)?;
             let loaded = pool.read(run, buf).map_err(|f| f.error)?;
-            counters.read(class, run.len);
+            traffic.read(class, run.len);
             done += run.len;
             progress(done, total);
             Ok(loaded)
@@ -148,7 +148,7 @@ impl WeightStore {
             norm,
             output_attn_res_norm,
             output_attn_res_proj,
-            counters,
+            traffic,
             guesses,
             trace: options.record_trace.then(|| Mutex::new(Vec::new())),
         };

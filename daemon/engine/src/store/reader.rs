@@ -58,7 +58,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-struct Job {
+struct ReadJob {
     batch: Arc<BatchState>,
     slot: usize,
     /// The run this request is part of.
@@ -69,9 +69,9 @@ struct Job {
 
 struct Queue {
     /// Reads the compute thread is (or is about to be) waiting for.
-    jobs: VecDeque<Job>,
+    jobs: VecDeque<ReadJob>,
     /// Speculative reads ([`Priority::Prefetch`]): taken only when no demand read is queued.
-    prefetch: VecDeque<Job>,
+    prefetch: VecDeque<ReadJob>,
     shutdown: bool,
 }
 
@@ -85,7 +85,7 @@ pub enum Priority {
     Prefetch,
 }
 
-struct Shared {
+struct PoolShared {
     shards: Arc<ShardSet>,
     queue: Mutex<Queue>,
     work: Condvar,
@@ -140,7 +140,7 @@ pub struct ReaderStats {
 
 /// The reader threads.
 pub struct ReaderPool {
-    shared: Arc<Shared>,
+    shared: Arc<PoolShared>,
     config: ReaderConfig,
     threads: Vec<JoinHandle<()>>,
 }
@@ -151,7 +151,7 @@ impl ReaderPool {
             return Err(PoolError::NoThreads);
         }
         check_chunk(config.chunk)?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(PoolShared {
             shards,
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -276,7 +276,7 @@ impl ReaderPool {
                         continue;
                     }
                 };
-                inner.slots.push(Slot::Pending {
+                inner.slots.push(RunSlot::Pending {
                     run,
                     window,
                     lender,
@@ -284,7 +284,7 @@ impl ReaderPool {
                     error: None,
                 });
                 for (chunk, part) in chunks.into_iter().zip(parts) {
-                    jobs.push(Job {
+                    jobs.push(ReadJob {
                         batch: Arc::clone(state),
                         slot,
                         run,
@@ -338,7 +338,7 @@ impl ReaderPool {
         }
         let any = !withdrawn.is_empty();
         for job in withdrawn {
-            let Job {
+            let ReadJob {
                 batch, slot, part, ..
             } = job;
             // The part must be gone before the last completion rejoins the buffer.
@@ -377,7 +377,7 @@ impl Drop for ReaderPool {
     }
 }
 
-fn worker(shared: &Shared) {
+fn worker(shared: &PoolShared) {
     loop {
         let job = {
             let mut q = lock(&shared.queue);
@@ -391,7 +391,7 @@ fn worker(shared: &Shared) {
                 q = shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let Job {
+        let ReadJob {
             batch,
             slot,
             run,
@@ -419,7 +419,7 @@ fn worker(shared: &Shared) {
     }
 }
 
-enum Slot {
+enum RunSlot {
     Pending {
         run: ByteRun,
         window: Window,
@@ -433,14 +433,15 @@ enum Slot {
 }
 
 struct BatchInner {
-    slots: Vec<Slot>,
+    slots: Vec<RunSlot>,
     /// Completed slots not yet taken, in completion order.
     ready: VecDeque<usize>,
 }
 
 impl BatchInner {
     fn fail_now(&mut self, slot: usize, error: ReadError, buf: Option<AlignedBuf>) {
-        self.slots.push(Slot::Done(Err(ReadFailure { error, buf })));
+        self.slots
+            .push(RunSlot::Done(Err(ReadFailure { error, buf })));
         self.ready.push_back(slot);
     }
 }
@@ -458,7 +459,7 @@ impl BatchState {
         let Some(s) = inner.slots.get_mut(slot) else {
             return;
         };
-        let Slot::Pending {
+        let RunSlot::Pending {
             remaining, error, ..
         } = s
         else {
@@ -471,13 +472,13 @@ impl BatchState {
         if *remaining > 0 {
             return;
         }
-        let Slot::Pending {
+        let RunSlot::Pending {
             run,
             window,
             lender,
             error,
             ..
-        } = std::mem::replace(s, Slot::Taken)
+        } = std::mem::replace(s, RunSlot::Taken)
         else {
             return;
         };
@@ -492,7 +493,7 @@ impl BatchState {
             offset: run.offset,
             len: run.len,
         };
-        *s = Slot::Done(match (error, buf) {
+        *s = RunSlot::Done(match (error, buf) {
             (None, Some(buf)) => Ok(LoadedRun::new(buf, &window)),
             (None, None) => Err(ReadFailure {
                 error: lost,
@@ -557,7 +558,7 @@ impl ReadBatch {
         loop {
             while let Some(id) = inner.ready.pop_front() {
                 if let Some(s) = inner.slots.get_mut(id)
-                    && let Slot::Done(r) = std::mem::replace(s, Slot::Taken)
+                    && let RunSlot::Done(r) = std::mem::replace(s, RunSlot::Taken)
                 {
                     self.taken += 1;
                     return Some((id, r));
@@ -576,10 +577,10 @@ impl ReadBatch {
         let mut inner = lock(&self.state.inner);
         loop {
             match inner.slots.get_mut(id)? {
-                Slot::Taken => return None,
-                Slot::Pending { .. } => {}
-                s @ Slot::Done(_) => {
-                    let Slot::Done(r) = std::mem::replace(s, Slot::Taken) else {
+                RunSlot::Taken => return None,
+                RunSlot::Pending { .. } => {}
+                s @ RunSlot::Done(_) => {
+                    let RunSlot::Done(r) = std::mem::replace(s, RunSlot::Taken) else {
                         return None;
                     };
                     inner.ready.retain(|&r| r != id);

@@ -96,7 +96,7 @@ pub(super) enum Class {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Counters {
+pub(super) struct Traffic {
     read: [AtomicU64; 4],
     avoided: AtomicU64,
     io_nanos: AtomicU64,
@@ -104,7 +104,7 @@ pub(super) struct Counters {
     lookahead_unused: AtomicU64,
 }
 
-impl Counters {
+impl Traffic {
     pub(super) fn avoided(&self, n: usize) {
         self.avoided.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -136,7 +136,7 @@ impl Counters {
 impl WeightStore {
     /// Weight traffic so far.
     pub fn stats(&self) -> StoreStats {
-        let r = |c: Class| self.counters.read[c as usize].load(Ordering::Relaxed);
+        let r = |c: Class| self.traffic.read[c as usize].load(Ordering::Relaxed);
         let pool = self.pool.stats();
         let (trunk, experts, embedding, head) = (
             r(Class::Trunk),
@@ -150,12 +150,12 @@ impl WeightStore {
             expert_bytes_read: experts,
             embedding_bytes_read: embedding,
             head_bytes_read: head,
-            bytes_avoided: self.counters.avoided.load(Ordering::Relaxed),
-            io_seconds: self.counters.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            bytes_avoided: self.traffic.avoided.load(Ordering::Relaxed),
+            io_seconds: self.traffic.io_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
             read_busy_seconds: pool.busy_nanos as f64 * 1e-9,
             window_bytes_read: pool.bytes,
-            lookahead_bytes_read: self.counters.lookahead_read.load(Ordering::Relaxed),
-            lookahead_unused_bytes: self.counters.lookahead_unused.load(Ordering::Relaxed),
+            lookahead_bytes_read: self.traffic.lookahead_read.load(Ordering::Relaxed),
+            lookahead_unused_bytes: self.traffic.lookahead_unused.load(Ordering::Relaxed),
             cache: self.cache.counters(),
             cache_resident_bytes: self.cache.resident_bytes(),
         }

@@ -126,7 +126,7 @@ impl WeightStore {
             return Err(StoreError::NoSuchLayer { layer, count });
         };
         if let Some(run) = pinned {
-            self.counters.avoided(run.payload().len());
+            self.traffic.avoided(run.payload().len());
             return Ok(TrunkView::Bytes(Bytes {
                 inner: BytesInner::Resident(run.payload()),
             }));
@@ -142,7 +142,7 @@ impl WeightStore {
         let pending = self.ring.lock().pending.take();
         let loaded = match pending {
             Some((l, mut batch)) if l == layer => {
-                self.counters
+                self.traffic
                     .waiting(|| batch.wait(0))
                     .ok_or(ReadError::BufferLost {
                         shard: run.shard,
@@ -159,7 +159,7 @@ impl WeightStore {
                 }
                 drop(other);
                 let buf = self.ring.take("a trunk layer")?;
-                self.counters.waiting(|| self.pool.read(run, buf))
+                self.traffic.waiting(|| self.pool.read(run, buf))
             }
         };
         let loaded = match loaded {
@@ -171,7 +171,7 @@ impl WeightStore {
                 return Err(StoreError::from(f.error).reading(Weights::Trunk { layer }));
             }
         };
-        self.counters.read(Class::Trunk, run.len);
+        self.traffic.read(Class::Trunk, run.len);
         self.prefetch_after(layer);
         Ok(TrunkView::Bytes(Bytes {
             inner: BytesInner::Streamed {
@@ -191,7 +191,7 @@ impl WeightStore {
         f: impl FnMut(usize, &[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         match &self.chunks {
-            Some(c) => c.rows(&self.pool, &self.counters, Unit::Layer(layer), start, f),
+            Some(c) => c.rows(&self.pool, &self.traffic, Unit::Layer(layer), start, f),
             None => Err(StoreError::NotStreamed {
                 unit: format!("layer {layer}"),
                 start,
@@ -231,10 +231,10 @@ impl WeightStore {
             };
             let buf = AlignedBuf::zeroed(any_offset(run.len)?)?;
             let loaded = self
-                .counters
+                .traffic
                 .waiting(|| self.pool.read(run, buf))
                 .map_err(|f| StoreError::from(f.error).reading(Weights::Trunk { layer }))?;
-            self.counters.read(Class::Trunk, run.len);
+            self.traffic.read(Class::Trunk, run.len);
             out.push((s.start, loaded.payload().to_vec()));
         }
         Ok(out)

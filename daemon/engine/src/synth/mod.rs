@@ -77,7 +77,7 @@ pub enum SynthError {
 
 /// Everything to be written, computed before any byte hits the disk.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct Blueprint {
     pub shape: Shape,
     /// The shape's config with the learned tokenizer's vocabulary size and special ids: what
     /// the written `config.json` says.
@@ -88,7 +88,7 @@ pub struct Plan {
     pub small_files: Vec<(String, Vec<u8>)>,
 }
 
-impl Plan {
+impl Blueprint {
     /// Bytes of all files this plan writes.
     pub fn total_bytes(&self) -> u64 {
         let shards: u64 = self.shards.iter().map(PlannedShard::file_size).sum();
@@ -108,7 +108,7 @@ pub fn shard_file_name(i: usize, n: usize) -> String {
 }
 
 /// Plans the checkpoint of `shape`: learns the tokenizer, lays out every shard.
-pub fn plan(shape: &Shape) -> Result<Plan, SynthError> {
+pub fn blueprint(shape: &Shape) -> Result<Blueprint, SynthError> {
     let vocab = Vocab::learn(shape.bpe_merges);
     let vocab_size = vocab.n_ranks() + ADDED_SLOTS;
     let ids = SpecialIds::after_ranks(vocab.n_ranks());
@@ -169,7 +169,7 @@ pub fn plan(shape: &Shape) -> Result<Plan, SynthError> {
             pretty(&vocab.tokenizer_config()),
         ),
     ];
-    Ok(Plan {
+    Ok(Blueprint {
         shape: shape.clone(),
         config,
         vocab,
@@ -178,9 +178,9 @@ pub fn plan(shape: &Shape) -> Result<Plan, SynthError> {
     })
 }
 
-/// Progress of a write, reported after every batch of data.
+/// WriteProgress of a write, reported after every batch of data.
 #[derive(Debug, Clone, Copy)]
-pub struct Progress {
+pub struct WriteProgress {
     /// One-based shard being written, and the shard count.
     pub shard: usize,
     pub shards: usize,
@@ -190,7 +190,7 @@ pub struct Progress {
 
 /// What was written.
 #[derive(Debug, Clone)]
-pub struct Summary {
+pub struct Written {
     /// (file name, SHA-256 hex), sorted by name.
     pub files: Vec<(String, String)>,
     /// [`content_sha256`] of `files`: the bytes' identity, which the reference fixtures record
@@ -216,7 +216,7 @@ pub fn content_sha256(files: &[(String, String)]) -> String {
 /// Makes `dir` ready: created if missing; if it has entries, refused unless `force`, and with
 /// `force` the files a checkpoint consists of (our names and any `model*.safetensors`, which
 /// loaders pick up by pattern) are removed so no stale shard survives. Other files stay.
-fn prepare_dir(dir: &Path, plan: &Plan, force: bool) -> Result<(), SynthError> {
+fn prepare_dir(dir: &Path, plan: &Blueprint, force: bool) -> Result<(), SynthError> {
     let io = |error| SynthError::Io {
         path: dir.to_path_buf(),
         error,
@@ -268,12 +268,12 @@ fn check_space(dir: &Path, need: u64) -> Result<(), SynthError> {
 
 /// Writes the checkpoint of `plan` into `dir` (see [`prepare_dir`] for `force`).
 pub fn write(
-    plan: &Plan,
+    plan: &Blueprint,
     dir: &Path,
     seed: u64,
     force: bool,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Summary, SynthError> {
+    progress: &mut dyn FnMut(WriteProgress),
+) -> Result<Written, SynthError> {
     prepare_dir(dir, plan, force)?;
     let bytes_total = plan.total_bytes();
     check_space(dir, bytes_total)?;
@@ -289,7 +289,7 @@ pub fn write(
     for (i, s) in plan.shards.iter().enumerate() {
         let mut report = |n: u64| {
             done += n;
-            progress(Progress {
+            progress(WriteProgress {
                 shard: i + 1,
                 shards,
                 bytes_done: done,
@@ -300,7 +300,7 @@ pub fn write(
         files.push((s.file_name.clone(), digest));
     }
     files.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    Ok(Summary {
+    Ok(Written {
         content_sha256: content_sha256(&files),
         files,
         total_bytes: bytes_total,
@@ -310,7 +310,7 @@ pub fn write(
 
 /// Recomputes the [`content_sha256`] of the checkpoint files a plan would write, from the files in
 /// `dir` (e.g. to check a checkpoint against a fixture without rewriting it).
-pub fn content_sha256_dir(plan: &Plan, dir: &Path) -> Result<String, SynthError> {
+pub fn content_sha256_dir(plan: &Blueprint, dir: &Path) -> Result<String, SynthError> {
     let names = plan
         .small_files
         .iter()

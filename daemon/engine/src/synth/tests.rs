@@ -15,8 +15,8 @@ fn scratch(tag: &str) -> tempfile::TempDir {
         .unwrap()
 }
 
-fn synth(shape: &str, dir: &Path, seed: u64) -> Summary {
-    let plan = plan(&Shape::named(shape).unwrap()).unwrap();
+fn synth(shape: &str, dir: &Path, seed: u64) -> Written {
+    let plan = blueprint(&Shape::named(shape).unwrap()).unwrap();
     write(&plan, dir, seed, false, &mut |_| {}).unwrap()
 }
 
@@ -53,7 +53,7 @@ fn same_seed_same_bytes_any_thread_count() {
     let s2 = pool.install(|| synth("tiny-c", b.path(), 5));
     assert_eq!(s1.content_sha256, s2.content_sha256);
     assert_eq!(s1.files, s2.files);
-    let p = plan(&Shape::named("tiny-c").unwrap()).unwrap();
+    let p = blueprint(&Shape::named("tiny-c").unwrap()).unwrap();
     assert_eq!(content_sha256_dir(&p, a.path()).unwrap(), s1.content_sha256);
     let c = scratch("det-c");
     assert_ne!(
@@ -149,7 +149,7 @@ fn refuses_non_empty_dir_unless_forced_and_force_clears_stale_shards() {
     let d = scratch("force");
     fs::write(d.path().join("model-00001-of-000099.safetensors"), b"stale").unwrap();
     fs::write(d.path().join("notes.txt"), b"keep").unwrap();
-    let p = plan(&Shape::named("tiny").unwrap()).unwrap();
+    let p = blueprint(&Shape::named("tiny").unwrap()).unwrap();
     let e = write(&p, d.path(), 0, false, &mut |_| {}).unwrap_err();
     assert!(matches!(e, SynthError::NotEmpty { .. }), "{e}");
     write(&p, d.path(), 0, true, &mut |_| {}).unwrap();
@@ -217,7 +217,7 @@ fn released_counts_give_released_shard_sizes() {
 #[test]
 fn config_json_reads_back_as_the_plan_config() {
     for name in shape::SHAPE_NAMES {
-        let p = plan(&Shape::named(name).unwrap()).unwrap();
+        let p = blueprint(&Shape::named(name).unwrap()).unwrap();
         let (_, text) = p
             .small_files
             .iter()

@@ -39,14 +39,14 @@ impl Rng {
 }
 
 /// A BF16 matrix: stored bytes plus its exact values in f64.
-pub struct Bf16 {
+pub struct Bf16Weights {
     pub bytes: Vec<u8>,
     pub rows: usize,
     pub cols: usize,
     pub vals: Vec<f64>,
 }
 
-impl Bf16 {
+impl Bf16Weights {
     pub fn random(rng: &mut Rng, rows: usize, cols: usize, std: f64) -> Self {
         let mut bytes = Vec::with_capacity(rows * cols * 2);
         let mut vals = Vec::with_capacity(rows * cols);
@@ -55,7 +55,7 @@ impl Bf16 {
             bytes.extend_from_slice(&(bits as u16).to_le_bytes());
             vals.push(f32::from_bits(bits << 16) as f64);
         }
-        Bf16 {
+        Bf16Weights {
             bytes,
             rows,
             cols,
@@ -204,7 +204,7 @@ pub struct TempCheckpoint {
 pub fn synth(shape: &str, seed: u64) -> TempCheckpoint {
     let s = k3_engine::synth::shape::Shape::named(shape)
         .unwrap_or_else(|| panic!("no synth shape {shape}"));
-    let plan = k3_engine::synth::plan(&s).unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
+    let plan = k3_engine::synth::blueprint(&s).unwrap_or_else(|e| panic!("k3d synth {shape}: {e}"));
     let scratch = tempfile::Builder::new()
         .prefix(&format!("k3d-model-test-{shape}-{seed}-"))
         .tempdir()

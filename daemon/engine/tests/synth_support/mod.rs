@@ -9,9 +9,9 @@ use std::path::Path;
 /// `k3d synth --shape SHAPE --seed 0 --force DIR` does; returns the checkpoint's
 /// content digest ([`k3_engine::synth::content_sha256`]), which the fixtures record.
 pub fn synth(shape: &str, dir: &Path) -> String {
-    use k3_engine::synth::{plan, shape::Shape, write};
+    use k3_engine::synth::{blueprint, shape::Shape, write};
     let shape = Shape::named(shape).unwrap_or_else(|| panic!("unknown synth shape {shape:?}"));
-    let plan = plan(&shape).expect("synth plan");
+    let plan = blueprint(&shape).expect("synth plan");
     write(&plan, dir, 0, true, &mut |_| {})
         .unwrap_or_else(|e| panic!("synthesising {} failed: {e}", dir.display()))
         .content_sha256

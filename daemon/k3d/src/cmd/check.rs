@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use k3_engine::checkpoint::config::MixerKind;
 use k3_engine::checkpoint::layout::VariantGroup;
-use k3_engine::checkpoint::{Census, Checkpoint};
+use k3_engine::checkpoint::{ByteCensus, Checkpoint};
 use k3_engine::tokenizer::{ADDED_SLOTS, Tokenizer};
 
 use crate::exit::{CliError, CliResult, Exit};
@@ -113,7 +113,7 @@ fn report(
     tokens: &TokenizerFigures,
     variants: &[VariantGroup],
 ) -> String {
-    let c: &Census = &ck.census;
+    let c: &ByteCensus = &ck.census;
     let gb = |b: u64| format!("{b:>19} B  {:>10.3} GB", b as f64 / 1e9);
     let mut out = format!(
         "checkpoint {}: OK\n\

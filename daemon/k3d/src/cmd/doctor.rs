@@ -58,7 +58,7 @@ struct ModelReport {
 }
 
 #[derive(Serialize)]
-struct Report {
+struct Checkup {
     cpu: Cpu,
     memory: Memory,
     usable_memory: u64,
@@ -205,7 +205,7 @@ pub fn run(args: Args) -> CliResult {
         Some(dir) => Some(model_report(dir, usable, args.probe_seconds)?),
         None => None,
     };
-    let report = Report {
+    let report = Checkup {
         cpu,
         memory,
         usable_memory: usable,
@@ -241,7 +241,7 @@ pub fn run(args: Args) -> CliResult {
     Ok(())
 }
 
-fn print_text(r: &Report) {
+fn print_text(r: &Checkup) {
     let c = &r.cpu;
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!("machine");

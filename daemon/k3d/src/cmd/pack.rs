@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k3_engine::checkpoint::Checkpoint;
-use k3_engine::checkpoint::verify::Progress;
+use k3_engine::checkpoint::verify::ByteProgress;
 use k3_engine::pack::PackError;
 use k3_engine::pack::file::DEFAULT_NAME;
 
@@ -51,7 +51,7 @@ pub fn run(args: Args) -> CliResult {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     eprintln!("k3d pack: {} → {}", args.model_dir.display(), out.display());
-    let progress = Arc::new(Progress::default());
+    let progress = Arc::new(ByteProgress::default());
     let start = Instant::now();
     let summary = {
         let _reporter = Reporter::start(progress.clone(), "k3d pack", "packed");

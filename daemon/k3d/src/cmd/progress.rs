@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use k3_engine::checkpoint::verify::Progress;
+use k3_engine::checkpoint::verify::ByteProgress;
 
 /// Prints "done / total, rate, ETA" to stderr until dropped: in place on a terminal, one line
 /// every few seconds otherwise (logs).
@@ -15,7 +15,11 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    pub fn start(progress: Arc<Progress>, command: &'static str, verb: &'static str) -> Reporter {
+    pub fn start(
+        progress: Arc<ByteProgress>,
+        command: &'static str,
+        verb: &'static str,
+    ) -> Reporter {
         let (stop, rx) = std::sync::mpsc::channel::<()>();
         let tty = std::io::stderr().is_terminal();
         let every = if tty {

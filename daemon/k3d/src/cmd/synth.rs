@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k3_engine::checkpoint::Checkpoint;
-use k3_engine::synth::{self, Progress, SynthError, shape::SHAPE_NAMES, shape::Shape};
+use k3_engine::synth::{self, SynthError, WriteProgress, shape::SHAPE_NAMES, shape::Shape};
 
 use crate::exit::{CliError, CliResult, Exit};
 
@@ -41,7 +41,7 @@ pub fn run(args: Args) -> CliResult {
             ),
         ));
     };
-    let plan = synth::plan(&shape).map_err(|e| CliError::new(Exit::Failure, e))?;
+    let plan = synth::blueprint(&shape).map_err(|e| CliError::new(Exit::Failure, e))?;
     let total = plan.total_bytes();
     let verbose = total > PROGRESS_ABOVE;
     if verbose {
@@ -55,7 +55,7 @@ pub fn run(args: Args) -> CliResult {
     }
     let start = Instant::now();
     let mut last = start;
-    let mut report = |p: Progress| {
+    let mut report = |p: WriteProgress| {
         if verbose && last.elapsed() >= Duration::from_secs(2) {
             last = Instant::now();
             let secs = start.elapsed().as_secs_f64();

@@ -2,7 +2,7 @@
 //! resumable, with progress on stderr. Exit 0 when every listed file matches, 3 otherwise.
 use crate::exit::{CliError, CliResult, Exit};
 use k3_engine::checkpoint::manifest::{self, Manifest};
-use k3_engine::checkpoint::verify::{self, Progress, Verdict};
+use k3_engine::checkpoint::verify::{self, ByteProgress, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -41,7 +41,7 @@ pub fn run(args: Args) -> CliResult {
         .manifest
         .clone()
         .unwrap_or_else(|| args.model_dir.join(manifest::DEFAULT_NAME));
-    let progress = std::sync::Arc::new(Progress::default());
+    let progress = std::sync::Arc::new(ByteProgress::default());
     if args.write_manifest {
         return write_manifest(&args.model_dir, &manifest_path, threads, progress);
     }
@@ -139,7 +139,7 @@ fn verify_pack(model_dir: &Path, pack: &Path) -> CliResult {
     let checkpoint = k3_engine::checkpoint::Checkpoint::open(model_dir)?;
     let file = k3_engine::pack::PackFile::open(pack, &checkpoint)
         .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
-    let progress = std::sync::Arc::new(Progress::default());
+    let progress = std::sync::Arc::new(ByteProgress::default());
     let start = Instant::now();
     let summary = {
         let _reporter = Reporter::start(progress.clone(), "k3d verify", "decoded");
@@ -180,7 +180,7 @@ fn write_manifest(
     dir: &Path,
     path: &Path,
     threads: usize,
-    progress: std::sync::Arc<Progress>,
+    progress: std::sync::Arc<ByteProgress>,
 ) -> CliResult {
     if path.exists() {
         return Err(CliError::new(

@@ -5,7 +5,7 @@ use k3_engine::engine::{LogitTransform, PassProgress};
 use k3_engine::serve::{
     Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
 };
-use k3_engine::session::{FileError, SessionInfo, StoreError};
+use k3_engine::session::{FileError, SessionInfo, SessionStoreError};
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
@@ -229,19 +229,23 @@ pub fn status(e: &ServeError) -> Status {
     }
 }
 
-fn session_status(e: &StoreError, text: String) -> Status {
+fn session_status(e: &SessionStoreError, text: String) -> Status {
     match e {
-        StoreError::InvalidName(_) => Status::invalid_argument(text),
-        StoreError::NotFound(_) => Status::not_found(text),
-        StoreError::PermissionDenied { .. } => Status::permission_denied(text),
-        StoreError::Busy { .. } => Status::aborted(text),
+        SessionStoreError::InvalidName(_) => Status::invalid_argument(text),
+        SessionStoreError::NotFound(_) => Status::not_found(text),
+        SessionStoreError::PermissionDenied { .. } => Status::permission_denied(text),
+        SessionStoreError::Busy { .. } => Status::aborted(text),
         // The disk's fault: RESOURCE_EXHAUSTED when it is full (gRPC's code for "the file
         // system is out of space"), else INTERNAL; the text says "could not store" either way.
         e if e.is_out_of_space() => Status::resource_exhausted(text),
         // A quota or the room kept for other users (issue 35 point 6).
-        StoreError::Quota { .. } | StoreError::Reserved { .. } => Status::resource_exhausted(text),
-        StoreError::File(FileError::Io { .. }) | StoreError::Dir { .. } => Status::internal(text),
-        StoreError::File(_) => Status::failed_precondition(format!(
+        SessionStoreError::Quota { .. } | SessionStoreError::Reserved { .. } => {
+            Status::resource_exhausted(text)
+        }
+        SessionStoreError::File(FileError::Io { .. }) | SessionStoreError::Dir { .. } => {
+            Status::internal(text)
+        }
+        SessionStoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
         )),
     }

@@ -259,7 +259,7 @@ mod tests {
     /// A service on the tiny synthetic model's tokenizer (the model is never loaded).
     fn service(dir: &std::path::Path) -> Service {
         let shape = k3_engine::synth::shape::Shape::named("tiny").expect("the tiny shape");
-        let plan = k3_engine::synth::plan(&shape).expect("plan");
+        let plan = k3_engine::synth::blueprint(&shape).expect("plan");
         let model = dir.join("model");
         k3_engine::synth::write(&plan, &model, 0, false, &mut |_| {}).expect("synth");
         let config = k3_engine::serve::Config::new(model, dir.join("sessions"));

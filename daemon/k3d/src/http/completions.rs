@@ -1,6 +1,6 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`, streamed (SSE) and whole. Both read
 //! the serve core's reply through one `Reader` (submitted, collected and streamed by
-//! [`super::stream`]) and differ only in how a piece is written (`Shape`), so a streamed reply
+//! [`super::stream`]) and differ only in how a piece is written (`CompletionKind`), so a streamed reply
 //! concatenates to exactly the whole one.
 
 use super::App;
@@ -18,25 +18,25 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Which endpoint: chat completions or text completions.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
+pub enum CompletionKind {
     Chat,
     Text,
 }
 
 /// What every chunk and the whole response carry.
-struct Head {
-    shape: Shape,
+struct CompletionHead {
+    shape: CompletionKind,
     id: String,
     created: u64,
     model: String,
 }
 
-impl Head {
+impl CompletionHead {
     fn object(&self, streamed: bool) -> &'static str {
         match (self.shape, streamed) {
-            (Shape::Chat, false) => "chat.completion",
-            (Shape::Chat, true) => "chat.completion.chunk",
-            (Shape::Text, _) => "text_completion",
+            (CompletionKind::Chat, false) => "chat.completion",
+            (CompletionKind::Chat, true) => "chat.completion.chunk",
+            (CompletionKind::Text, _) => "text_completion",
         }
     }
 
@@ -57,7 +57,7 @@ impl Head {
     /// One choice of a streamed chunk.
     fn delta(&self, piece: Delta<'_>, finish_reason: Option<&str>) -> Value {
         match self.shape {
-            Shape::Chat => {
+            CompletionKind::Chat => {
                 let delta = match piece {
                     Delta::Role => json!({"role": "assistant", "content": ""}),
                     Delta::Content(t) => json!({"content": t}),
@@ -67,7 +67,7 @@ impl Head {
                 };
                 json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}])
             }
-            Shape::Text => {
+            CompletionKind::Text => {
                 let text = match piece {
                     Delta::Content(t) => t,
                     _ => "",
@@ -84,7 +84,7 @@ impl Head {
             finish,
         } = whole;
         let mut choice = match self.shape {
-            Shape::Chat => {
+            CompletionKind::Chat => {
                 let mut message = json!({"role": "assistant", "content": content});
                 if !reasoning.is_empty() {
                     message["reasoning_content"] = json!(reasoning);
@@ -98,7 +98,7 @@ impl Head {
                 }
                 json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish.reason})
             }
-            Shape::Text => {
+            CompletionKind::Text => {
                 json!({"index": 0, "text": content, "logprobs": null, "finish_reason": finish.reason})
             }
         };
@@ -156,38 +156,46 @@ fn malformed(choice: &mut Value, finish: &Finish) {
 pub async fn complete(
     app: Arc<App>,
     caller: Option<Caller>,
-    shape: Shape,
+    shape: CompletionKind,
     body: &[u8],
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let fields = Fields::parse(body)?;
     // The core's refusals name values, not fields: the field they concern is the prompt.
     let (common, request, param): (Common, CoreRequest, &str) = match shape {
-        Shape::Chat => {
+        CompletionKind::Chat => {
             let p = request::chat(&fields)?;
             (p.common, p.request, "messages")
         }
-        Shape::Text => {
+        CompletionKind::Text => {
             let p = request::completion(&fields)?;
             (p.common, p.request, "prompt")
         }
     };
-    let reader = submit(&app, caller, &common, request, shape == Shape::Chat, param).await?;
+    let reader = submit(
+        &app,
+        caller,
+        &common,
+        request,
+        shape == CompletionKind::Chat,
+        param,
+    )
+    .await?;
     respond(app, shape, common, reader, arrived).await
 }
 
 async fn respond(
     app: Arc<App>,
-    shape: Shape,
+    shape: CompletionKind,
     common: Common,
     reader: Reader,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let head = Head {
+    let head = CompletionHead {
         shape,
         id: format!(
             "{}-{}",
-            if shape == Shape::Chat {
+            if shape == CompletionKind::Chat {
                 "chatcmpl"
             } else {
                 "cmpl"
@@ -219,7 +227,7 @@ async fn respond(
 
 /// A chat or text completion streamed in OpenAI's chunks, `data: [DONE]` last.
 struct Chunks {
-    head: Head,
+    head: CompletionHead,
     include_usage: bool,
 }
 
@@ -232,8 +240,8 @@ impl Wire for Chunks {
     fn opening(&mut self) -> Vec<Event> {
         let head = &self.head;
         match head.shape {
-            Shape::Chat => vec![data(head.chunk(head.delta(Delta::Role, None), None))],
-            Shape::Text => Vec::new(),
+            CompletionKind::Chat => vec![data(head.chunk(head.delta(Delta::Role, None), None))],
+            CompletionKind::Text => Vec::new(),
         }
     }
 

@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k3_engine::echo::{Echo, bounded};
 use k3_engine::serve::{Invalid, ServeError};
-use k3_engine::session::StoreError;
+use k3_engine::session::SessionStoreError;
 use serde::Serialize;
 
 /// Seconds a client is told to wait before retrying a 429 or 503.
@@ -128,10 +128,10 @@ impl ApiError {
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             ServeError::Session(s) => match s.as_ref() {
                 e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
-                StoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
-                StoreError::NotFound(_) => StatusCode::NOT_FOUND,
-                StoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
-                StoreError::Busy { .. } => StatusCode::CONFLICT,
+                SessionStoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
+                SessionStoreError::NotFound(_) => StatusCode::NOT_FOUND,
+                SessionStoreError::PermissionDenied { .. } => StatusCode::FORBIDDEN,
+                SessionStoreError::Busy { .. } => StatusCode::CONFLICT,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             },
             ServeError::UnknownRequest(_) => StatusCode::NOT_FOUND,

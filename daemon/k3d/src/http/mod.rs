@@ -99,13 +99,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/chat/completions",
             post(|State(app): State<Arc<App>>, request| {
-                complete(app, request, completions::Shape::Chat)
+                complete(app, request, completions::CompletionKind::Chat)
             }),
         )
         .route(
             "/v1/completions",
             post(|State(app): State<Arc<App>>, request| {
-                complete(app, request, completions::Shape::Text)
+                complete(app, request, completions::CompletionKind::Text)
             }),
         )
         .route(
@@ -216,7 +216,7 @@ async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
 async fn complete(
     app: Arc<App>,
     request: Request,
-    shape: completions::Shape,
+    shape: completions::CompletionKind,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();

@@ -143,13 +143,13 @@ impl Gate {
         }
         Ok(Guarded {
             inner: stream,
-            slot: Slot {
+            slot: PeerSlot {
                 gate: Arc::clone(self),
                 peer,
             },
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep(self.limits.handshake)),
-                greeting: Progress::new(greeting),
+                greeting: GreetingProgress::new(greeting),
                 expired: false,
             }),
         })
@@ -198,19 +198,19 @@ impl Gate {
 }
 
 /// One connection's place in its peer's count, given back when the connection is dropped.
-struct Slot {
+struct PeerSlot {
     gate: Arc<Gate>,
     peer: PeerKey,
 }
 
-impl Drop for Slot {
+impl Drop for PeerSlot {
     fn drop(&mut self) {
         self.gate.release(self.peer);
     }
 }
 
 /// Where a connection is in its greeting.
-enum Progress {
+enum GreetingProgress {
     /// Preface bytes still to come.
     Preface { left: usize },
     /// Whether the bytes read so far end with a line ending (`\n`, any `\r` after it aside): a
@@ -218,13 +218,13 @@ enum Progress {
     Head { after_line_end: bool },
 }
 
-impl Progress {
-    fn new(greeting: Greeting) -> Progress {
+impl GreetingProgress {
+    fn new(greeting: Greeting) -> GreetingProgress {
         match greeting {
-            Greeting::Http2Preface => Progress::Preface {
+            Greeting::Http2Preface => GreetingProgress::Preface {
                 left: HTTP2_PREFACE_LEN,
             },
-            Greeting::Http1Head => Progress::Head {
+            Greeting::Http1Head => GreetingProgress::Head {
                 after_line_end: false,
             },
         }
@@ -233,11 +233,11 @@ impl Progress {
     /// Takes in bytes the client sent; true once the greeting is complete.
     fn read(&mut self, bytes: &[u8]) -> bool {
         match self {
-            Progress::Preface { left } => {
+            GreetingProgress::Preface { left } => {
                 *left = left.saturating_sub(bytes.len());
                 *left == 0
             }
-            Progress::Head { after_line_end } => {
+            GreetingProgress::Head { after_line_end } => {
                 for &b in bytes {
                     match b {
                         b'\n' if *after_line_end => return true,
@@ -254,7 +254,7 @@ impl Progress {
 
 struct Handshake {
     deadline: Pin<Box<Sleep>>,
-    greeting: Progress,
+    greeting: GreetingProgress,
     /// The deadline passed (and was logged).
     expired: bool,
 }
@@ -263,7 +263,7 @@ struct Handshake {
 /// its handshake deadline passes without the greeting.
 pub struct Guarded<S> {
     inner: S,
-    slot: Slot,
+    slot: PeerSlot,
     /// `None` once the greeting arrived.
     handshake: Option<Handshake>,
 }
@@ -355,19 +355,19 @@ mod tests {
 
     #[test]
     fn a_head_ends_at_an_empty_line_however_split() {
-        let mut p = Progress::new(Greeting::Http1Head);
+        let mut p = GreetingProgress::new(Greeting::Http1Head);
         assert!(!p.read(b"GET / HTTP/1.1\r\nHost: k3d\r"));
         assert!(!p.read(b"\n"));
         assert!(p.read(b"\r\n"));
-        let mut bare = Progress::new(Greeting::Http1Head);
+        let mut bare = GreetingProgress::new(Greeting::Http1Head);
         assert!(bare.read(b"GET / HTTP/1.1\nHost: x\n\n"));
-        let mut unfinished = Progress::new(Greeting::Http1Head);
+        let mut unfinished = GreetingProgress::new(Greeting::Http1Head);
         assert!(!unfinished.read(b"GET / HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"));
     }
 
     #[test]
     fn the_preface_is_done_after_its_24_bytes() {
-        let mut p = Progress::new(Greeting::Http2Preface);
+        let mut p = GreetingProgress::new(Greeting::Http2Preface);
         assert!(!p.read(b"PRI * HTTP/2.0\r\n"));
         assert!(!p.read(b"\r\nSM\r\n\r"));
         assert!(p.read(b"\n\x00\x00"));

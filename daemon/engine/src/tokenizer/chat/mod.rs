@@ -37,5 +37,5 @@ pub use model::{
 };
 pub use render::{Segment, render, segments};
 pub use reply::{
-    Channel, MalformedReply, Pushed, Reply, ReplyError, ReplyEvent, ReplyReader, parse_reply,
+    MalformedReply, Pushed, Reply, ReplyChannel, ReplyError, ReplyEvent, ReplyReader, parse_reply,
 };

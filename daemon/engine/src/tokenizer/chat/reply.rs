@@ -1,6 +1,6 @@
 //! Reading a generated reply (spec §8.4), one id at a time. Works on ids, not text, so a
 //! control string the model spelled out as text can never be mistaken for structure. Each id is
-//! classified ([`Channel`]) and may complete events ([`ReplyEvent`]): reasoning and content text,
+//! classified ([`ReplyChannel`]) and may complete events ([`ReplyEvent`]): reasoning and content text,
 //! a tool call's start and its arguments as OpenAI streams them (JSON text fragments), the end
 //! of the turn. Text is released as whole UTF-8 only ([`StreamDecoder`]).
 //!
@@ -23,7 +23,7 @@
 //! its declared type, a `json` block that is not a JSON object, an id after the end, a reply
 //! that stops early — is reported (a [`ReplyEvent::Malformed`] when it happens, and
 //! [`MalformedReply`] with the raw text from [`ReplyReader::finish`]), never repaired. After
-//! it the reader classifies every further id as [`Channel::Control`] and emits nothing.
+//! it the reader classifies every further id as [`ReplyChannel::Control`] and emits nothing.
 
 use super::json::{Json, escaped, quoted};
 use super::model::{Message, Role, ToolCall};
@@ -56,7 +56,7 @@ impl Reply {
 
 /// What a generated id is part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
+pub enum ReplyChannel {
     Reasoning,
     Content,
     /// A tool call's argument value or raw `json` block.
@@ -159,11 +159,11 @@ impl Payload {
         }
     }
 
-    fn channel(self) -> Channel {
+    fn channel(self) -> ReplyChannel {
         match self {
-            Payload::Reasoning => Channel::Reasoning,
-            Payload::Content => Channel::Content,
-            Payload::Argument { .. } | Payload::Json => Channel::ToolCall,
+            Payload::Reasoning => ReplyChannel::Reasoning,
+            Payload::Content => ReplyChannel::Content,
+            Payload::Argument { .. } | Payload::Json => ReplyChannel::ToolCall,
         }
     }
 }
@@ -201,7 +201,7 @@ impl Place {
     }
 }
 
-enum State {
+enum ReadState {
     Payload(Payload),
     /// The ids of a tag after `<|open|>` (`opening`) or `<|close|>`, up to its `<|sep|>`; a
     /// closing tag ends `payload` when there is one.
@@ -227,7 +227,7 @@ struct OpenCall {
 pub struct ReplyReader<'t> {
     tokenizer: &'t Tokenizer,
     controls: Controls,
-    state: State,
+    state: ReadState,
     text: StreamDecoder<'t>,
     position: usize,
     ids: Vec<u32>,
@@ -239,7 +239,7 @@ pub struct ReplyReader<'t> {
 /// The result of one [`ReplyReader::push`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pushed {
-    pub channel: Channel,
+    pub channel: ReplyChannel,
     pub events: Vec<ReplyEvent>,
 }
 
@@ -295,7 +295,7 @@ impl<'t> ReplyReader<'t> {
         ReplyReader {
             tokenizer,
             controls: tokenizer.controls(),
-            state: State::Payload(first),
+            state: ReadState::Payload(first),
             text: StreamDecoder::new(tokenizer),
             position: 0,
             ids: Vec::new(),
@@ -317,10 +317,10 @@ impl<'t> ReplyReader<'t> {
         let channel = match self.step(id, position, &mut events) {
             Ok(channel) => channel,
             Err(error) => {
-                self.state = State::Failed;
+                self.state = ReadState::Failed;
                 self.error = Some(error.clone());
                 events.push(ReplyEvent::Malformed(error));
-                Channel::Control
+                ReplyChannel::Control
             }
         };
         Pushed { channel, events }
@@ -329,20 +329,20 @@ impl<'t> ReplyReader<'t> {
     /// The reply, once every id is pushed: well-formed only if it reached its end id.
     pub fn finish(mut self) -> Result<Reply, Box<MalformedReply>> {
         let error = match (&self.state, self.error.take()) {
-            (State::Ended, _) => return Ok(self.reply),
+            (ReadState::Ended, _) => return Ok(self.reply),
             (_, Some(error)) => error,
             (state, None) => ReplyError::Truncated {
                 position: self.position,
                 expected: match state {
-                    State::Payload(p) => match p {
+                    ReadState::Payload(p) => match p {
                         Payload::Reasoning => "<|close|> ending the think channel",
                         Payload::Content => "<|close|> ending the response channel",
                         Payload::Argument { .. } => "<|close|> ending an argument",
                         Payload::Json => "<|close|> ending a json block",
                     },
-                    State::Tag { .. } => "<|sep|> ending a tag",
-                    State::Between(place) => place.expected(),
-                    State::Ended | State::Failed => "nothing",
+                    ReadState::Tag { .. } => "<|sep|> ending a tag",
+                    ReadState::Between(place) => place.expected(),
+                    ReadState::Ended | ReadState::Failed => "nothing",
                 },
             },
         };
@@ -360,27 +360,27 @@ impl<'t> ReplyReader<'t> {
         id: u32,
         position: usize,
         events: &mut Vec<ReplyEvent>,
-    ) -> Result<Channel, ReplyError> {
+    ) -> Result<ReplyChannel, ReplyError> {
         let c = self.controls;
         if self.tokenizer.token_bytes(id).is_none() {
             return Err(ReplyError::UnknownId { position, id });
         }
         let control = self.controls.contains(id);
         match &mut self.state {
-            State::Failed => Ok(Channel::Control),
-            State::Ended => Err(ReplyError::Trailing { position, id }),
-            State::Payload(payload) => {
+            ReadState::Failed => Ok(ReplyChannel::Control),
+            ReadState::Ended => Err(ReplyError::Trailing { position, id }),
+            ReadState::Payload(payload) => {
                 let payload = *payload;
                 if id == c.close {
                     let rest = self.text.flush();
                     self.payload_text(payload, &rest, events);
-                    self.state = State::Tag {
+                    self.state = ReadState::Tag {
                         opening: false,
                         ids: Vec::new(),
                         place: Place::End, // replaced once the tag is read
                         payload: Some(payload),
                     };
-                    return Ok(Channel::Control);
+                    return Ok(ReplyChannel::Control);
                 }
                 if control {
                     return Err(ReplyError::ControlInPayload {
@@ -394,7 +394,7 @@ impl<'t> ReplyReader<'t> {
                 self.payload_text(payload, &piece, events);
                 Ok(payload.channel())
             }
-            State::Tag {
+            ReadState::Tag {
                 opening,
                 ids,
                 place,
@@ -414,25 +414,25 @@ impl<'t> ReplyReader<'t> {
                 } else {
                     ids.push(id);
                 }
-                Ok(Channel::Control)
+                Ok(ReplyChannel::Control)
             }
-            State::Between(place) => {
+            ReadState::Between(place) => {
                 let place = *place;
                 if place == Place::End {
                     if id == c.end_of_msg || id == c.eos {
                         self.reply.end_id = Some(id);
-                        self.state = State::Ended;
+                        self.state = ReadState::Ended;
                         events.push(ReplyEvent::End { end_id: id });
-                        return Ok(Channel::Control);
+                        return Ok(ReplyChannel::Control);
                     }
                 } else if id == c.open || id == c.close {
-                    self.state = State::Tag {
+                    self.state = ReadState::Tag {
                         opening: id == c.open,
                         ids: Vec::new(),
                         place,
                         payload: None,
                     };
-                    return Ok(Channel::Control);
+                    return Ok(ReplyChannel::Control);
                 }
                 Err(ReplyError::Unexpected {
                     position,
@@ -523,7 +523,7 @@ impl<'t> ReplyReader<'t> {
         payload: Option<Payload>,
         position: usize,
         events: &mut Vec<ReplyEvent>,
-    ) -> Result<State, ReplyError> {
+    ) -> Result<ReadState, ReplyError> {
         let bad_tag = |expected: &'static str| ReplyError::BadTag {
             position,
             expected,
@@ -541,35 +541,37 @@ impl<'t> ReplyReader<'t> {
                 }));
             }
             return Ok(match payload {
-                Payload::Reasoning => State::Between(Place::AfterThink),
-                Payload::Content => State::Between(Place::AfterContent),
+                Payload::Reasoning => ReadState::Between(Place::AfterThink),
+                Payload::Content => ReadState::Between(Place::AfterContent),
                 Payload::Argument { string } => {
                     self.end_argument(string, position, events)?;
-                    State::Between(Place::Call)
+                    ReadState::Between(Place::Call)
                 }
                 Payload::Json => {
                     let raw = self.call.as_ref().map(|c| c.value.as_str()).unwrap_or("");
                     if !matches!(Json::parse(raw), Ok(Json::Object(_))) {
                         return Err(self.bad_call(position, "its json block is not a JSON object"));
                     }
-                    State::Between(Place::AfterJson)
+                    ReadState::Between(Place::AfterJson)
                 }
             });
         }
         let no_attrs = attrs.is_empty();
         match (place, opening, name) {
             (Place::AfterThink, true, "response") if no_attrs => {
-                Ok(State::Payload(Payload::Content))
+                Ok(ReadState::Payload(Payload::Content))
             }
-            (Place::AfterContent, true, "tools") if no_attrs => Ok(State::Between(Place::Tools)),
+            (Place::AfterContent, true, "tools") if no_attrs => {
+                Ok(ReadState::Between(Place::Tools))
+            }
             (Place::AfterContent | Place::AfterTools, false, "message") if no_attrs => {
-                Ok(State::Between(Place::End))
+                Ok(ReadState::Between(Place::End))
             }
             (Place::Tools, true, "call") => {
                 self.start_call(&attrs, position, events)?;
-                Ok(State::Between(Place::Call))
+                Ok(ReadState::Between(Place::Call))
             }
-            (Place::Tools, false, "tools") if no_attrs => Ok(State::Between(Place::AfterTools)),
+            (Place::Tools, false, "tools") if no_attrs => Ok(ReadState::Between(Place::AfterTools)),
             (Place::Call, true, "argument") => self.start_argument(&attrs, position, events),
             (Place::Call, true, "json") => {
                 let first = self.call.as_ref().is_some_and(|c| c.keys.is_empty());
@@ -582,7 +584,7 @@ impl<'t> ReplyReader<'t> {
                 if let Some(call) = &mut self.call {
                     call.value.clear();
                 }
-                Ok(State::Payload(Payload::Json))
+                Ok(ReadState::Payload(Payload::Json))
             }
             (Place::Call | Place::AfterJson, false, "call") if no_attrs => {
                 if let Some(call) = self.call.take() {
@@ -593,7 +595,7 @@ impl<'t> ReplyReader<'t> {
                     };
                     self.arguments(closing.to_owned(), events);
                 }
-                Ok(State::Between(Place::Tools))
+                Ok(ReadState::Between(Place::Tools))
             }
             _ => Err(bad_tag(place.expected())),
         }
@@ -649,7 +651,7 @@ impl<'t> ReplyReader<'t> {
         attrs: &[(&str, String)],
         position: usize,
         events: &mut Vec<ReplyEvent>,
-    ) -> Result<State, ReplyError> {
+    ) -> Result<ReadState, ReplyError> {
         let [("key", key), ("type", value_type)] = attrs else {
             return Err(self.bad_call(
                 position,
@@ -678,7 +680,7 @@ impl<'t> ReplyReader<'t> {
             fragment.push('"');
         }
         self.arguments(fragment, events);
-        Ok(State::Payload(Payload::Argument { string }))
+        Ok(ReadState::Payload(Payload::Argument { string }))
     }
 
     /// An argument's value is complete: a non-string one must be JSON of its declared type.

@@ -28,7 +28,7 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let (common, core_request) = request::messages(&fields, &bytes)?;
     // The core's refusals name values, not fields: the field they concern is the conversation.
     let reader = submit(&app, caller, &common, core_request, true, "messages").await?;
-    let head = reply::Head {
+    let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: common.model,

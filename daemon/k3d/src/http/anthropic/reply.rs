@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// What every message carries.
-pub struct Head {
+pub struct MessageHead {
     /// `msg_<request>`.
     pub id: String,
     /// The core's job id.
@@ -28,7 +28,7 @@ pub struct Head {
 /// An Anthropic message. Serialized as a struct, not through `serde_json::Value` (which sorts
 /// keys), so a `tool_use` block's `input` goes out as the model wrote it.
 #[derive(Serialize)]
-struct Message<'a> {
+struct AnthropicMessage<'a> {
     id: &'a str,
     #[serde(rename = "type")]
     kind: &'static str,
@@ -59,14 +59,14 @@ enum Block<'a> {
     },
 }
 
-impl Head {
+impl MessageHead {
     fn message<'a>(
         &'a self,
         content: Vec<Block<'a>>,
         end: Option<(&'static str, Option<&'a str>)>,
         usage: Value,
-    ) -> Message<'a> {
-        Message {
+    ) -> AnthropicMessage<'a> {
+        AnthropicMessage {
             id: &self.id,
             kind: "message",
             role: "assistant",
@@ -121,14 +121,14 @@ fn ending(finish: &Finish) -> Result<(&'static str, Option<&str>), ApiError> {
 
 pub async fn respond(
     app: Arc<App>,
-    head: Head,
+    head: MessageHead,
     reader: Reader,
     stream: bool,
     timer: Timer,
 ) -> Result<Response, ApiError> {
     if stream {
         let prompt_tokens = reader.prompt_tokens;
-        let events = Events {
+        let events = MessageEvents {
             head,
             prompt_tokens,
             blocks: Blocks::default(),
@@ -148,7 +148,7 @@ pub async fn respond(
 /// The whole message as JSON text: `content` is the thinking block (if the reply reasoned),
 /// the text block (if it said anything) and a `tool_use` block per call.
 fn whole_body(
-    head: &Head,
+    head: &MessageHead,
     reasoning: &str,
     text: &str,
     finish: &Finish,
@@ -283,8 +283,8 @@ fn piece_events(blocks: &mut Blocks, request: u64, piece: &ReplyPart) -> Vec<Val
 
 /// A message streamed as Anthropic's SSE events, each named by its `type`. An error after the
 /// stream began is an `error` event.
-struct Events {
-    head: Head,
+struct MessageEvents {
+    head: MessageHead,
     /// The prompt's size, known at once; what a kept state held is known at the end
     /// (`message_delta`'s usage, whose figures replace these).
     prompt_tokens: usize,
@@ -297,7 +297,7 @@ fn named(v: Value) -> Event {
     Event::default().event(name).data(v.to_string())
 }
 
-impl Wire for Events {
+impl Wire for MessageEvents {
     fn opening(&mut self) -> Vec<Event> {
         let usage = json!({"input_tokens": self.prompt_tokens, "output_tokens": 0});
         let start = self.head.message(Vec::new(), None, usage);
@@ -364,8 +364,8 @@ mod tests {
         }
     }
 
-    fn head(request: u64) -> Head {
-        Head {
+    fn head(request: u64) -> MessageHead {
+        MessageHead {
             id: format!("msg_{request}"),
             request,
             model: "tiny".into(),
@@ -457,7 +457,7 @@ mod tests {
                 _ => {}
             }
         }
-        let head = Head {
+        let head = MessageHead {
             id: "msg_7".into(),
             request: 7,
             model: "tiny".into(),

@@ -404,7 +404,7 @@ impl ToolInputs {
             content: Option<&'a RawValue>,
         }
         #[derive(serde::Deserialize)]
-        struct Block<'a> {
+        struct ToolResultBlock<'a> {
             #[serde(borrow, default)]
             input: Option<&'a RawValue>,
         }
@@ -417,7 +417,7 @@ impl ToolInputs {
             let turn: Turn = serde_json::from_str(m.get()).map_err(unreadable)?;
             let blocks = match turn.content {
                 Some(c) if c.get().starts_with('[') => {
-                    serde_json::from_str::<Vec<Block>>(c.get()).map_err(unreadable)?
+                    serde_json::from_str::<Vec<ToolResultBlock>>(c.get()).map_err(unreadable)?
                 }
                 _ => Vec::new(),
             };
