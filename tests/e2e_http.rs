@@ -164,14 +164,19 @@ async fn tools_reference(
 /// A daemon on the tiny model serving HTTP on `dir/http.sock` and loopback TCP, with a key and
 /// a small body limit from its config file; `args` are more flags. Returns it with the HTTP
 /// socket and a gRPC client, once the model is ready.
-async fn keyed_daemon(
-    dir: &Path,
-    args: &[&str],
-) -> (
+async fn keyed_daemon(dir: &Path, args: &[&str]) -> Keyed {
+    keyed_daemon_on(tiny_model(), dir, args).await
+}
+
+/// A ready daemon, its HTTP socket and a gRPC client.
+type Keyed = (
     Daemon,
     PathBuf,
     k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
-) {
+);
+
+/// [`keyed_daemon`] on the checkpoint `model`.
+async fn keyed_daemon_on(model: &Path, dir: &Path, args: &[&str]) -> Keyed {
     let http_socket = dir.join("http.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(
@@ -186,7 +191,7 @@ async fn keyed_daemon(
     let config_arg = config.display().to_string();
     let mut all = vec!["--config", &config_arg];
     all.extend_from_slice(args);
-    let d = Daemon::start(tiny_model(), &socket, &all);
+    let d = Daemon::start(model, &socket, &all);
     let mut c = client(&socket).await;
     wait_ready(&mut c).await;
     (d, http_socket, c)
@@ -195,7 +200,19 @@ async fn keyed_daemon(
 /// Runs `tests/http/<file>` under pytest against `d` (its HTTP socket, TCP address, key and
 /// model id in the environment, with `env`), failing with pytest's report and the daemon's log.
 fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&str, &Path)]) {
-    let model_id = std::fs::canonicalize(tiny_model())
+    pytest_on(tiny_model(), python, file, d, http_socket, env)
+}
+
+/// [`pytest`] against a daemon serving the checkpoint `model`.
+fn pytest_on(
+    model: &Path,
+    python: &Path,
+    file: &str,
+    d: &Daemon,
+    http_socket: &Path,
+    env: &[(&str, &Path)],
+) {
+    let model_id = std::fs::canonicalize(model)
         .expect("model dir")
         .file_name()
         .expect("a name")
@@ -308,6 +325,33 @@ async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
     )
     .await;
     pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
+}
+
+/// Constrained decoding (issue 34 point 6) through the official `openai` and `anthropic`
+/// packages on the trained fixture: forced tool calls and JSON output parse, streamed and
+/// whole, valid against their schemas by `jsonschema`; schemas outside the subset are refused
+/// naming their path. The thinking budget (point 4) closes the fixture's endless thinking.
+#[tokio::test]
+async fn constrained_replies_parse_in_the_official_clients_and_are_valid() {
+    let python = python();
+    let tmp = scratch("http-constrained");
+    let model = trained_model();
+    let (d, http_socket, _c) =
+        keyed_daemon_on(&model, tmp.path(), &["--thinking-budget", "16"]).await;
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent-tools");
+    pytest_on(
+        &model,
+        &python,
+        "test_constrained.py",
+        &d,
+        &http_socket,
+        &[("K3_AGENT_TOOLS", &tools)],
+    );
+}
+
+/// The committed trained checkpoint.
+fn trained_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/trained/model")
 }
 
 #[test]

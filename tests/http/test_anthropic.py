@@ -255,7 +255,7 @@ def test_invalid_requests_are_400_naming_the_field_in_anthropics_shape():
         (dict(extra_body={"top_k": -1}), "top_k"),
         (dict(stop_sequences=[""]), "stop_sequences"),
         (dict(thinking={"type": "enabled"}), "thinking.budget_tokens"),
-        (dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}), "tool_choice"),
+        (dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice"),
         (dict(tools=[WEATHER], tool_choice={"type": "auto", "disable_parallel_tool_use": True}),
          "tool_choice.disable_parallel_tool_use"),
         (dict(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),

@@ -377,7 +377,7 @@ def test_tool_requests_k3_cannot_honour_are_400_naming_the_field():
     client = unix_client()
     msgs = [{"role": "user", "content": "hi"}]
     cases = [
-        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
+        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
         (dict(tool_choice="required"), "tool_choice"),
         (dict(tools=[{"type": "retrieval"}]), "tools[0].type"),
         (dict(response_format={"type": "json_schema"}), "response_format.json_schema.schema"),

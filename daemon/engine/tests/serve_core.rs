@@ -50,6 +50,7 @@ fn core_with(
         max_tokens_cap: CAP,
         speculate: 0,
         max_prompt_tokens: k3_engine::serve::validate::MAX_PROMPT_TOKENS,
+        ..Limits::default()
     };
     tweak(&mut config);
     let core = Core::new(config).expect("core");

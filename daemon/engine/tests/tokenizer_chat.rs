@@ -382,6 +382,7 @@ fn tool_choice_and_response_format_notes_come_after_the_conversation() {
         tools: vec![weather_tool()],
         tool_choice: ToolChoice::Required,
         response_format: ResponseFormat::JsonSchema(schema),
+        ..Conversation::default()
     };
     let segs = text_of(&segments(&conversation).unwrap());
     let mut tail = message_segments(&[" role=\"user\""], "hi");
@@ -432,6 +433,20 @@ fn tool_choice_and_response_format_notes_come_after_the_conversation() {
         !segs
             .iter()
             .any(|s| s.contains("tool-choice") || s.contains("response-format"))
+    );
+    // A named function renders the `required` note (the template has none naming a function).
+    let named = Conversation {
+        tool_choice: ToolChoice::Function("get_weather".into()),
+        ..conversation.clone()
+    };
+    assert_eq!(segments(&named).unwrap(), segments(&conversation).unwrap());
+    let unknown = Conversation {
+        tool_choice: ToolChoice::Function("get_time".into()),
+        ..conversation.clone()
+    };
+    assert_eq!(
+        segments(&unknown).unwrap_err().to_string(),
+        "tool_choice names the function \"get_time\", which is not in `tools`"
     );
     // Required with nothing to call is refused.
     let nothing = Conversation {

@@ -366,6 +366,8 @@ pub struct Core {
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
     tokenizer: Arc<Tokenizer>,
+    /// The vocabulary as constrained decoding sees it (built on first use).
+    vocab: validate::VocabCache,
     model_limits: ModelLimits,
     limits: Limits,
     log: Log,
@@ -412,6 +414,7 @@ impl Core {
             prefix: Arc::new(PrefixCache::default()),
             metrics: Arc::new(TimingTotals::default()),
             tokenizer,
+            vocab: validate::VocabCache::default(),
             model_limits,
             limits: config.limits,
             log: config.log,
@@ -540,8 +543,13 @@ impl Core {
         // caller nobody vouches for (issue 35 point 7).
         let reuse =
             (request.reuse && session.is_none() && caller.is_known()).then(|| caller.clone());
-        let validated =
-            validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
+        let validated = validate::validate(
+            &self.tokenizer,
+            &self.vocab,
+            self.model_limits,
+            &self.limits,
+            request,
+        )?;
         let lease = match &session {
             Some(name) => {
                 // A queued job whose reader is gone must not keep its session in use.

@@ -16,6 +16,9 @@
 //! values (Claude Code 32,000) and never expect a 400 for them; the reply's finish reason
 //! (`length`) and usage say where it stopped.
 
+use std::sync::{Arc, OnceLock};
+
+use crate::constrain::{self, ReplyRules, Vocab};
 use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation};
 use crate::tokenizer::{Specials, Tokenizer};
@@ -34,6 +37,12 @@ pub const DEFAULT_MAX_TOKENS_CAP: usize = 4096;
 pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_STRING_BYTES: usize = 256;
 pub const MAX_STOP_IDS: usize = 256;
+/// Ids a chat reply may spend in its think channel when neither the request nor the daemon
+/// (`--thinking-budget`) says otherwise; then the think channel is closed and the model
+/// answers. On a CPU at seconds per token (4 s/token reading 25.8 GB per token with the trunk
+/// resident; far more on a small budget), 512 ids of thinking are already half an hour before
+/// the first word of the answer — `docs/decoding.md` argues the number.
+pub const DEFAULT_THINKING_BUDGET: usize = 512;
 
 /// The daemon's request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +51,9 @@ pub struct Limits {
     pub max_tokens_cap: usize,
     /// Draft ids per speculative step for requests that leave it unset (`--speculate`).
     pub speculate: usize,
+    /// Think-channel ids of a chat reply whose request leaves it unset (`--thinking-budget`);
+    /// `None` = unbounded.
+    pub thinking_budget: Option<usize>,
     /// Most prompt tokens one request may have, counted after rendering
     /// (`--max-prompt-tokens`).
     pub max_prompt_tokens: usize,
@@ -52,6 +64,7 @@ impl Default for Limits {
         Limits {
             max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
             speculate: 0,
+            thinking_budget: Some(DEFAULT_THINKING_BUDGET),
             max_prompt_tokens: MAX_PROMPT_TOKENS,
         }
     }
@@ -84,6 +97,9 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
     pub speculate: Option<usize>,
+    /// Most ids of a chat reply's think channel before it is closed and the model answers;
+    /// `None` = the daemon's default ([`Limits::thinking_budget`]).
+    pub thinking_budget: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
     /// Continue from the longest kept state of the same caller that prefixes the prompt, and
@@ -103,6 +119,7 @@ impl Request {
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             speculate: None,
+            thinking_budget: None,
             session: None,
             reuse: false,
         }
@@ -128,6 +145,10 @@ pub enum Invalid {
     NoMessages,
     #[error("cannot render the conversation: {0}")]
     Render(String),
+    /// `tool_choice` / `response_format` cannot be enforced (a schema outside the supported
+    /// subset, or one no value satisfies), naming the field and the schema path.
+    #[error("cannot constrain the reply: {0}")]
+    Constraint(#[from] constrain::ConstraintError),
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
     TooManyStopIds { given: usize },
     #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
@@ -172,9 +193,21 @@ pub struct ModelLimits {
     pub context: usize,
 }
 
+/// The vocabulary as constrained decoding sees it, built on the first request that needs it
+/// and shared by all later ones.
+#[derive(Default)]
+pub struct VocabCache(OnceLock<Arc<Vocab>>);
+
+impl VocabCache {
+    fn get(&self, tokenizer: &Tokenizer) -> &Arc<Vocab> {
+        self.0.get_or_init(|| Arc::new(Vocab::new(tokenizer)))
+    }
+}
+
 /// Turns a transport's request into the engine's, refusing whatever breaks a rule.
 pub fn validate(
     tokenizer: &Tokenizer,
+    vocab: &VocabCache,
     model: ModelLimits,
     limits: &Limits,
     request: Request,
@@ -187,9 +220,11 @@ pub fn validate(
         mut stop_ids,
         stop_strings,
         speculate,
+        thinking_budget,
         session: _,
         reuse: _,
     } = request;
+    let mut guide = None;
     let too_long = |tokens| Invalid::PromptTooLong {
         tokens,
         limit: limits.max_prompt_tokens,
@@ -209,6 +244,11 @@ pub fn validate(
                     .map_err(too_long)?;
             // The reply ends where the model ends its turn (spec §8.4).
             stop_ids.extend(tokenizer.end_of_turn_ids());
+            let rules = ReplyRules {
+                thinking,
+                budget: thinking_budget.or(limits.thinking_budget),
+            };
+            guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)?;
             (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };
@@ -250,7 +290,7 @@ pub fn validate(
         record_logits: false,
         speculate: speculate.unwrap_or(limits.speculate),
         transform,
-        guide: None,
+        guide: guide.map(|g| g as Arc<dyn crate::engine::guide::Guide>),
         prompt,
         keep_at: Vec::new(),
     };

@@ -69,6 +69,11 @@ pub struct Args {
     /// hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Ids a chat reply may think (its think channel) before k3d closes the thinking and the
+    /// model answers, for requests that do not set their own budget; `none` = unbounded
+    /// [default: 512].
+    #[arg(long, value_name = "N|none", value_parser = parse_thinking_budget)]
+    thinking_budget: Option<ThinkingBudget>,
     /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
     /// template included); a longer prompt is refused, naming this limit, before anything is
     /// computed. The memory plan sizes every conversation state for it plus --max-tokens-cap
@@ -148,6 +153,8 @@ struct ConfigFile {
     cache_gb: Option<f64>,
     speculate: Option<usize>,
     max_tokens_cap: Option<usize>,
+    /// A number of ids, or "none" (unbounded), as `--thinking-budget`.
+    thinking_budget: Option<ThinkingBudget>,
     max_prompt_tokens: Option<usize>,
     stall_timeout: Option<f64>,
     session_dir: Option<PathBuf>,
@@ -165,6 +172,35 @@ struct ConfigFile {
     handshake_timeout: Option<f64>,
     idle_timeout: Option<f64>,
     body_timeout: Option<f64>,
+}
+
+/// `--thinking-budget` / `thinking_budget`: a number of ids, or `none` for unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ThinkingBudget(Option<usize>);
+
+fn parse_thinking_budget(s: &str) -> Result<ThinkingBudget, String> {
+    match s {
+        "none" => Ok(ThinkingBudget(None)),
+        n => n
+            .parse()
+            .map(|n| ThinkingBudget(Some(n)))
+            .map_err(|_| format!("{s:?}: give a number of ids or `none`")),
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ThinkingBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Ids(usize),
+            Word(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Ids(n) => Ok(ThinkingBudget(Some(n))),
+            Given::Word(w) => parse_thinking_budget(&w).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -457,6 +493,10 @@ pub fn run(args: Args) -> CliResult {
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
+            thinking_budget: match args.thinking_budget.or(file.thinking_budget) {
+                Some(ThinkingBudget(budget)) => budget,
+                None => Some(k3_engine::serve::validate::DEFAULT_THINKING_BUDGET),
+            },
             max_prompt_tokens: prompt_limit.tokens,
         },
         prompt_limit: prompt_limit.why,

@@ -129,7 +129,12 @@ impl ApiError {
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
                 };
             }
-            ServeError::Invalid(_) => {
+            ServeError::Invalid(invalid) => {
+                // A constraint names its own field (`tools`, `tool_choice`, `response_format`).
+                let param = match invalid {
+                    Invalid::Constraint(c) => Some(c.field()),
+                    _ => param,
+                };
                 return ApiError {
                     param: param.map(str::to_string),
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)

@@ -5,7 +5,7 @@
 
 use super::request::{self, Fields};
 use super::{anthropic, responses};
-use k3_engine::serve::validate::{ModelLimits, Validated, validate};
+use k3_engine::serve::validate::{ModelLimits, Validated, VocabCache, validate};
 use k3_engine::serve::{Limits, Request};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::Role;
@@ -32,7 +32,14 @@ fn validated(request: Request) -> Validated {
         vocab_size: tokenizer.vocab_size(),
         context: 1 << 20,
     };
-    validate(&tokenizer, model, &Limits::default(), request).expect("validated")
+    validate(
+        &tokenizer,
+        &VocabCache::default(),
+        model,
+        &Limits::default(),
+        request,
+    )
+    .expect("validated")
 }
 
 #[test]

@@ -311,7 +311,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let tool_choice = tool_choice(f, &tools)?;
     let thinking = thinking(f)?;
     // An effort the client chose bounds the thinking by its share of the daemon's budget;
     // without one the daemon's budget applies.
@@ -326,6 +326,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         tools,
         tool_choice,
         response_format: response_format(f)?,
+        parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
     Ok(ChatParams {
         request: common.request(Prompt::Chat(conversation)),
@@ -372,10 +373,12 @@ pub fn function_tool(at: &str, function: &Value) -> Result<Tool, ApiError> {
     })
 }
 
-/// `tool_choice`: `"auto"`, `"none"` or `"required"` (chat completions and the Responses API
-/// alike). A named function has no counterpart in the template (spec §8.2), so it is refused
-/// rather than rendered as something weaker.
-pub fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+/// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function
+/// (`{"type": "function", "function": {"name"}}`); `required` and a named function are
+/// enforced by constrained decoding (the reply is a call, of that function). The Responses
+/// API names the function flat (`{"type": "function", "name"}`): both shapes are read.
+pub fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    let has_tools = !tools.is_empty();
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -389,11 +392,27 @@ pub fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> 
                 ));
             }
         },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a named function cannot be forced with K3's template: use auto, none or required",
-            ));
+        Some(named) => {
+            let name = named
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| named.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| named.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": \
+                         {\"name\": …}}",
+                    )
+                })?;
+            if !has_tools {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice names a function but `tools` is empty",
+                ));
+            }
+            ToolChoice::Function(name.to_owned())
         }
     };
     if choice == ToolChoice::Required && !has_tools {
@@ -402,6 +421,7 @@ pub fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> 
             "tool_choice \"required\" needs at least one tool in `tools`",
         ));
     }
+    known_function(&choice, tools)?;
     Ok(choice)
 }
 
@@ -417,6 +437,23 @@ pub fn schema_format(param: &str, schema: Option<&Value>) -> Result<ResponseForm
                 "a json_schema response format needs its schema (an object)",
             )
         })
+}
+
+/// A `tool_choice` naming a function not in `tools` is refused by the field it is in, in
+/// both APIs (the core would refuse it too, naming no field).
+pub fn known_function(choice: &ToolChoice, tools: &[Tool]) -> Result<(), ApiError> {
+    match choice {
+        ToolChoice::Function(name) if !tools.iter().any(|t| t.name == *name) => {
+            Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice names the function {}, which is not in `tools`",
+                    Echo(name)
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `response_format`: `{"type": "text" | "json_object"}` or

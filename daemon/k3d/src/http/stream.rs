@@ -50,6 +50,11 @@ pub fn submit(
     // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
     // nothing for a caller nobody vouches for.
     request.reuse = common.prefix_reuse;
+    // A budget the client asked for (tokens, or an effort level's share of the daemon's
+    // `--thinking-budget`); none asked: the daemon's own applies.
+    request.thinking_budget = common
+        .thinking_budget
+        .and_then(|b| b.tokens(app.core.limits().thinking_budget));
     let caller = caller
         .unwrap_or(Caller::Unknown)
         .scoped(common.cache_scope.as_deref());

@@ -96,10 +96,9 @@ pub struct Tool {
     pub parameters: Option<Value>,
 }
 
-/// OpenAI `tool_choice`. A named function (`{"type": "function", ...}`) has no counterpart in
-/// the template (spec §8.2 step 4 has notes for `required` and `none` only), so it is not
-/// representable: a transport refuses it rather than render something weaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// OpenAI `tool_choice`. `Required` and `Function` are enforced by constrained decoding
+/// (`crate::constrain`): the reply is one or more well-formed calls (of that function only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ToolChoice {
     /// No note: the model decides (OpenAI's default when tools are given).
     #[default]
@@ -108,6 +107,10 @@ pub enum ToolChoice {
     None,
     /// The `tool_choice=required` note; needs at least one tool.
     Required,
+    /// A call of this function (OpenAI `{"type": "function", "function": {"name"}}`,
+    /// Anthropic `{"type": "tool", "name"}`). The template has no note naming a function
+    /// (spec §8.2 step 4), so it renders the `required` note; it must name a declared tool.
+    Function(String),
 }
 
 /// OpenAI `response_format`.
@@ -208,7 +211,7 @@ impl Thinking {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
     pub messages: Vec<Message>,
     pub thinking: Thinking,
@@ -218,6 +221,23 @@ pub struct Conversation {
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
     pub response_format: ResponseFormat,
+    /// More than one call in a reply (OpenAI `parallel_tool_calls`, default true; Anthropic
+    /// `disable_parallel_tool_use` inverted). Enforced when calls are constrained.
+    pub parallel_tool_calls: bool,
+}
+
+impl Default for Conversation {
+    fn default() -> Self {
+        Conversation {
+            messages: Vec::new(),
+            thinking: Thinking::default(),
+            generation_prompt: false,
+            tools: Vec::new(),
+            tool_choice: ToolChoice::default(),
+            response_format: ResponseFormat::default(),
+            parallel_tool_calls: true,
+        }
+    }
 }
 
 impl Conversation {
@@ -285,6 +305,8 @@ pub enum ChatError {
     },
     #[error("tool_choice \"required\" needs at least one tool in `tools`")]
     RequiredWithoutTools,
+    #[error("tool_choice names the function {}, which is not in `tools`", Echo(.0))]
+    UnknownFunction(String),
     #[error("thinking effort {} is not one of low, high, max", Echo(.0))]
     BadEffort(String),
     #[error("reasoning_effort {} is not one of none, minimal, low, medium, high, max", Echo(.0))]

@@ -321,8 +321,14 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
             &tool_declare_text(&tool_list(&conversation.tools)?),
         );
     }
-    if conversation.tool_choice == ToolChoice::Required && conversation.tools.is_empty() {
-        return Err(ChatError::RequiredWithoutTools);
+    match &conversation.tool_choice {
+        ToolChoice::Required if conversation.tools.is_empty() => {
+            return Err(ChatError::RequiredWithoutTools);
+        }
+        ToolChoice::Function(name) if !conversation.tools.iter().any(|t| &t.name == name) => {
+            return Err(ChatError::UnknownFunction(name.clone()));
+        }
+        _ => {}
     }
     if let super::Thinking::On(Some(effort)) = conversation.thinking {
         out.system_note("thinking-effort", &effort_text(effort));
@@ -385,7 +391,11 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
     match conversation.tool_choice {
         ToolChoice::Auto => {}
         ToolChoice::None => out.system_note("tool-choice", TOOL_CHOICE_NONE),
-        ToolChoice::Required => out.system_note("tool-choice", TOOL_CHOICE_REQUIRED),
+        // The template has no note naming a function: `required` is what it says to the
+        // model, and constrained decoding holds the reply to the named function.
+        ToolChoice::Required | ToolChoice::Function(_) => {
+            out.system_note("tool-choice", TOOL_CHOICE_REQUIRED)
+        }
     }
     match &conversation.response_format {
         ResponseFormat::Text => {}

@@ -175,12 +175,19 @@ fn whole_body(
         content.push(Block::Text { text });
     }
     for call in &finish.tool_calls {
-        let input = RawValue::from_string(call.arguments.clone()).map_err(|e| {
-            ApiError::internal(format!(
-                "tool call {}'s arguments are not JSON: {e}",
-                call.id
-            ))
-        })?;
+        let input = match RawValue::from_string(call.arguments.clone()) {
+            Ok(input) => input,
+            // max_tokens cut the call inside its arguments: a `tool_use` input must be an
+            // object, so the incomplete call is left out and `stop_reason: "max_tokens"` says
+            // why (Anthropic: retry with a larger max_tokens). A stream has sent its deltas.
+            Err(_) if end.0 == "max_tokens" => continue,
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "tool call {}'s arguments are not JSON: {e}",
+                    call.id
+                )));
+            }
+        };
         content.push(Block::ToolUse {
             id: tool_use_id(head.request, &call.id),
             name: &call.name,

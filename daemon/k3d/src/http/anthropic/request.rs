@@ -10,7 +10,8 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, no_empty_stop, schema_format, temperature_and_top_p, value,
+    Budget, Common, Fields, known_function, no_empty_stop, schema_format, temperature_and_top_p,
+    value,
 };
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
@@ -208,7 +209,7 @@ fn conversation(f: &Fields, body: &[u8]) -> Result<Asked, ApiError> {
     }
     clear_thinking(f, &mut messages)?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let (tool_choice, parallel_tool_calls) = tool_choice(f, &tools)?;
     let (thinking, response_format) = output_config(f, turn_effort)?;
     Ok(Asked {
         conversation: Conversation {
@@ -218,6 +219,7 @@ fn conversation(f: &Fields, body: &[u8]) -> Result<Asked, ApiError> {
             tools,
             tool_choice,
             response_format,
+            parallel_tool_calls,
         },
         thinking_budget: thinking.budget,
         show_thinking: thinking.shown,
@@ -664,12 +666,15 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     })
 }
 
-/// `tool_choice`: `{"type": "auto" | "any" | "none"}` are the template's notes (spec §8.2 step
-/// 4: none for auto, `required` for any, `none`); forcing one named tool (`"tool"`) and
-/// `disable_parallel_tool_use` have no counterpart there and are refused, not weakened.
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+/// `tool_choice`: `{"type": "auto" | "none"}` are the template's notes (spec §8.2 step 4: none
+/// for auto, `none`); `any` and `{"type": "tool", "name"}` are enforced by constrained decoding
+/// (a call, of that tool), as is `disable_parallel_tool_use` with them (exactly one call).
+/// With `auto` nothing constrains the reply, so `disable_parallel_tool_use` there is refused,
+/// not ignored. Returns the choice and whether parallel calls are allowed.
+fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
+    let has_tools = !tools.is_empty();
     let Some(choice) = f.get::<Value>("tool_choice")? else {
-        return Ok(ToolChoice::Auto);
+        return Ok((ToolChoice::Auto, true));
     };
     let choice = object("tool_choice", &choice)?;
     only(
@@ -677,33 +682,45 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
         "tool_choice",
         &["type", "name", "disable_parallel_tool_use"],
     )?;
-    if value::<bool>(
+    let single = value::<bool>(
         "tool_choice.disable_parallel_tool_use",
         choice.get("disable_parallel_tool_use"),
-    )? == Some(true)
-    {
-        return Err(ApiError::invalid(
-            "tool_choice.disable_parallel_tool_use",
-            "K3's template cannot limit a reply to one tool call",
-        ));
-    }
-    match kind("tool_choice", choice)? {
-        "auto" => Ok(ToolChoice::Auto),
-        "none" => Ok(ToolChoice::None),
-        "any" if has_tools => Ok(ToolChoice::Required),
-        "any" => Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice \"any\" needs at least one tool in `tools`",
-        )),
-        "tool" => Err(ApiError::invalid(
-            "tool_choice",
-            "K3's template cannot force one named tool: use auto, any or none",
-        )),
-        other => Err(ApiError::invalid(
-            "tool_choice.type",
-            format!("tool_choice type {}: use auto, any or none", Echo(other)),
-        )),
-    }
+    )? == Some(true);
+    let choice = match kind("tool_choice", choice)? {
+        "auto" if single => {
+            return Err(ApiError::invalid(
+                "tool_choice.disable_parallel_tool_use",
+                "with tool_choice \"auto\" nothing holds K3's reply to one tool call: use \
+                 \"any\" or \"tool\" (enforced), or leave it out",
+            ));
+        }
+        "auto" => ToolChoice::Auto,
+        "none" => ToolChoice::None,
+        "any" if has_tools => ToolChoice::Required,
+        "any" => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice \"any\" needs at least one tool in `tools`",
+            ));
+        }
+        "tool" => {
+            let name: String = value("tool_choice.name", choice.get("name"))?.ok_or_else(|| {
+                ApiError::invalid("tool_choice.name", "tool_choice \"tool\" needs `name`")
+            })?;
+            ToolChoice::Function(name)
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                format!(
+                    "tool_choice type {}: use auto, any, tool or none",
+                    Echo(other)
+                ),
+            ));
+        }
+    };
+    known_function(&choice, tools)?;
+    Ok((choice, !single))
 }
 
 /// The thinking a Messages request asks for.

@@ -123,7 +123,7 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         return Err(ApiError::invalid("input", "`input` is empty"));
     }
     let declared = tools(f)?;
-    let tool_choice = tool_choice(f, !declared.tools.is_empty())?;
+    let tool_choice = tool_choice(f, &declared.tools)?;
     let parallel_tool_calls = f.get::<bool>("parallel_tool_calls")?.unwrap_or(true);
     let (text_format, response_format) = text_format(f)?;
     let reasoning = f.get::<Value>("reasoning")?;
@@ -184,6 +184,7 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         tools: declared.tools,
         tool_choice,
         response_format,
+        parallel_tool_calls,
     };
     Ok(Parsed {
         request: common.request(Prompt::Chat(conversation)),
