@@ -237,6 +237,17 @@ impl Engine {
         EngineStats::new(self.model.store_stats(), &self.batches)
     }
 
+    /// The machine's f64 GEMM rate measured for `duration` on this engine's compute threads
+    /// ([`crate::system::gemm_probe`]): the yardstick `k3d bench` sets prefill arithmetic
+    /// against, measured in the same process as the prefill it compares.
+    pub fn gemm_probe(
+        &self,
+        duration: std::time::Duration,
+    ) -> crate::system::gemm_probe::GemmProbe {
+        self.pool
+            .install(|| crate::system::gemm_probe::measure(duration))
+    }
+
     /// Prompt tokens one layer-major prefill pass may feed: what the memory plan holds the
     /// activations for ([`crate::plan::Plan::prefill_tokens`]; 0 when it holds none, and
     /// prompts are then fed in chunks of [`EngineOptions::prefill_chunk`]).
