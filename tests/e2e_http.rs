@@ -31,14 +31,6 @@ fn tests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("http")
 }
 
-/// The TCP address the daemon logged for `--http 127.0.0.1:0`.
-fn tcp_url(d: &Daemon) -> String {
-    d.wait_for_log("HTTP API on http://", Duration::from_secs(10));
-    let log = d.log_text();
-    let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
-    log[at..].lines().next().expect("a line").trim().to_string()
-}
-
 /// The id of the model the daemon serves, from `GET /v1/models`.
 fn served_model(socket: &Path) -> String {
     let (_, _, models) = http(socket, "GET", "/v1/models", "");
@@ -214,7 +206,7 @@ fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&st
         .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"])
         .arg(tests_dir().join(file))
         .env("K3_HTTP_SOCKET", http_socket)
-        .env("K3_HTTP_URL", tcp_url(d))
+        .env("K3_HTTP_URL", d.tcp_url())
         .env("K3_HTTP_KEY", KEY)
         .env("K3_MODEL", &model_id)
         .env("K3_BODY_LIMIT", BODY_LIMIT.to_string());

@@ -36,8 +36,13 @@ pub struct Options {
     /// Memory plan options (`--ram-gb` etc.).
     pub model_options: k3_engine::model::LoadOptions,
     pub capacity: Capacity,
-    /// Request limits: `--max-tokens-cap`, `--speculate`.
+    /// Request limits: `--max-tokens-cap`, `--speculate`, `--max-prompt-tokens`.
     pub limits: Limits,
+    /// Why `limits.max_prompt_tokens` is what it is (the flag, or what the plan holds), for
+    /// the start line.
+    pub prompt_limit: String,
+    /// `--stall-timeout`.
+    pub stall_timeout: Duration,
     pub grace: Duration,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
@@ -51,6 +56,9 @@ pub struct Options {
     pub http_settings: crate::http::Settings,
     /// Per-peer connection cap and handshake deadline, on every listener.
     pub connections: gate::ConnectionLimits,
+    /// What reading the settings found worth a warning (a keys file others can read), logged
+    /// once logging is up.
+    pub start_warnings: Vec<String>,
 }
 
 /// How the serving loop ended.
@@ -72,6 +80,9 @@ fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
 
 pub fn run(cfg: Options) -> CliResult {
     logging::start();
+    for warning in &cfg.start_warnings {
+        log_warn!("{warning}");
+    }
     let core = Core::new(k3_engine::serve::Config {
         model: cfg.model.clone(),
         engine: EngineOptions {
@@ -86,6 +97,7 @@ pub fn run(cfg: Options) -> CliResult {
         session_quota: cfg.session_quota,
         log: k3_engine::serve::Log(logging::core_line),
         on_health,
+        stall_timeout: cfg.stall_timeout,
     })
     .map_err(|e| {
         let exit = match &e {
@@ -105,11 +117,21 @@ pub fn run(cfg: Options) -> CliResult {
         log!("HTTP API on {}", b.describe());
     }
     log!(
-        "listening on {} (max {} active, {} queued; pid {})",
+        "listening on {} (max {} active, {} per user; {} queued, {} per user; {} connections, \
+         {} per peer; pid {})",
         listener.describe(),
         cfg.capacity.max_active,
+        cfg.capacity.per_uid.max_active,
         cfg.capacity.max_queue,
+        cfg.capacity.per_uid.max_queued,
+        cfg.connections.total,
+        cfg.connections.per_peer,
         std::process::id()
+    );
+    log!(
+        "prompts up to {} tokens after rendering (--max-prompt-tokens: {})",
+        cfg.limits.max_prompt_tokens,
+        cfg.prompt_limit
     );
     // Two workers are plenty for socket I/O; compute threads belong to the engine.
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -43,6 +43,12 @@ pub struct PhaseCost {
     pub read_busy_seconds: f64,
     /// Time in the forward pass not waiting for reads.
     pub compute_seconds: f64,
+    /// Bytes read from a trunk pack (included in `trunk_bytes` and `head_bytes`), the shard
+    /// bytes they decoded to, and the compute threads' time decoding them (in
+    /// `compute_seconds`).
+    pub pack_bytes: u64,
+    pub pack_decoded_bytes: u64,
+    pub pack_decode_seconds: f64,
 }
 
 impl PhaseCost {
@@ -61,6 +67,9 @@ impl PhaseCost {
             io_wait_seconds: t.io_seconds - s.io_seconds,
             read_busy_seconds: t.read_busy_seconds - s.read_busy_seconds,
             compute_seconds: b.compute - a.compute,
+            pack_bytes: t.pack_bytes_read - s.pack_bytes_read,
+            pack_decoded_bytes: t.pack_decoded_bytes - s.pack_decoded_bytes,
+            pack_decode_seconds: t.pack_decode_seconds - s.pack_decode_seconds,
         }
     }
 

@@ -196,8 +196,8 @@ impl Engine {
                 progress(LoadProgress::Weights { done, total });
             }
         };
-        let model =
-            pool.install(|| Model::load_reporting(&checkpoint, options.model, &mut weights))?;
+        let model = pool
+            .install(|| Model::load_reporting(&checkpoint, options.model.clone(), &mut weights))?;
         progress(LoadProgress::Ready);
         let info = EngineInfo {
             plan: model.plan().to_string(),

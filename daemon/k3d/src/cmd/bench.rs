@@ -34,7 +34,7 @@ use anyhow::{Context, anyhow};
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::engine::measure::{Measured, PhaseCost, measure};
 use k3_engine::engine::{Engine, EngineOptions, PREFILL_CHUNK};
-use k3_engine::plan::{Census, GIB, Plan, StateShape, StreamScheme};
+use k3_engine::plan::{Census, GIB, PackPlan, Plan, StateShape, StreamScheme};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::expert_cache::{PolicyKind, replay, replay_per_layer};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
@@ -234,6 +234,12 @@ struct PhaseFigures {
     io_wait_seconds: f64,
     read_busy_seconds: f64,
     compute_seconds: f64,
+    #[serde(default)]
+    pack_bytes: u64,
+    #[serde(default)]
+    pack_decoded_bytes: u64,
+    #[serde(default)]
+    pack_decode_seconds: f64,
 }
 
 impl From<PhaseCost> for PhaseFigures {
@@ -251,6 +257,9 @@ impl From<PhaseCost> for PhaseFigures {
             io_wait_seconds: p.io_wait_seconds,
             read_busy_seconds: p.read_busy_seconds,
             compute_seconds: p.compute_seconds,
+            pack_bytes: p.pack_bytes,
+            pack_decoded_bytes: p.pack_decoded_bytes,
+            pack_decode_seconds: p.pack_decode_seconds,
         }
     }
 }
@@ -321,12 +330,15 @@ pub fn run(args: Args) -> CliResult {
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
         let options = args.engine_options(ram)?;
-        let plan = k3_engine::plan::Plan::for_model(
-            &checkpoint.config,
-            &checkpoint.layout,
-            &options.model.plan,
-        )
-        .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
+        // As the child will plan it: a pack's decode buffer reserved (the child's own plan,
+        // in its report, says whether it reads the pack).
+        let inputs = k3_engine::plan::PlanInputs {
+            trunk_pack: options.model.trunk_pack.is_some(),
+            ..options.model.plan
+        };
+        let plan =
+            k3_engine::plan::Plan::for_model(&checkpoint.config, &checkpoint.layout, &inputs)
+                .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
         plans.push(plan);
     }
     drop(checkpoint);
@@ -374,11 +386,34 @@ pub fn run(args: Args) -> CliResult {
                 run.report.gemm.flops_per_second / 1e9,
                 per_token(bytes(&run.report.decode), run.report.decode.tokens) / 1e9
             );
+            let d = &run.report.decode;
+            if d.pack_bytes > 0 {
+                eprintln!(
+                    "k3d bench:     trunk pack: {:.3} GB read per token for {:.3} GB of shard bytes \
+                     ({:.1} %), decoded at {:.2} GB/s ({:.3} s per token)",
+                    per_token(d.pack_bytes, d.tokens) / 1e9,
+                    per_token(d.pack_decoded_bytes, d.tokens) / 1e9,
+                    100.0 * d.pack_bytes as f64 / d.pack_decoded_bytes.max(1) as f64,
+                    d.pack_bytes as f64 / d.pack_decode_seconds.max(1e-9) / 1e9,
+                    d.pack_decode_seconds / d.tokens.max(1) as f64
+                );
+            }
             runs.push(run);
+        }
+        let mut plan = plan.clone();
+        if plan.pack != PackPlan::None
+            && let Some(first) = runs.first()
+        {
+            // Whether the pack is read, and so what a token reads, is decided in the child
+            // (it measures the drive and the decoder at load): compare with its plan.
+            let field = |name: &str| first.report.plan.get(name).cloned().unwrap_or_default();
+            plan.pack = serde_json::from_value(field("pack")).map_err(anyhow::Error::from)?;
+            plan.reads = serde_json::from_value(field("reads")).map_err(anyhow::Error::from)?;
+            eprintln!("k3d bench:   trunk pack {}", plan.pack);
         }
         budgets.push(BudgetResult {
             ram: ram.clone(),
-            plan: plan.clone(),
+            plan,
             probe,
             runs,
             work,

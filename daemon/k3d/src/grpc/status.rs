@@ -54,6 +54,11 @@ pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
         batched_passes: s.stats.batched_passes,
         widest_batch: u32::try_from(s.stats.widest_batch).unwrap_or(u32::MAX),
         sessions: Some(super::convert::session_figures(&s.sessions)),
+        parked_requests: count(s.parked),
+        requests_stalled: s.counters.stalled,
+        max_prompt_tokens: count(s.limits.max_prompt_tokens),
+        max_tokens_cap: count(s.limits.max_tokens_cap),
+        stall_timeout_seconds: s.stall_timeout.as_secs_f64(),
     }
 }
 

@@ -278,6 +278,18 @@ impl Collector for CoreFigures {
             "requests_rejected",
             "Generations refused, nothing computed: full queue, invalid request, session refused, not serving (every transport)",
             c.rejected,
+        )?;
+        Self::counter(
+            &mut e,
+            "requests_stalled",
+            "Generations whose reader took nothing for the stall timeout while others waited: parked, or cancelled without room to keep their state",
+            c.stalled,
+        )?;
+        Self::gauge(
+            &mut e,
+            "parked_requests",
+            "Generations parked now: their reader stalled, their state kept, no compute slot",
+            gauge(snap.parked as u64),
         )
     }
 }
