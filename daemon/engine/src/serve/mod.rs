@@ -32,20 +32,37 @@
 //!
 //! ## Using it
 //!
-//! ```no_run
+//! ```
 //! use k3_engine::serve::{Caller, Config, Core, Event, Prompt, Request};
+//! use std::time::Duration;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let core = Core::new(Config::new("/models/k3".into(), "/var/lib/k3d/sessions".into()))?;
+//! # // The repository's trained 2 MB K3; sessions in a private temporary directory.
+//! # let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+//! #     .join("../../tests/fixtures/trained/model");
+//! # let scratch = tempfile::tempdir()?;
+//! # let session_dir = scratch.path().to_path_buf();
+//! let mut config = Config::new(model, session_dir); // the checkpoint; where sessions are kept
+//! config.engine.threads = 1;
+//! let core = Core::new(config)?;
 //! core.start()?; // loads the model on the scheduler thread; jobs may be submitted already
-//! let job = core.submit(Caller::Uid(1000), Request::new(Prompt::Text("Hello".into())))?;
+//! let mut request = Request::new(Prompt::Text("def fibonacci(n):\n".into()));
+//! request.max_tokens = Some(16);
+//! let job = core.submit(Caller::Uid(1000), request)?;
+//! let mut finished = None;
 //! while let Some(event) = job.events.recv() {
 //!     match event {
 //!         Event::Token { piece, .. } => print!("{}", piece.text),
-//!         Event::Done(done) => println!("\n{:?}, {} tokens", done.finish, done.usage().completion_tokens),
-//!         Event::Failed(e) => eprintln!("{e}"),
+//!         Event::Done(done) => {
+//!             println!("\n{:?}, {} tokens", done.finish, done.usage().completion_tokens);
+//!             finished = Some(done.usage().completion_tokens);
+//!         }
+//!         Event::Failed(e) => return Err(e.into()),
 //!         _ => {}
 //!     }
 //! }
+//! core.close(); // stop admitting, then wait for the scheduler thread
+//! assert!(core.join(Duration::from_secs(30)));
+//! assert!(finished.is_some_and(|n| (1..=16).contains(&n)));
 //! # Ok(()) }
 //! ```
 //!

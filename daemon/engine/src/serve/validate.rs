@@ -1,6 +1,8 @@
-//! Request validation, in one place: every limit a job must meet before it is queued, so a
-//! refused request costs nothing and every transport refuses the same things with the same
-//! words.
+//! Request validation: every limit a job must meet before it is queued, so a refused request
+//! costs nothing and every transport refuses the same things with the same words. The one
+//! exception is a range an API documents differently from the engine's (Anthropic's
+//! `temperature` ends at 1, OpenAI's at 2): `k3d`'s `http/request.rs` checks those first, so
+//! the refusal names that API's parameter; what it lets through is checked here again.
 //!
 //! The engine's own rules ([`GenerateRequest::validate`]: ids in the vocabulary, sampling
 //! ranges, speculate, the engine's absolute `max_tokens` limit) run here too, at submission;
