@@ -34,6 +34,15 @@ if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema
     "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0'
 fi
 
+# A full build of the suite takes about 6 GB of target/ (more with incremental caches, which a
+# one-off run never reuses); say so plainly before the linker runs out of room halfway.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+free_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if ((free_kb < 8 * 1024 * 1024)); then
+    echo "tests: only $((free_kb / 1024)) MiB free on $(df -P . | awk 'NR==2 {print $6}'); the suite needs about 8 GiB for target/" >&2
+    exit 1
+fi
+
 # The end-to-end tests spawn the real k3d and k3 binaries from target/debug.
 cargo build --workspace --bins
 # Every test binary runs even after one fails, so one failure does not hide others; cargo still
