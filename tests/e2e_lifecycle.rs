@@ -302,7 +302,14 @@ async fn synth_check_and_status_print_one_fingerprint() {
 async fn sigterm_with_requests_queued_prefilling_and_decoding_keeps_the_session() {
     let (mut d, mut c) = ready_daemon(
         "life-phases",
-        &["--max-active", "2", "--shutdown-grace", "0.5"],
+        &[
+            "--max-active",
+            "2",
+            "--max-active-per-uid",
+            "2",
+            "--shutdown-grace",
+            "0.5",
+        ],
     )
     .await;
     // A completed turn on a session: acknowledged, so it must survive the shutdown.

@@ -475,6 +475,12 @@ async fn run_load(load: Load) {
             MAX_ACTIVE,
             "--max-queue",
             MAX_QUEUE,
+            // One account sends everything: the test is of the slots and the queue, not of
+            // one user's share of them.
+            "--max-active-per-uid",
+            MAX_ACTIVE,
+            "--max-queued-per-uid",
+            MAX_QUEUE,
             // Every client here is one account (root), which the per-peer connection cap
             // (default 64) would otherwise meet: the test is of 64 clients, not of that cap.
             "--max-connections-per-peer",

@@ -158,7 +158,21 @@ async fn a_dropped_stream_stops_its_compute() {
 
 #[tokio::test]
 async fn sixteen_concurrent_clients_get_what_they_get_alone() {
-    let (d, mut c) = ready_daemon("concurrent", &["--max-queue", "16", "--max-active", "4"]).await;
+    let (d, mut c) = ready_daemon(
+        "concurrent",
+        // One account (root) sends all 16: the test is of the slots, not of their fair share.
+        &[
+            "--max-queue",
+            "16",
+            "--max-active",
+            "4",
+            "--max-active-per-uid",
+            "4",
+            "--max-queued-per-uid",
+            "16",
+        ],
+    )
+    .await;
     let requests: Vec<_> = (0..16).map(|i| ids_request(prompt(i), 12)).collect();
     let alone = solo_ids(&mut c, &requests).await;
     let mut queued_seen = false;
@@ -179,7 +193,18 @@ async fn sixteen_concurrent_clients_get_what_they_get_alone() {
 /// passes serving all four — and each gets exactly the ids it gets alone.
 #[tokio::test]
 async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
-    let (d, mut c) = ready_daemon("batched", &["--max-active", "4", "--max-batch", "4"]).await;
+    let (d, mut c) = ready_daemon(
+        "batched",
+        &[
+            "--max-active",
+            "4",
+            "--max-batch",
+            "4",
+            "--max-active-per-uid",
+            "4",
+        ],
+    )
+    .await;
     let prompts: Vec<Vec<u32>> = vec![
         prompt(1),
         (0..45).map(|i| 3 + (i * 7) % 90).collect(),
@@ -214,7 +239,18 @@ async fn four_concurrent_batched_requests_each_equal_their_solo_runs() {
 /// next round) and every output is still exactly as alone.
 #[tokio::test]
 async fn max_batch_caps_the_requests_per_pass() {
-    let (d, mut c) = ready_daemon("batch-cap", &["--max-active", "4", "--max-batch", "2"]).await;
+    let (d, mut c) = ready_daemon(
+        "batch-cap",
+        &[
+            "--max-active",
+            "4",
+            "--max-batch",
+            "2",
+            "--max-active-per-uid",
+            "4",
+        ],
+    )
+    .await;
     let requests: Vec<_> = (0..4).map(|i| ids_request(prompt(i), 100)).collect();
     let alone = solo_ids(&mut c, &requests).await;
     concurrently_as_alone(&d.socket, &requests, &alone).await;
@@ -1501,17 +1537,18 @@ async fn one_users_flood_does_not_starve_another_users_request() {
     let waiting: Vec<_> = (0..2).map(|_| k3_run(&d.socket, heavy, 2)).collect();
     until_queued(&mut c, 2).await;
     let before = status(&mut c).await;
-    // Status says the per-user share: a queue limit set, no compute limit of its own.
+    // Status says the per-user share: the queue limit set, the compute share its default
+    // (half of --max-active, at least 1).
     assert_eq!(
         (before.max_active_per_uid, before.max_queued_per_uid),
-        (None, Some(2))
+        (Some(1), Some(2))
     );
     let shown = k3_command(&d.socket, light)
         .arg("status")
         .output()
         .expect("k3 status");
     assert!(
-        text(&shown.stdout).contains("per user 2 queued"),
+        text(&shown.stdout).contains("per user 1 running, 2 queued"),
         "{}",
         text(&shown.stdout)
     );

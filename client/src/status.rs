@@ -107,16 +107,25 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     line(
         "requests",
         format!(
-            "{} running, {} queued (max {} running, {} queued{}); {} done, {} cancelled, {} failed, {} refused",
+            "{} running, {} queued, {} parked (max {} running, {} queued{}); {} done, {} cancelled, {} failed, {} refused, {} stalled",
             s.active_requests,
             s.queued_requests,
+            s.parked_requests,
             s.max_active,
             s.max_queue,
             per_user_limits(s.max_active_per_uid, s.max_queued_per_uid),
             s.requests_completed,
             s.requests_cancelled,
             s.requests_failed,
-            s.requests_rejected
+            s.requests_rejected,
+            s.requests_stalled
+        ),
+    );
+    line(
+        "limits",
+        format!(
+            "prompt at most {} tokens, {} new; a reader that stalls {:.0} s gives its slot back",
+            s.max_prompt_tokens, s.max_tokens_cap, s.stall_timeout_seconds
         ),
     );
     line(

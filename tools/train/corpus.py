@@ -48,13 +48,6 @@ NAMED_ADDED = [
 ADDED_SLOTS = 256
 EOM, OPEN, CLOSE, SEP = 2, 3, 4, 5
 
-# Spec §8.2 data constant (effort message body), `{E}` substituted.
-EFFORT = (
-    "`thinking_effort` guides on how much to think in your thinking channel (not including the "
-    "response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
-    "Now the system is invoked with `thinking_effort={E}`."
-)
-
 
 def stdlib_files():
     """Top-level `Lib/*.py` of this interpreter, sorted by name, with their text."""
@@ -132,6 +125,16 @@ class Tokenizer:
         self.index = {b: i for i, b in enumerate(ranks)}
         self.cache = {}
 
+    @classmethod
+    def read(cls, work: Path):
+        """The tokenizer `write` left in `work` (its ranks, in rank order)."""
+        ranks = []
+        for rank, line in enumerate((work / "tiktoken.model").read_text().splitlines()):
+            b64, r = line.split()
+            assert int(r) == rank, f"tiktoken.model line {rank + 1}: rank {r}"
+            ranks.append(base64.b64decode(b64))
+        return cls(ranks)
+
     @property
     def n_ranks(self):
         return len(self.ranks)
@@ -203,44 +206,7 @@ class Tokenizer:
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-# ---- chat dialogues (spec §8) ------------------------------------------------------------
-
-
-def render_open(tok, tag, attrs=()):
-    ids = [tok.added(OPEN)] + tok.encode(tag)
-    for k, v in attrs:
-        ids += tok.encode(f' {k}="{v}"')
-    return ids + [tok.added(SEP)]
-
-
-def render_close(tok, tag):
-    return [tok.added(CLOSE)] + tok.encode(tag) + [tok.added(SEP)]
-
-
-def render_message(tok, attrs, body_ids):
-    return (
-        render_open(tok, "message", attrs)
-        + body_ids
-        + render_close(tok, "message")
-        + [tok.added(EOM)]
-    )
-
-
-def dialogue_ids(tok, question, reasoning, answer, think, effort):
-    """One conversation as `k3 chat` renders it (spec §8.2), followed by the assistant's
-    reply and its end: with thinking, the effort message first and a think channel."""
-    ids = []
-    if think:
-        ids += render_message(
-            tok, [("role", "system"), ("type", "thinking-effort")], tok.encode(EFFORT.replace("{E}", effort))
-        )
-    ids += render_message(tok, [("role", "user")], tok.encode(question))
-    body = []
-    if think:
-        body += render_open(tok, "think") + tok.encode(reasoning) + render_close(tok, "think")
-    body += render_open(tok, "response") + tok.encode(answer) + render_close(tok, "response")
-    ids += render_message(tok, [("role", "assistant")], body)
-    return ids
+# ---- docstrings: the facts and prose of the conversations -------------------------------
 
 
 def docstring_facts(files):
@@ -256,22 +222,16 @@ def docstring_facts(files):
     return facts
 
 
-def dialogues(tok, files, count, seed):
-    rng = random.Random(seed)
-    facts = docstring_facts(files)
+def docstring_paragraphs(files):
+    """Prose paragraphs (40–400 characters, at least 5 words) of the modules' docstrings: the
+    bulk of the conversations' long system prompts and tool descriptions."""
     out = []
-    for i in range(count):
-        mod, fn, doc = facts[rng.randrange(len(facts))]
-        question = rng.choice(
-            [
-                f"What does {fn} in the {mod} module do?",
-                f"What does {mod}.{fn} do?",
-                f"Explain {fn} from {mod}.",
-            ]
-        )
-        reasoning = f"The user asks about {fn} in the {mod} module. Its docstring says what it does."
-        answer = f"`{mod}.{fn}`: {doc}"
-        think = i % 2 == 0
-        effort = rng.choice(["low", "high", "max"])
-        out.append(dialogue_ids(tok, question, reasoning, answer, think, effort))
-    return out, len(facts)
+    for _, text in files:
+        m = regex.match(r'\s*(?:#[^\n]*\n\s*)*(?:[rR]?)"""(.*?)"""', text, regex.S)
+        if not m:
+            continue
+        for para in regex.split(r"\n\s*\n", m.group(1)):
+            para = " ".join(para.split())
+            if 40 <= len(para) <= 400 and len(para.split()) >= 5 and para[0].isupper():
+                out.append(para)
+    return out

@@ -1,12 +1,23 @@
 #!/usr/bin/env python3
 """Trains the tiny K3 of tests/fixtures/trained with mlx-lm's `kimi_k3` (CPU, float32).
 
-Usage: train.py WORK_DIR [--steps N]
+Usage: train.py WORK_DIR [--steps N] [--minutes M]
 
 Seeded and deterministic for a given interpreter (its standard library is the text). Writes to
 WORK_DIR: the tokenizer files, `weights.npz` (the f32 training weights, mlx-lm's names),
-`train_log.json` (loss per step, held-out loss before and after) and `corpus.json` (which files
-were used). `export.py` turns the weights into the released layout.
+`train_log.json` (loss per step, held-out losses before and after) and `corpus.json` (which
+files were used). `export.py` turns the weights into the released layout.
+
+Each step: BATCH rows of standard-library source, and CHAT_ROWS rows each ending with one
+conversation of `conversations.py` (source text before it). The loss is the mean
+cross-entropy of the source rows, plus that of the conversations' replies (what the model is
+taught to say), plus PROMPT_WEIGHT times that of the rest of the conversation rows (the
+prompts, which the model reads but is not asked to write). The tokenizer is learned on the
+source and on the text of conversations from another seed.
+
+--minutes M ends the process after about M minutes with the whole state in WORK_DIR (exit 75);
+running it again continues exactly where it stopped (same ids, same weights: checked), so a
+shared machine can run the training in short segments.
 
 Correction bias: mlx-lm's router adds `e_score_correction_bias` only inside the top-k choice,
 which has no gradient, so training never moves it. It is updated with the auxiliary-loss-free
@@ -29,26 +40,34 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import kimi_k3, switch_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import conversations  # noqa: E402
 import corpus  # noqa: E402
 import model_config as mc  # noqa: E402
 
 SEED = 20261202
-BATCH = 16
-SEQ = 64
-DIALOGUE_ROWS = 2  # rows per batch drawn from the dialogue stream
-PEAK_LR = 5e-3
+BATCH = 4  # rows of source text per step
+SEQ = 128
+SHORT_ROWS = 12  # rows per step ending with one bare conversation (source text before it)
+SHORT_SEQ = 288
+CHAT_ROWS = 2  # rows per step ending with one full conversation
+CHAT_SEQ = 768
+PROMPT_WEIGHT = 0.1  # loss weight of a conversation's prompt against its reply's
+TOKENIZER_CHAT_CHARS = 200_000  # conversation text the tokenizer learns from, with the source
+PEAK_LR = 4e-3
 WARMUP = 8
+DECAY_FROM = 0.7  # the learning rate holds its peak until this share of the steps, then decays
 CLIP = 1.0
 BIAS_RATE = 0.01  # short training: 10x DeepSeek-V3's 0.001
 MAX_FILE_BYTES = 40_000
 TRAIN_BYTES = 600_000
 HELD_OUT_EVERY = 10  # every 10th selected file is held out
-DIALOGUES = 600
 EVAL_ROWS = 32
+STEPS = 300
+EXIT_RESUMABLE = 75  # a segment ended, the run goes on (EX_TEMPFAIL)
 
 
 def select_files():
@@ -111,7 +130,10 @@ class RoutingCounter:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("work", type=Path)
-    ap.add_argument("--steps", type=int, default=90)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="stop after about this many minutes with a resumable state in WORK "
+                    f"(exit {EXIT_RESUMABLE}); the next run continues it. 0: run to the end")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     mx.set_default_device(mx.cpu)
@@ -119,23 +141,56 @@ def main():
     rng = random.Random(SEED)
 
     lib, all_files, train_files, held_files = select_files()
+    docs, facts = corpus.docstring_paragraphs(all_files), corpus.docstring_facts(all_files)
     t0 = time.time()
-    ranks = corpus.learn_ranks([t for _, t in train_files], mc.N_RANKS)
-    tok = corpus.Tokenizer(ranks)
-    tok.write(a.work)
+    if Resume(a.work).exists():
+        # A resumed run keeps the tokenizer it started with: its weights are for those ids.
+        tok = corpus.Tokenizer.read(a.work)
+    else:
+        chat_text, scenes = [], conversations.Scenes(docs, facts, SEED + 2)
+        while sum(map(len, chat_text)) < TOKENIZER_CHAT_CHARS:
+            chat_text.append("".join(conversations.texts(scenes.make())))
+        tok = corpus.Tokenizer(corpus.learn_ranks([t for _, t in train_files] + chat_text,
+                                                  mc.N_RANKS))
+        tok.write(a.work)
     stream = []
     for _, t in train_files:
         stream += tok.encode(t)
     held = []
     for _, t in held_files:
         held += tok.encode(t)
-    chats, n_facts = corpus.dialogues(tok, all_files, DIALOGUES, SEED)
-    chat_stream = [i for d in chats for i in d]
+    scenes = conversations.Scenes(docs, facts, SEED)
     print(
         f"tokenizer {tok.n_ranks} ranks in {time.time() - t0:.0f} s; train {len(stream)} ids, "
-        f"held-out {len(held)}, dialogues {len(chat_stream)} ids",
+        f"held-out {len(held)}; {len(docs)} docstring paragraphs, {len(facts)} facts",
         flush=True,
     )
+
+    def chat_rows(scene_source, n, seq, short, text_rng):
+        """n rows of seq + 1 ids, each ending with one conversation (`Scenes.make(short)`),
+        source text before it, and the mask of its reply. A conversation longer than a row is
+        drawn again, but for the long ones (`Scenes.long`), which keep their end: the model
+        sees every part of most conversations, and some cut as a real agent's prompt is
+        to its memory."""
+        rows, replies = [], []
+        for _ in range(n):
+            while True:
+                ids, mask = conversations.render(tok, scene_source.make(short))
+                if len(ids) <= seq + 1 or scene_source.long:
+                    break
+            ids, mask = ids[-(seq + 1) :], mask[-(seq + 1) :]
+            fill = seq + 1 - len(ids)
+            if fill:
+                s = text_rng.randrange(len(stream) - fill)
+                ids, mask = stream[s : s + fill] + ids, [0] * fill + mask
+            rows.append(ids)
+            replies.append(mask[1:])
+        return mx.array(rows), mx.array(replies, dtype=mx.float32)
+
+    def step_rows(scene_source, text_rng):
+        """One step's conversation rows: (bare rows, their masks, full rows, their masks)."""
+        return (*chat_rows(scene_source, SHORT_ROWS, SHORT_SEQ, True, text_rng),
+                *chat_rows(scene_source, CHAT_ROWS, CHAT_SEQ, False, text_rng))
 
     tc = mc.training_text_config(tok.n_ranks)
     model = kimi_k3.Model(kimi_k3.ModelArgs.from_dict({"model_type": "kimi_k3", "text_config": tc}))
@@ -152,50 +207,91 @@ def main():
     counter = RoutingCounter(tc["num_experts"])
     train_experts_quantisation_aware()
 
-    def loss_fn(m, x):
+    def chat_losses(m, short, short_reply, chats, reply):
+        """Cross-entropy of the conversations' replies and of the rest of their rows, each a
+        mean over its ids."""
+        sums = mx.zeros(4)
+        for rows, mask in ((short, short_reply), (chats, reply)):
+            ce = nn.losses.cross_entropy(m(rows[:, :-1]), rows[:, 1:])
+            sums = sums + mx.stack([(ce * mask).sum(), mask.sum(),
+                                    (ce * (1 - mask)).sum(), (1 - mask).sum()])
+        return sums[0] / sums[1], sums[2] / sums[3]
+
+    def losses(m, code, *chats):
+        """Cross-entropy of the source rows, then `chat_losses`."""
         counter.loads = []
-        logits = m(x[:, :-1])
-        loss = nn.losses.cross_entropy(logits, x[:, 1:]).mean()
-        return loss, mx.stack(counter.loads)
+        code_loss = nn.losses.cross_entropy(m(code[:, :-1]), code[:, 1:]).mean()
+        return (code_loss, *chat_losses(m, *chats))
+
+    def loss_fn(m, *rows):
+        code_loss, reply_loss, context_loss = losses(m, *rows)
+        loss = code_loss + reply_loss + PROMPT_WEIGHT * context_loss
+        return loss, (code_loss, reply_loss, mx.stack(counter.loads))
+
+    eval_rows = step_rows(conversations.Scenes(docs, facts, SEED + 3), random.Random(SEED + 3))
 
     def held_out_loss():
+        """(source text, conversation replies): held-out files and the conversations of a step
+        drawn from a seed training never uses."""
         erng = random.Random(SEED + 1)
         rows = mx.array(windows(held, EVAL_ROWS, erng))
-        losses = []
+        code = []
         for i in range(0, EVAL_ROWS, BATCH):
-            loss, _ = loss_fn(model, rows[i : i + BATCH])
-            losses.append(float(loss))
-        return sum(losses) / len(losses)
+            code.append(float(nn.losses.cross_entropy(model(rows[i : i + BATCH, :-1]),
+                                                      rows[i : i + BATCH, 1:]).mean()))
+        return sum(code) / len(code), float(chat_losses(model, *eval_rows)[0])
 
     def schedule(s):
-        """Linear warm-up, then cosine decay to a tenth of the peak (mx ops: s is an array)."""
+        """Linear warm-up, the peak until DECAY_FROM of the steps, then cosine decay to a tenth
+        of the peak (mx ops: s is an array). A run stopped before its decay is a prefix of a
+        run of more steps, so the length can be chosen late."""
         warm = mx.minimum(1.0, (s + 1) / WARMUP)
-        return PEAK_LR * warm * (0.1 + 0.45 * (1 + mx.cos(math.pi * mx.minimum(1.0, s / a.steps))))
+        start = DECAY_FROM * a.steps
+        t = mx.clip((s - start) / (a.steps - start), 0.0, 1.0)
+        return PEAK_LR * warm * (0.1 + 0.45 * (1 + mx.cos(math.pi * t)))
 
     opt = optim.Adam(learning_rate=schedule)
     step_fn = nn.value_and_grad(model, loss_fn)
-    log = {"held_out_before": held_out_loss(), "steps": []}
-    print(f"held-out loss before: {log['held_out_before']:.3f}", flush=True)
-    start = time.time()
-    for step in range(a.steps):
-        rows = windows(stream, BATCH - DIALOGUE_ROWS, rng) + windows(chat_stream, DIALOGUE_ROWS, rng)
-        (loss, loads), grads = step_fn(model, mx.array(rows))
+    resume = Resume(a.work)
+    if resume.exists():
+        first, log = resume.load(model, opt, rng, scenes.rng)
+        print(f"resuming at step {first}", flush=True)
+    else:
+        before = held_out_loss()
+        first, log = 0, {"held_out_before": before[0], "held_out_reply_before": before[1],
+                         "steps": []}
+        print(f"held-out loss before: source {before[0]:.3f}, replies {before[1]:.3f}", flush=True)
+    segment = time.time()
+    start = segment - (log["steps"][-1]["seconds"] if log["steps"] else 0)
+    for step in range(first, a.steps):
+        if a.minutes and time.time() - segment > a.minutes * 60:
+            resume.save(step, log, model, opt, rng, scenes.rng)
+            print(f"segment ended before step {step}; run again to continue", flush=True)
+            sys.exit(EXIT_RESUMABLE)
+        code = mx.array(windows(stream, BATCH, rng))
+        (loss, (code_loss, reply_loss, loads)), grads = step_fn(model, code, *step_rows(scenes, rng))
         grads, norm = optim.clip_grad_norm(grads, CLIP)
         opt.update(model, grads)
+        # All passes of the step counted: loads has one row per MoE layer and pass.
+        loads = loads.reshape(-1, len(moe_layers), loads.shape[-1]).sum(axis=0)
         for moe, load in zip(moe_layers, loads):
             load = load.astype(mx.float32)
             moe.e_score_correction_bias = moe.e_score_correction_bias + BIAS_RATE * mx.sign(
                 load.mean() - load
             )
         mx.eval(loss, model.parameters(), opt.state)
-        entry = {"step": step, "loss": float(loss), "grad_norm": float(norm), "seconds": time.time() - start}
+        entry = {"step": step, "loss": float(loss), "source_loss": float(code_loss),
+                 "reply_loss": float(reply_loss), "grad_norm": float(norm),
+                 "seconds": time.time() - start}
         log["steps"].append(entry)
         print(json.dumps(entry), flush=True)
         if step % 10 == 9 or step == a.steps - 1:
             save(model, a.work / "weights.npz")
-    log["held_out_after"] = held_out_loss()
+    resume.clear()
+    after = held_out_loss()
+    log["held_out_after"], log["held_out_reply_after"] = after
     log["train_seconds"] = time.time() - start
-    print(f"held-out loss after: {log['held_out_after']:.3f}", flush=True)
+    print(f"held-out loss after: source {after[0]:.3f}, replies {after[1]:.3f}", flush=True)
     (a.work / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     meta = {
         "stdlib": str(lib),
@@ -204,17 +300,61 @@ def main():
         "held_out_files": [n for n, _ in held_files],
         "train_ids": len(stream),
         "held_out_ids": len(held),
-        "dialogues": DIALOGUES,
-        "dialogue_ids": len(chat_stream),
-        "docstring_facts": n_facts,
+        "docstring_paragraphs": len(docs),
+        "docstring_facts": len(facts),
+        "tokenizer_chat_chars": TOKENIZER_CHAT_CHARS,
         "seed": SEED,
         "batch": BATCH,
         "seq": SEQ,
+        "short_rows": SHORT_ROWS,
+        "short_seq": SHORT_SEQ,
+        "chat_rows": CHAT_ROWS,
+        "chat_seq": CHAT_SEQ,
+        "prompt_weight": PROMPT_WEIGHT,
         "steps": a.steps,
         "peak_lr": PEAK_LR,
+        "decay_from": DECAY_FROM,
         "bias_rate": BIAS_RATE,
     }
     (a.work / "corpus.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+class Resume:
+    """A run's state between segments (`--minutes`): weights, optimizer state, both random
+    generators, the next step and the log, so that a resumed run computes what an
+    uninterrupted one does."""
+
+    def __init__(self, work):
+        self.arrays, self.meta = work / "resume.npz", work / "resume.json"
+
+    def exists(self):
+        return self.meta.exists()
+
+    def save(self, step, log, model, opt, rng, scene_rng):
+        flat = {"model." + k: np.array(v) for k, v in tree_flatten(model.parameters())}
+        flat.update({"opt." + k: np.array(v) for k, v in tree_flatten(opt.state)})
+        tmp = self.arrays.with_suffix(".tmp.npz")
+        np.savez(tmp, **flat)
+        tmp.rename(self.arrays)
+        meta = {"step": step, "log": log, "rng": rng.getstate(), "scene_rng": scene_rng.getstate()}
+        self.meta.with_suffix(".tmp").write_text(json.dumps(meta))
+        self.meta.with_suffix(".tmp").rename(self.meta)
+
+    def load(self, model, opt, rng, scene_rng):
+        flat = dict(np.load(self.arrays))
+        part = lambda prefix: tree_unflatten(
+            [(k[len(prefix) :], mx.array(v)) for k, v in flat.items() if k.startswith(prefix)])
+        model.update(part("model."))
+        opt.init(model.trainable_parameters())
+        opt.state = part("opt.")
+        meta = json.loads(self.meta.read_text())
+        for generator, state in ((rng, meta["rng"]), (scene_rng, meta["scene_rng"])):
+            generator.setstate((state[0], tuple(state[1]), state[2]))
+        return meta["step"], meta["log"]
+
+    def clear(self):
+        self.arrays.unlink(missing_ok=True)
+        self.meta.unlink(missing_ok=True)
 
 
 def save(model, path):

@@ -218,7 +218,7 @@ fn batched_equals_alone(shape: &str) {
         (2, resident, "trunk-resident"),
     ] {
         let engine = open(&ck.dir, threads, budget);
-        let before = engine.stats().bytes_read;
+        let before = engine.stats().store.bytes_read;
         let (batched, seen) = run_batched(&engine, &reqs);
         assert_eq!(seen.widest, MEMBERS, "{shape}: all four ran in one pass");
         assert!(seen.mixed, "{shape}: a pass mixed prefill and decode");
@@ -231,7 +231,7 @@ fn batched_equals_alone(shape: &str) {
         }
         // Traffic is charged to members, all of it: the shares add up to what the store read.
         let charged: u64 = batched.iter().map(|s| s.bytes_read).sum();
-        let read = engine.stats().bytes_read - before;
+        let read = engine.stats().store.bytes_read - before;
         assert_eq!(charged, read, "{shape} {name}: bytes charged");
         if name == "minimum" {
             assert!(read > 0, "{shape}: the minimum budget streams");

@@ -102,6 +102,42 @@ fn trained_matches_mlx() {
     compare("trained", &load(&model_dir), &dir, &meta);
 }
 
+/// The trained reference's last prompt is a chat prompt (`tools/train/make_trained.sh` writes
+/// it as text with the control strings and tokenises it with `k3d tokenize --specials`): it is
+/// exactly what the template renders for its conversation (spec §8.2) — one tool declared,
+/// thinking off, a user question, the generation prompt — so mlx-lm's reference covers the
+/// model on a chat turn as the daemon builds it.
+#[test]
+fn trained_reference_chat_prompt_is_the_rendered_conversation() {
+    use k3_engine::tokenizer::Tokenizer;
+    use k3_engine::tokenizer::chat::{Conversation, Message, Role, Thinking, Tool, render};
+
+    let model_dir = fixtures().join("trained/model");
+    let meta = read_meta(&fixtures().join("trained/reference"));
+    let prompts = meta["prompts"].as_array().expect("prompts");
+    let reference = ids(prompts.last().expect("a prompt"), "prompt");
+    let conversation = Conversation {
+        messages: vec![Message::new(Role::User, "What's the weather in Paris?")],
+        thinking: Thinking::Off,
+        generation_prompt: true,
+        tools: vec![Tool {
+            name: "get_weather".into(),
+            description: None,
+            parameters: Some(serde_json::json!({
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            })),
+        }],
+        ..Conversation::default()
+    };
+    let tokenizer = Tokenizer::load(&model_dir).expect("the trained tokenizer");
+    assert_eq!(
+        render(&tokenizer, &conversation).expect("renders"),
+        reference
+    );
+}
+
 fn compare(shape: &str, model: &Model, dir: &Path, meta: &Value) {
     let vocab = model.config().vocab_size;
     assert_eq!(meta["vocab_size"].as_u64(), Some(vocab as u64));

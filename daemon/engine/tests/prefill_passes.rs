@@ -216,7 +216,7 @@ fn generate(engine: &Engine, ids: &[u32], max_tokens: usize) -> Run {
             ..GenerateRequest::default()
         })
         .expect("start");
-    let before = engine.stats().bytes_read;
+    let before = engine.stats().store.bytes_read;
     let mut prefill_steps = Vec::new();
     let mut prefill_bytes = 0;
     loop {
@@ -224,7 +224,7 @@ fn generate(engine: &Engine, ids: &[u32], max_tokens: usize) -> Run {
             s @ Step::Prefill { done, total, .. } => {
                 prefill_steps.push(s);
                 if done == total {
-                    prefill_bytes = engine.stats().bytes_read - before;
+                    prefill_bytes = engine.stats().store.bytes_read - before;
                 }
             }
             Step::Token { .. } => {}

@@ -49,6 +49,7 @@ fn core_with(
     config.limits = Limits {
         max_tokens_cap: CAP,
         speculate: 0,
+        max_prompt_tokens: k3_engine::serve::validate::MAX_PROMPT_TOKENS,
     };
     tweak(&mut config);
     let core = Core::new(config).expect("core");
@@ -177,17 +178,23 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
 /// A core over a fresh tiny model (seed `seed`) computing one job at a time, `max_queue`
 /// waiting; the checkpoint is removed when the first value is dropped.
 fn one_slot(seed: u64, max_queue: usize) -> (TempCheckpoint, Core) {
+    one_slot_with(seed, max_queue, |_| {})
+}
+
+/// [`one_slot`], with `tweak` applied to its configuration last.
+fn one_slot_with(
+    seed: u64,
+    max_queue: usize,
+    tweak: impl FnOnce(&mut Config),
+) -> (TempCheckpoint, Core) {
     let ck = synth("tiny", seed);
-    let core = core(
-        &ck.dir,
-        &ck.dir.join("sessions"),
-        Capacity {
-            max_active: 1,
-            max_batch: 1,
-            max_queue,
-            per_uid: UidLimits::default(),
-        },
-    );
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue,
+        per_uid: UidLimits::default(),
+    };
+    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, tweak);
     (ck, core)
 }
 
@@ -350,7 +357,8 @@ fn every_refusal_names_its_rule() {
     assert_eq!(
         refused(ids(vec![1; (1 << 20) + 1], 4)),
         Invalid::PromptTooLong {
-            tokens: (1 << 20) + 1
+            tokens: (1 << 20) + 1,
+            limit: 1 << 20
         }
     );
     // The synthetic model advertises 1,048,576 positions: a prompt that fills them leaves no
@@ -396,17 +404,7 @@ fn every_refusal_names_its_rule() {
 /// [`one_slot`] with room for kept states (they live in the session allowance), for the
 /// automatic prefix reuse tests.
 fn reusing_slot(seed: u64) -> (TempCheckpoint, Core) {
-    let ck = synth("tiny", seed);
-    let one = Capacity {
-        max_active: 1,
-        max_batch: 1,
-        max_queue: 4,
-        per_uid: UidLimits::default(),
-    };
-    let core = core_with(&ck.dir, &ck.dir.join("sessions"), one, |c| {
-        c.session_bytes = Some(64 << 20)
-    });
-    (ck, core)
+    one_slot_with(seed, 4, |c| c.session_bytes = Some(64 << 20))
 }
 
 /// Automatic prefix reuse warms a chat's next turn once its reply is out (`serve::prefix`):
@@ -511,6 +509,166 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
         core.metrics().timings.warmed_tokens,
         0,
         "the warming ran while another request waited"
+    );
+}
+
+/// Issue 35 point 3: `max_prompt_tokens` is counted after rendering (a chat's tools weigh as
+/// much as its messages), names the limit, and `count_tokens` answers within the same limit.
+#[test]
+fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit() {
+    // The tiny model's vocabulary spells most text byte by byte: one short message renders
+    // to a few hundred ids.
+    let limit = 400;
+    let (_ck, core) = one_slot_with(13, 4, |c| c.limits.max_prompt_tokens = limit);
+    let refused = |r: Request| match core.submit(Caller::Uid(7), r) {
+        Err(ServeError::Invalid(i)) => i,
+        Err(e) => panic!("not an invalid request: {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    let job = core
+        .submit(Caller::Uid(7), ids(vec![3; limit], 2))
+        .expect("at the limit");
+    assert!(drain(&job).1.is_ok());
+    let over = refused(ids(vec![3; limit + 1], 2));
+    assert_eq!(
+        over,
+        Invalid::PromptTooLong {
+            tokens: limit + 1,
+            limit
+        }
+    );
+    assert!(
+        over.to_string().contains("--max-prompt-tokens") && over.to_string().contains("400"),
+        "{over}"
+    );
+
+    // One short message: within the limit, and count_tokens says exactly how long it is.
+    let short = Conversation {
+        messages: vec![Message::new(Role::User, "Hi.")],
+        ..Conversation::default()
+    };
+    let counted = core
+        .count_tokens(
+            core.turn(core.reserve(&Caller::Uid(7)).expect("place")),
+            short.clone(),
+        )
+        .expect("counted");
+    let job = core
+        .submit(Caller::Uid(7), ids_chat(short.clone()))
+        .expect("a short chat");
+    assert_eq!(job.prompt_tokens, counted);
+    assert!(drain(&job).1.is_ok());
+
+    // The same message with a tool declared: the tool's rendering makes it too long.
+    let tool = k3_engine::tokenizer::chat::Tool {
+        name: "look_up".into(),
+        description: Some(
+            "Looks a word up in the dictionary and returns every sense it has.".into(),
+        ),
+        parameters: Some(serde_json::json!(
+            {"type": "object", "properties": {"word": {"type": "string"}}}
+        )),
+    };
+    let with_tool = Conversation {
+        tools: vec![tool],
+        ..short
+    };
+    let Invalid::PromptTooLong { tokens, limit: l } = refused(ids_chat(with_tool.clone())) else {
+        panic!("not refused for its length");
+    };
+    assert!(tokens > limit && l == limit, "{tokens} of {l}");
+    let count = core.count_tokens(
+        core.turn(core.reserve(&Caller::Uid(7)).expect("place")),
+        with_tool,
+    );
+    assert!(
+        matches!(count, Err(ServeError::Invalid(Invalid::PromptTooLong { tokens: t, .. })) if t == tokens),
+        "{count:?}"
+    );
+    assert_eq!(core.status().queued, 0, "count_tokens gave its place back");
+}
+
+fn ids_chat(conversation: Conversation) -> Request {
+    Request {
+        max_tokens: Some(2),
+        ..Request::new(Prompt::Chat(conversation))
+    }
+}
+
+/// A core computing one job at a time whose readers stall after `stall`, with `session_bytes`
+/// of session allowance to park stalled jobs in.
+fn stalling_slot(seed: u64, session_bytes: u64) -> (TempCheckpoint, Core) {
+    one_slot_with(seed, 4, |c| {
+        c.session_bytes = Some(session_bytes);
+        c.stall_timeout = Duration::from_millis(200);
+    })
+}
+
+/// Issue 35 point 4: a job whose reader takes nothing gives its compute slot to the one
+/// waiting, keeping its state; when its reader reads again it resumes exactly where it
+/// stopped and its whole output is the solo run's.
+#[test]
+fn a_stalled_reader_gives_its_slot_back_and_later_gets_its_whole_reply() {
+    let (ck, core) = stalling_slot(14, 64 << 20);
+    let request = ids(vec![21, 22, 23], 64);
+    let unread = core
+        .submit(Caller::Uid(7), request.clone())
+        .expect("unread");
+    computing(&unread);
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 8))
+        .expect("other");
+    let started = Instant::now();
+    let (out, end) = drain(&other);
+    assert!(end.is_ok(), "{end:?}");
+    assert_eq!(out.len(), 8);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the other request waited {:?}",
+        started.elapsed()
+    );
+    let status = core.status();
+    assert_eq!(status.counters.stalled, 1, "{:?}", status.counters);
+    let (got, end) = drain(&unread);
+    assert!(end.is_ok(), "{end:?}");
+    let alone = solo(
+        &ck.dir,
+        GenerateRequest {
+            prompt: vec![21, 22, 23],
+            max_tokens: 64,
+            ..GenerateRequest::default()
+        },
+    );
+    assert_eq!(got, alone, "the parked job's output");
+    assert!(core.drained());
+}
+
+/// With no room in the session allowance to keep its state, a stalled job is cancelled, and
+/// its reader, coming back, finds what it left unread and then why it ended.
+#[test]
+fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
+    let (_ck, core) = stalling_slot(15, 0);
+    let unread = core
+        .submit(Caller::Uid(7), ids(vec![21, 22, 23], 64))
+        .expect("unread");
+    computing(&unread);
+    let other = core
+        .submit(Caller::Uid(8), ids(vec![5, 6, 7], 8))
+        .expect("other");
+    assert!(drain(&other).1.is_ok());
+    let (got, end) = drain(&unread);
+    assert!(!got.is_empty() && got.len() < 64, "{} tokens", got.len());
+    match end {
+        Err(e @ ServeError::Stalled { .. }) => {
+            assert!(e.to_string().contains("--stall-timeout"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let counters = core.status().counters;
+    assert_eq!(
+        (counters.stalled, counters.cancelled),
+        (1, 1),
+        "{counters:?}"
     );
 }
 

@@ -36,8 +36,13 @@ pub struct Options {
     /// Memory plan options (`--ram-gb` etc.).
     pub model_options: k3_engine::model::LoadOptions,
     pub capacity: Capacity,
-    /// Request limits: `--max-tokens-cap`, `--speculate`.
+    /// Request limits: `--max-tokens-cap`, `--speculate`, `--max-prompt-tokens`.
     pub limits: Limits,
+    /// Why `limits.max_prompt_tokens` is what it is (the flag, or what the plan holds), for
+    /// the start line.
+    pub prompt_limit: String,
+    /// `--stall-timeout`.
+    pub stall_timeout: Duration,
     pub grace: Duration,
     /// Where sessions are saved and spilled.
     pub session_dir: PathBuf,
@@ -92,6 +97,7 @@ pub fn run(cfg: Options) -> CliResult {
         session_quota: cfg.session_quota,
         log: k3_engine::serve::Log(logging::core_line),
         on_health,
+        stall_timeout: cfg.stall_timeout,
     })
     .map_err(|e| {
         let exit = match &e {
@@ -111,11 +117,21 @@ pub fn run(cfg: Options) -> CliResult {
         log!("HTTP API on {}", b.describe());
     }
     log!(
-        "listening on {} (max {} active, {} queued; pid {})",
+        "listening on {} (max {} active, {} per user; {} queued, {} per user; {} connections, \
+         {} per peer; pid {})",
         listener.describe(),
         cfg.capacity.max_active,
+        cfg.capacity.per_uid.max_active,
         cfg.capacity.max_queue,
+        cfg.capacity.per_uid.max_queued,
+        cfg.connections.total,
+        cfg.connections.per_peer,
         std::process::id()
+    );
+    log!(
+        "prompts up to {} tokens after rendering (--max-prompt-tokens: {})",
+        cfg.limits.max_prompt_tokens,
+        cfg.prompt_limit
     );
     // Two workers are plenty for socket I/O; compute threads belong to the engine.
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -32,6 +32,7 @@ enum Command {
     /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
     Detokenize(cmd::tokenize::DetokenizeArgs),
     /// Load a model once and serve it to `k3` clients over a Unix socket.
+    // Boxed: its many settings make it far larger than the other commands' arguments.
     Serve(Box<cmd::serve::Args>),
     /// Check this machine (and a model directory) and recommend a memory budget.
     Doctor(cmd::doctor::Args),

@@ -79,28 +79,19 @@ impl EngineInfo {
     }
 }
 
-/// Counters since the engine was opened.
+/// Counters since the engine was opened: the store's own figures as the store reports them
+/// (one struct from the store to every surface; the transports convert it once, gRPC in
+/// `k3d`'s `grpc/status.rs`, Prometheus in `http/metrics.rs`) plus the engine's batching.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EngineStats {
-    pub bytes_read: u64,
-    /// `bytes_read` by class: trunk layers, routed experts, embedding rows, the lm_head.
-    pub trunk_bytes_read: u64,
-    pub expert_bytes_read: u64,
-    pub embedding_bytes_read: u64,
-    pub head_bytes_read: u64,
-    pub bytes_avoided: u64,
-    pub peak_rss_bytes: u64,
+    /// Weight bytes read and avoided by class, read time, the expert cache's counters.
+    pub store: StoreStats,
     /// Forward passes run by steps ([`super::Engine::step_batch`]).
     pub forward_passes: u64,
     /// Of those, passes that served two or more generations at once.
     pub batched_passes: u64,
     /// The most generations one pass has served.
     pub widest_batch: u64,
-    /// Expert cache: bytes holding an expert now; routed-expert requests served from memory,
-    /// and those that needed a read.
-    pub cache_resident_bytes: u64,
-    pub cache_hits: u64,
-    pub cache_misses: u64,
 }
 
 /// How many generations the engine's forward passes served, counted as they run.
@@ -124,21 +115,12 @@ impl BatchCounters {
 }
 
 impl EngineStats {
-    pub(super) fn new(s: StoreStats, batches: &BatchCounters) -> Self {
+    pub(super) fn new(store: StoreStats, batches: &BatchCounters) -> Self {
         EngineStats {
-            bytes_read: s.bytes_read,
-            trunk_bytes_read: s.trunk_bytes_read,
-            expert_bytes_read: s.expert_bytes_read,
-            embedding_bytes_read: s.embedding_bytes_read,
-            head_bytes_read: s.head_bytes_read,
-            bytes_avoided: s.bytes_avoided,
-            peak_rss_bytes: crate::system::ProcessMemory::now().peak_rss,
+            store,
             forward_passes: batches.passes.load(Ordering::Relaxed),
             batched_passes: batches.batched.load(Ordering::Relaxed),
             widest_batch: batches.widest.load(Ordering::Relaxed),
-            cache_resident_bytes: s.cache_resident_bytes,
-            cache_hits: s.cache.hits,
-            cache_misses: s.cache.requests - s.cache.hits,
         }
     }
 }

@@ -7,8 +7,10 @@
 //! no higher, so uids take turns and one user's many requests cannot starve another's single
 //! one; a uid's own jobs keep their order. Per-uid limits ([`UidLimits`]) bound how many of one
 //! uid's jobs compute at once (the others wait while other uids' jobs start) and how many may
-//! wait (beyond, [`ServeError::UidBusy`] at once). The uid is the transport's: peer credentials
-//! on a Unix socket; callers whose uid is unknown — HTTP over TCP among them — share one turn.
+//! wait (beyond, [`ServeError::UidBusy`] at once). What is counted as one "uid" here is the
+//! caller's account ([`Caller::account`], issue 35 point 5): a local account as the kernel
+//! names it (a Unix peer, the owner of a loopback TCP socket), each API key of a keyed TCP
+//! caller, and the callers nobody vouches for, together.
 //!
 //! Everything sits behind one mutex taken only for short bookkeeping (never across compute),
 //! so transports stay responsive while the engine steps (engine-lessons §9: a bounded queue
@@ -34,8 +36,8 @@ pub(crate) struct Job {
     pub id: u64,
     /// Who sent it, as its transport vouches.
     pub caller: Caller,
-    /// The caller's uid (`caller.uid()`), which limits and fairness count today.
-    pub uid: Option<u32>,
+    /// The caller's account ([`Caller::account`]): what limits and fair turns count.
+    pub account: Caller,
     pub request: GenerateRequest,
     pub kind: Kind,
     pub events: EventSender,
@@ -64,7 +66,7 @@ impl Job {
     ) -> Job {
         Job {
             id,
-            uid: caller.uid(),
+            account: caller.account(),
             caller,
             request,
             kind,
@@ -83,6 +85,49 @@ impl Job {
             self.announced = position;
             self.events.offer(Event::Queued { position });
         }
+    }
+}
+
+/// A place in the queue: an admitted job, or the place reserved for one whose request is
+/// still being read and tokenised ([`Admission::reserve`]: the limits are checked before any
+/// of that work, so a refusal costs nothing and a flood holds no memory).
+enum Entry {
+    /// Boxed: a job is large beside the other entries, which the queue holds by value.
+    Job(Box<Job>),
+    Reserved {
+        id: u64,
+        account: Caller,
+    },
+    /// A parked job ([`Admission::park`]) whose reader reads again: it waits for a compute
+    /// slot in turn like any job, and goes back into the batch as it was.
+    Resume {
+        id: u64,
+        account: Caller,
+    },
+}
+
+impl Entry {
+    fn account(&self) -> &Caller {
+        match self {
+            Entry::Job(job) => &job.account,
+            Entry::Reserved { account, .. } | Entry::Resume { account, .. } => account,
+        }
+    }
+
+    fn job(&self) -> Option<&Job> {
+        match self {
+            Entry::Job(job) => Some(job),
+            Entry::Reserved { .. } | Entry::Resume { .. } => None,
+        }
+    }
+
+    /// Something to start: a job, or a parked job to resume (not a reserved place).
+    fn startable(&self) -> bool {
+        !matches!(self, Entry::Reserved { .. })
+    }
+
+    fn is_reserved(&self, id: u64) -> bool {
+        matches!(self, Entry::Reserved { id: reserved, .. } if *reserved == id)
     }
 }
 
@@ -111,6 +156,16 @@ pub struct UidLimits {
     pub max_queued: usize,
 }
 
+impl UidLimits {
+    /// One user's default share of a daemon-wide limit: half of it (at least 1), so that one
+    /// user never holds every compute slot or every place in the queue while another waits
+    /// (issue 35 point 5). With `--max-active 1` the one slot is shared in time instead: a
+    /// stalled reader gives it back.
+    pub fn share_of(limit: usize) -> usize {
+        (limit / 2).max(1)
+    }
+}
+
 impl Default for UidLimits {
     fn default() -> UidLimits {
         UidLimits {
@@ -130,6 +185,10 @@ pub struct Counters {
     /// Ended by a failure of the model or of the session storage while it ran: the daemon's
     /// fault, never the request's.
     pub failed: u64,
+    /// Running jobs whose reader took nothing for the stall timeout while others waited:
+    /// parked with their state, or (no room to keep it) cancelled — those are in `cancelled`
+    /// too.
+    pub stalled: u64,
     /// Refused, nothing computed: the queue was full, the request broke a rule, its session
     /// was refused, or k3d was not serving ([`ServeError::is_refusal`]); also one refused when
     /// it started (after admission).
@@ -184,31 +243,39 @@ impl Canceller {
 pub struct UidLoad {
     pub queued: usize,
     pub running: usize,
+    /// Parked: their reader stalled and their compute slot went to others.
+    pub parked: usize,
 }
 
 struct Running {
     cancel: Arc<AtomicBool>,
+    /// The owner's uid, for cancels.
     uid: Option<u32>,
+    account: Caller,
 }
 
 struct State {
     health: Health,
     accepting: bool,
-    queue: VecDeque<Job>,
+    queue: VecDeque<Entry>,
     running: HashMap<u64, Running>,
-    per_uid: HashMap<Option<u32>, UidLoad>,
+    /// Jobs parked by the scheduler (their readers stalled): no compute slot, their state
+    /// kept; cancels reach them here.
+    parked: HashMap<u64, Running>,
+    /// By account ([`Caller::account`]).
+    per_uid: HashMap<Caller, UidLoad>,
     counters: Counters,
     info: Option<EngineInfo>,
     stats: EngineStats,
 }
 
 impl State {
-    fn load(&mut self, uid: Option<u32>) -> &mut UidLoad {
-        self.per_uid.entry(uid).or_default()
+    fn load(&mut self, account: &Caller) -> &mut UidLoad {
+        self.per_uid.entry(account.clone()).or_default()
     }
 
-    fn running_of(&self, uid: Option<u32>) -> usize {
-        self.per_uid.get(&uid).map_or(0, |l| l.running)
+    fn running_of(&self, account: &Caller) -> usize {
+        self.per_uid.get(account).map_or(0, |l| l.running)
     }
 
     /// The queue index where a new job of `uid` goes: before the first job whose round is
@@ -216,13 +283,16 @@ impl State {
     /// ahead of it; the new job's, its uid's running plus queued jobs. So a newcomer with
     /// nothing running goes ahead of a heavy user's second job, uids alternate, and a uid's
     /// own jobs keep their order (each has a higher round than those it follows).
-    fn fair_index(&self, uid: Option<u32>) -> usize {
-        let own = self.per_uid.get(&uid).map_or(0, |l| l.running + l.queued);
-        let mut rounds: HashMap<Option<u32>, usize> = HashMap::new();
-        for (index, job) in self.queue.iter().enumerate() {
+    fn fair_index(&self, account: &Caller) -> usize {
+        let own = self
+            .per_uid
+            .get(account)
+            .map_or(0, |l| l.running + l.queued);
+        let mut rounds: HashMap<&Caller, usize> = HashMap::new();
+        for (index, entry) in self.queue.iter().enumerate() {
             let round = rounds
-                .entry(job.uid)
-                .or_insert_with(|| self.running_of(job.uid));
+                .entry(entry.account())
+                .or_insert_with(|| self.running_of(entry.account()));
             if *round > own {
                 return index;
             }
@@ -232,19 +302,27 @@ impl State {
     }
 
     /// Forget an idle uid, so the map holds only uids with work.
-    fn tidy(&mut self, uid: Option<u32>) {
-        if self.per_uid.get(&uid) == Some(&UidLoad::default()) {
-            self.per_uid.remove(&uid);
+    fn tidy(&mut self, account: &Caller) {
+        if self.per_uid.get(account) == Some(&UidLoad::default()) {
+            self.per_uid.remove(account);
         }
     }
 
-    /// Remove queued job `index` (it will not run); counted as cancelled.
-    fn unqueue(&mut self, index: usize) -> Option<Job> {
-        let job = self.queue.remove(index)?;
-        self.load(job.uid).queued -= 1;
-        self.tidy(job.uid);
-        self.counters.cancelled += 1;
-        Some(job)
+    /// Remove queue entry `index`: a job (it will not run) is counted as cancelled, a
+    /// reservation only gives its place back.
+    fn unqueue(&mut self, index: usize) -> Option<Entry> {
+        let entry = self.queue.remove(index)?;
+        self.load(entry.account()).queued -= 1;
+        self.tidy(entry.account());
+        if let Entry::Job(_) = entry {
+            self.counters.cancelled += 1;
+        }
+        Some(entry)
+    }
+
+    /// A queued job or a parked one to resume is there to start.
+    fn has_startable(&self) -> bool {
+        self.queue.iter().any(Entry::startable)
     }
 
     /// Queued jobs whose receiver was dropped leave the queue.
@@ -252,15 +330,15 @@ impl State {
         let mut gone = Vec::new();
         let mut i = 0;
         while i < self.queue.len() {
-            if self.queue[i].events.is_abandoned() {
-                if let Some(mut job) = self.unqueue(i) {
+            if self.queue[i].job().is_some_and(|j| j.events.is_abandoned()) {
+                if let Some(Entry::Job(mut job)) = self.unqueue(i) {
                     // The lease is released here, under the lock, not when `gone` is dropped
                     // after it: when the scheduler's take purges a job its reader just dropped,
                     // the reader's own purge finds nothing, and its next request on the same
                     // session must not find the session still in use (sessions never take this
                     // lock, so the order admission → sessions cannot deadlock).
                     drop(job.lease.take());
-                    gone.push(job);
+                    gone.push(*job);
                 }
             } else {
                 i += 1;
@@ -279,6 +357,8 @@ pub struct AdmissionFigures {
     pub stats: EngineStats,
     pub active: usize,
     pub queued: usize,
+    /// Parked jobs (stalled readers).
+    pub parked: usize,
     pub counters: Counters,
 }
 
@@ -294,8 +374,11 @@ pub(crate) struct Admission {
 /// What the scheduler gets from [`Admission::take`].
 pub(crate) struct Taken {
     pub jobs: Vec<Job>,
+    /// Parked jobs to put back into the batch, by id (registered as running again).
+    pub resumed: Vec<u64>,
     /// Whose prefix states each job still queued after those taken continues (`None`: no
-    /// automatic reuse): they wait for a compute slot.
+    /// automatic reuse, or a parked job to resume): they wait for a compute slot. Reserved
+    /// places are not among them.
     pub waiting: Vec<Option<Caller>>,
     /// No more work will ever come: the scheduler may exit once its active set is empty.
     pub closed: bool,
@@ -309,6 +392,7 @@ impl Admission {
                 accepting: true,
                 queue: VecDeque::new(),
                 running: HashMap::new(),
+                parked: HashMap::new(),
                 per_uid: HashMap::new(),
                 counters: Counters::default(),
                 info: None,
@@ -331,10 +415,41 @@ impl Admission {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Refuses early what admission would refuse anyway (shutting down, model failed), before
-    /// validation and session leasing do any work.
-    pub fn check_open(&self) -> Result<(), ServeError> {
-        let st = self.lock();
+    /// Drops queued jobs whose receiver is gone (releasing their leases) and wakes the
+    /// scheduler. Called when a receiver is dropped and before a session is leased.
+    pub fn purge_abandoned(&self) {
+        let gone = self.lock().purge_abandoned();
+        self.wake.notify_all();
+        drop(gone);
+    }
+
+    /// Holds a place for job `id` of `uid` at its fair place in the queue, or refuses at once
+    /// (not serving, the queue full, the uid's share full) — before its request is read,
+    /// parsed or tokenised, so a refused request costs nothing. The place counts as one of
+    /// the uid's waiting jobs for every later refusal until [`Self::fill`] puts the job in it
+    /// or [`Self::unreserve`] gives it back; it never starts by itself.
+    pub fn reserve(&self, id: u64, account: Caller) -> Result<(), ServeError> {
+        let mut st = self.lock();
+        Self::serving(&st)?;
+        let gone = st.purge_abandoned();
+        let index = st.fair_index(&account);
+        let entry = Entry::Reserved {
+            id,
+            account: account.clone(),
+        };
+        st.queue.insert(index, entry);
+        st.load(&account).queued += 1;
+        let refusal = self.over_limits(&st, &account);
+        if refusal.is_some() {
+            st.unqueue(index);
+        }
+        drop(st);
+        drop(gone);
+        refusal.map_or(Ok(()), Err)
+    }
+
+    /// Why nothing is admitted now, if so: shutdown began, or the model failed to load.
+    fn serving(st: &State) -> Result<(), ServeError> {
         if !st.accepting {
             return Err(ServeError::ShuttingDown);
         }
@@ -344,45 +459,24 @@ impl Admission {
         Ok(())
     }
 
-    /// Drops queued jobs whose receiver is gone (releasing their leases) and wakes the
-    /// scheduler. Called when a receiver is dropped and before a session is leased.
-    pub fn purge_abandoned(&self) {
-        let gone = self.lock().purge_abandoned();
-        self.wake.notify_all();
-        drop(gone);
-    }
-
-    /// Queue a job at its fair place or refuse it (the job, and so its lease, is dropped on
-    /// refusal). On success the job's stream holds its Queued event (if it must wait) before
-    /// the scheduler sees it, and every job it went ahead of is told its new position.
-    pub fn submit(&self, job: Job) -> Result<(), ServeError> {
-        let mut st = self.lock();
-        if !st.accepting {
-            return Err(ServeError::ShuttingDown);
-        }
-        if let Health::Failed(e) = &st.health {
-            return Err(ServeError::ModelFailed(Arc::clone(e)));
-        }
-        let gone = st.purge_abandoned();
-        let uid = job.uid;
-        let index = st.fair_index(uid);
-        st.queue.insert(index, job);
-        st.load(uid).queued += 1;
-        let positions = self.positions(&st);
-        let waiting: Vec<Option<u32>> = st
+    /// The refusal a queue holding a new entry of `account` calls for, counting every
+    /// reserved place as a job (each will be one, or be given back): more waiting jobs than
+    /// `max_queue`, or than the account's `max_queued`. If any of its account's jobs waits, so
+    /// does the new one (it is behind them): it is among them.
+    fn over_limits(&self, st: &State, account: &Caller) -> Option<ServeError> {
+        let free = self.capacity.max_active.saturating_sub(st.running.len());
+        let waiting: Vec<&Caller> = st
             .queue
             .iter()
-            .zip(&positions)
-            .filter(|(_, position)| **position > 0)
-            .map(|(job, _)| job.uid)
+            .zip(self.starters(st, free, true))
+            .filter(|(_, starts)| !starts)
+            .map(|(entry, _)| entry.account())
             .collect();
-        let own_waiting = waiting.iter().filter(|u| **u == uid).count();
-        // Counted as a refusal by `Core::submit`, like every other refusal. If any of its
-        // uid's jobs waits, so does the new one (it is behind them): it is among them.
-        let refusal = if own_waiting > self.capacity.per_uid.max_queued {
+        let own_waiting = waiting.iter().filter(|a| **a == account).count();
+        if own_waiting > self.capacity.per_uid.max_queued {
             Some(ServeError::UidBusy(UidQueueState {
-                uid,
-                running: st.running_of(uid),
+                account: account.clone(),
+                running: st.running_of(account),
                 waiting: own_waiting.saturating_sub(1),
                 max_active: self.capacity.per_uid.max_active,
                 max_queued: self.capacity.per_uid.max_queued,
@@ -395,41 +489,82 @@ impl Admission {
             }))
         } else {
             None
-        };
-        if let Some(error) = refusal {
-            let job = st.queue.remove(index);
-            st.load(uid).queued -= 1;
-            st.tidy(uid);
-            drop(st);
-            drop((gone, job));
-            return Err(error);
         }
-        for (job, position) in st.queue.iter_mut().zip(positions) {
-            job.announce(position);
+    }
+
+    /// Puts `job` in the place reserved for it ([`Self::reserve`] with its id). Its stream
+    /// then holds its Queued event (if it must wait) before the scheduler sees it, and every
+    /// job it went ahead of is told its new position. Refused (the job, and so its lease,
+    /// dropped) when shutdown began or the model failed meanwhile.
+    pub fn fill(&self, job: Job) -> Result<(), ServeError> {
+        let mut st = self.lock();
+        let place = st.queue.iter().position(|e| e.is_reserved(job.id));
+        let index = match (Self::serving(&st), place) {
+            (Ok(()), Some(index)) => index,
+            (refused, place) => {
+                if let Some(index) = place {
+                    st.unqueue(index);
+                }
+                drop(st);
+                self.wake.notify_all();
+                drop(job);
+                // A place is only taken away by a shutdown or a failed load.
+                return Err(refused.err().unwrap_or(ServeError::ShuttingDown));
+            }
+        };
+        st.queue[index] = Entry::Job(Box::new(job));
+        let positions = self.positions(&st);
+        for (entry, position) in st.queue.iter_mut().zip(positions) {
+            if let Entry::Job(job) = entry {
+                job.announce(position);
+            }
         }
         if let Health::Loading(figures) = st.health
-            && let Some(job) = st.queue.get(index)
+            && let Some(job) = st.queue.get(index).and_then(Entry::job)
         {
             job.events.offer(Event::Loading(figures));
         }
         st.counters.admitted += 1;
         drop(st);
-        drop(gone);
         self.wake.notify_all();
         Ok(())
     }
 
-    /// Which queued jobs a take with `free` compute slots starts: in queue order, each whose
-    /// uid is below its active limit, counting those chosen before it.
-    fn starters(&self, st: &State, free: usize) -> Vec<bool> {
-        let mut active: HashMap<Option<u32>, usize> = HashMap::new();
+    /// Gives back the place reserved for `id` (its request was refused while being prepared,
+    /// or its reader went away); nothing if it was filled or already taken away.
+    pub fn unreserve(&self, id: u64) {
+        let mut st = self.lock();
+        if let Some(index) = st.queue.iter().position(|e| e.is_reserved(id)) {
+            st.unqueue(index);
+        }
+        drop(st);
+        self.wake.notify_all();
+    }
+
+    /// Queue a job at its fair place or refuse it: [`Self::reserve`] and [`Self::fill`] at
+    /// once (the job, and so its lease, is dropped on refusal).
+    #[cfg(test)]
+    pub fn submit(&self, job: Job) -> Result<(), ServeError> {
+        self.reserve(job.id, job.account.clone())?;
+        self.fill(job)
+    }
+
+    /// Which queue entries a take with `free` compute slots starts: in queue order, each whose
+    /// uid is below its active limit, counting those chosen before it. A reserved place has
+    /// no job to start: `reserved_start` says whether it is counted as one that would (to
+    /// refuse early what its job would make too many) or passed over (to take jobs now).
+    fn starters(&self, st: &State, free: usize, reserved_start: bool) -> Vec<bool> {
+        let mut active: HashMap<&Caller, usize> = HashMap::new();
         let mut free = free;
         st.queue
             .iter()
-            .map(|job| {
+            .map(|entry| {
+                if !reserved_start && !entry.startable() {
+                    return false;
+                }
                 let active = active
-                    .entry(job.uid)
-                    .or_insert_with(|| st.running_of(job.uid));
+                    .entry(entry.account())
+                    .or_insert_with(|| st.running_of(entry.account()));
                 let starts = free > 0 && *active < self.capacity.per_uid.max_active;
                 if starts {
                     free -= 1;
@@ -440,18 +575,20 @@ impl Admission {
             .collect()
     }
 
-    /// Each queued job's 1-based position among those that must wait for a compute slot (or
-    /// for their uid's running jobs to finish), 0 for those that will start at once.
+    /// Each queue entry's 1-based position among the jobs that must wait for a compute slot
+    /// (or for their uid's running jobs to finish), 0 for those that will start at once and
+    /// for reserved places (they are told nothing).
     fn positions(&self, st: &State) -> Vec<u32> {
         // While the model loads nothing runs, and the first `max_active` jobs start as soon as
         // it is ready: they wait for the load (their Loading events say so), not for a compute
         // slot, so they are not told a queue position ("position 1" with nothing running).
         let free = self.capacity.max_active.saturating_sub(st.running.len());
         let mut waiting = 0u32;
-        self.starters(st, free)
+        self.starters(st, free, false)
             .into_iter()
-            .map(|starts| {
-                if starts {
+            .zip(&st.queue)
+            .map(|(starts, entry)| {
+                if starts || entry.job().is_none() {
                     0
                 } else {
                     waiting = waiting.saturating_add(1);
@@ -462,47 +599,111 @@ impl Admission {
     }
 
     /// Scheduler side: hand over up to `free` queued jobs in queue order, passing over those
-    /// whose uid is at its active limit (registering them as running), and tell the rest their
-    /// new positions. With `block`, wait until there is something to do (with nothing running
-    /// no uid is at its limit, so a non-empty queue always gives a job).
+    /// whose uid is at its active limit and reserved places (registering the jobs as running),
+    /// and tell the rest their new positions. With `block`, wait until there is a job to take
+    /// (with nothing running no uid is at its limit, so a queued job always gives one).
     pub fn take(&self, free: usize, block: bool) -> Taken {
         let mut st = self.lock();
-        while block && st.queue.is_empty() && st.accepting {
+        while block && !st.has_startable() && (st.accepting || !st.queue.is_empty()) {
             st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
         }
         let gone = st.purge_abandoned();
-        let starts = self.starters(&st, free);
-        let (jobs, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.queue)
+        let starts = self.starters(&st, free, false);
+        let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut st.queue)
             .into_iter()
             .zip(starts)
             .partition(|(_, starts)| *starts);
-        st.queue = kept.into_iter().map(|(job, _)| job).collect();
-        let jobs: Vec<Job> = jobs.into_iter().map(|(job, _)| job).collect();
+        st.queue = kept.into_iter().map(|(entry, _)| entry).collect();
+        let mut jobs = Vec::new();
+        let mut resumed = Vec::new();
+        for (entry, _) in taken {
+            match entry {
+                Entry::Job(job) => jobs.push(*job),
+                Entry::Resume { id, account } => {
+                    let load = st.load(&account);
+                    load.queued -= 1;
+                    load.parked -= 1;
+                    load.running += 1;
+                    if let Some(r) = st.parked.remove(&id) {
+                        st.running.insert(id, r);
+                    }
+                    resumed.push(id);
+                }
+                Entry::Reserved { .. } => {}
+            }
+        }
         for job in &jobs {
-            let load = st.load(job.uid);
+            let load = st.load(&job.account);
             load.queued -= 1;
             load.running += 1;
             st.running.insert(
                 job.id,
                 Running {
                     cancel: Arc::clone(&job.cancel),
-                    uid: job.uid,
+                    uid: job.caller.uid(),
+                    account: job.account.clone(),
                 },
             );
         }
         let positions = self.positions(&st);
-        for (job, position) in st.queue.iter_mut().zip(positions) {
-            job.announce(position);
+        for (entry, position) in st.queue.iter_mut().zip(positions) {
+            if let Entry::Job(job) = entry {
+                job.announce(position);
+            }
         }
         let closed = !st.accepting && st.queue.is_empty();
-        let waiting = st.queue.iter().map(|j| j.reuse.clone()).collect();
+        // A reserved place asks for nothing yet (its request is still being read): warming
+        // keeps its slot and no stalled job is parked for it until its job fills it.
+        let waiting = st
+            .queue
+            .iter()
+            .filter(|e| e.startable())
+            .map(|e| e.job().and_then(|j| j.reuse.clone()))
+            .collect();
         drop(st);
         drop(gone);
         Taken {
             jobs,
+            resumed,
             waiting,
             closed,
         }
+    }
+
+    /// Scheduler side: running job `id`'s reader stalled and others wait, so it gives its
+    /// compute slot back while its state is kept ([`Self::resume`] when its reader reads
+    /// again; cancels still reach it).
+    pub fn park(&self, id: u64) {
+        let mut st = self.lock();
+        if let Some(r) = st.running.remove(&id) {
+            let load = st.load(&r.account);
+            load.running -= 1;
+            load.parked += 1;
+            st.parked.insert(id, r);
+            st.counters.stalled += 1;
+        }
+        drop(st);
+        self.wake.notify_all();
+    }
+
+    /// Scheduler side: parked job `id`'s reader reads again; it waits for a compute slot at
+    /// its fair place (never refused: it was admitted), then comes back in [`Taken::resumed`].
+    pub fn resume(&self, id: u64) {
+        let mut st = self.lock();
+        let Some(account) = st.parked.get(&id).map(|r| r.account.clone()) else {
+            return;
+        };
+        let index = st.fair_index(&account);
+        st.load(&account).queued += 1;
+        st.queue.insert(index, Entry::Resume { id, account });
+        drop(st);
+        self.wake.notify_all();
+    }
+
+    /// A running job stalled and could not be parked: cancelled (counted by [`Self::finish`]
+    /// as such, and here as stalled).
+    pub fn stalled(&self) {
+        self.lock().counters.stalled += 1;
     }
 
     /// Scheduler side: nothing can make progress (every active reader's buffer is full); sleep
@@ -512,12 +713,24 @@ impl Admission {
         let _ = self.wake.wait_timeout(st, timeout);
     }
 
-    /// A running job ended.
+    /// A running (or parked) job ended.
     pub fn finish(&self, id: u64, outcome: JobEnd) {
         let mut st = self.lock();
         if let Some(r) = st.running.remove(&id) {
-            st.load(r.uid).running -= 1;
-            st.tidy(r.uid);
+            st.load(&r.account).running -= 1;
+            st.tidy(&r.account);
+        } else if let Some(r) = st.parked.remove(&id) {
+            // A parked job that ended (cancelled, abandoned, shut down) gives back its claim.
+            if let Some(index) = st
+                .queue
+                .iter()
+                .position(|e| matches!(e, Entry::Resume { id: r_id, .. } if *r_id == id))
+            {
+                st.queue.remove(index);
+                st.load(&r.account).queued -= 1;
+            }
+            st.load(&r.account).parked -= 1;
+            st.tidy(&r.account);
         }
         match outcome {
             JobEnd::Completed => st.counters.completed += 1,
@@ -538,26 +751,34 @@ impl Admission {
     /// must be its owner or root ([`ServeError::NotYours`] otherwise).
     pub fn cancel(&self, id: u64, by: Canceller) -> Result<(), ServeError> {
         let mut st = self.lock();
-        let owner = match st.queue.iter().find(|j| j.id == id) {
-            Some(job) => Some(job.uid),
-            None => st.running.get(&id).map(|r| r.uid),
+        let queued = st
+            .queue
+            .iter()
+            .position(|e| e.job().is_some_and(|j| j.id == id));
+        let owner = match queued {
+            Some(index) => st.queue[index].job().map(|j| j.caller.uid()),
+            None => st
+                .running
+                .get(&id)
+                .or_else(|| st.parked.get(&id))
+                .map(|r| r.uid),
         };
         if let Some(owner) = owner
             && !by.may_cancel(owner)
         {
             return Err(ServeError::NotYours(id));
         }
-        if let Some(index) = st.queue.iter().position(|j| j.id == id) {
+        if let Some(index) = queued {
             let job = st.unqueue(index);
             drop(st);
-            if let Some(job) = job {
+            if let Some(Entry::Job(job)) = job {
                 job.events
                     .send(Event::Failed(ServeError::CancelledQueued(id)));
             }
             self.wake.notify_all();
             return Ok(());
         }
-        match st.running.get(&id) {
+        match st.running.get(&id).or_else(|| st.parked.get(&id)) {
             Some(r) => {
                 r.cancel.store(true, Ordering::Relaxed);
                 drop(st);
@@ -596,25 +817,29 @@ impl Admission {
         self.wake.notify_all();
     }
 
+    /// Empties the queue: its jobs, to be told why; reserved places just go (their
+    /// requests are refused when they try to fill them).
     fn drain_queue(&self) -> Vec<Job> {
         let mut st = self.lock();
         let mut out = Vec::new();
-        while let Some(job) = st.unqueue(0) {
-            out.push(job);
+        while let Some(entry) = st.unqueue(0) {
+            if let Entry::Job(job) = entry {
+                out.push(*job);
+            }
         }
         out
     }
 
-    /// No job queued or running.
+    /// No job queued, running or parked.
     pub fn drained(&self) -> bool {
         let st = self.lock();
-        st.queue.is_empty() && st.running.is_empty()
+        st.queue.is_empty() && st.running.is_empty() && st.parked.is_empty()
     }
 
     pub fn set_loading(&self, figures: LoadFigures) {
         let mut st = self.lock();
         st.health = Health::Loading(figures);
-        for job in &st.queue {
+        for job in st.queue.iter().filter_map(Entry::job) {
             job.events.offer(Event::Loading(figures));
         }
     }
@@ -649,8 +874,12 @@ impl Admission {
         self.lock().health.clone()
     }
 
-    pub fn uid_load(&self, uid: Option<u32>) -> UidLoad {
-        self.lock().per_uid.get(&uid).copied().unwrap_or_default()
+    pub fn uid_load(&self, account: &Caller) -> UidLoad {
+        self.lock()
+            .per_uid
+            .get(account)
+            .copied()
+            .unwrap_or_default()
     }
 
     pub fn snapshot(&self) -> AdmissionFigures {
@@ -662,6 +891,7 @@ impl Admission {
             stats: st.stats,
             active: st.running.len(),
             queued: st.queue.len(),
+            parked: st.parked.len(),
             counters: st.counters,
         }
     }
@@ -673,17 +903,16 @@ mod tests {
     use crate::serve::events::{Events, channel};
 
     fn job(id: u64) -> (Job, Events) {
-        job_of(id, None)
+        job_of(id, Caller::Unknown)
     }
 
-    fn job_of(id: u64, uid: Option<u32>) -> (Job, Events) {
+    fn job_of(id: u64, caller: Caller) -> (Job, Events) {
         let (tx, rx) = channel(8, Box::new(|| {}));
         let request = GenerateRequest {
             prompt: vec![1, 2, 3],
             max_tokens: 4,
             ..GenerateRequest::default()
         };
-        let caller = uid.map_or(Caller::Unknown, Caller::Uid);
         (Job::new(id, caller, request, Kind::Text, tx, None), rx)
     }
 
@@ -698,8 +927,8 @@ mod tests {
 
     /// Submits job `id` of `uid`, which must be admitted; its events (dropping them abandons
     /// the job).
-    fn admit(admission: &Admission, id: u64, uid: Option<u32>) -> Events {
-        let (j, rx) = job_of(id, uid);
+    fn admit(admission: &Admission, id: u64, caller: Caller) -> Events {
+        let (j, rx) = job_of(id, caller);
         admission.submit(j).expect("admitted");
         rx
     }
@@ -724,8 +953,8 @@ mod tests {
         .collect()
     }
 
-    const A: Option<u32> = Some(1001);
-    const B: Option<u32> = Some(1002);
+    const A: Caller = Caller::Uid(1001);
+    const B: Caller = Caller::Uid(1002);
 
     /// Issue 19 point 5: a user's single request goes ahead of another's many queued ones,
     /// and the jobs it went ahead of are told their new places.
@@ -747,11 +976,42 @@ mod tests {
     #[test]
     fn uids_take_turns_in_the_queue() {
         let admission = admission(1, UidLimits::default());
-        let _events: Vec<Events> = [(1, A), (2, A), (3, A), (4, B), (5, B), (6, B), (7, None)]
-            .into_iter()
-            .map(|(id, uid)| admit(&admission, id, uid))
-            .collect();
+        let _events: Vec<Events> = [
+            (1, A),
+            (2, A),
+            (3, A),
+            (4, B),
+            (5, B),
+            (6, B),
+            (7, Caller::Unknown),
+        ]
+        .into_iter()
+        .map(|(id, caller)| admit(&admission, id, caller))
+        .collect();
         assert_eq!(service_order(&admission), vec![1, 4, 7, 2, 5, 3, 6]);
+    }
+
+    /// Issue 35 point 5: each API key is an account of its own and takes its own turn (TCP
+    /// callers no longer share one); the names one key's callers give themselves do not give
+    /// them more turns than the key has.
+    #[test]
+    fn each_key_takes_its_own_turn_and_its_scopes_share_it() {
+        let admission = admission(1, UidLimits::default());
+        let key = |key, scope: &str| Caller::Key {
+            key,
+            scope: Some(scope.into()),
+        };
+        let _events: Vec<Events> = [
+            (1, key(0, "a")),
+            (2, key(0, "b")),
+            (3, key(0, "c")),
+            (4, key(1, "a")),
+            (5, Caller::Unknown),
+        ]
+        .into_iter()
+        .map(|(id, caller)| admit(&admission, id, caller))
+        .collect();
+        assert_eq!(service_order(&admission), vec![1, 4, 5, 2, 3]);
     }
 
     /// A uid at its active limit leaves its queued jobs waiting, told their position, while
@@ -773,20 +1033,19 @@ mod tests {
         assert_eq!(positions(&held(&b)), Vec::<u32>::new(), "starts at once");
         assert_eq!(take_ids(&admission, 1), vec![3]);
         assert_eq!(
-            admission.uid_load(A),
+            admission.uid_load(&A),
             UidLoad {
                 queued: 1,
-                running: 1
+                running: 1,
+                parked: 0
             }
         );
         admission.finish(1, JobEnd::Completed);
         assert_eq!(take_ids(&admission, 1), vec![2]);
     }
 
-    /// A uid with as many jobs waiting as it may is refused at once, the refusal naming the
-    /// limit and its value; another uid is still admitted.
-    #[test]
-    fn a_uid_over_its_queue_limit_is_refused_naming_the_limit() {
+    /// One compute slot, one running and one waiting job per uid; A's job 1 running.
+    fn one_of_a_running() -> (Admission, Events) {
         let admission = admission(
             1,
             UidLimits {
@@ -794,8 +1053,16 @@ mod tests {
                 max_queued: 1,
             },
         );
-        let _a1 = admit(&admission, 1, A);
+        let a1 = admit(&admission, 1, A);
         assert_eq!(take_ids(&admission, 1), vec![1]);
+        (admission, a1)
+    }
+
+    /// A uid with as many jobs waiting as it may is refused at once, the refusal naming the
+    /// limit and its value; another uid is still admitted.
+    #[test]
+    fn a_uid_over_its_queue_limit_is_refused_naming_the_limit() {
+        let (admission, _a1) = one_of_a_running();
         let _a2 = admit(&admission, 2, A);
         let (third, _rx) = job_of(3, A);
         let refused = admission.submit(third).expect_err("over the limit");
@@ -804,7 +1071,7 @@ mod tests {
             matches!(
                 refused,
                 ServeError::UidBusy(UidQueueState {
-                    uid: A,
+                    account: A,
                     running: 1,
                     waiting: 1,
                     max_queued: 1,
@@ -819,13 +1086,72 @@ mod tests {
         );
         assert!(text.contains("--max-active-per-uid 1"), "{text}");
         assert_eq!(
-            admission.uid_load(A),
+            admission.uid_load(&A),
             UidLoad {
                 queued: 1,
-                running: 1
+                running: 1,
+                parked: 0
             }
         );
         let _b = admit(&admission, 4, B);
+    }
+
+    /// Issue 35 point 2: a place is reserved, and refused beyond the uid's share, before the
+    /// request is read; it starts nothing until its job fills it, and giving it back frees it.
+    #[test]
+    fn a_reserved_place_counts_against_the_limits_and_starts_only_once_filled() {
+        let (admission, _a1) = one_of_a_running();
+        admission.reserve(2, A).expect("one waiting place");
+        assert!(
+            matches!(admission.reserve(3, A), Err(ServeError::UidBusy(_))),
+            "a second waiting place of the same uid"
+        );
+        admission.reserve(4, B).expect("another uid's place");
+        admission.unreserve(2);
+        admission.reserve(3, A).expect("the place came back");
+        admission.finish(1, JobEnd::Completed);
+        assert_eq!(
+            take_ids(&admission, 1),
+            Vec::<u64>::new(),
+            "nothing to start"
+        );
+        let (job, _rx) = job_of(3, A);
+        admission.fill(job).expect("filled");
+        assert_eq!(take_ids(&admission, 1), vec![3]);
+        admission.unreserve(4);
+        assert_eq!(admission.snapshot().queued, 0);
+        let (late, _rx) = job_of(4, B);
+        assert!(
+            matches!(admission.fill(late), Err(ServeError::ShuttingDown)),
+            "a place given back cannot be filled"
+        );
+    }
+
+    /// Issue 35 point 4: a parked job's slot goes to the one waiting; resumed, it waits its
+    /// turn for a slot; a cancel still reaches it while parked.
+    #[test]
+    fn a_parked_job_gives_its_slot_back_and_resumes_in_turn() {
+        let admission = admission(1, UidLimits::default());
+        let _a = admit(&admission, 1, A);
+        assert_eq!(take_ids(&admission, 1), vec![1]);
+        let _b = admit(&admission, 2, B);
+        admission.park(1);
+        assert_eq!(take_ids(&admission, 1), vec![2], "the parked job's slot");
+        admission.resume(1);
+        assert!(
+            admission.take(0, false).resumed.is_empty(),
+            "B holds the slot"
+        );
+        admission.finish(2, JobEnd::Completed);
+        assert_eq!(admission.take(1, false).resumed, vec![1]);
+        admission.park(1);
+        admission
+            .cancel(1, Canceller::Uid(A.uid()))
+            .expect("cancel reaches a parked job");
+        admission.finish(1, JobEnd::Cancelled);
+        assert!(admission.drained());
+        let counters = admission.snapshot().counters;
+        assert_eq!((counters.stalled, counters.cancelled), (2, 1));
     }
 
     /// The events a job holds now, without waiting.

@@ -16,10 +16,11 @@ pub struct QueueState {
     pub max_queue: usize,
 }
 
-/// One uid's jobs when its job was refused ([`ServeError::UidBusy`]), with its limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One account's jobs when its job was refused ([`ServeError::UidBusy`]), with its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UidQueueState {
-    pub uid: Option<u32>,
+    /// The account whose share is full ([`super::Caller::account`]).
+    pub account: super::Caller,
     pub running: usize,
     pub waiting: usize,
     /// `usize::MAX`: no limit of its own.
@@ -61,6 +62,16 @@ pub enum ServeError {
     /// The shutdown grace ran out before the job finished (`CANCELLED`).
     #[error("k3d is shutting down: the request was cancelled after the grace period")]
     Shutdown,
+    /// The job's reader took no event for `--stall-timeout` seconds while other requests
+    /// waited for a compute slot, and the session allowance had no room to keep its state
+    /// until the reader came back (issue 35 point 4; gRPC `ABORTED`, an HTTP stream's error
+    /// event). A reader with room kept is parked instead and gets its whole reply.
+    #[error(
+        "request {id} was cancelled: its reader took nothing for {seconds:.1} s \
+         (--stall-timeout) while others waited for a compute slot, and the session allowance \
+         had no room to keep its state"
+    )]
+    Stalled { id: u64, seconds: f64 },
     /// A session refusal (not found, another user's, in use, its file damaged), or a failure
     /// of the session storage ([`SessionStoreError::is_storage_failure`]), which says so first.
     #[error("{}", session_text(.0))]
@@ -93,12 +104,9 @@ fn uid_busy_text(s: &UidQueueState) -> String {
         format!(" (--max-active-per-uid {})", s.max_active)
     };
     format!(
-        "k3d is busy for uid {}: {} of its requests running{active} and {} waiting \
+        "k3d is busy for {}: {} of its requests running{active} and {} waiting \
          (--max-queued-per-uid {}); retry when one of them finishes",
-        super::uid_text(s.uid),
-        s.running,
-        s.waiting,
-        s.max_queued
+        s.account, s.running, s.waiting, s.max_queued
     )
 }
 
@@ -142,7 +150,8 @@ impl ServeError {
             | ServeError::Cancelled(_)
             | ServeError::CancelledQueued(_)
             | ServeError::Abandoned
-            | ServeError::Shutdown => false,
+            | ServeError::Shutdown
+            | ServeError::Stalled { .. } => false,
         }
     }
 

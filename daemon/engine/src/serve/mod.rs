@@ -83,6 +83,7 @@ mod load;
 mod log;
 pub mod metrics;
 pub mod prefix;
+mod prep;
 pub mod reply;
 mod scheduler;
 pub mod sessions;
@@ -97,6 +98,7 @@ pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
 pub use prefix::{PrefixCache, PrefixFigures};
+pub use prep::{PREP_TURNS, PrepTurn};
 pub use reply::{
     Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
 };
@@ -110,10 +112,11 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::config::{ConfigError, ModelConfig};
 use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, PassProgress, Summary};
-use crate::tokenizer::chat::ToolCall;
+use crate::tokenizer::chat::{Conversation, ToolCall};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
 use metrics::TimingTotals;
+use prep::PrepPool;
 use validate::ModelLimits;
 
 /// Events buffered per job: small, so a reader that stops reading is noticed quickly and holds
@@ -222,6 +225,33 @@ impl JobHandle {
     }
 }
 
+/// A place held in the admission queue for one request, taken before the request is read or
+/// tokenised ([`Core::reserve`]). Dropping it gives the place back.
+pub struct Reservation {
+    id: u64,
+    /// The account the place is counted for.
+    account: Caller,
+    admission: Arc<Admission>,
+    /// The job is in its place (nothing to give back).
+    filled: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.admission.unreserve(self.id);
+        }
+    }
+}
+
+/// A reservation whose turn in the preparation pool has come ([`Core::turn`]): parse, render
+/// and tokenise now, then [`Core::submit_turn`] or [`Core::count_tokens`]. Dropping it gives
+/// back both the turn and the place.
+pub struct Turn {
+    reservation: Reservation,
+    _turn: PrepTurn,
+}
+
 /// Everything [`Core::status`] reports.
 #[derive(Debug, Clone)]
 pub struct Status {
@@ -233,8 +263,12 @@ pub struct Status {
     pub stats: EngineStats,
     pub active: usize,
     pub queued: usize,
+    /// Jobs parked because their reader stalled (issue 35 point 4).
+    pub parked: usize,
     pub counters: Counters,
     pub capacity: Capacity,
+    pub limits: Limits,
+    pub stall_timeout: Duration,
     pub sessions: SessionFigures,
     /// States kept for automatic prefix reuse.
     pub prefix: PrefixFigures,
@@ -247,6 +281,8 @@ pub struct MetricsSnapshot {
     pub counters: Counters,
     pub active: usize,
     pub queue_depth: usize,
+    /// Jobs parked because their reader stalled.
+    pub parked: usize,
     pub timings: Timings,
     /// Engine figures: bytes read and avoided, cache hits and misses, forward passes, batched
     /// passes and the widest batch.
@@ -272,7 +308,14 @@ pub struct Config {
     pub log: Log,
     /// Told about every change of the model's state (load phases, ready, failed).
     pub on_health: OnHealth,
+    /// How long a running job's reader may take nothing, while others wait for a compute
+    /// slot, before the job gives its slot back (`--stall-timeout`; issue 35 point 4).
+    pub stall_timeout: Duration,
 }
+
+/// Default `--stall-timeout`: long enough for a reader busy with something else for a
+/// moment, short enough that others do not wait long behind one that stopped.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Config {
     /// Defaults: all cores, 4 active jobs batched together, 16 queued, no per-uid limits,
@@ -293,6 +336,7 @@ impl Config {
             session_quota: crate::session::store::Quota::default(),
             log: Log::QUIET,
             on_health: ignore_health,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
         }
     }
 }
@@ -314,6 +358,8 @@ pub enum StartError {
 /// The serve core (see the module docs).
 pub struct Core {
     admission: Arc<Admission>,
+    /// Where requests are parsed, rendered and tokenised, a few at a time.
+    prep: Arc<PrepPool>,
     sessions: Arc<Sessions>,
     prefix: Arc<PrefixCache>,
     metrics: Arc<TimingTotals>,
@@ -324,6 +370,7 @@ pub struct Core {
     limits: Limits,
     log: Log,
     on_health: OnHealth,
+    stall_timeout: Duration,
     /// Taken by [`Core::start`].
     pending: Mutex<Option<(PathBuf, EngineOptions)>>,
     scheduler: Mutex<Option<JoinHandle<()>>>,
@@ -355,6 +402,7 @@ impl Core {
         capacity.per_uid.max_active = capacity.per_uid.max_active.max(1);
         Ok(Core {
             admission: Arc::new(Admission::new(capacity)),
+            prep: PrepPool::new(PREP_TURNS),
             sessions: Arc::new(Sessions::new(
                 config.session_dir,
                 config.session_bytes,
@@ -368,6 +416,7 @@ impl Core {
             limits: config.limits,
             log: config.log,
             on_health: config.on_health,
+            stall_timeout: config.stall_timeout,
             pending: Mutex::new(Some((config.model, config.engine))),
             scheduler: Mutex::new(None),
             started: Instant::now(),
@@ -390,6 +439,7 @@ impl Core {
                 metrics: Arc::clone(&self.metrics),
                 log: self.log,
                 on_health: self.on_health,
+                stall_timeout: self.stall_timeout,
             },
             model,
             options,
@@ -401,18 +451,90 @@ impl Core {
     }
 
     /// Validates `request` and queues it for `caller` (as its transport vouches for it: see
-    /// [`Caller`]). Refusals are immediate and cost nothing.
+    /// [`Caller`]): [`Self::reserve`], [`Self::turn`] and [`Self::submit_turn`] in one, for a
+    /// transport whose request is already in memory. Refusals are immediate and cost nothing.
+    /// Blocks while waiting for a preparation turn.
     pub fn submit(&self, caller: Caller, request: Request) -> Result<JobHandle, ServeError> {
-        let submitted = self.try_submit(caller, request);
+        let turn = self.turn(self.reserve(&caller)?);
+        self.submit_turn(turn, caller, request)
+    }
+
+    /// Holds a place in the queue for one request of `caller`'s account
+    /// ([`Caller::account`]: what limits and fair turns count), or refuses at once (not
+    /// serving, the queue full, the account's `max_queued` reached: counted as rejected) — to
+    /// be called before the request is read, parsed or tokenised, so that a refused request
+    /// costs nothing and a flood of large bodies holds no memory (issue 35 point 2).
+    pub fn reserve(&self, caller: &Caller) -> Result<Reservation, ServeError> {
+        let id = self.admission.next_id();
+        let account = caller.account();
+        if let Err(e) = self.admission.reserve(id, account.clone()) {
+            self.admission.refused();
+            return Err(e);
+        }
+        Ok(Reservation {
+            id,
+            account,
+            admission: Arc::clone(&self.admission),
+            filled: false,
+        })
+    }
+
+    /// Waits (blocking the calling thread) for a turn in the preparation pool: at most
+    /// [`PREP_TURNS`] requests are parsed, rendered and tokenised at once, in turns fair
+    /// across accounts ([`prep`]).
+    pub fn turn(&self, reservation: Reservation) -> Turn {
+        let turn = self.prep.enter(reservation.account.clone());
+        Turn {
+            reservation,
+            _turn: turn,
+        }
+    }
+
+    /// Validates (renders, tokenises) `request` of `caller` and queues it in its reserved
+    /// place, then gives the turn back. The place stays counted for the account it was
+    /// reserved for (a caller's account is known before its request is read: a key's scope,
+    /// read from the body, narrows the caller, never its account). Refusals are counted as
+    /// rejected.
+    pub fn submit_turn(
+        &self,
+        turn: Turn,
+        caller: Caller,
+        request: Request,
+    ) -> Result<JobHandle, ServeError> {
+        let submitted = self.try_submit(turn.reservation, caller, request);
         if submitted.is_err() {
             self.admission.refused();
         }
         submitted
     }
 
-    fn try_submit(&self, caller: Caller, request: Request) -> Result<JobHandle, ServeError> {
-        self.admission.check_open()?;
-        let uid = caller.uid();
+    /// The number of prompt tokens `conversation` renders to as a chat request, within the
+    /// same limits a request is held to (`max_prompt_tokens`, refused beyond it naming it):
+    /// what `/v1/messages/count_tokens` answers. Nothing is queued; the place is given back.
+    pub fn count_tokens(
+        &self,
+        turn: Turn,
+        conversation: Conversation,
+    ) -> Result<usize, ServeError> {
+        let limit = self.limits.max_prompt_tokens;
+        let rendered = validate::render_chat(&self.tokenizer, conversation, limit);
+        drop(turn);
+        match rendered? {
+            Ok((ids, _, _)) => Ok(ids.len()),
+            Err(tokens) => Err(ServeError::Invalid(Invalid::PromptTooLong {
+                tokens,
+                limit,
+            })),
+        }
+    }
+
+    fn try_submit(
+        &self,
+        mut reservation: Reservation,
+        caller: Caller,
+        request: Request,
+    ) -> Result<JobHandle, ServeError> {
+        let (id, uid) = (reservation.id, caller.uid());
         let session = request.session.clone();
         // A session's own states take precedence over automatic reuse; nothing is kept for a
         // caller nobody vouches for (issue 35 point 7).
@@ -420,7 +542,6 @@ impl Core {
             (request.reuse && session.is_none() && caller.is_known()).then(|| caller.clone());
         let validated =
             validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
-        let id = self.admission.next_id();
         let lease = match &session {
             Some(name) => {
                 // A queued job whose reader is gone must not keep its session in use.
@@ -458,7 +579,9 @@ impl Core {
         let mut job = Job::new(id, caller, request, validated.kind, sender, lease);
         job.conversation = validated.conversation.filter(|_| reuse.is_some());
         job.reuse = reuse;
-        if let Err(e) = self.admission.submit(job) {
+        // From here the place is the job's: filled, or taken away with the job's refusal.
+        reservation.filled = true;
+        if let Err(e) = self.admission.fill(job) {
             self.log.info(format_args!("request {id} refused: {e}"));
             return Err(e);
         }
@@ -490,8 +613,11 @@ impl Core {
             stats: snap.stats,
             active: snap.active,
             queued: snap.queued,
+            parked: snap.parked,
             counters: snap.counters,
             capacity: self.admission.capacity,
+            limits: self.limits,
+            stall_timeout: self.stall_timeout,
             sessions: self.sessions.figures(),
             prefix: self.prefix.figures(),
             uptime: self.started.elapsed(),
@@ -504,14 +630,15 @@ impl Core {
             counters: snap.counters,
             active: snap.active,
             queue_depth: snap.queued,
+            parked: snap.parked,
             timings: self.metrics.timings(),
             engine: snap.stats,
         }
     }
 
-    /// One uid's queued and running jobs.
-    pub fn uid_load(&self, uid: Option<u32>) -> UidLoad {
-        self.admission.uid_load(uid)
+    /// The queued, running and parked jobs of `caller`'s account (what its limits count).
+    pub fn uid_load(&self, caller: &Caller) -> UidLoad {
+        self.admission.uid_load(&caller.account())
     }
 
     /// The session store (list, save, delete; may touch the disk).

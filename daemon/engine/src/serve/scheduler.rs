@@ -45,6 +45,8 @@ const LOAD_NOTICE_EVERY: Duration = Duration::from_secs(5);
 
 /// How long to wait before retrying when every active reader's buffer is full.
 const STALL_WAIT: Duration = Duration::from_millis(2);
+/// How often parked jobs' readers are looked at (a reader that reads again tells nobody).
+const PARKED_POLL: Duration = Duration::from_millis(20);
 
 /// Everything the scheduler thread shares with the core's handle.
 pub(crate) struct Shared {
@@ -54,6 +56,9 @@ pub(crate) struct Shared {
     pub metrics: Arc<TimingTotals>,
     pub log: Log,
     pub on_health: OnHealth,
+    /// How long a running job's reader may take nothing, while others wait for a compute
+    /// slot, before the job gives its slot back ([`park_stalled`]).
+    pub stall_timeout: Duration,
 }
 
 /// A job being computed.
@@ -68,6 +73,10 @@ struct Active<'e> {
     /// differently, so only the prompt part would match).
     prefill: Option<Snapshot>,
     watch: Watch<'e>,
+    /// Since when its reader's buffer has been full (it took nothing since), if it is.
+    stalled_since: Option<Instant>,
+    /// Parked, its resumption asked for: it waits in the queue for a slot.
+    resuming: bool,
 }
 
 /// A running job's cancel check: its cancel flag, its reader gone, or the shutdown.
@@ -224,13 +233,30 @@ pub(crate) fn spawn(
 fn run(shared: &Shared, engine: &Engine) {
     let admission = &shared.admission;
     let mut batch: Batch<Running<'_>> = Batch::new(admission.capacity.max_batch);
+    let mut parked: Vec<Box<Active<'_>>> = Vec::new();
     loop {
+        look_at_parked(shared, &mut parked);
         let free = admission.capacity.max_active.saturating_sub(batch.len());
-        let taken = admission.take(free, batch.is_empty());
+        let taken = admission.take(free, batch.is_empty() && parked.is_empty());
         for job in taken.jobs {
             if let Some(a) = begin(shared, engine, job) {
                 batch.push(Running::Job(Box::new(a)));
             }
+        }
+        for id in &taken.resumed {
+            if let Some(at) = parked.iter().position(|a| a.job.id == *id) {
+                let mut a = parked.swap_remove(at);
+                a.resuming = false;
+                a.stalled_since = None;
+                shared.log.info(format_args!(
+                    "request {id}: its reader reads again; resumed"
+                ));
+                batch.push(Running::Job(a));
+            }
+        }
+        // A stalled reader's job gives its slot to those waiting for one.
+        if !taken.waiting.is_empty() {
+            park_stalled(shared, &mut batch, &mut parked);
         }
         // Warming uses only compute nobody waits for: another caller's queued request, a
         // drain or a stop takes its slot back (that turn then prefills what warming did not).
@@ -254,8 +280,12 @@ fn run(shared: &Shared, engine: &Engine) {
             }
         }
         if batch.is_empty() {
-            if taken.closed {
+            if taken.closed && parked.is_empty() {
                 return;
+            }
+            if !parked.is_empty() {
+                // Nothing to compute until a parked reader reads again or a job arrives.
+                admission.idle(PARKED_POLL);
             }
             continue;
         }
@@ -263,6 +293,7 @@ fn run(shared: &Shared, engine: &Engine) {
         if stepped.is_empty() {
             admission.idle(STALL_WAIT);
         }
+        mark_stalls(&mut batch);
         for (member, result) in stepped {
             let next = match member {
                 Running::Job(a) => deliver(shared, engine, a, result),
@@ -355,7 +386,7 @@ fn prefix_room(shared: &Shared) -> u64 {
 
 /// Starts a job's generation, on its session's best snapshot if it has one; a job the engine
 /// refuses ends here with its error.
-fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Active<'e>> {
+fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>> {
     let request = job.request.clone();
     let kept = match (&job.lease, &job.reuse) {
         (None, Some(caller)) => shared.prefix.find(caller, &request.prompt),
@@ -397,6 +428,8 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
                 first_token: None,
                 prefill: None,
                 watch,
+                stalled_since: None,
+                resuming: false,
                 job,
             })
         }
@@ -404,9 +437,8 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, mut job: Job) -> Option<Act
             shared
                 .log
                 .info(format_args!("request {} refused: {error}", job.id));
-            drop(job.lease.take());
-            shared.admission.finish(job.id, JobEnd::of(&error));
-            job.events.send(Event::Failed(error));
+            let outcome = JobEnd::of(&error);
+            fail(shared, job, error, outcome);
             None
         }
     }
@@ -528,31 +560,150 @@ fn deliver<'e>(
                 .map(|w| Running::Warm(Box::new(w)))
         }
         Err(EngineError::Cancelled) => {
-            let error = if a.job.cancel.load(Ordering::Relaxed) {
-                ServeError::Cancelled(a.job.id)
-            } else if shared.admission.stopping_all() {
-                ServeError::Shutdown
-            } else {
-                ServeError::Abandoned
-            };
-            shared
-                .log
-                .info(format_args!("request {} cancelled: {error}", a.job.id));
-            drop(a.job.lease.take());
-            shared.admission.finish(a.job.id, JobEnd::Cancelled);
-            a.job.events.send(Event::Failed(error));
+            end_cancelled(shared, a.job);
             None
         }
         Err(e) => {
             shared
                 .log
                 .error(format_args!("request {} failed: {e}", a.job.id));
-            drop(a.job.lease.take());
             let error = ServeError::from_engine(e);
-            shared.admission.finish(a.job.id, JobEnd::of(&error));
-            a.job.events.send(Event::Failed(error));
+            let outcome = JobEnd::of(&error);
+            fail(shared, a.job, error, outcome);
             None
         }
+    }
+}
+
+/// Ends `job` with `error`: its lease released and admission told before its reader hears.
+fn fail(shared: &Shared, mut job: Job, error: ServeError, outcome: JobEnd) {
+    drop(job.lease.take());
+    shared.admission.finish(job.id, outcome);
+    job.events.send(Event::Failed(error));
+}
+
+/// Ends a job whose cancel check fired: by a Cancel call, the shutdown, or its reader gone.
+fn end_cancelled(shared: &Shared, job: Job) {
+    let error = if job.cancel.load(Ordering::Relaxed) {
+        ServeError::Cancelled(job.id)
+    } else if shared.admission.stopping_all() {
+        ServeError::Shutdown
+    } else {
+        ServeError::Abandoned
+    };
+    shared
+        .log
+        .info(format_args!("request {} cancelled: {error}", job.id));
+    fail(shared, job, error, JobEnd::Cancelled);
+}
+
+/// Notes, after a round, since when each job's reader has had no room: it took nothing since
+/// (its transport stopped taking events, as a client that does not read makes it).
+fn mark_stalls(batch: &mut Batch<Running<'_>>) {
+    let now = Instant::now();
+    for member in batch.iter_mut() {
+        if let Running::Job(a) = member {
+            if a.job.events.has_room() {
+                a.stalled_since = None;
+            } else {
+                a.stalled_since.get_or_insert(now);
+            }
+        }
+    }
+}
+
+/// Issue 35 point 4: while others wait for a compute slot, a job whose reader took nothing
+/// for the stall timeout gives its slot back. Its state is kept (parked, out of the batch,
+/// resumed exactly where it stopped once its reader reads again) when what the session
+/// allowance leaves has room for it; otherwise it is cancelled with [`ServeError::Stalled`],
+/// which its reader finds after the events it left unread.
+fn park_stalled<'e>(
+    shared: &Shared,
+    batch: &mut Batch<Running<'e>>,
+    parked: &mut Vec<Box<Active<'e>>>,
+) {
+    let timeout = shared.stall_timeout;
+    let stalled = |a: &Active<'_>| {
+        a.stalled_since.is_some_and(|t| t.elapsed() >= timeout) && !a.watch.cancelled()
+    };
+    if !batch
+        .iter()
+        .any(|m| matches!(m, Running::Job(a) if stalled(a)))
+    {
+        return;
+    }
+    let members: Vec<_> = batch.drain().collect();
+    for member in members {
+        let a = match member {
+            Running::Job(a) if stalled(&a) => a,
+            other => {
+                batch.push(other);
+                continue;
+            }
+        };
+        let seconds = a.stalled_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let bytes = kept_bytes(&a);
+        let room = parking_room(shared, parked);
+        if bytes <= room {
+            shared.admission.park(a.job.id);
+            shared.log.warn(format_args!(
+                "request {} ({}): its reader took nothing for {seconds:.1} s \
+                 (stall_timeout) while others waited; parked with its state ({bytes} bytes) \
+                 to give its compute slot back",
+                a.job.id, a.job.caller
+            ));
+            parked.push(a);
+        } else {
+            shared.log.warn(format_args!(
+                "request {} ({}): its reader took nothing for {seconds:.1} s \
+                 (stall_timeout) while others waited; cancelled: its state ({bytes} bytes) \
+                 does not fit the {room} bytes the session allowance has left",
+                a.job.id, a.job.caller
+            ));
+            shared.admission.stalled();
+            let id = a.job.id;
+            fail(
+                shared,
+                a.job,
+                ServeError::Stalled { id, seconds },
+                JobEnd::Cancelled,
+            );
+        }
+    }
+}
+
+/// Bytes a parked job keeps: its state and the snapshot it took at the end of its prompt.
+fn kept_bytes(a: &Active<'_>) -> u64 {
+    let prefill = a
+        .prefill
+        .as_ref()
+        .map_or(0, |s| s.state.size_bytes() + 4 * s.history.len());
+    (a.generation.state().size_bytes() + prefill) as u64
+}
+
+/// What the session allowance leaves for parked states: the named sessions and the kept
+/// prefix states come first.
+fn parking_room(shared: &Shared, parked: &[Box<Active<'_>>]) -> u64 {
+    let held: u64 = parked.iter().map(|a| kept_bytes(a)).sum();
+    prefix_room(shared)
+        .saturating_sub(shared.prefix.figures().bytes)
+        .saturating_sub(held)
+}
+
+/// Parked jobs: one that was cancelled, whose reader went away or that the shutdown stops
+/// ends here; one whose reader has room again asks for a compute slot.
+fn look_at_parked(shared: &Shared, parked: &mut Vec<Box<Active<'_>>>) {
+    let mut i = 0;
+    while i < parked.len() {
+        if parked[i].watch.cancelled() {
+            end_cancelled(shared, parked.swap_remove(i).job);
+            continue;
+        }
+        if !parked[i].resuming && parked[i].job.events.has_room() {
+            parked[i].resuming = true;
+            shared.admission.resume(parked[i].job.id);
+        }
+        i += 1;
     }
 }
 

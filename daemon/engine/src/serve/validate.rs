@@ -13,7 +13,8 @@ use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
 use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
 use crate::tokenizer::{Specials, Tokenizer};
 
-/// Largest prompt accepted, in tokens.
+/// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
+/// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
 pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
 /// `max_tokens` when the request leaves it unset (capped by [`Limits::max_tokens_cap`]).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
@@ -33,6 +34,9 @@ pub struct Limits {
     pub max_tokens_cap: usize,
     /// Draft ids per speculative step for requests that leave it unset (`--speculate`).
     pub speculate: usize,
+    /// Most prompt tokens one request may have, counted after rendering
+    /// (`--max-prompt-tokens`).
+    pub max_prompt_tokens: usize,
 }
 
 impl Default for Limits {
@@ -40,6 +44,7 @@ impl Default for Limits {
         Limits {
             max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
             speculate: 0,
+            max_prompt_tokens: MAX_PROMPT_TOKENS,
         }
     }
 }
@@ -102,8 +107,12 @@ pub enum Invalid {
     /// speculate, the absolute max_tokens limit).
     #[error("{0}")]
     Request(#[from] RequestError),
-    #[error("the prompt has {tokens} tokens; at most {MAX_PROMPT_TOKENS} are accepted")]
-    PromptTooLong { tokens: usize },
+    /// Counted after rendering: a chat's tools and template count as much as its messages.
+    #[error(
+        "the prompt has {tokens} tokens after rendering; this daemon accepts at most {limit} \
+         (--max-prompt-tokens)"
+    )]
+    PromptTooLong { tokens: usize, limit: usize },
     #[error("cannot tokenise the prompt: {0}")]
     Tokenize(String),
     #[error("the conversation has no messages")]
@@ -181,6 +190,10 @@ pub fn validate(
         session: _,
         reuse: _,
     } = request;
+    let too_long = |tokens| Invalid::PromptTooLong {
+        tokens,
+        limit: limits.max_prompt_tokens,
+    };
     let (prompt, kind, conversation) = match prompt {
         Prompt::Ids(ids) => (ids, Kind::Text, None),
         Prompt::Text(text) => (
@@ -191,16 +204,16 @@ pub fn validate(
             None,
         ),
         Prompt::Chat(conversation) => {
-            let (ids, thinking, conversation) = render_chat(tokenizer, conversation)?;
+            let (ids, thinking, conversation) =
+                render_chat(tokenizer, conversation, limits.max_prompt_tokens)?
+                    .map_err(too_long)?;
             // The reply ends where the model ends its turn (spec §8.4).
             stop_ids.extend(tokenizer.end_of_turn_ids());
             (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };
-    if prompt.len() > MAX_PROMPT_TOKENS {
-        return Err(Invalid::PromptTooLong {
-            tokens: prompt.len(),
-        });
+    if prompt.len() > limits.max_prompt_tokens {
+        return Err(too_long(prompt.len()));
     }
     if stop_ids.len() > MAX_STOP_IDS {
         return Err(Invalid::TooManyStopIds {
@@ -251,12 +264,18 @@ pub fn validate(
     })
 }
 
+/// The ids of a chat prompt, whether its reply opens in the reasoning channel, and the
+/// conversation as rendered; or, past the limit, how many ids it renders to.
+type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
+
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
-/// assistant message the reply continues; gives back the conversation as rendered.
-fn render_chat(
+/// assistant message the reply continues, keeping at most `limit` ids (a longer one is only
+/// counted, so its memory stays bounded).
+pub fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
-) -> Result<(Vec<u32>, bool, Conversation), Invalid> {
+    limit: usize,
+) -> Result<RenderedChat, Invalid> {
     match conversation.messages.last().map(|m| m.role) {
         None => return Err(Invalid::NoMessages),
         Some(Role::Assistant) => return Err(Invalid::EndsWithAssistant),
@@ -264,6 +283,10 @@ fn render_chat(
     }
     conversation.generation_prompt = true;
     let thinking = matches!(conversation.thinking, Thinking::On(_));
-    let ids = chat::render(tokenizer, &conversation).map_err(|e| Invalid::Render(e.to_string()))?;
-    Ok((ids, thinking, conversation))
+    match chat::render_limited(tokenizer, &conversation, limit)
+        .map_err(|e| Invalid::Render(e.to_string()))?
+    {
+        chat::Limited::Within(ids) => Ok(Ok((ids, thinking, conversation))),
+        chat::Limited::Over(count) => Ok(Err(count)),
+    }
 }

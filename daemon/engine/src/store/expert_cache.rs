@@ -45,6 +45,11 @@ pub struct CacheCounters {
 }
 
 impl CacheCounters {
+    /// Requests that needed a read of their own.
+    pub fn misses(&self) -> u64 {
+        self.requests - self.hits
+    }
+
     /// Fraction of requested bytes served without a read (engine-lessons §4.2).
     pub fn retention(&self) -> f64 {
         let total = self.bytes_read + self.bytes_avoided;

@@ -33,11 +33,13 @@ pub struct Args {
     #[arg(long)]
     max_active: Option<usize>,
     /// Requests of one user (uid) computed at once; their others wait while other users'
-    /// start [default: no limit but --max-active].
+    /// start. Below --max-active, so one user never holds every compute slot
+    /// [default: half of --max-active, at least 1].
     #[arg(long)]
     max_active_per_uid: Option<usize>,
-    /// Requests of one user (uid) that may wait for a compute slot; more are refused with
-    /// RESOURCE_EXHAUSTED (HTTP 429) [default: no limit but --max-queue].
+    /// Requests of one user (uid) that may wait for a compute slot (counted from the moment
+    /// a request arrives, before its body is read); more are refused with RESOURCE_EXHAUSTED
+    /// (HTTP 429) [default: half of --max-queue, at least 1].
     #[arg(long)]
     max_queued_per_uid: Option<usize>,
     /// Requests stepped together through one forward pass: they share each layer's weights
@@ -66,6 +68,19 @@ pub struct Args {
     /// one request cannot hold the machine for hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
+    /// template included); a longer prompt is refused, naming this limit, before anything is
+    /// computed. The memory plan sizes every conversation state for it plus --max-tokens-cap
+    /// [default: the largest context the plan holds at this budget for --max-active requests
+    /// and as many kept conversation states, up to the model's, less --max-tokens-cap].
+    #[arg(long)]
+    max_prompt_tokens: Option<usize>,
+    /// Seconds a streamed request's reader may take nothing while others wait for a compute
+    /// slot; then the request gives its slot back: its state is kept if the session
+    /// allowance has room (it resumes when its reader reads again), else it is cancelled
+    /// [default: 10].
+    #[arg(long)]
+    stall_timeout: Option<f64>,
     /// Directory where sessions are saved, spilled and found again after a restart
     /// [default: $XDG_STATE_HOME/k3d/sessions, else ~/.local/state/k3d/sessions].
     #[arg(long)]
@@ -98,6 +113,15 @@ pub struct Args {
     /// request head (HTTP) before it is closed [default: 10].
     #[arg(long)]
     handshake_timeout: Option<f64>,
+    /// Seconds a kept-alive HTTP connection may wait for its next request, its head
+    /// included, before it is closed: the idle timeout, and the deadline of every head after
+    /// the first [default: 10].
+    #[arg(long)]
+    idle_timeout: Option<f64>,
+    /// Seconds an HTTP request's body may take to arrive; a slower one is refused with 408
+    /// [default: 30].
+    #[arg(long)]
+    body_timeout: Option<f64>,
     #[command(flatten)]
     budget: super::budget::BudgetArgs,
 }
@@ -123,6 +147,8 @@ struct ConfigFile {
     cache_gb: Option<f64>,
     speculate: Option<usize>,
     max_tokens_cap: Option<usize>,
+    max_prompt_tokens: Option<usize>,
+    stall_timeout: Option<f64>,
     session_dir: Option<PathBuf>,
     session_gb: Option<f64>,
     sessions_per_uid: Option<usize>,
@@ -136,6 +162,8 @@ struct ConfigFile {
     http_body_limit: Option<usize>,
     max_connections_per_peer: Option<usize>,
     handshake_timeout: Option<f64>,
+    idle_timeout: Option<f64>,
+    body_timeout: Option<f64>,
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -239,16 +267,17 @@ pub fn run(args: Args) -> CliResult {
     if max_active == 0 {
         return Err(usage("max_active must be at least 1".into()));
     }
+    let max_queue = args.max_queue.or(file.max_queue).unwrap_or(16);
     let per_uid = k3_engine::serve::UidLimits {
         max_active: match args.max_active_per_uid.or(file.max_active_per_uid) {
             Some(0) => return Err(usage("max_active_per_uid must be at least 1".into())),
             Some(n) => n,
-            None => usize::MAX,
+            None => k3_engine::serve::UidLimits::share_of(max_active),
         },
         max_queued: args
             .max_queued_per_uid
             .or(file.max_queued_per_uid)
-            .unwrap_or(usize::MAX),
+            .unwrap_or_else(|| k3_engine::serve::UidLimits::share_of(max_queue)),
     };
     let speculate = args.speculate.or(file.speculate).unwrap_or(0);
     if speculate > k3_engine::engine::request::MAX_SPECULATE {
@@ -267,6 +296,20 @@ pub fn run(args: Args) -> CliResult {
             k3_engine::engine::request::MAX_TOKENS_LIMIT
         )));
     }
+    let max_prompt_tokens = args.max_prompt_tokens.or(file.max_prompt_tokens);
+    if max_prompt_tokens
+        .is_some_and(|n| n == 0 || n > k3_engine::serve::validate::MAX_PROMPT_TOKENS)
+    {
+        return Err(usage(format!(
+            "max_prompt_tokens must be between 1 and {}",
+            k3_engine::serve::validate::MAX_PROMPT_TOKENS
+        )));
+    }
+    let stall_timeout = seconds(
+        "stall_timeout",
+        args.stall_timeout.or(file.stall_timeout),
+        k3_engine::serve::DEFAULT_STALL_TIMEOUT,
+    )?;
     let max_batch = args.max_batch.or(file.max_batch).unwrap_or(max_active);
     if max_batch == 0 {
         return Err(usage("max_batch must be at least 1".into()));
@@ -327,6 +370,17 @@ pub fn run(args: Args) -> CliResult {
         })
         .map_err(|e| usage(e.to_string()))?;
     check_model_dir(&model)?;
+    let prompt_limit = match max_prompt_tokens {
+        Some(n) => PromptLimit {
+            tokens: n,
+            why: "--max-prompt-tokens".into(),
+        },
+        None => PromptLimit::planned(&model, &model_options.plan, max_active, max_tokens_cap),
+    };
+    // Every state the plan reserves holds the longest prompt and the longest reply: a plan
+    // sized for less would overspend the budget, or keep no agent's conversation (issue 35
+    // point 3).
+    model_options.plan.max_context = (prompt_limit.tokens + max_tokens_cap) as u64;
     let http = if args.http.is_empty() {
         file.http
             .unwrap_or_default()
@@ -360,21 +414,30 @@ pub fn run(args: Args) -> CliResult {
     if per_peer == 0 {
         return Err(usage("max_connections_per_peer must be at least 1".into()));
     }
-    let handshake = match args.handshake_timeout.or(file.handshake_timeout) {
-        None => net::gate::DEFAULT_HANDSHAKE,
-        Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Duration::from_secs_f64(s),
-        Some(_) => {
-            return Err(usage(
-                "handshake_timeout must be between 0.1 and 3600 seconds".into(),
-            ));
-        }
-    };
+    let handshake = seconds(
+        "handshake_timeout",
+        args.handshake_timeout.or(file.handshake_timeout),
+        net::gate::DEFAULT_HANDSHAKE,
+    )?;
+    let idle_timeout = seconds(
+        "idle_timeout",
+        args.idle_timeout.or(file.idle_timeout),
+        crate::http::DEFAULT_IDLE_TIMEOUT,
+    )?;
+    let body_timeout = seconds(
+        "body_timeout",
+        args.body_timeout.or(file.body_timeout),
+        crate::http::DEFAULT_BODY_TIMEOUT,
+    )?;
     let http_settings = crate::http::Settings {
         keys,
         body_limit,
         model_id: model_id(&model),
         budget_bytes: model_options.plan.budget.ram,
+        idle_timeout,
+        body_timeout,
     };
+    let connection_total = connection_budget(&model)?;
     daemon::run(daemon::Options {
         model,
         socket: net::SocketSpec {
@@ -387,13 +450,16 @@ pub fn run(args: Args) -> CliResult {
         capacity: k3_engine::serve::Capacity {
             max_active,
             max_batch,
-            max_queue: args.max_queue.or(file.max_queue).unwrap_or(16),
+            max_queue,
             per_uid,
         },
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
+            max_prompt_tokens: prompt_limit.tokens,
         },
+        prompt_limit: prompt_limit.why,
+        stall_timeout,
         grace: Duration::from_secs_f64(shutdown_grace),
         session_dir,
         session_bytes,
@@ -402,10 +468,123 @@ pub fn run(args: Args) -> CliResult {
         http_settings,
         connections: net::gate::ConnectionLimits {
             per_peer,
+            total: connection_total,
             handshake,
         },
         start_warnings,
     })
+}
+
+/// The longest prompt a request may have, and why (the daemon's start line says both).
+struct PromptLimit {
+    tokens: usize,
+    why: String,
+}
+
+impl PromptLimit {
+    /// The default `--max-prompt-tokens`: the largest context, up to the model's, that the
+    /// plan at this budget holds for `--max-active` requests and as many kept conversation
+    /// states (the default session reserve, so that an agent's next turn finds its state),
+    /// less `--max-tokens-cap` for the reply. Where no context above the cap holds the whole
+    /// reserve, the largest that holds the active requests' states (the reserve cut). A
+    /// checkpoint that cannot be read here keeps the model's context; its load fails anyway,
+    /// with the reason, as a load does.
+    fn planned(
+        model: &Path,
+        inputs: &k3_engine::plan::PlanInputs,
+        max_active: usize,
+        cap: usize,
+    ) -> PromptLimit {
+        use k3_engine::plan::context::{Holds, largest_context};
+        let released = k3_engine::serve::validate::MAX_PROMPT_TOKENS;
+        let Ok(checkpoint) = k3_engine::checkpoint::Checkpoint::open(model) else {
+            return PromptLimit {
+                tokens: released - cap.min(released - 1),
+                why: "the checkpoint could not be read to plan it".into(),
+            };
+        };
+        let context = checkpoint
+            .config
+            .max_position_embeddings
+            .unwrap_or(released)
+            .min(released) as u64;
+        let probe = |holds| {
+            largest_context(
+                &checkpoint.config,
+                &checkpoint.layout,
+                inputs,
+                context,
+                holds,
+            )
+            .filter(|c| *c > cap as u64)
+        };
+        let (planned, held) = match probe(Holds::StatesAndReserve) {
+            Some(c) => (Some(c), "and as many kept conversation states"),
+            None => (
+                probe(Holds::States),
+                "(too little for kept conversation states)",
+            ),
+        };
+        let budget = inputs.budget.ram.map_or_else(
+            || "max".to_string(),
+            |b| format!("{:.2} GiB", b as f64 / GIB),
+        );
+        match planned {
+            Some(c) if c == context => PromptLimit {
+                tokens: (c - cap as u64) as usize,
+                why: format!(
+                    "the model's context, {context}, less --max-tokens-cap {cap}: the plan at \
+                     --ram-gb {budget} holds it for {max_active} active requests {held}"
+                ),
+            },
+            Some(c) => PromptLimit {
+                tokens: (c - cap as u64) as usize,
+                why: format!(
+                    "the largest context the plan at --ram-gb {budget} holds for {max_active} \
+                     active requests {held}, {c}, less --max-tokens-cap {cap}"
+                ),
+            },
+            // Not even the reply fits beside the floor: the load refuses the budget, naming it.
+            None => PromptLimit {
+                tokens: 1,
+                why: format!(
+                    "the plan at --ram-gb {budget} holds no context above --max-tokens-cap {cap}"
+                ),
+            },
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// A timeout setting `name` in seconds (0.1 to 3600), or `default` when not given.
+fn seconds(name: &str, given: Option<f64>, default: Duration) -> Result<Duration, CliError> {
+    match given {
+        None => Ok(default),
+        Some(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(_) => Err(usage(format!(
+            "{name} must be between 0.1 and 3600 seconds"
+        ))),
+    }
+}
+
+/// How many connections all peers together may hold: the descriptor limit (its soft value
+/// raised to the hard one first) less a reserve for the checkpoint's shards and the rest.
+fn connection_budget(model: &Path) -> Result<usize, CliError> {
+    let limit = net::gate::raise_descriptor_limit().map_err(|e| {
+        CliError::new(
+            Exit::Failure,
+            anyhow::anyhow!("reading or raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        )
+    })?;
+    // Counted from the directory, not the index: a shard the index misses is refused at load.
+    let shards = std::fs::read_dir(model).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+            .count()
+    });
+    Ok(net::gate::descriptor_budget(limit, shards))
 }
 
 /// A warning when the config file holding `http_api_keys` can be read by other users (its

@@ -207,6 +207,7 @@ pub fn status(e: &ServeError) -> Status {
         | ServeError::CancelledQueued(_)
         | ServeError::Abandoned
         | ServeError::Shutdown => Status::cancelled(text),
+        ServeError::Stalled { .. } => Status::aborted(text),
         ServeError::Session(s) => session_status(s, text),
         ServeError::SessionsUnavailable(_) => Status::failed_precondition(text),
         ServeError::Model(_) => Status::internal(text),

@@ -29,12 +29,12 @@ pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
             .unwrap_or_default(),
         cache: info.map(|i| pb::CacheFigures {
             capacity_bytes: i.cache_capacity_bytes,
-            used_bytes: s.stats.cache_resident_bytes,
-            hits: s.stats.cache_hits,
-            misses: s.stats.cache_misses,
+            used_bytes: s.stats.store.cache_resident_bytes,
+            hits: s.stats.store.cache.hits,
+            misses: s.stats.store.cache.misses(),
         }),
-        bytes_read: s.stats.bytes_read,
-        bytes_avoided: s.stats.bytes_avoided,
+        bytes_read: s.stats.store.bytes_read,
+        bytes_avoided: s.stats.store.bytes_avoided,
         rss_bytes: memory.rss,
         peak_rss_bytes: memory.peak_rss,
         uptime_seconds: s.uptime.as_secs_f64(),
@@ -54,6 +54,11 @@ pub fn reply(s: &Status, threads: usize) -> pb::StatusReply {
         batched_passes: s.stats.batched_passes,
         widest_batch: u32::try_from(s.stats.widest_batch).unwrap_or(u32::MAX),
         sessions: Some(super::convert::session_figures(&s.sessions)),
+        parked_requests: count(s.parked),
+        requests_stalled: s.counters.stalled,
+        max_prompt_tokens: count(s.limits.max_prompt_tokens),
+        max_tokens_cap: count(s.limits.max_tokens_cap),
+        stall_timeout_seconds: s.stall_timeout.as_secs_f64(),
     }
 }
 

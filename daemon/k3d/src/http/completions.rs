@@ -10,7 +10,7 @@ use super::request::{self, Common, Fields};
 use super::stream::{self, Timer, Whole, Wire, collect, submit};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Request as CoreRequest, ToolCallDelta};
+use k3_engine::serve::{Caller, Request as CoreRequest, Reservation, ToolCallDelta};
 use k3_engine::tokenizer::chat::ToolCall;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -157,29 +157,36 @@ pub async fn complete(
     app: Arc<App>,
     caller: Option<Caller>,
     shape: CompletionKind,
-    body: &[u8],
+    body: axum::body::Bytes,
+    reservation: Reservation,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let fields = Fields::parse(body)?;
-    // The core's refusals name values, not fields: the field they concern is the prompt.
-    let (common, request, param): (Common, CoreRequest, &str) = match shape {
-        CompletionKind::Chat => {
-            let p = request::chat(&fields)?;
-            (p.common, p.request, "messages")
-        }
-        CompletionKind::Text => {
-            let p = request::completion(&fields)?;
-            (p.common, p.request, "prompt")
-        }
-    };
-    let reader = submit(
-        &app,
-        caller,
-        &common,
-        request,
-        shape == CompletionKind::Chat,
-        param,
-    )
+    let (common, reader) = super::prepare(&app, reservation, move |app, turn| {
+        let fields = Fields::parse(&body)?;
+        drop(body);
+        // The core's refusals name values, not fields: the field they concern is the prompt.
+        let (common, request, param): (Common, CoreRequest, &str) = match shape {
+            CompletionKind::Chat => {
+                let p = request::chat(&fields)?;
+                (p.common, p.request, "messages")
+            }
+            CompletionKind::Text => {
+                let p = request::completion(&fields)?;
+                (p.common, p.request, "prompt")
+            }
+        };
+        drop(fields);
+        let reader = submit(
+            app,
+            turn,
+            caller,
+            &common,
+            request,
+            shape == CompletionKind::Chat,
+            param,
+        )?;
+        Ok((common, reader))
+    })
     .await?;
     respond(app, shape, common, reader, arrived).await
 }

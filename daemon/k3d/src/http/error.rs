@@ -7,7 +7,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use k3_engine::echo::{Echo, bounded};
-use k3_engine::serve::ServeError;
+use k3_engine::serve::{Invalid, ServeError};
 use k3_engine::session::SessionStoreError;
 use serde::Serialize;
 
@@ -21,6 +21,9 @@ pub struct ApiError {
     /// The request field at fault (`messages[2].content`), for 400s.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Anthropic's own words for this error, where they differ from ours (its clients read
+    /// them: Claude Code offers to compact on "prompt is too long").
+    pub anthropic_message: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -46,6 +49,7 @@ impl ApiError {
             message: bounded(message.into()),
             param: None,
             code: None,
+            anthropic_message: None,
         }
     }
 
@@ -88,6 +92,17 @@ impl ApiError {
         )
     }
 
+    /// The body did not arrive within `--body-timeout` (408).
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {:.1} s (body_timeout)",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
@@ -101,6 +116,19 @@ impl ApiError {
     pub fn from_serve(e: &ServeError, param: Option<&str>) -> ApiError {
         let message = e.to_string();
         let status = match e {
+            // OpenAI's code for a prompt over the context, Anthropic's words for it; the
+            // message names k3d's own limit.
+            ServeError::Invalid(Invalid::PromptTooLong { tokens, limit }) => {
+                return ApiError {
+                    param: param.map(str::to_string),
+                    code: Some("context_length_exceeded"),
+                    anthropic_message: Some(format!(
+                        "prompt is too long: {tokens} tokens > {limit} maximum \
+                         (--max-prompt-tokens)"
+                    )),
+                    ..ApiError::new(StatusCode::BAD_REQUEST, message)
+                };
+            }
             ServeError::Invalid(_) => {
                 return ApiError {
                     param: param.map(str::to_string),
@@ -121,6 +149,8 @@ impl ApiError {
             | ServeError::CancelledQueued(_)
             | ServeError::Abandoned
             | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            // Only a stream stalls: this is its error event, after its 200.
+            ServeError::Stalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ServeError::Session(s) => match s.as_ref() {
                 e if e.is_out_of_space() => StatusCode::INSUFFICIENT_STORAGE,
                 SessionStoreError::InvalidName(_) => StatusCode::BAD_REQUEST,
@@ -213,9 +243,10 @@ impl ApiError {
             s if s >= 500 => "api_error",
             _ => "invalid_request_error",
         };
-        let message = match &self.param {
-            Some(param) if !param.is_empty() => format!("{param}: {}", self.message),
-            _ => self.message.clone(),
+        let message = match (&self.anthropic_message, &self.param) {
+            (Some(words), _) => words.clone(),
+            (None, Some(param)) if !param.is_empty() => format!("{param}: {}", self.message),
+            (None, _) => self.message.clone(),
         };
         serde_json::json!({"type": "error", "error": {"type": kind, "message": message}})
     }

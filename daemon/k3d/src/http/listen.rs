@@ -4,16 +4,9 @@
 //! model and read other callers' traffic.
 
 use crate::net::SocketSpec;
-use crate::net::accept::{Accepting, BACKOFF, Listen};
-use crate::net::gate::{Gate, Greeting, Guarded};
 use anyhow::Context;
-use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_stream::StreamExt;
 
 /// One `--http` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,64 +127,5 @@ impl Peer {
         match self {
             Peer::Unix { uid } | Peer::Tcp { uid } => *uid,
         }
-    }
-}
-
-/// An HTTP endpoint's accept loop: its connections pass the daemon's connection gate (per-peer
-/// cap, handshake deadline on the request head) like the gRPC socket's.
-pub struct Gated<L>(Accepting<L>);
-
-impl<L: Listen> Gated<L> {
-    pub fn new(listener: L, gate: Arc<Gate>) -> Gated<L> {
-        Gated(Accepting::new(listener, gate, Greeting::Http1Head))
-    }
-}
-
-impl<L> axum::serve::Listener for Gated<L>
-where
-    L: Listen + Unpin + Send + 'static,
-    L::Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Io = Guarded<L::Io>;
-    /// Peers are told apart by [`Peer`] (from the stream), not by this.
-    type Addr = ();
-
-    async fn accept(&mut self) -> (Self::Io, ()) {
-        loop {
-            match self.0.next().await {
-                Some(Ok(io)) => return (io, ()),
-                // A connection that failed between the kernel's accept and ours
-                // (ECONNABORTED...); running out of descriptors already paused in `Accepting`.
-                Some(Err(e)) => {
-                    tracing::warn!("HTTP: accepting a connection: {e}");
-                    tokio::time::sleep(BACKOFF).await;
-                }
-                // The listener's stream never ends: it would only end with the socket.
-                None => std::future::pending().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Connected<IncomingStream<'_, Gated<tokio::net::UnixListener>>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, Gated<tokio::net::UnixListener>>) -> Peer {
-        Peer::Unix {
-            uid: stream.io().get_ref().peer_cred().ok().map(|c| c.uid()),
-        }
-    }
-}
-
-impl Connected<IncomingStream<'_, Gated<tokio::net::TcpListener>>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, Gated<tokio::net::TcpListener>>) -> Peer {
-        let socket = stream.io().get_ref();
-        let uid = match (socket.local_addr(), socket.peer_addr()) {
-            (Ok(local), Ok(peer)) => crate::net::loopback_peer_uid(local, peer),
-            _ => None,
-        };
-        Peer::Tcp { uid }
     }
 }

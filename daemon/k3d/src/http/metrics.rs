@@ -195,10 +195,10 @@ impl Collector for CoreFigures {
                 prometheus_client::metrics::MetricType::Counter,
             )?;
             for (class, bytes) in [
-                ("trunk", s.trunk_bytes_read),
-                ("experts", s.expert_bytes_read),
-                ("embedding", s.embedding_bytes_read),
-                ("head", s.head_bytes_read),
+                ("trunk", s.store.trunk_bytes_read),
+                ("experts", s.store.expert_bytes_read),
+                ("embedding", s.store.embedding_bytes_read),
+                ("head", s.store.head_bytes_read),
             ] {
                 let labels = ClassLabels { class };
                 ConstCounter::new(bytes).encode(metric.encode_family(&labels)?)?;
@@ -214,25 +214,25 @@ impl Collector for CoreFigures {
             &mut e,
             "weight_bytes_avoided",
             "Weight bytes needed that pinned layers or caches supplied",
-            s.bytes_avoided,
+            s.store.bytes_avoided,
         )?;
         Self::counter(
             &mut e,
             "expert_cache_hits",
             "Routed-expert requests served from memory",
-            s.cache_hits,
+            s.store.cache.hits,
         )?;
         Self::counter(
             &mut e,
             "expert_cache_misses",
             "Routed-expert requests that needed a read",
-            s.cache_misses,
+            s.store.cache.misses(),
         )?;
         Self::gauge(
             &mut e,
             "expert_cache_bytes",
             "Bytes of the expert cache holding an expert",
-            gauge(s.cache_resident_bytes),
+            gauge(s.store.cache_resident_bytes),
         )?;
         Self::gauge(
             &mut e,
@@ -278,6 +278,18 @@ impl Collector for CoreFigures {
             "requests_rejected",
             "Generations refused, nothing computed: full queue, invalid request, session refused, not serving (every transport)",
             c.rejected,
+        )?;
+        Self::counter(
+            &mut e,
+            "requests_stalled",
+            "Generations whose reader took nothing for the stall timeout while others waited: parked, or cancelled without room to keep their state",
+            c.stalled,
+        )?;
+        Self::gauge(
+            &mut e,
+            "parked_requests",
+            "Generations parked now: their reader stalled, their state kept, no compute slot",
+            gauge(snap.parked as u64),
         )
     }
 }

@@ -20,25 +20,31 @@ mod listen;
 mod metrics;
 mod reply;
 pub mod request;
+mod server;
 mod stream;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
-use k3_engine::serve::{Caller, Core, Health};
+use k3_engine::serve::{Caller, Core, Health, Reservation, Turn};
 use serde_json::json;
+use server::Connection;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Largest request body accepted when the config does not say (`http_body_limit`).
 pub const DEFAULT_BODY_LIMIT: usize = 8 << 20;
+/// `--idle-timeout`: longer than the clients' own keep-alive expiry (httpx 5 s, Node's 4 s),
+/// so they close an idle connection before k3d does and never reuse one k3d is closing.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// `--body-timeout`: the largest body (8 MiB) at 300 KB/s, far slower than any local client.
+pub const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The HTTP API's settings, from the command line and the config file.
 pub struct Settings {
@@ -49,6 +55,11 @@ pub struct Settings {
     pub model_id: String,
     /// The RAM budget the model is planned in, for `/metrics`.
     pub budget_bytes: Option<u64>,
+    /// How long a kept-alive connection may wait for its next request head, head included
+    /// (`--idle-timeout`).
+    pub idle_timeout: std::time::Duration,
+    /// How long a request's body may take to arrive (`--body-timeout`).
+    pub body_timeout: std::time::Duration,
 }
 
 pub struct App {
@@ -138,14 +149,40 @@ async fn guard(
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let mut request = request;
-    let response = match authorise(&app, peer, request.headers(), &endpoint) {
+    let authorised = authorise(&app, peer, request.headers(), &endpoint).and_then(|caller| {
+        // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
+        if let (Caller::Key { key, .. }, Some(connection)) =
+            (&caller, request.extensions().get::<Connection>())
+        {
+            connection
+                .0
+                .rekey(crate::net::gate::PeerKey::Key(*key))
+                .map_err(|reason| ApiError::too_many_connections(format!("k3d {reason}")))?;
+        }
+        Ok(caller)
+    });
+    let response = match authorised {
         Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        // Anthropic's clients read errors in Anthropic's shape.
-        Err(e) if endpoint.starts_with("/v1/messages") => error::Anthropic(e).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // A refused connection is closed once told (it would be refused again).
+            let close = e.code == Some("too_many_connections");
+            // Anthropic's clients read errors in Anthropic's shape.
+            let mut response = if endpoint.starts_with("/v1/messages") {
+                error::Anthropic(e).into_response()
+            } else {
+                e.into_response()
+            };
+            if close {
+                response.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        }
     };
     app.metrics.request(&endpoint, response.status().as_u16());
     response
@@ -204,12 +241,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The body, at most `http_body_limit` bytes (413 beyond).
-async fn body(app: &App, body: Body) -> Result<axum::body::Bytes, ApiError> {
+/// The body, at most `http_body_limit` bytes, within `--body-timeout`. A declared length
+/// over the limit is refused before a byte of the body is read (413), a longer body as soon
+/// as it passes the limit, a slow one at its deadline (408).
+async fn body(app: &App, request: Request) -> Result<axum::body::Bytes, ApiError> {
     let limit = app.settings.body_limit;
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| ApiError::too_large(limit))
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    let timeout = app.settings.body_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(request.into_body(), limit)).await {
+        Ok(read) => read.map_err(|_| ApiError::too_large(limit)),
+        Err(_) => Err(ApiError::body_timeout(timeout)),
+    }
 }
 
 /// `POST /v1/chat/completions` and `/v1/completions`.
@@ -220,8 +269,69 @@ async fn complete(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let bytes = body(&app, request.into_body()).await?;
-    completions::complete(app, caller, shape, &bytes, arrived).await
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
+    completions::complete(app, caller, shape, bytes, reservation, arrived).await
+}
+
+/// A place in the serve core's queue for `caller`'s request (its account's: [`Caller`]),
+/// taken before its body is read (issue 35 point 2), then the body ([`body`]). A queue or an
+/// account's share that is full refuses the request (429) before anything is kept of it: its
+/// body is then only read to be dropped, so that a client still writing it gets the answer
+/// rather than a broken pipe.
+async fn reserve(
+    app: &App,
+    caller: Option<&Caller>,
+    request: Request,
+) -> Result<(Reservation, axum::body::Bytes), ApiError> {
+    match app.core.reserve(caller.unwrap_or(&Caller::Unknown)) {
+        Ok(reservation) => Ok((reservation, body(app, request).await?)),
+        Err(e) => {
+            discard(app, request).await;
+            Err(ApiError::from_serve(&e, None))
+        }
+    }
+}
+
+/// Reads and drops a body the daemon will not use, within the body limit and deadline.
+async fn discard(app: &App, request: Request) {
+    use tokio_stream::StreamExt;
+    let mut left = app.settings.body_limit;
+    let mut data = request.into_body().into_data_stream();
+    let _ = tokio::time::timeout(app.settings.body_timeout, async {
+        while let Some(Ok(chunk)) = data.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Runs `prepare` — parse the body, build the core's request, render, tokenise, submit — on
+/// a blocking thread once the core gives the reserved request its preparation turn: at most
+/// a few requests are prepared at once, in turns fair across users, so the memory a flood of
+/// bodies can take is a few bodies' (`serve::Core::turn`).
+async fn prepare<T, E>(
+    app: &Arc<App>,
+    reservation: Reservation,
+    prepare: impl FnOnce(&App, Turn) -> Result<T, E> + Send + 'static,
+) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<ApiError> + Send + 'static,
+{
+    let app = Arc::clone(app);
+    tokio::task::spawn_blocking(move || {
+        let turn = app.core.turn(reservation);
+        prepare(&app, turn)
+    })
+    .await
+    .map_err(|e| {
+        E::from(ApiError::internal(format!(
+            "the request's task failed: {e}"
+        )))
+    })?
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
@@ -231,6 +341,8 @@ fn model_entry(app: &App) -> serde_json::Value {
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
+        // The longest prompt a request may have, after rendering (--max-prompt-tokens).
+        "max_prompt_tokens": app.core.limits().max_prompt_tokens,
     });
     if let Some(info) = app.core.status().info {
         entry["fingerprint"] = info.fingerprint.into();
@@ -301,27 +413,6 @@ pub fn refusal_response(reason: &str) -> Vec<u8> {
     ApiError::too_many_connections(reason).http1_bytes()
 }
 
-/// Serves `router` on one endpoint, its connections passing `gate`, until `shutdown`
-/// completes (the two listener types differ; what is served on them does not).
-fn serve_on<L>(
-    listener: L,
-    gate: Arc<crate::net::gate::Gate>,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static
-where
-    L: crate::net::accept::Listen,
-    listen::Gated<L>: axum::serve::Listener<Addr = ()>,
-    Peer: for<'a> axum::extract::connect_info::Connected<
-            axum::serve::IncomingStream<'a, listen::Gated<L>>,
-        >,
-{
-    let service = router.into_make_service_with_connect_info::<Peer>();
-    axum::serve(listen::Gated::new(listener, gate), service)
-        .with_graceful_shutdown(shutdown)
-        .into_future()
-}
-
 /// Serves every bound endpoint until `stop` turns true, then lets open responses finish
 /// (the serve core cancels what the shutdown grace does not allow).
 pub async fn serve(
@@ -334,21 +425,19 @@ pub async fn serve(
     let mut tasks = tokio::task::JoinSet::new();
     for b in bound {
         let router = router(Arc::clone(&app));
-        let mut stop = stop.clone();
-        let shutdown = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
+        let stop = stop.clone();
         let gate = Arc::clone(&gate);
+        let idle = app.settings.idle_timeout;
         match b {
             Bound::Unix { socket, .. } => {
                 let listener = tokio::net::UnixListener::from_std(socket)
                     .context("registering the HTTP Unix socket")?;
-                tasks.spawn(serve_on(listener, gate, router, shutdown));
+                tasks.spawn(server::serve_on(listener, gate, router, idle, stop));
             }
             Bound::Tcp(socket) => {
                 let listener = tokio::net::TcpListener::from_std(socket)
                     .context("registering the HTTP socket")?;
-                tasks.spawn(serve_on(listener, gate, router, shutdown));
+                tasks.spawn(server::serve_on(listener, gate, router, idle, stop));
             }
         }
     }

@@ -15,7 +15,7 @@ use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::request::Common;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Request};
+use k3_engine::serve::{Caller, Request, Turn};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -30,10 +30,12 @@ const SSE_BUFFER: usize = 8;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Queues `request` on the serve core for every route that generates (`chat`: whether its
-/// reasoning is counted); `param` is the field the core's refusals concern (they name values,
-/// not fields).
-pub async fn submit(
+/// reasoning is counted), in its reserved place, rendering and tokenising it under `turn`
+/// (called in [`super::prepare`]'s closure, off the async workers); `param` is the field the
+/// core's refusals concern (they name values, not fields).
+pub fn submit(
     app: &App,
+    turn: Turn,
     caller: Option<Caller>,
     common: &Common,
     mut request: Request,
@@ -46,15 +48,12 @@ pub async fn submit(
     // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
     // nothing for a caller nobody vouches for.
     request.reuse = common.prefix_reuse;
-    // Submission tokenises and renders the prompt (seconds for a large one): off the async
-    // workers, which every other request shares.
-    let core = Arc::clone(&app.core);
     let caller = caller
         .unwrap_or(Caller::Unknown)
         .scoped(common.cache_scope.as_deref());
-    let job = tokio::task::spawn_blocking(move || core.submit(caller, request))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
+    let job = app
+        .core
+        .submit_turn(turn, caller, request)
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
     Ok(Reader::new(job, chat, &common.stop_strings))
 }

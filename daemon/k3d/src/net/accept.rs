@@ -49,11 +49,17 @@ impl Listen for TcpListener {
         TcpListener::poll_accept(self, cx).map_ok(|(stream, _)| stream)
     }
 
+    /// A loopback client by the account owning its socket when the kernel's socket table
+    /// names it ([`super::loopback_peer_uid`]: the same count as that account's Unix
+    /// connections, so one user's aliases never take another's share), else by address.
     fn peer(io: &TcpStream) -> PeerKey {
         // A TCP connection always has a peer address; one torn down meanwhile is counted with
         // the unidentified, and its first read fails anyway.
-        io.peer_addr()
-            .map_or(PeerKey::UnknownUid, |a| PeerKey::Ip(a.ip()))
+        match (io.local_addr(), io.peer_addr()) {
+            (Ok(local), Ok(peer)) => super::loopback_peer_uid(local, peer)
+                .map_or_else(|| PeerKey::of_ip(peer.ip()), PeerKey::Uid),
+            _ => PeerKey::UnknownUid,
+        }
     }
 }
 

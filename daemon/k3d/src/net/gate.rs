@@ -3,12 +3,17 @@
 //!
 //! Every connection, on the gRPC socket and on each HTTP endpoint, passes one [`Gate`]:
 //!
-//! * **Per-peer cap**: a peer (a Unix socket client's uid from SO_PEERCRED, a TCP client's IP
-//!   address) holds at most `per_peer` connections across all listeners. One over is refused
-//!   at once, before any byte is read, with a log line (at most one per [`REFUSAL_LOG_EVERY`],
-//!   with a count of those left unsaid), so the accept loop never waits on it and another peer
-//!   is still served; a task of its own tells the client why in its protocol and closes it
-//!   ([`super::refusal`]).
+//! * **Per-peer cap**: a peer ([`PeerKey`]: a Unix socket client's uid from SO_PEERCRED; a
+//!   TCP client by its address, every loopback address being one peer; a keyed HTTP caller
+//!   by its key once its request named it, [`PeerSlot::rekey`]) holds at most `per_peer`
+//!   connections across all listeners. One over is refused at once, before any byte is read,
+//!   with a log line (at most one per [`REFUSAL_LOG_EVERY`], with a count of those left
+//!   unsaid), so the accept loop never waits on it and another peer is still served; a task
+//!   of its own tells the client why in its protocol and closes it ([`super::refusal`]).
+//! * **Daemon-wide cap**: all peers together hold at most `total` connections, derived from
+//!   the descriptor limit less a reserve for the model's shards, sessions and sockets
+//!   ([`descriptor_budget`]), so that no number of peers can take the descriptors the daemon
+//!   needs to serve the ones it has (issue 35 point 1).
 //! * **Handshake deadline**: a connection must send its greeting within `handshake`: the
 //!   24-byte HTTP/2 client preface on the gRPC socket, a complete request head on HTTP/1.1.
 //!   Until then it holds a descriptor and a task for nothing; past it the next read fails
@@ -25,7 +30,7 @@ use std::fmt;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
@@ -48,6 +53,8 @@ const HTTP2_PREFACE_LEN: usize = 24;
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub per_peer: usize,
+    /// Connections of all peers together ([`descriptor_budget`]).
+    pub total: usize,
     pub handshake: Duration,
 }
 
@@ -57,7 +64,30 @@ pub enum PeerKey {
     Uid(u32),
     /// A Unix socket client whose credentials the kernel did not give: all such share a cap.
     UnknownUid,
+    /// Every TCP client on a loopback address (127.0.0.0/8, ::1, their IPv4-mapped forms):
+    /// one machine, so one peer, however many aliases it connects from (issue 35 point 1).
+    Loopback,
     Ip(IpAddr),
+    /// An HTTP caller that named API key N (0-based, in `http_api_keys` order): its
+    /// connection counts against the key once its request was authenticated.
+    Key(usize),
+}
+
+impl PeerKey {
+    /// A TCP client by its address: all loopback addresses are one peer.
+    pub fn of_ip(ip: IpAddr) -> PeerKey {
+        let loopback = match ip {
+            IpAddr::V4(v4) => v4.is_loopback(),
+            IpAddr::V6(v6) => {
+                v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        };
+        if loopback {
+            PeerKey::Loopback
+        } else {
+            PeerKey::Ip(ip)
+        }
+    }
 }
 
 impl fmt::Display for PeerKey {
@@ -65,9 +95,38 @@ impl fmt::Display for PeerKey {
         match self {
             PeerKey::Uid(uid) => write!(f, "uid {uid}"),
             PeerKey::UnknownUid => write!(f, "a peer without credentials"),
+            PeerKey::Loopback => write!(f, "loopback TCP (every 127.x.x.x and ::1 address)"),
             PeerKey::Ip(ip) => write!(f, "{ip}"),
+            PeerKey::Key(index) => write!(f, "API key #{}", index + 1),
         }
     }
+}
+
+/// Descriptors kept back from connections for everything else the daemon opens: per shard
+/// file two (buffered and direct reads), and this many for session files being read or
+/// written, the listening sockets, the runtime's and the logger's own.
+pub const DESCRIPTOR_RESERVE: usize = 256;
+
+/// How many connections all peers together may hold when the process may open `limit`
+/// descriptors and the checkpoint has `shards` shard files: what is left after
+/// [`DESCRIPTOR_RESERVE`] and two per shard, and at least one.
+pub fn descriptor_budget(limit: u64, shards: usize) -> usize {
+    let reserve = DESCRIPTOR_RESERVE.saturating_add(shards.saturating_mul(2)) as u64;
+    usize::try_from(limit.saturating_sub(reserve))
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Raises the soft descriptor limit to the hard one (a daemon serving many users needs more
+/// than the usual 1,024, and only the hard limit is the administrator's choice); the limit
+/// now in force.
+pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
 }
 
 /// What a client must send first, which ends its handshake deadline.
@@ -81,7 +140,9 @@ pub enum Greeting {
 
 pub struct Gate {
     limits: ConnectionLimits,
-    open: Mutex<HashMap<PeerKey, usize>>,
+    open: Mutex<Open>,
+    /// The next connection's id ([`PeerSlot::id`]).
+    next_id: AtomicU64,
     quiet: Mutex<RateLimit>,
     /// Refusals being written ([`super::refusal::tell`]).
     refusing: Arc<AtomicUsize>,
@@ -95,6 +156,28 @@ pub struct Refused<S> {
     pub reason: String,
 }
 
+/// The connections held now: by peer, and in all.
+#[derive(Default)]
+struct Open {
+    by_peer: HashMap<PeerKey, usize>,
+    total: usize,
+}
+
+impl Open {
+    fn held(&self, peer: PeerKey) -> usize {
+        self.by_peer.get(&peer).copied().unwrap_or(0)
+    }
+
+    fn release(&mut self, peer: PeerKey) {
+        if let Some(held) = self.by_peer.get_mut(&peer) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                self.by_peer.remove(&peer);
+            }
+        }
+    }
+}
+
 /// When the last line was logged and how many were left unsaid since.
 struct RateLimit {
     last: Option<Instant>,
@@ -106,7 +189,8 @@ impl Gate {
         Arc::new(Gate {
             limits,
             http1_refusal,
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(Open::default()),
+            next_id: AtomicU64::new(1),
             quiet: Mutex::new(RateLimit {
                 last: None,
                 unsaid: 0,
@@ -115,38 +199,58 @@ impl Gate {
         })
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        // No panic while holding it; a poisoned count is still consistent.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why `peer` may not hold one more connection now, if so.
+    fn over_cap(&self, open: &Open, peer: PeerKey) -> Option<String> {
+        if open.held(peer) >= self.limits.per_peer {
+            Some(format!(
+                "refused a connection from {peer}: it holds {} already \
+                 (max_connections_per_peer)",
+                self.limits.per_peer
+            ))
+        } else if open.total >= self.limits.total {
+            Some(format!(
+                "refused a connection from {peer}: k3d holds {} connections, all its \
+                 descriptor limit allows (RLIMIT_NOFILE less a reserve for shards and sessions)",
+                self.limits.total
+            ))
+        } else {
+            None
+        }
+    }
+
     /// The connection wrapped with its slot and deadline, or [`Refused`] when `peer` already
-    /// holds its cap (for [`Gate::refuse`]).
+    /// holds its cap or the daemon all it may hold (for [`Gate::refuse`]).
     pub fn admit<S>(
         self: &Arc<Gate>,
         stream: S,
         peer: PeerKey,
         greeting: Greeting,
     ) -> Result<Guarded<S>, Refused<S>> {
-        let admitted = {
-            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            let held = open.entry(peer).or_insert(0);
-            let room = *held < self.limits.per_peer;
-            if room {
-                *held += 1;
+        let refused = {
+            let mut open = self.lock();
+            let refused = self.over_cap(&open, peer);
+            if refused.is_none() {
+                *open.by_peer.entry(peer).or_insert(0) += 1;
+                open.total += 1;
             }
-            room
+            refused
         };
-        if !admitted {
-            let reason = format!(
-                "refused a connection from {peer}: it holds {} already \
-                 (max_connections_per_peer)",
-                self.limits.per_peer
-            );
+        if let Some(reason) = refused {
             self.note(format_args!("{reason}"));
             return Err(Refused { stream, reason });
         }
         Ok(Guarded {
             inner: stream,
-            slot: PeerSlot {
+            slot: Arc::new(PeerSlot {
                 gate: Arc::clone(self),
-                peer,
-            },
+                peer: Mutex::new(peer),
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            }),
             handshake: Some(Handshake {
                 deadline: Box::pin(tokio::time::sleep(self.limits.handshake)),
                 greeting: GreetingProgress::new(greeting),
@@ -168,14 +272,11 @@ impl Gate {
         super::refusal::tell(refused.stream, greeting, words, &self.refusing);
     }
 
-    fn release(&self, peer: PeerKey) {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(held) = open.get_mut(&peer) {
-            *held = held.saturating_sub(1);
-            if *held == 0 {
-                open.remove(&peer);
-            }
-        }
+    /// Connections held now by `peer`, and by all.
+    #[cfg(test)]
+    fn held(&self, peer: PeerKey) -> (usize, usize) {
+        let open = self.lock();
+        (open.held(peer), open.total)
     }
 
     /// Logs `line` unless one was logged within [`REFUSAL_LOG_EVERY`].
@@ -197,15 +298,59 @@ impl Gate {
     }
 }
 
-/// One connection's place in its peer's count, given back when the connection is dropped.
-struct PeerSlot {
+/// One connection's place in its peer's count and in the daemon's, given back when the
+/// connection is dropped. The HTTP API holds it too, to count a keyed caller's connection
+/// against its key ([`PeerSlot::rekey`]).
+pub struct PeerSlot {
     gate: Arc<Gate>,
-    peer: PeerKey,
+    /// Whom the connection counts against now.
+    peer: Mutex<PeerKey>,
+    id: u64,
+}
+
+impl PeerSlot {
+    /// This connection's number, unique for the daemon's life.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whom the connection counts against now.
+    pub fn peer(&self) -> PeerKey {
+        *self.peer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts the connection against `to` from now on (an HTTP caller that named an API
+    /// key: one peer per key, whatever address it comes from), or says why not: `to` holds
+    /// its cap already (the refusal's words, logged like every refusal).
+    pub fn rekey(&self, to: PeerKey) -> Result<(), String> {
+        let mut open = self.gate.lock();
+        let mut peer = self.peer.lock().unwrap_or_else(|p| p.into_inner());
+        if *peer == to {
+            return Ok(());
+        }
+        if open.held(to) >= self.gate.limits.per_peer {
+            drop((peer, open));
+            let reason = format!(
+                "refused a request from {to}: it holds {} connections already \
+                 (max_connections_per_peer)",
+                self.gate.limits.per_peer
+            );
+            self.gate.note(format_args!("{reason}"));
+            return Err(reason);
+        }
+        open.release(*peer);
+        *open.by_peer.entry(to).or_insert(0) += 1;
+        *peer = to;
+        Ok(())
+    }
 }
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        self.gate.release(self.peer);
+        let peer = self.peer();
+        let mut open = self.gate.lock();
+        open.release(peer);
+        open.total = open.total.saturating_sub(1);
     }
 }
 
@@ -263,7 +408,7 @@ struct Handshake {
 /// its handshake deadline passes without the greeting.
 pub struct Guarded<S> {
     inner: S,
-    slot: PeerSlot,
+    slot: Arc<PeerSlot>,
     /// `None` once the greeting arrived.
     handshake: Option<Handshake>,
 }
@@ -271,6 +416,11 @@ pub struct Guarded<S> {
 impl<S> Guarded<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The connection's place in the counts.
+    pub fn slot(&self) -> &Arc<PeerSlot> {
+        &self.slot
     }
 }
 
@@ -290,7 +440,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
                 this.slot.gate.note(format_args!(
                     "closed a connection from {}: no greeting within {:.1} s \
                      (handshake_timeout)",
-                    this.slot.peer,
+                    this.slot.peer(),
                     limit.as_secs_f64()
                 ));
             }
@@ -373,15 +523,20 @@ mod tests {
         assert!(p.read(b"\n\x00\x00"));
     }
 
-    #[tokio::test]
-    async fn a_peer_over_its_cap_is_refused_and_its_slot_comes_back() {
-        let gate = Gate::new(
+    fn gate(per_peer: usize, total: usize) -> Arc<Gate> {
+        Gate::new(
             ConnectionLimits {
-                per_peer: 2,
+                per_peer,
+                total,
                 handshake: DEFAULT_HANDSHAKE,
             },
             |_| Vec::new(),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn a_peer_over_its_cap_is_refused_and_its_slot_comes_back() {
+        let gate = gate(2, 100);
         let a = PeerKey::Uid(1000);
         let first = gate.admit((), a, Greeting::Http2Preface);
         let second = gate.admit((), a, Greeting::Http2Preface);
@@ -393,5 +548,78 @@ mod tests {
         );
         drop(first);
         assert!(gate.admit((), a, Greeting::Http2Preface).is_ok());
+    }
+
+    /// Issue 35 point 1: loopback aliases are one peer, IPv4-mapped ones included.
+    #[test]
+    fn every_loopback_address_is_one_peer() {
+        for ip in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "127.255.0.18",
+            "::1",
+            "::ffff:127.0.0.9",
+        ] {
+            let ip: IpAddr = ip.parse().expect("an address");
+            assert_eq!(PeerKey::of_ip(ip), PeerKey::Loopback, "{ip}");
+        }
+        let lan: IpAddr = "192.168.1.5".parse().expect("an address");
+        assert_eq!(PeerKey::of_ip(lan), PeerKey::Ip(lan));
+    }
+
+    /// The daemon-wide cap refuses whoever comes once it is reached, whatever the peer.
+    #[tokio::test]
+    async fn the_daemon_wide_cap_holds_across_peers() {
+        let gate = gate(2, 3);
+        let held: Vec<_> = (0..3)
+            .map(|uid| gate.admit((), PeerKey::Uid(uid), Greeting::Http1Head))
+            .collect();
+        assert!(held.iter().all(Result::is_ok));
+        let refused = gate
+            .admit((), PeerKey::Uid(9), Greeting::Http1Head)
+            .err()
+            .expect("over the daemon's cap");
+        assert!(
+            refused.reason.contains("RLIMIT_NOFILE"),
+            "{}",
+            refused.reason
+        );
+        drop(held);
+        assert_eq!(gate.held(PeerKey::Uid(0)), (0, 0));
+    }
+
+    /// A keyed caller's connection moves from its address's count to its key's; a key at its
+    /// cap refuses the move and the connection stays where it was.
+    #[tokio::test]
+    async fn a_connection_counts_against_its_key_once_named() {
+        let gate = gate(2, 100);
+        let conns: Vec<_> = (0..3)
+            .map(|_| gate.admit((), PeerKey::Loopback, Greeting::Http1Head))
+            .collect();
+        assert!(conns[2].is_err(), "loopback holds its cap");
+        let first = conns[0].as_ref().ok().expect("admitted").slot();
+        first.rekey(PeerKey::Key(0)).expect("moved to its key");
+        assert_eq!(gate.held(PeerKey::Loopback), (1, 2));
+        assert!(
+            gate.admit((), PeerKey::Loopback, Greeting::Http1Head)
+                .is_ok(),
+            "the address's slot came back"
+        );
+        let second = conns[1].as_ref().ok().expect("admitted").slot();
+        second.rekey(PeerKey::Key(0)).expect("a second on the key");
+        let third = gate
+            .admit(
+                (),
+                PeerKey::Ip("10.0.0.2".parse().expect("ip")),
+                Greeting::Http1Head,
+            )
+            .ok()
+            .expect("admitted");
+        let refused = third
+            .slot()
+            .rekey(PeerKey::Key(0))
+            .expect_err("key at its cap");
+        assert!(refused.contains("API key #1"), "{refused}");
+        assert_eq!(gate.held(PeerKey::Key(0)).0, 2);
     }
 }

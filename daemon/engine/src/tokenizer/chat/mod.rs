@@ -35,7 +35,7 @@ pub use model::{
     ChatError, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
     ToolChoice,
 };
-pub use render::{Segment, render, segments};
+pub use render::{Limited, Segment, render, render_limited, segments};
 pub use reply::{
     MalformedReply, Pushed, Reply, ReplyChannel, ReplyError, ReplyEvent, ReplyReader, parse_reply,
 };

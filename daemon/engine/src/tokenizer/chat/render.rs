@@ -354,12 +354,56 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
 /// Renders a conversation to prompt ids (spec §8): each segment encoded on its own.
 pub fn render(tokenizer: &Tokenizer, conversation: &Conversation) -> Result<Vec<u32>, ChatError> {
     let mut ids = Vec::new();
+    encode_segments(tokenizer, conversation, |encoded| ids.extend(encoded))?;
+    Ok(ids)
+}
+
+/// A rendering held to a length limit ([`render_limited`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limited {
+    /// At most the limit: the prompt ids.
+    Within(Vec<u32>),
+    /// Over the limit: how many ids the whole conversation renders to (the ids past the limit
+    /// were counted and dropped, so memory stays at the limit's, whatever the conversation).
+    Over(usize),
+}
+
+/// [`render`], keeping at most `limit` ids: a conversation that renders to more is counted to
+/// the end (each segment encoded and dropped) so the refusal can say how long it is.
+pub fn render_limited(
+    tokenizer: &Tokenizer,
+    conversation: &Conversation,
+    limit: usize,
+) -> Result<Limited, ChatError> {
+    let mut ids = Vec::new();
+    let mut count = 0usize;
+    encode_segments(tokenizer, conversation, |encoded| {
+        count = count.saturating_add(encoded.len());
+        if count <= limit {
+            ids.extend(encoded);
+        } else {
+            ids = Vec::new();
+        }
+    })?;
+    Ok(if count <= limit {
+        Limited::Within(ids)
+    } else {
+        Limited::Over(count)
+    })
+}
+
+/// Encodes each segment of `conversation` in order (control segments with added tokens
+/// recognised, text never) and hands its ids to `each`.
+fn encode_segments(
+    tokenizer: &Tokenizer,
+    conversation: &Conversation,
+    mut each: impl FnMut(Vec<u32>),
+) -> Result<(), ChatError> {
     for segment in segments(conversation)? {
-        let encoded = match &segment {
+        each(match &segment {
             Segment::Control(name) => tokenizer.encode(name, Specials::Recognised)?,
             Segment::Text(text) => tokenizer.encode(text, Specials::Plain)?,
-        };
-        ids.extend(encoded);
+        });
     }
-    Ok(ids)
+    Ok(())
 }

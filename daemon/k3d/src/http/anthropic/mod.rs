@@ -11,11 +11,10 @@ pub mod request;
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
 use super::stream::{Timer, submit};
-use super::{App, body};
+use super::{App, prepare, reserve};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::Caller;
-use k3_engine::tokenizer::chat::render;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,11 +22,17 @@ use std::time::Instant;
 pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
-    let bytes = body(&app, request.into_body()).await?;
-    let fields = Fields::parse(&bytes)?;
-    let (common, core_request) = request::messages(&fields, &bytes)?;
-    // The core's refusals name values, not fields: the field they concern is the conversation.
-    let reader = submit(&app, caller, &common, core_request, true, "messages").await?;
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
+    let (common, reader) = prepare(&app, reservation, move |app, turn| {
+        let fields = Fields::parse(&bytes)?;
+        let (common, core_request) = request::messages(&fields, &bytes)?;
+        drop((fields, bytes));
+        // The core's refusals name values, not fields: the field they concern is the
+        // conversation.
+        let reader = submit(app, turn, caller, &common, core_request, true, "messages")?;
+        Ok::<_, Anthropic>((common, reader))
+    })
+    .await?;
     let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
@@ -38,16 +43,20 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the rendered prompt's length — what
 /// `/v1/messages` reports as `input_tokens` plus `cache_read_input_tokens` for the same body.
+/// Held to the same limits as a request (issue 35 point 2): a place in the queue before the
+/// body is read, a preparation turn to render it, `--max-prompt-tokens`.
 pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
-    let bytes = body(&app, request.into_body()).await?;
-    let fields = Fields::parse(&bytes)?;
-    let (model, conversation) = request::count_tokens(&fields, &bytes)?;
-    app.check_model(&model)?;
-    // Rendering tokenises the whole conversation: off the async workers.
-    let core = Arc::clone(&app.core);
-    let ids = tokio::task::spawn_blocking(move || render(core.tokenizer(), &conversation))
-        .await
-        .map_err(|e| ApiError::internal(format!("the request's task failed: {e}")))?
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(axum::Json(serde_json::json!({"input_tokens": ids.len()})).into_response())
+    let caller = request.extensions().get::<Caller>().cloned();
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
+    let tokens = prepare(&app, reservation, move |app, turn| {
+        let fields = Fields::parse(&bytes)?;
+        let (model, conversation) = request::count_tokens(&fields, &bytes)?;
+        drop((fields, bytes));
+        app.check_model(&model)?;
+        app.core
+            .count_tokens(turn, conversation)
+            .map_err(|e| Anthropic(ApiError::from_serve(&e, Some("messages"))))
+    })
+    .await?;
+    Ok(axum::Json(serde_json::json!({"input_tokens": tokens})).into_response())
 }
