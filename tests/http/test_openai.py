@@ -284,6 +284,8 @@ def test_invalid_requests_are_400_naming_the_field():
     assert e.value.body["param"] == "model"
     r = raw().post("/v1/nothing", json={})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    # The root answers clients' connection probes (Claude Code's `HEAD /`), never a 404.
+    assert raw().head("/").status_code == 200 and "/v1/models" in raw().get("/").text
     r = raw().post("/v1/chat/completions", content=b"{not json")
     assert r.status_code == 400 and "error" in r.json()
     r = raw().post("/v1/chat/completions", content=b" " * (BODY_LIMIT + 1))

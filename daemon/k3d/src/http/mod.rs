@@ -4,15 +4,16 @@
 //! batching, sessions), exactly as the gRPC service is.
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
-//! ([`responses`], what Codex speaks), `GET /v1/models`,
+//! ([`responses`], what Codex speaks), `GET /v1/models`, `GET /` (a pointer to the rest),
 //! `GET /health`, `GET /metrics`, and Anthropic's `POST /v1/messages` and
-//! `POST /v1/messages/count_tokens` ([`anthropic`], issue 15 point 9); anything else is a 404 in
-//! OpenAI's error shape.
+//! `POST /v1/messages/count_tokens` ([`anthropic`], issue 15 point 9); anything else is a 404
+//! in OpenAI's error shape.
 //!
 //! Who may connect: on a Unix socket, whoever the socket's file mode lets in, identified by
 //! uid (SO_PEERCRED) exactly as on the gRPC socket; on TCP, with `http_api_keys` in the config
 //! file, only requests bearing one (`Authorization: Bearer KEY`, or `x-api-key: KEY` as
-//! Anthropic's clients send it); `/health` needs no key so supervisors can probe it.
+//! Anthropic's clients send it); `/health` and `/` need no key so supervisors and clients can
+//! probe them.
 
 pub mod anthropic;
 mod completions;
@@ -142,6 +143,7 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/", get(root))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { ApiError::not_found("no such route (see GET /v1/models)") })
@@ -226,7 +228,8 @@ fn authorise(
 ) -> Result<Caller, ApiError> {
     let by_account = peer.uid().map_or(Caller::Unknown, Caller::Uid);
     let keys = &app.settings.keys;
-    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || endpoint == "/health" {
+    if matches!(peer, Peer::Unix { .. }) || keys.is_empty() || ["/health", "/"].contains(&endpoint)
+    {
         return Ok(by_account);
     }
     let header_text = |name| headers.get(name).and_then(|v| v.to_str().ok());
@@ -393,6 +396,17 @@ async fn model(
 ) -> Result<Response, ApiError> {
     app.check_model(&id)?;
     Ok(axum::Json(model_entry(&app)).into_response())
+}
+
+/// The root answers that k3d is here and where its APIs are, to anyone: clients probe it (Claude
+/// Code sends `HEAD /` to warm its connection before its first request), and a 404 there
+/// would read as a failure in the log.
+async fn root() -> Response {
+    (
+        StatusCode::OK,
+        "k3d: OpenAI and Anthropic APIs under /v1 (see GET /v1/models)\n",
+    )
+        .into_response()
 }
 
 /// `{"status": "loading", "progress": {"done", "total", "bytes_per_second", "eta_seconds",
