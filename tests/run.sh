@@ -34,6 +34,10 @@ if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema
     "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0'
 fi
 
+# The real coding agents (Claude Code, Codex, aider) that tests/e2e_agents.rs drives against
+# k3d, pinned, under target/.
+tests/install_agents.sh
+
 # A full build of the suite takes about 6 GB of target/ (more with incremental caches, which a
 # one-off run never reuses); say so plainly before the linker runs out of room halfway.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
