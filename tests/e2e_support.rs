@@ -113,7 +113,12 @@ impl Daemon {
             .arg(model)
             .arg("--socket")
             .arg(socket)
-            .args(["--threads", "1"])
+            // One engine thread unless the test picks: tests run side by side.
+            .args(if extra.contains(&"--threads") {
+                &[][..]
+            } else {
+                &["--threads", "1"][..]
+            })
             // Sessions stay in the test's scratch directory unless the test picks a place.
             .args(if extra.contains(&"--session-dir") {
                 Vec::new()
