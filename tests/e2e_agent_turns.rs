@@ -153,11 +153,12 @@ fn reused_in_log(log: &str, prompt: u64) -> Vec<u64> {
 #[tokio::test]
 async fn claude_codes_second_turn_reuses_the_first_on_the_default_configuration() {
     let dir = scratch("agent-turns");
-    // The default configuration: no --ram-gb, no --session-gb; HTTP on loopback, no key.
+    // The default configuration: no --ram-gb, no --session-gb; HTTP on loopback, no key; all
+    // of CI's two cores (the default on such a machine), not the tests' usual one.
     let d = Daemon::start(
         &trained_model(),
         &dir.path().join("k3d.sock"),
-        &["--http", "127.0.0.1:0"],
+        &["--http", "127.0.0.1:0", "--threads", "2"],
     );
     wait_ready(&mut client(&d.socket).await).await;
     let log = d.log_text();
