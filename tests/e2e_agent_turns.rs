@@ -82,11 +82,13 @@ fn send(url: &str, turn: &Turn, extra: serde_json::Value, scratch: &Path) -> Rep
     let file = scratch.join("body.json");
     std::fs::write(&file, body.to_string()).expect("write the body");
     let mut curl = Command::new("curl");
+    // `--max-time` only guards against a hang: a ~40,000-id turn is a prefill of ~3 min on two
+    // free cores and of ~30 min on a crowded machine.
     curl.args([
         "-sS",
         "--no-buffer",
         "--max-time",
-        "1800",
+        "3600",
         "-w",
         "\n%{http_code}",
     ]);
