@@ -110,7 +110,10 @@ fn command_line(text: &str) -> (Vec<(String, String)>, Vec<String>) {
                 }
                 any = false;
             }
-            c => (word.push(c), any = true).1,
+            c => {
+                word.push(c);
+                any = true;
+            }
         }
     }
     if any {
