@@ -325,7 +325,7 @@ fn messages_usage(e: &Exchange) -> (u64, u64) {
 
 /// The reused counts of the daemon's `answered` lines for `prompt` tokens, in order.
 fn reused_in_log(log: &str, prompt: u64) -> Vec<u64> {
-    let needle = format!(": {prompt} prompt tokens (");
+    let needle = format!(", {prompt} prompt tokens (");
     log.lines()
         .filter(|l| l.contains(" answered on ") && l.contains(&needle))
         .filter_map(|l| {
