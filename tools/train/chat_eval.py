@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,8 +195,10 @@ class Daemon:
             return {"http_error": e.code, "body": e.read().decode(errors="replace")}
 
     def stop(self):
+        """Stops the daemon and removes its directory (socket, sessions, log)."""
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def judge(answer, want):

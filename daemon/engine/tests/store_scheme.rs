@@ -60,7 +60,8 @@ fn minimum(c: &Checkpoint, scheme: StreamScheme) -> u64 {
 }
 
 fn load(c: &Checkpoint, o: LoadOptions) -> Model {
-    Model::load(c, o).unwrap_or_else(|e| panic!("load {:?}: {e}", o.plan.scheme))
+    let scheme = o.plan.scheme;
+    Model::load(c, o).unwrap_or_else(|e| panic!("load {scheme:?}: {e}"))
 }
 
 fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {

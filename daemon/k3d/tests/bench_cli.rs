@@ -151,8 +151,8 @@ fn bench_reports_plan_exact_bytes_and_identical_ids() {
 }
 
 /// `--prompt-tokens K` (issue 16 item 4): the prefill phase is one forward of K tokens, the
-/// built-in prompt repeated or cut; the document gives the rollback journal a verify step of K
-/// fed ids would copy. Outside 1..=32 it is refused before anything runs.
+/// built-in prompt cut or extended; the document gives the rollback journal a verify step of K
+/// fed ids would copy. Outside 1..=65,536 it is refused before anything runs.
 #[test]
 fn bench_prompt_tokens_sets_the_prefill_forward() {
     let dir = tempfile::Builder::new()
@@ -168,8 +168,18 @@ fn bench_prompt_tokens_sets_the_prefill_forward() {
             &model,
             &["--ram-gb", "max", "--prompt-tokens", &k.to_string()],
         ));
-        let want: Vec<u64> = builtin.iter().cycle().take(k).copied().collect();
-        assert_eq!(doc["prompt_ids"], serde_json::json!(want), "K = {k}");
+        let ids = doc["prompt_ids"].as_array().expect("prompt ids");
+        assert_eq!(ids.len(), k, "K = {k}");
+        let head: Vec<u64> = ids.iter().take(8).map(u).collect();
+        assert_eq!(
+            head,
+            builtin[..k.min(8)],
+            "K = {k}: the built-in prompt first"
+        );
+        assert!(
+            ids.iter().all(|id| u(id) < 512),
+            "ids every synth vocabulary holds"
+        );
         for run in doc["budgets"][0]["runs"].as_array().expect("runs") {
             assert_eq!(u(&run["prefill"]["tokens"]), k as u64, "prefill of K = {k}");
             assert_eq!(u(&run["decode"]["tokens"]), 3);
@@ -180,7 +190,7 @@ fn bench_prompt_tokens_sets_the_prefill_forward() {
     let per_id = (journals[1] - journals[0]) / 4;
     assert!(per_id > 0 && journals[0] > per_id, "{journals:?}");
     assert_eq!(journals[2] - journals[1], 8 * per_id, "{journals:?}");
-    for k in ["0", "33"] {
+    for k in ["0", "65537"] {
         let out = bench(&model, &["--ram-gb", "max", "--prompt-tokens", k]);
         assert_eq!(
             out.status.code(),
@@ -189,6 +199,68 @@ fn bench_prompt_tokens_sets_the_prefill_forward() {
         );
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--prompt-tokens"), "{err}");
+    }
+}
+
+/// A long prompt (issue 30.4) at a budget that streams the experts: one layer-major pass per
+/// plan-sized run of tokens reads each routed expert at most once per pass, so the expert bytes
+/// read are at most passes × the union the prompt routes to; the prefill's GFLOP/s and the GEMM
+/// probe of the same run are reported, the ratio taken run by run.
+#[test]
+fn bench_long_prompt_reports_union_and_gemm_ratio() {
+    let (model, _scratch) = small("long-prompt");
+    let k = 100u64;
+    let doc = ok_json(&bench(
+        &model,
+        &[
+            "--ram-gb",
+            "0.09",
+            "--prompt-tokens",
+            &k.to_string(),
+            "--gemm-seconds",
+            "0.2",
+        ],
+    ));
+    assert_eq!(doc["ids_identical"], true);
+    let b = &doc["budgets"][0];
+    let pass = u(&b["plan"]["prefill_tokens"]);
+    assert!(pass > 0, "the plan holds a layer-major pass");
+    let passes = k.div_ceil(pass) as f64;
+    let p = &b["prefill"];
+    let (read, union) = (f(&p["expert_bytes"]), f(&p["union_bytes"]));
+    assert!(union > 0.0 && read > 0.0, "0.09 GiB streams experts: {p}");
+    assert!(
+        read <= passes * union,
+        "read {read} B of experts, more than {passes} pass(es) × the union {union} B"
+    );
+    assert!((f(&p["read_vs_union"]) - read / union).abs() < 1e-9 * passes);
+    for key in [
+        "tokens_per_second",
+        "compute_gflops",
+        "wall_gflops",
+        "gemm_gflops",
+    ] {
+        assert!(f(&p[key]) > 0.0, "prefill {key} = {}", p[key]);
+    }
+    // The ratio is taken run by run (probe and prefill of the same process), then the median.
+    let flops = f(&doc["prefill_flops"]);
+    let ratios: Vec<f64> = b["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| flops / f(&r["prefill"]["compute_seconds"]) / f(&r["gemm"]["flops_per_second"]))
+        .collect();
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let median = f(&p["compute_vs_gemm"]);
+    assert!(
+        median >= lo * 0.999 && median <= hi * 1.001,
+        "{median} outside {ratios:?}"
+    );
+    assert!(p["gemm_probe"]["isa"].is_string());
+    for run in b["runs"].as_array().expect("runs") {
+        assert_eq!(u(&run["prefill"]["tokens"]), k);
     }
 }
 

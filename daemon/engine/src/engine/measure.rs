@@ -3,16 +3,22 @@
 //! reads, the reader pool's busy time and compute time, each as the difference of the engine's
 //! counters across the phase.
 //!
+//! With the store's expert trace on (`StoreOptions::record_trace`) the prefill also reports the
+//! union of routed experts its tokens asked for: what reading each needed expert once costs
+//! (issue 30.1), the yardstick for the expert bytes it did read.
+//!
 //! Decode is measured over the tokens that needed a forward pass: the first generated token is
 //! sampled from the prompt's last logits, which prefill computed, so `decode.tokens` is
 //! `generated − 1`.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use super::{Engine, EngineError, GenerateRequest, Step};
 use crate::store::StoreStats;
+use crate::store::expert_cache::ExpertId;
 
 /// What one phase cost.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
@@ -37,6 +43,12 @@ pub struct PhaseCost {
     pub read_busy_seconds: f64,
     /// Time in the forward pass not waiting for reads.
     pub compute_seconds: f64,
+    /// Bytes read from a trunk pack (included in `trunk_bytes` and `head_bytes`), the shard
+    /// bytes they decoded to, and the compute threads' time decoding them (in
+    /// `compute_seconds`).
+    pub pack_bytes: u64,
+    pub pack_decoded_bytes: u64,
+    pub pack_decode_seconds: f64,
 }
 
 impl PhaseCost {
@@ -55,6 +67,9 @@ impl PhaseCost {
             io_wait_seconds: t.io_seconds - s.io_seconds,
             read_busy_seconds: t.read_busy_seconds - s.read_busy_seconds,
             compute_seconds: b.compute - a.compute,
+            pack_bytes: t.pack_bytes_read - s.pack_bytes_read,
+            pack_decoded_bytes: t.pack_decoded_bytes - s.pack_decoded_bytes,
+            pack_decode_seconds: t.pack_decode_seconds - s.pack_decode_seconds,
         }
     }
 
@@ -70,6 +85,9 @@ pub struct Measured {
     pub generated: Vec<u32>,
     pub prefill: PhaseCost,
     pub decode: PhaseCost,
+    /// Distinct (layer, expert) pairs the prefill's routing asked for, when the store records
+    /// its expert trace.
+    pub prefill_experts: Option<u64>,
 }
 
 struct Mark {
@@ -101,12 +119,20 @@ pub fn measure(
         ..GenerateRequest::default()
     };
     let mut generation = engine.start(request)?;
+    let traced = || engine.model().expert_trace();
+    let trace_start = traced().map_or(0, |t| t.len());
     let start = Mark::of(engine);
     let mut prefilled: Option<Mark> = None;
+    let mut prefill_experts = None;
     let summary = loop {
         match engine.step(&mut generation, &|| false)? {
             Step::Prefill { done, total, .. } if done == total => {
                 prefilled = Some(Mark::of(engine));
+                prefill_experts = traced().map(|t| {
+                    let asked: HashSet<ExpertId> =
+                        t[trace_start.min(t.len())..].iter().copied().collect();
+                    asked.len() as u64
+                });
             }
             Step::Finished(summary) => break summary,
             _ => {}
@@ -120,5 +146,6 @@ pub fn measure(
         prefill: PhaseCost::between(&start, &prefilled, prompt.len()),
         decode: PhaseCost::between(&prefilled, &end, summary.generated.len().saturating_sub(1)),
         generated: summary.generated,
+        prefill_experts,
     })
 }

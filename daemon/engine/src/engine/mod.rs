@@ -196,8 +196,8 @@ impl Engine {
                 progress(LoadProgress::Weights { done, total });
             }
         };
-        let model =
-            pool.install(|| Model::load_reporting(&checkpoint, options.model, &mut weights))?;
+        let model = pool
+            .install(|| Model::load_reporting(&checkpoint, options.model.clone(), &mut weights))?;
         progress(LoadProgress::Ready);
         let info = EngineInfo {
             plan: model.plan().to_string(),
@@ -235,6 +235,17 @@ impl Engine {
     /// Counters since the engine was opened.
     pub fn stats(&self) -> EngineStats {
         EngineStats::new(self.model.store_stats(), &self.batches)
+    }
+
+    /// The machine's f64 GEMM rate measured for `duration` on this engine's compute threads
+    /// ([`crate::system::gemm_probe`]): the yardstick `k3d bench` sets prefill arithmetic
+    /// against, measured in the same process as the prefill it compares.
+    pub fn gemm_probe(
+        &self,
+        duration: std::time::Duration,
+    ) -> crate::system::gemm_probe::GemmProbe {
+        self.pool
+            .install(|| crate::system::gemm_probe::measure(duration))
     }
 
     /// Prompt tokens one layer-major prefill pass may feed: what the memory plan holds the

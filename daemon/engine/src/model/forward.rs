@@ -40,16 +40,28 @@ use crate::checkpoint::layout::{FfnLayout, LayerLayout, ModelLayout, Slice};
 use crate::checkpoint::safetensors::Dtype;
 use crate::kernels::matmul::bf16_vector;
 use crate::kernels::norm::rms_norm;
+use crate::pack::PackFile;
 use crate::plan::{DenseLookahead, Plan, PlanInputs};
-use crate::store::{ExpertPrefetch, StoreOptions, TrunkView, WeightStore};
+use crate::store::{ExpertPrefetch, PackOffer, StoreError, StoreOptions, TrunkView, WeightStore};
 
 /// How the model is loaded: what the memory plan must hold ([`PlanInputs`]: budget, stream
 /// scheme, context, batch, speculation) and how the store reads. The default is the `max`
 /// budget: everything resident.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     pub plan: PlanInputs,
     pub store: StoreOptions,
+    /// A trunk pack to read streamed matrices from ([`crate::pack`]); the plan reserves its
+    /// decode buffer and uses it where it pays ([`crate::plan::PackPlan`]).
+    pub trunk_pack: Option<TrunkPack>,
+}
+
+/// Which trunk pack a load reads, and whether always (where it can be read at all) or only
+/// where the plan measured that it pays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrunkPack {
+    pub path: PathBuf,
+    pub always: bool,
 }
 
 /// Which positions' logits a forward returns.
@@ -139,11 +151,22 @@ impl Model {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model, ModelError> {
         let shards = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
-        Model::from_parts_reporting(
+        // The pack is checked against this checkpoint (fingerprint, every tensor's place and
+        // shape) before anything is planned.
+        let pack = match &options.trunk_pack {
+            Some(t) => Some(PackOffer {
+                file: PackFile::open(&t.path, checkpoint)
+                    .map_err(|e| StoreError::Pack(Box::new(e)))?,
+                always: t.always,
+            }),
+            None => None,
+        };
+        Model::assemble(
             checkpoint.config.clone(),
             checkpoint.layout.clone(),
             shards,
             options,
+            pack,
             progress,
         )
     }
@@ -160,12 +183,29 @@ impl Model {
     }
 
     /// [`Model::from_parts`], reporting the resident bytes read as
-    /// [`WeightStore::open_reporting`] does.
+    /// [`WeightStore::open_reporting`] does. A trunk pack needs the checkpoint it is checked
+    /// against: [`Model::load`].
     pub fn from_parts_reporting(
         config: ModelConfig,
         layout: ModelLayout,
         shards: Vec<PathBuf>,
         options: LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Model, ModelError> {
+        if options.trunk_pack.is_some() {
+            return Err(ModelError::LayoutMismatch(
+                "a trunk pack is checked against its checkpoint: load with Model::load".into(),
+            ));
+        }
+        Model::assemble(config, layout, shards, options, None, progress)
+    }
+
+    fn assemble(
+        config: ModelConfig,
+        layout: ModelLayout,
+        shards: Vec<PathBuf>,
+        options: LoadOptions,
+        pack: Option<PackOffer>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Model, ModelError> {
         let n = config.num_hidden_layers;
@@ -177,13 +217,18 @@ impl Model {
             )));
         }
         let dims = ModelDims::of(&config, &layout);
-        let plan = Plan::for_model(&config, &layout, &options.plan)?;
+        let inputs = PlanInputs {
+            trunk_pack: pack.is_some(),
+            ..options.plan
+        };
+        let plan = Plan::for_model(&config, &layout, &inputs)?;
         let store = WeightStore::open_reporting(
             layout,
             &shards,
             plan,
             options.store,
             &LayerLayout::stream_order,
+            pack,
             progress,
         )?;
 

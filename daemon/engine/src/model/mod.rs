@@ -24,7 +24,7 @@ pub mod router;
 pub mod state;
 
 pub use bind::TensorName;
-pub use forward::{LoadOptions, Logits, Model, Pass, Sequence};
+pub use forward::{LoadOptions, Logits, Model, Pass, Sequence, TrunkPack};
 pub use state::State;
 
 use crate::store::StoreError;

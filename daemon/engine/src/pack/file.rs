@@ -474,10 +474,16 @@ impl PackFile {
 
     /// The packed copy of the tensor at absolute `offset` of shard `shard`, `len` bytes long.
     pub fn find(&self, shard: usize, offset: u64, len: u64) -> Option<&PackedTensor> {
+        self.find_index(shard, offset, len)
+            .map(|i| &self.tensors[i])
+    }
+
+    /// [`PackFile::find`]'s index into `tensors`.
+    pub fn find_index(&self, shard: usize, offset: u64, len: u64) -> Option<usize> {
         self.by_place
             .get(&(shard, offset))
-            .map(|&i| &self.tensors[i])
-            .filter(|t| t.len() == len)
+            .copied()
+            .filter(|&i| self.tensors[i].len() == len)
     }
 
     /// Original bytes of every packed tensor.

@@ -11,7 +11,7 @@
 //! plan says what it reserved. A GiB reserved there costs the decode at most a GiB of pinned
 //! trunk (under 1 % of a K3 token's reads) and saves whole prefills (issue 34 point 5).
 
-use super::{Budget, Census, Plan, PlanError, SessionPlan, StateShape, StreamScheme};
+use super::{Budget, Census, PackPlan, Plan, PlanError, SessionPlan, StateShape, StreamScheme};
 use crate::checkpoint::config::ModelConfig;
 use crate::checkpoint::layout::ModelLayout;
 
@@ -42,6 +42,8 @@ pub struct PlanInputs {
     pub speculate: u64,
     /// What a daemon keeps beside the model for sessions and kept conversation states.
     pub sessions: SessionReserve,
+    /// A trunk pack will be offered to the store: reserve its decode buffer ([`PackPlan`]).
+    pub trunk_pack: bool,
 }
 
 /// The budget a daemon keeps for sessions and kept conversation states (see the module docs).
@@ -68,6 +70,7 @@ impl Default for PlanInputs {
             sequences: 1,
             speculate: 0,
             sessions: SessionReserve::None,
+            trunk_pack: false,
         }
     }
 }
@@ -151,6 +154,12 @@ impl Plan {
             inputs.max_context,
             scratch_bytes(config, inputs.max_tokens_per_call).saturating_add(pass),
         )?;
+        // Only a budget that streams can read a pack; `max` holds everything.
+        let pack_buffer = match inputs.budget.ram {
+            Some(_) if inputs.trunk_pack => PackPlan::reserve(census.fitted(inputs.scheme)?),
+            _ => 0,
+        };
+        census.scratch_bytes = census.scratch_bytes.saturating_add(pack_buffer);
         let journal = match inputs.speculate {
             0 => 0,
             k => StateShape::of(config)
@@ -181,6 +190,11 @@ impl Plan {
                 wanted: if explicit { 0 } else { wanted },
                 explicit,
             };
+            if inputs.trunk_pack {
+                plan.pack = PackPlan::Reserved {
+                    buffer: pack_buffer,
+                };
+            }
             Ok(plan)
         };
         match inputs.budget.ram {

@@ -75,6 +75,7 @@ pub mod buffers;
 pub mod census;
 pub mod context;
 pub mod inputs;
+pub mod pack;
 mod rules;
 pub mod state;
 
@@ -83,6 +84,7 @@ use std::fmt;
 pub use budget::{Budget, DenseLookahead, Lookahead, Preset, StreamScheme};
 pub use census::Census;
 pub use inputs::{PlanInputs, Serving, SessionReserve};
+pub use pack::{PackFigures, PackMeasure, PackPlan, PackRefusal};
 pub use state::StateShape;
 
 use buffers::MAX_CHUNK;
@@ -131,7 +133,7 @@ pub enum Residency {
 }
 
 /// Predicted disk bytes per decoded token, by class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReadsPerToken {
     pub trunk: u64,
     pub lm_head: u64,
@@ -191,6 +193,8 @@ pub struct Plan {
     pub cache_threshold: u64,
     /// The budget a daemon keeps beside the model for sessions and kept conversation states.
     pub sessions: SessionPlan,
+    /// A trunk pack's decode buffer (counted in `scratch_bytes`) and whether it is read.
+    pub pack: PackPlan,
 }
 
 /// What a daemon's plan keeps for sessions and kept conversation states
@@ -249,14 +253,7 @@ impl Plan {
     /// Plan `budget` for `census`: the rules of the module doc, in order (`plan::rules`).
     pub fn new(census: &Census, budget: Budget, scheme: StreamScheme) -> Result<Self, PlanError> {
         census.validate()?;
-        let largest_run = census
-            .trunk_layers
-            .iter()
-            .copied()
-            .chain([census.lm_head_bytes])
-            .max()
-            .unwrap_or(0);
-        let scheme = scheme.fitted(census.trunk_row_bytes, largest_run)?;
+        let scheme = census.fitted(scheme)?;
         let Some(ram) = budget.ram else {
             return Self::everything(census, scheme);
         };
@@ -335,6 +332,20 @@ fn ranges(ls: &[usize]) -> String {
 
 fn gb(b: u64) -> String {
     format!("{:.2} GB", b as f64 / 1e9)
+}
+
+impl Census {
+    /// `scheme` as the store will run it for this model ([`StreamScheme::fitted`]).
+    pub fn fitted(&self, scheme: StreamScheme) -> Result<StreamScheme, PlanError> {
+        let largest_run = self
+            .trunk_layers
+            .iter()
+            .copied()
+            .chain([self.lm_head_bytes])
+            .max()
+            .unwrap_or(0);
+        scheme.fitted(self.trunk_row_bytes, largest_run)
+    }
 }
 
 impl fmt::Display for Plan {
@@ -437,6 +448,9 @@ impl fmt::Display for Plan {
                 self.prefill_tokens
             )?;
         }
+        if self.pack != PackPlan::None {
+            writeln!(f, "  trunk pack {}", self.pack)?;
+        }
         let reserve = self.sessions;
         if reserve.reserved > 0 || reserve.wanted > 0 {
             writeln!(
@@ -507,7 +521,7 @@ mod tests {
     use buffers::window_capacity;
 
     /// Released K3 (spec §1.2, §5.1) at an 8,192-position maximum context and 256 MiB scratch.
-    fn k3() -> Census {
+    pub(super) fn k3() -> Census {
         let trunk_layers: Vec<u64> = (0..93)
             .map(|l| match l {
                 0 => 2_341_213_184,

@@ -305,6 +305,7 @@ impl<'c> Costs<'c> {
             cache_threshold: census.token_expert_slots() as u64 * self.slot,
             // A daemon's reserve is set around the plan (`Plan::for_model`).
             sessions: SessionPlan::default(),
+            pack: super::PackPlan::None,
         }
     }
 }

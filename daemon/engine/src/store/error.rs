@@ -23,6 +23,10 @@ pub enum StoreError {
     Pool(reader::PoolError),
     #[error("allocating a weight buffer: {0}")]
     Alloc(aligned::AllocError),
+    /// A trunk pack block refused by the decoder, or a pack that cannot be used: which file,
+    /// tensor, block and byte offset.
+    #[error("trunk pack: {0}")]
+    Pack(Box<crate::pack::PackError>),
     #[error("layer {layer} does not exist (the model has {count} layers)")]
     NoSuchLayer { layer: usize, count: usize },
     #[error("layer {layer} has no routed experts")]

@@ -43,7 +43,7 @@ mod trunk;
 
 pub use error::{StoreError, Weights};
 pub use experts::{ExpertPrefetch, ExpertView};
-pub use open::{StoreOptions, resident_load_bytes};
+pub use open::{PackOffer, StoreOptions, resident_load_bytes};
 pub use stats::{LayerGuesses, StoreStats};
 pub use trunk::{Bytes, Ring, TrunkView};
 

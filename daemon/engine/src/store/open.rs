@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::aligned::AlignedBuf;
-use super::chunks::{ChunkStream, Unit};
+use super::chunks::{ChunkStream, StreamPack, Unit};
 use super::direct_io::{DirectPolicy, LoadedRun, ShardSet};
 use super::expert_cache::{ExpertCache, PolicyKind};
 use super::experts::BadScale;
@@ -18,6 +18,7 @@ use super::{
     StoreError, WeightStore, any_offset, head_block_rows, head_row_bytes, window_capacity,
 };
 use crate::checkpoint::layout::{ByteRun, FfnLayout, LayerLayout, ModelLayout, Slice};
+use crate::pack::{self, PackFile};
 use crate::plan::{self, Plan, Residency};
 
 /// Options of the store that are not part of the memory plan.
@@ -52,6 +53,18 @@ impl Default for StoreOptions {
     }
 }
 
+/// A trunk pack offered to the store ([`crate::pack`]): read where the plan finds that it
+/// pays ([`Plan::price_pack`]), or whenever it can be read (`always`).
+#[derive(Debug)]
+pub struct PackOffer {
+    pub file: PackFile,
+    pub always: bool,
+}
+
+/// At most this many pack bytes are read and decoded at open to measure the drive and the
+/// decoder (a quarter of a second of a 1 GB/s drive).
+const PACK_SAMPLE_BYTES: u64 = 256 << 20;
+
 impl WeightStore {
     /// Opens the shards and allocates and fills exactly what `plan` keeps resident.
     /// `trunk_order` lists a layer's matrices in the order its consumer applies them: what a
@@ -63,22 +76,41 @@ impl WeightStore {
         options: StoreOptions,
         trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
     ) -> Result<Self, StoreError> {
-        Self::open_reporting(layout, shards, plan, options, trunk_order, &mut |_, _| {})
+        Self::open_reporting(
+            layout,
+            shards,
+            plan,
+            options,
+            trunk_order,
+            None,
+            &mut |_, _| {},
+        )
     }
 
     /// [`Self::open`], calling `progress(done, total)` with the resident bytes read so far
     /// ([`resident_load_bytes`] in all) once before the first read and after each run (or each
     /// layer's preloaded experts): a run is one layer's trunk or one table, so a caller gets a
     /// figure at least every few hundred MiB without the reads being split for it.
+    ///
+    /// With a `pack` (checked against this checkpoint by [`PackFile::open`]) the chunk stream
+    /// reads the matrices it holds from it, through the same reader threads, if the plan
+    /// prices it as paying: the store measures the drive and the decoder on the first packed
+    /// pieces and records the outcome in its plan ([`WeightStore::plan`]'s `pack`).
     pub fn open_reporting(
         layout: ModelLayout,
         shards: &[PathBuf],
-        plan: Plan,
+        mut plan: Plan,
         options: StoreOptions,
         trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
+        pack: Option<PackOffer>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Self, StoreError> {
-        let set = ShardSet::open(shards, options.direct)?;
+        // The pack is one more file of the reader pool's, after the shards.
+        let mut files = shards.to_vec();
+        if let Some(p) = &pack {
+            files.push(p.file.path.clone());
+        }
+        let set = ShardSet::open(&files, options.direct)?;
         #[cfg(feature = "fault-injection")]
         let set = set.with_faults(options.faults);
         let set = Arc::new(set);
@@ -106,7 +138,28 @@ impl WeightStore {
             }
         }
         let streamed: Vec<usize> = (0..n).filter(|&l| pinned[l].is_none()).collect();
-        let (ring, chunks) = stream_buffers(&layout, &plan, &streamed, trunk_order)?;
+        let (pack, always) = match pack {
+            Some(offer) => match plan.pack_refusal() {
+                Some(why) => {
+                    plan.refuse_pack(why);
+                    (None, false)
+                }
+                None => (
+                    Some(StreamPack {
+                        file: offer.file,
+                        shard: shards.len(),
+                        path: pack::Path::detect(),
+                    }),
+                    offer.always,
+                ),
+            },
+            None => (None, false),
+        };
+        let offered = pack.is_some();
+        let (ring, mut chunks) = stream_buffers(&layout, &plan, &streamed, trunk_order, pack)?;
+        if offered {
+            price_pack(&mut plan, chunks.as_mut(), &pool, always)?;
+        }
         let slot_bytes = usize::try_from(plan.cache_slot_bytes).unwrap_or(usize::MAX);
         // The policy is the options' (LFU-aging by default, see `StoreOptions::cache_policy`).
         // On synthetic routing, which is flat, LRU had won at small caches (6.8 vs 5.7 MB/token
@@ -181,14 +234,51 @@ impl WeightStore {
     }
 }
 
+/// Measures the drive and the decoder on `chunks`' first packed pieces and prices the pack in
+/// `plan`; a pack the plan does not use is dropped from the stream before its first read.
+fn price_pack(
+    plan: &mut Plan,
+    chunks: Option<&mut ChunkStream>,
+    pool: &ReaderPool,
+    always: bool,
+) -> Result<(), StoreError> {
+    let Some(stream) = chunks.filter(|c| c.reads_pack()) else {
+        plan.refuse_pack(plan::PackRefusal::NoPackedMatrix);
+        return Ok(());
+    };
+    let Some((drive_rate, decode_rate)) = stream.measure_pack(pool, PACK_SAMPLE_BYTES)? else {
+        plan.refuse_pack(plan::PackRefusal::NoPackedMatrix);
+        return Ok(());
+    };
+    let cycle = stream.cycle_bytes();
+    let measure = plan::PackMeasure {
+        trunk_read: cycle.trunk,
+        lm_head_read: cycle.lm_head,
+        figures: plan::PackFigures {
+            read: cycle.packed,
+            decoded: cycle.decoded,
+            buffer: stream.decode_buffer_bytes() as u64,
+            decode_rate,
+            drive_rate,
+            threads: rayon::current_num_threads(),
+        },
+    };
+    if !plan.price_pack(measure, always) {
+        stream.unpack()?;
+    }
+    Ok(())
+}
+
 /// What the plan streams through: a ring of whole-layer slots (each as large as the largest
 /// streamed trunk layer or lm_head block), or a chunk stream over the `streamed` layers (their
-/// matrices in `trunk_order`) and a streamed lm_head, beside an empty ring.
+/// matrices in `trunk_order`, read from `pack` where it holds them) and a streamed lm_head,
+/// beside an empty ring.
 fn stream_buffers(
     layout: &ModelLayout,
     plan: &Plan,
     streamed: &[usize],
     trunk_order: &dyn Fn(&LayerLayout) -> Vec<Slice>,
+    pack: Option<StreamPack>,
 ) -> Result<(Ring, Option<ChunkStream>), StoreError> {
     match plan.scheme {
         plan::StreamScheme::Ring { slots } => {
@@ -220,7 +310,7 @@ fn stream_buffers(
             let stream = (!units.is_empty())
                 .then(|| {
                     let chunk = usize::try_from(chunk).unwrap_or(usize::MAX);
-                    ChunkStream::new(units, chunk, in_flight + 1)
+                    ChunkStream::new(units, chunk, in_flight + 1, pack)
                 })
                 .transpose()?;
             Ok((Ring::new(2, 0)?, stream))

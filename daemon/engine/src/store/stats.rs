@@ -40,6 +40,12 @@ pub struct StoreStats {
     pub cache: CacheCounters,
     /// Bytes of expert cache slots holding an expert now (of [`crate::plan::Plan::cache_bytes`]).
     pub cache_resident_bytes: u64,
+    /// Bytes read from the trunk pack (included in `trunk_bytes_read` and `head_bytes_read`).
+    pub pack_bytes_read: u64,
+    /// The shard bytes those decoded to.
+    pub pack_decoded_bytes: u64,
+    /// Seconds the compute threads spent decoding them.
+    pub pack_decode_seconds: f64,
 }
 
 /// How the routing lookahead's guesses for one MoE layer fared ([`WeightStore::lookahead_by_layer`]):
@@ -102,6 +108,9 @@ pub(super) struct Traffic {
     io_nanos: AtomicU64,
     lookahead_read: AtomicU64,
     lookahead_unused: AtomicU64,
+    pack_read: AtomicU64,
+    pack_decoded: AtomicU64,
+    pack_decode_nanos: AtomicU64,
 }
 
 impl Traffic {
@@ -121,6 +130,21 @@ impl Traffic {
         if !wanted {
             self.lookahead_unused.fetch_add(len, Ordering::Relaxed);
         }
+    }
+
+    /// Counts `n` bytes read from the trunk pack.
+    pub(super) fn pack_read(&self, n: u64) {
+        self.pack_read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Runs `f` (decoding pack bytes into `decoded` shard bytes) and counts its wall time.
+    pub(super) fn decoding<T>(&self, decoded: u64, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let out = f();
+        self.pack_decode_nanos
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.pack_decoded.fetch_add(decoded, Ordering::Relaxed);
+        out
     }
 
     /// Runs `f` (a wait on reads) and charges its wall time to I/O.
@@ -158,6 +182,10 @@ impl WeightStore {
             lookahead_unused_bytes: self.traffic.lookahead_unused.load(Ordering::Relaxed),
             cache: self.cache.counters(),
             cache_resident_bytes: self.cache.resident_bytes(),
+            pack_bytes_read: self.traffic.pack_read.load(Ordering::Relaxed),
+            pack_decoded_bytes: self.traffic.pack_decoded.load(Ordering::Relaxed),
+            pack_decode_seconds: self.traffic.pack_decode_nanos.load(Ordering::Relaxed) as f64
+                * 1e-9,
         }
     }
 

@@ -10,6 +10,16 @@
 //! plan's prediction, the achieved read rate (window bytes ÷ the reader pool's busy time) as a
 //! fraction of the probe's, the I/O–compute overlap, peak RSS against the budget.
 //!
+//! Prefill (issue 30.4) is reported against two limits measured in the same child process: the
+//! expert bytes it read against the **union** of experts its tokens routed to (the store's
+//! expert trace; reading each needed expert once is the floor without a warm cache), and its
+//! arithmetic rate against the machine's f64 GEMM rate, measured by
+//! [`k3_engine::system::gemm_probe`] (a BLAS-style register-blocked DGEMM on the same compute
+//! threads, for `--gemm-seconds` just before the prefill). Prefill FLOPs are counted from the
+//! checkpoint's census ([`PrefillWork`]). `--prompt-tokens` takes long prompts: a prompt longer
+//! than a chunk runs as layer-major passes of up to the plan's `prefill_tokens`
+//! (`--prefill-tokens`), each reading every weight once.
+//!
 //! Greedy decoding is exact at every budget (spec §6), so every run of every budget must
 //! generate the same ids: a difference is reported and fails the command (exit 4).
 
@@ -23,7 +33,7 @@ use anyhow::{Context, anyhow};
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::engine::measure::{Measured, PhaseCost, measure};
 use k3_engine::engine::{Engine, EngineOptions, PREFILL_CHUNK};
-use k3_engine::plan::{Census, GIB, Plan, StateShape, StreamScheme};
+use k3_engine::plan::{Census, GIB, PackPlan, Plan, StateShape, StreamScheme};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::expert_cache::{PolicyKind, replay, replay_per_layer};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
@@ -35,13 +45,59 @@ use serde_json::json;
 use super::budget::{BudgetArgs, PlanArgs};
 use crate::exit::{CliError, CliResult, Exit};
 
-/// The benchmark prompt: eight fixed token ids, valid in every `k3d synth` vocabulary (≥ 512
-/// ids) and in K3's. `--prompt-tokens K` repeats it cyclically or truncates it ([`prompt`]).
+/// The benchmark prompt's first eight ids, valid in every `k3d synth` vocabulary (≥ 512 ids)
+/// and in K3's. `--prompt-tokens K` truncates or extends it ([`prompt`]).
 pub const PROMPT: [u32; 8] = [100, 200, 300, 400, 50, 150, 250, 350];
 
-/// The first `k` ids of [`PROMPT`] repeated: the bench's prompt of `k` tokens.
+/// Ids a long bench prompt draws from: every `k3d synth` vocabulary holds them.
+const PROMPT_VOCAB: u64 = 512;
+
+/// The bench's prompt of `k` tokens: [`PROMPT`], then a fixed pseudo-random sequence of ids
+/// below [`PROMPT_VOCAB`] (a 64-bit LCG, Knuth's MMIX constants), so a long prompt routes like
+/// varied text rather than one eight-id cycle, and is the same in every run and build.
 pub fn prompt(k: usize) -> Vec<u32> {
-    PROMPT.iter().cycle().take(k).copied().collect()
+    let mut x: u64 = 0x6b33_6265_6e63_6821;
+    let tail = std::iter::from_fn(|| {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        Some(((x >> 33) % PROMPT_VOCAB) as u32)
+    });
+    PROMPT.iter().copied().chain(tail).take(k).collect()
+}
+
+/// The longest `--prompt-tokens`: long enough for an agent's first request; the plan's context
+/// must also hold it (the child refuses a prompt it cannot).
+pub const MAX_PROMPT_TOKENS: usize = 65_536;
+
+/// Floating-point operations of a prefill, from the checkpoint's census: 2 per weight element
+/// each prompt token multiplies by — every trunk matrix of every layer and the `top_k` routed
+/// experts of each MoE layer (an MXFP4 expert's bytes are 17 per 32 elements: 16 of nibbles,
+/// one scale) — plus the last position's `lm_head`. Attention's score and value products (which
+/// grow with the prompt) are not counted, so the figure slightly undercounts a long prompt.
+#[derive(Clone, Copy)]
+struct PrefillWork {
+    flops_per_token: f64,
+    head_flops: f64,
+    /// One routed expert's bytes.
+    expert_bytes: u64,
+}
+
+impl PrefillWork {
+    fn of(census: &Census) -> Self {
+        let trunk: u64 = census.trunk_matrix_bytes.iter().sum();
+        let expert_elements = census.expert_bytes as f64 * 32.0 / 17.0;
+        let routed = (census.moe_layers * census.top_k) as f64 * expert_elements;
+        PrefillWork {
+            flops_per_token: 2.0 * (trunk as f64 / 2.0 + routed),
+            head_flops: census.lm_head_bytes as f64,
+            expert_bytes: census.expert_bytes,
+        }
+    }
+
+    fn flops(&self, tokens: usize) -> f64 {
+        tokens as f64 * self.flops_per_token + self.head_flops
+    }
 }
 
 /// What `--cgroup` adds to each child's limit beyond its budget, for what the plan does not
@@ -68,11 +124,17 @@ pub struct Args {
     /// generated, from the prompt's logits).
     #[arg(long, default_value_t = 8)]
     tokens: usize,
-    /// Prompt length K (1 to 32): prefill is then one forward of K tokens, priced like a
-    /// speculative step verifying K − 1 drafts (issue 16 item 4; see README's "Speculative
-    /// decoding").
+    /// Prompt length K (1 to 65,536). Up to a chunk (32) prefill is one forward of K tokens,
+    /// priced like a speculative step verifying K − 1 drafts (issue 16 item 4); longer, it runs
+    /// as layer-major passes of up to the plan's prefill tokens (issue 30), and the report sets
+    /// its expert bytes against the union its tokens route to and its GFLOP/s against the GEMM
+    /// probe.
     #[arg(long, default_value_t = PROMPT.len())]
     prompt_tokens: usize,
+    /// Seconds of the f64 GEMM probe each run measures on its compute threads just before its
+    /// prefill (the yardstick of the prefill's GFLOP/s).
+    #[arg(long, default_value_t = 2.0)]
+    gemm_seconds: f64,
     /// Runs per budget; figures are medians over them.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -130,6 +192,19 @@ struct ChildReport {
     threads: usize,
     /// With `--policy-slots`: the trace replayed at each size and policy.
     policies: Vec<PolicyReplay>,
+    /// Distinct (layer, expert) pairs the prefill's routing asked for.
+    prefill_experts: u64,
+    /// The GEMM probe measured in the same process just before the prefill.
+    gemm: GemmRate,
+}
+
+/// [`k3_engine::system::gemm_probe::GemmProbe`] on the wire between child and parent.
+#[derive(Serialize, Deserialize, Clone)]
+struct GemmRate {
+    flops_per_second: f64,
+    isa: String,
+    shape: [usize; 3],
+    threads: usize,
 }
 
 /// Expert bytes one cache size and policy reads and avoids over a run's trace.
@@ -157,6 +232,12 @@ struct PhaseFigures {
     io_wait_seconds: f64,
     read_busy_seconds: f64,
     compute_seconds: f64,
+    #[serde(default)]
+    pack_bytes: u64,
+    #[serde(default)]
+    pack_decoded_bytes: u64,
+    #[serde(default)]
+    pack_decode_seconds: f64,
 }
 
 impl From<PhaseCost> for PhaseFigures {
@@ -174,6 +255,9 @@ impl From<PhaseCost> for PhaseFigures {
             io_wait_seconds: p.io_wait_seconds,
             read_busy_seconds: p.read_busy_seconds,
             compute_seconds: p.compute_seconds,
+            pack_bytes: p.pack_bytes,
+            pack_decoded_bytes: p.pack_decoded_bytes,
+            pack_decode_seconds: p.pack_decode_seconds,
         }
     }
 }
@@ -216,11 +300,13 @@ pub fn run(args: Args) -> CliResult {
     if args.runs == 0 || args.tokens == 0 {
         return Err(usage("--runs and --tokens must be at least 1".into()));
     }
-    // One prefill chunk, so the prefill phase is a single forward of K tokens.
-    if !(1..=PREFILL_CHUNK).contains(&args.prompt_tokens) {
+    if !(1..=MAX_PROMPT_TOKENS).contains(&args.prompt_tokens) {
         return Err(usage(format!(
-            "--prompt-tokens must be between 1 and {PREFILL_CHUNK} (one prefill forward)"
+            "--prompt-tokens must be between 1 and {MAX_PROMPT_TOKENS}"
         )));
+    }
+    if !args.gemm_seconds.is_finite() || !(0.1..=60.0).contains(&args.gemm_seconds) {
+        return Err(usage("--gemm-seconds must be between 0.1 and 60".into()));
     }
     if !args.probe_seconds.is_finite() || !(0.1..=60.0).contains(&args.probe_seconds) {
         return Err(usage("--probe-seconds must be between 0.1 and 60".into()));
@@ -232,17 +318,25 @@ pub fn run(args: Args) -> CliResult {
         .map_err(|e| CliError::from(k3_engine::engine::EngineError::from(e)))?;
     let files: Vec<PathBuf> = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
     // What a verify step of K fed ids copies besides its forward (spec §5.2).
-    let journal_bytes = StateShape::of(&checkpoint.config).journal_bytes(args.prompt_tokens as u64);
+    let journal_bytes = (args.prompt_tokens <= PREFILL_CHUNK)
+        .then(|| StateShape::of(&checkpoint.config).journal_bytes(args.prompt_tokens as u64));
+    let work = PrefillWork::of(
+        &Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
+            .map_err(|e| CliError::new(Exit::Checkpoint, e))?,
+    );
     // Every plan first: a refused budget fails before anything is measured.
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
         let options = args.engine_options(ram)?;
-        let plan = k3_engine::plan::Plan::for_model(
-            &checkpoint.config,
-            &checkpoint.layout,
-            &options.model.plan,
-        )
-        .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
+        // As the child will plan it: a pack's decode buffer reserved (the child's own plan,
+        // in its report, says whether it reads the pack).
+        let inputs = k3_engine::plan::PlanInputs {
+            trunk_pack: options.model.trunk_pack.is_some(),
+            ..options.model.plan
+        };
+        let plan =
+            k3_engine::plan::Plan::for_model(&checkpoint.config, &checkpoint.layout, &inputs)
+                .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
         plans.push(plan);
     }
     drop(checkpoint);
@@ -274,21 +368,52 @@ pub fn run(args: Args) -> CliResult {
         let mut runs = Vec::new();
         for r in 0..args.runs {
             let run = one_child(&args, &exe, ram, plan, r)?;
+            let pre = PrefillFigures::of(&run.report, &work);
             eprintln!(
-                "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s, {:.3} GB read per token",
+                "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s ({:.1} tokens/s, \
+                 experts {:.2}× the union, {:.1} GFLOP/s = {:.2}× the GEMM probe's {:.1}), \
+                 {:.3} GB read per token",
                 r + 1,
                 args.runs,
                 run.report.decode.seconds / run.report.decode.tokens.max(1) as f64,
                 run.report.prefill.seconds,
+                pre.tokens_per_second,
+                pre.read_vs_union,
+                pre.compute_gflops,
+                pre.compute_vs_gemm,
+                run.report.gemm.flops_per_second / 1e9,
                 per_token(bytes(&run.report.decode), run.report.decode.tokens) / 1e9
             );
+            let d = &run.report.decode;
+            if d.pack_bytes > 0 {
+                eprintln!(
+                    "k3d bench:     trunk pack: {:.3} GB read per token for {:.3} GB of shard                      bytes ({:.1} %), decoded at {:.2} GB/s ({:.3} s per token)",
+                    per_token(d.pack_bytes, d.tokens) / 1e9,
+                    per_token(d.pack_decoded_bytes, d.tokens) / 1e9,
+                    100.0 * d.pack_bytes as f64 / d.pack_decoded_bytes.max(1) as f64,
+                    d.pack_bytes as f64 / d.pack_decode_seconds.max(1e-9) / 1e9,
+                    d.pack_decode_seconds / d.tokens.max(1) as f64
+                );
+            }
             runs.push(run);
+        }
+        let mut plan = plan.clone();
+        if plan.pack != PackPlan::None
+            && let Some(first) = runs.first()
+        {
+            // Whether the pack is read, and so what a token reads, is decided in the child
+            // (it measures the drive and the decoder at load): compare with its plan.
+            let field = |name: &str| first.report.plan.get(name).cloned().unwrap_or_default();
+            plan.pack = serde_json::from_value(field("pack")).map_err(anyhow::Error::from)?;
+            plan.reads = serde_json::from_value(field("reads")).map_err(anyhow::Error::from)?;
+            eprintln!("k3d bench:   trunk pack {}", plan.pack);
         }
         budgets.push(BudgetResult {
             ram: ram.clone(),
-            plan: plan.clone(),
+            plan,
             probe,
             runs,
+            work,
         });
     }
     let reference = budgets
@@ -316,7 +441,9 @@ pub fn run(args: Args) -> CliResult {
         .collect();
     let document = json!({
         "model_dir": args.model_dir,
+        "prompt_tokens": args.prompt_tokens,
         "prompt_ids": prompt(args.prompt_tokens),
+        "prefill_flops": work.flops(args.prompt_tokens),
         "verify_journal_bytes": journal_bytes,
         "decode_tokens": args.tokens,
         "runs": args.runs,
@@ -357,9 +484,15 @@ fn child(args: &Args) -> CliResult {
         .ram_gb
         .first()
         .ok_or_else(|| CliError::new(Exit::Usage, anyhow!("--child needs one --ram-gb")))?;
-    let options = args.engine_options(ram)?;
+    let mut options = args.engine_options(ram)?;
+    // The union of experts the prefill routes to comes from the trace.
+    options.model.store.record_trace = true;
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
+    let probe = engine.gemm_probe(Duration::from_secs_f64(args.gemm_seconds));
     let measured: Measured = measure(&engine, &prompt(args.prompt_tokens), args.tokens)?;
+    let prefill_experts = measured
+        .prefill_experts
+        .ok_or_else(|| anyhow!("the store did not record the expert trace"))?;
     let policies = replay_policies(&args.model_dir, &engine, &args.policy_slots)?;
     let report = ChildReport {
         plan: serde_json::to_value(engine.model().plan()).map_err(anyhow::Error::from)?,
@@ -369,6 +502,13 @@ fn child(args: &Args) -> CliResult {
         peak_rss_bytes: ProcessMemory::now().peak_rss,
         threads: engine.options().threads,
         policies,
+        prefill_experts,
+        gemm: GemmRate {
+            flops_per_second: probe.flops_per_second,
+            isa: probe.isa.to_string(),
+            shape: probe.shape,
+            threads: probe.threads,
+        },
     };
     println!(
         "{}",
@@ -449,7 +589,9 @@ fn one_child(
         .args(["--child", "--ram-gb", ram, "--tokens"])
         .arg(args.tokens.to_string())
         .arg("--prompt-tokens")
-        .arg(args.prompt_tokens.to_string());
+        .arg(args.prompt_tokens.to_string())
+        .arg("--gemm-seconds")
+        .arg(args.gemm_seconds.to_string());
     if let Some(t) = args.threads {
         cmd.args(["--threads", &t.to_string()]);
     }
@@ -511,6 +653,51 @@ struct BudgetResult {
     plan: Plan,
     probe: ProbeResult,
     runs: Vec<RunResult>,
+    work: PrefillWork,
+}
+
+/// One run's prefill against its limits (issue 30.4).
+struct PrefillFigures {
+    tokens_per_second: f64,
+    /// Bytes of the experts the prompt's tokens routed to, each once.
+    union_bytes: f64,
+    /// Expert bytes read (routed, excluding unconfirmed lookahead guesses) ÷ the union.
+    read_vs_union: f64,
+    /// FLOPs ÷ the time not waiting for reads, and ÷ the wall time.
+    compute_gflops: f64,
+    wall_gflops: f64,
+    /// The two against the GEMM probe of the same run.
+    compute_vs_gemm: f64,
+    wall_vs_gemm: f64,
+}
+
+impl PrefillFigures {
+    fn of(r: &ChildReport, work: &PrefillWork) -> Self {
+        let p = &r.prefill;
+        let flops = work.flops(p.tokens);
+        let rate = |seconds: f64| if seconds > 0.0 { flops / seconds } else { 0.0 };
+        let union_bytes = (r.prefill_experts * work.expert_bytes) as f64;
+        let routed = (p.expert_bytes - p.lookahead_unused_bytes) as f64;
+        let gemm = r.gemm.flops_per_second;
+        let vs = |x: f64| if gemm > 0.0 { x / gemm } else { 0.0 };
+        PrefillFigures {
+            tokens_per_second: if p.seconds > 0.0 {
+                p.tokens as f64 / p.seconds
+            } else {
+                0.0
+            },
+            union_bytes,
+            read_vs_union: if union_bytes > 0.0 {
+                routed / union_bytes
+            } else {
+                0.0
+            },
+            compute_gflops: rate(p.compute_seconds) / 1e9,
+            wall_gflops: rate(p.seconds) / 1e9,
+            compute_vs_gemm: vs(rate(p.compute_seconds)),
+            wall_vs_gemm: vs(rate(p.seconds)),
+        }
+    }
 }
 
 fn bytes(p: &PhaseFigures) -> u64 {
@@ -583,6 +770,26 @@ impl BudgetResult {
         self.med(|r| f(&Derived::of(&r.report.decode)))
     }
 
+    fn prefill_median(&self, f: impl Fn(&PrefillFigures) -> f64) -> f64 {
+        self.med(|r| f(&PrefillFigures::of(&r.report, &self.work)))
+    }
+
+    fn prefill_json(&self) -> serde_json::Value {
+        json!({
+            "tokens_per_second": self.prefill_median(|p| p.tokens_per_second),
+            "expert_bytes": self.med(|r| (r.report.prefill.expert_bytes
+                - r.report.prefill.lookahead_unused_bytes) as f64),
+            "union_bytes": self.prefill_median(|p| p.union_bytes),
+            "read_vs_union": self.prefill_median(|p| p.read_vs_union),
+            "compute_gflops": self.prefill_median(|p| p.compute_gflops),
+            "wall_gflops": self.prefill_median(|p| p.wall_gflops),
+            "gemm_gflops": self.med(|r| r.report.gemm.flops_per_second / 1e9),
+            "compute_vs_gemm": self.prefill_median(|p| p.compute_vs_gemm),
+            "wall_vs_gemm": self.prefill_median(|p| p.wall_vs_gemm),
+            "gemm_probe": self.runs.first().map(|r| &r.report.gemm),
+        })
+    }
+
     /// Decode bytes of class `f` per token in the first run, and whether every run read exactly
     /// the plan's prediction for every decoded token.
     fn class(&self, f: impl Fn(&PhaseFigures) -> u64, predicted: u64) -> serde_json::Value {
@@ -636,6 +843,7 @@ impl BudgetResult {
                 "cgroup_peak_bytes": self.runs.iter().all(|r| r.cgroup_peak_bytes.is_some())
                     .then(|| self.med(|r| r.cgroup_peak_bytes.unwrap_or(0) as f64)),
             },
+            "prefill": self.prefill_json(),
             "bytes_per_token": {
                 "trunk": self.class(|d| d.trunk_bytes, p.reads.trunk),
                 "experts": self.class(
@@ -659,6 +867,8 @@ impl BudgetResult {
                 "cgroup_peak_bytes": r.cgroup_peak_bytes,
                 "cgroup_failcnt": r.cgroup_failcnt,
                 "policies": r.report.policies,
+                "prefill_experts": r.report.prefill_experts,
+                "gemm": r.report.gemm,
             })).collect::<Vec<_>>(),
         })
     }
@@ -731,6 +941,46 @@ fn print_table(budgets: &[BudgetResult]) {
             );
         }
     }
+    println!(
+        "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "budget",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "experts",
+        "/union",
+        "GFLOP/s",
+        "wall",
+        "GEMM",
+        "ratio",
+        "wall"
+    );
+    for b in budgets {
+        let tokens = b.runs.first().map_or(0, |r| r.report.prefill.tokens);
+        println!(
+            "{:>10} {:>7} {:>9.2} {:>9.1} {:>8.2}G {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
+            format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+            tokens,
+            b.med(|r| r.report.prefill.seconds),
+            b.prefill_median(|p| p.tokens_per_second),
+            b.med(
+                |r| (r.report.prefill.expert_bytes - r.report.prefill.lookahead_unused_bytes)
+                    as f64
+            ) / 1e9,
+            b.prefill_median(|p| p.read_vs_union),
+            b.prefill_median(|p| p.compute_gflops),
+            b.prefill_median(|p| p.wall_gflops),
+            b.med(|r| r.report.gemm.flops_per_second / 1e9),
+            b.prefill_median(|p| p.compute_vs_gemm),
+            b.prefill_median(|p| p.wall_vs_gemm),
+        );
+    }
+    println!(
+        "(prefill medians; experts = routed expert bytes read, /union = that ÷ the bytes of the \
+         experts its tokens route to, each once; GFLOP/s = census FLOPs ÷ compute time (wall: \
+         ÷ wall time); GEMM = the f64 DGEMM probe on the same threads in the same run; ratio = \
+         GFLOP/s ÷ GEMM)"
+    );
     println!(
         "(medians; s/token = decode wall per token; unused = GB/token the routing lookahead \
          read on wrong guesses, =plan compares the rest with the plan; GB/s = read window bytes \

@@ -1,9 +1,12 @@
 //! The memory-budget flags shared by `k3d run` and `k3d serve` (issue 4): `--ram-gb X|preset`
 //! and the plan overrides `--trunk-gb`, `--cache-gb`, `--no-lookahead`, `--dense-lookahead`,
-//! `--read-ahead-gb`, `--prefill-tokens` (which `k3d bench` also takes, for every budget it measures). Figures are GiB and may be
-//! fractional (tiny test models need budgets of a few MiB).
+//! `--read-ahead-gb`, `--prefill-tokens`, `--trunk-pack` (which `k3d bench` also takes, for every
+//! budget it measures). Figures are GiB and may be fractional (tiny test models need budgets of
+//! a few MiB).
 
-use k3_engine::model::LoadOptions;
+use std::path::PathBuf;
+
+use k3_engine::model::{LoadOptions, TrunkPack};
 use k3_engine::plan::{Budget, DenseLookahead, Lookahead, PlanInputs, Preset};
 
 use crate::exit::{CliError, Exit};
@@ -36,6 +39,15 @@ pub struct PlanArgs {
     /// depend on it.
     #[arg(long, value_name = "TOKENS")]
     pub prefill_tokens: Option<u64>,
+    /// Read streamed trunk matrices from this trunk pack (`k3d pack`) where the plan measures
+    /// that it pays: the decoder keeps up with the drive (the plan says which). Refused if it
+    /// was packed from another checkpoint. Output does not depend on it.
+    #[arg(long, value_name = "FILE")]
+    trunk_pack: Option<PathBuf>,
+    /// With --trunk-pack: read the pack wherever the chunk stream can, without the check that
+    /// it pays (for measurements and tests).
+    #[arg(long, requires = "trunk_pack")]
+    trunk_pack_always: bool,
 }
 
 /// Prompt tokens of one prefill pass unless `--prefill-tokens` says otherwise (issue 30): an
@@ -61,6 +73,12 @@ impl PlanArgs {
         }
         if let Some(p) = self.prefill_tokens {
             out.extend(["--prefill-tokens".to_string(), p.to_string()]);
+        }
+        if let Some(p) = &self.trunk_pack {
+            out.extend(["--trunk-pack".to_string(), p.display().to_string()]);
+        }
+        if self.trunk_pack_always {
+            out.push("--trunk-pack-always".to_string());
         }
         if self.dense_lookahead != DenseLookahead::default() {
             out.extend([
@@ -135,6 +153,8 @@ impl BudgetArgs {
                 dense_lookahead: self.plan.dense_lookahead,
                 read_ahead_gb: self.plan.read_ahead_gb,
                 prefill_tokens: self.plan.prefill_tokens,
+                trunk_pack: self.plan.trunk_pack.clone(),
+                trunk_pack_always: self.plan.trunk_pack_always,
             },
         }
     }
@@ -147,6 +167,10 @@ impl BudgetArgs {
                 prefill_tokens: self.plan.prefill_tokens.unwrap_or(DEFAULT_PREFILL_TOKENS),
                 ..PlanInputs::default()
             },
+            trunk_pack: self.plan.trunk_pack.as_ref().map(|path| TrunkPack {
+                path: path.clone(),
+                always: self.plan.trunk_pack_always,
+            }),
             ..LoadOptions::default()
         })
     }

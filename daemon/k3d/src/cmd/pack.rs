@@ -20,7 +20,8 @@ use crate::exit::{CliError, CliResult, Exit};
 pub struct Args {
     /// The model directory: config.json and the *.safetensors shards.
     model_dir: PathBuf,
-    /// Where to write the pack (default: MODEL_DIR/trunk.k3pack, where k3d finds it by itself).
+    /// Where to write the pack (default: MODEL_DIR/trunk.k3pack, which `k3d verify MODEL_DIR`
+    /// checks by itself; run, serve and bench read a pack given with `--trunk-pack`).
     out: Option<PathBuf>,
     /// Encoder threads (default: all cores).
     #[arg(long, value_parser = super::threads)]
