@@ -628,7 +628,7 @@ async fn helper_attacker() {
                     .await
                     .expect("connect");
                 let request = format!(
-                    "POST /v1/completions HTTP/1.1\r\nHost: k3d\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    "POST /v1/completions HTTP/1.1\r\nHost: k3d\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 s.write_all(request.as_bytes()).await.expect("request");
