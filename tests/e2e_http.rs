@@ -31,14 +31,6 @@ fn tests_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("http")
 }
 
-/// The TCP address the daemon logged for `--http 127.0.0.1:0`.
-fn tcp_url(d: &Daemon) -> String {
-    d.wait_for_log("HTTP API on http://", Duration::from_secs(10));
-    let log = d.log_text();
-    let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
-    log[at..].lines().next().expect("a line").trim().to_string()
-}
-
 /// The id of the model the daemon serves, from `GET /v1/models`.
 fn served_model(socket: &Path) -> String {
     let (_, _, models) = http(socket, "GET", "/v1/models", "");
@@ -172,14 +164,19 @@ async fn tools_reference(
 /// A daemon on the tiny model serving HTTP on `dir/http.sock` and loopback TCP, with a key and
 /// a small body limit from its config file; `args` are more flags. Returns it with the HTTP
 /// socket and a gRPC client, once the model is ready.
-async fn keyed_daemon(
-    dir: &Path,
-    args: &[&str],
-) -> (
+async fn keyed_daemon(dir: &Path, args: &[&str]) -> Keyed {
+    keyed_daemon_on(tiny_model(), dir, args).await
+}
+
+/// A ready daemon, its HTTP socket and a gRPC client.
+type Keyed = (
     Daemon,
     PathBuf,
     k3proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
-) {
+);
+
+/// [`keyed_daemon`] on the checkpoint `model`.
+async fn keyed_daemon_on(model: &Path, dir: &Path, args: &[&str]) -> Keyed {
     let http_socket = dir.join("http.sock");
     let config = dir.join("k3d.toml");
     std::fs::write(
@@ -194,7 +191,7 @@ async fn keyed_daemon(
     let config_arg = config.display().to_string();
     let mut all = vec!["--config", &config_arg];
     all.extend_from_slice(args);
-    let d = Daemon::start(tiny_model(), &socket, &all);
+    let d = Daemon::start(model, &socket, &all);
     let mut c = client(&socket).await;
     wait_ready(&mut c).await;
     (d, http_socket, c)
@@ -203,7 +200,19 @@ async fn keyed_daemon(
 /// Runs `tests/http/<file>` under pytest against `d` (its HTTP socket, TCP address, key and
 /// model id in the environment, with `env`), failing with pytest's report and the daemon's log.
 fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&str, &Path)]) {
-    let model_id = std::fs::canonicalize(tiny_model())
+    pytest_on(tiny_model(), python, file, d, http_socket, env)
+}
+
+/// [`pytest`] against a daemon serving the checkpoint `model`.
+fn pytest_on(
+    model: &Path,
+    python: &Path,
+    file: &str,
+    d: &Daemon,
+    http_socket: &Path,
+    env: &[(&str, &Path)],
+) {
+    let model_id = std::fs::canonicalize(model)
         .expect("model dir")
         .file_name()
         .expect("a name")
@@ -214,7 +223,7 @@ fn pytest(python: &Path, file: &str, d: &Daemon, http_socket: &Path, env: &[(&st
         .args(["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider"])
         .arg(tests_dir().join(file))
         .env("K3_HTTP_SOCKET", http_socket)
-        .env("K3_HTTP_URL", tcp_url(d))
+        .env("K3_HTTP_URL", d.tcp_url())
         .env("K3_HTTP_KEY", KEY)
         .env("K3_MODEL", &model_id)
         .env("K3_BODY_LIMIT", BODY_LIMIT.to_string());
@@ -272,6 +281,34 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
         &http_socket,
         &[("K3_REFERENCE", &reference_path)],
     );
+    // Issue 34 point 9: the suite's refusals are each in the log with endpoint, status and
+    // reason (the field at fault), and every answered request names its endpoint, its tool
+    // count and its reused tokens.
+    let log = d.log_text();
+    for line in [
+        "HTTP 400 on POST /v1/chat/completions: temperature: ",
+        "HTTP 400 on POST /v1/chat/completions: messages[0].role: ",
+        "HTTP 404 on POST /v1/chat/completions: model: ",
+        "HTTP 404 on POST \"/v1/nothing\": ",
+        "HTTP 413 on POST /v1/chat/completions: ",
+        "HTTP 401 on GET /v1/models: the API key is not one of this daemon's keys",
+        "HTTP 401 on GET /v1/models: an API key is required",
+    ] {
+        assert_eq!(log.matches(line).count(), 1, "{line:?} once in:\n{log}");
+    }
+    let answered = |endpoint: &str, tools: usize| {
+        log.lines().any(|l| {
+            l.contains(&format!("answered on POST {endpoint}: {tools} tools, "))
+                && l.contains(" reused), ")
+        })
+    };
+    assert!(
+        answered("/v1/chat/completions", 1),
+        "a tool request:\n{log}"
+    );
+    assert!(answered("/v1/chat/completions", 0), "{log}");
+    assert!(answered("/v1/completions", 0), "{log}");
+    assert!(answered("/v1/responses", 0), "{log}");
 }
 
 /// Anthropic's Messages API through the official `anthropic` package, against the OpenAI
@@ -281,8 +318,40 @@ async fn the_openai_python_client_gets_what_grpc_gets() {
 async fn the_anthropic_python_client_gets_what_the_openai_route_gets() {
     let python = python();
     let tmp = scratch("http-anthropic");
-    let (d, http_socket, _c) = keyed_daemon(tmp.path(), &["--session-gb", "0.25"]).await;
+    // A small cap, so that a request over it (Claude Code's 32,000) is clamped quickly.
+    let (d, http_socket, _c) = keyed_daemon(
+        tmp.path(),
+        &["--session-gb", "0.25", "--max-tokens-cap", "64"],
+    )
+    .await;
     pytest(&python, "test_anthropic.py", &d, &http_socket, &[]);
+}
+
+/// Constrained decoding (issue 34 point 6) through the official `openai` and `anthropic`
+/// packages on the trained fixture: forced tool calls and JSON output parse, streamed and
+/// whole, valid against their schemas by `jsonschema`; schemas outside the subset are refused
+/// naming their path. The thinking budget (point 4) closes the fixture's endless thinking.
+#[tokio::test]
+async fn constrained_replies_parse_in_the_official_clients_and_are_valid() {
+    let python = python();
+    let tmp = scratch("http-constrained");
+    let model = trained_model();
+    let (d, http_socket, _c) =
+        keyed_daemon_on(&model, tmp.path(), &["--thinking-budget", "16"]).await;
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent-tools");
+    pytest_on(
+        &model,
+        &python,
+        "test_constrained.py",
+        &d,
+        &http_socket,
+        &[("K3_AGENT_TOOLS", &tools)],
+    );
+}
+
+/// The committed trained checkpoint.
+fn trained_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/trained/model")
 }
 
 #[test]

@@ -26,14 +26,6 @@ fn accounts() {
     }
 }
 
-/// The TCP address the daemon logged for `--http 127.0.0.1:0`.
-fn tcp_url(d: &Daemon) -> String {
-    d.wait_for_log("HTTP API on http://", Duration::from_secs(10));
-    let log = d.log_text();
-    let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
-    log[at..].lines().next().expect("a line").trim().to_string()
-}
-
 /// `POST /v1/chat/completions` with `message` as the user's message, sent with curl as account
 /// `user` over loopback TCP and no key: the reply's `prompt_tokens` and `cached_tokens`.
 fn chat_as(user: &str, url: &str, model: &str, message: &str) -> (u64, u64) {
@@ -82,7 +74,7 @@ async fn a_keyless_tcp_caller_never_learns_another_accounts_prompt() {
         &["--http", "127.0.0.1:0"],
     );
     wait_ready(&mut client(&d.socket).await).await;
-    let url = tcp_url(&d);
+    let url = d.tcp_url();
     let models = Command::new("curl")
         .args(["-sS", &format!("{url}/v1/models")])
         .output()
@@ -258,4 +250,36 @@ async fn one_users_fill_never_costs_another_users_saved_session() {
         .unwrap_or_else(|| panic!("A's session is gone: {listed}"));
     assert_eq!(work["tokens"], 12, "{work}");
     assert!(file.exists());
+}
+
+/// Issue 35, "why" point 9: a keys file others can read is named at start with its mode; the
+/// same file made private is not. Anyone who reads a key is that caller (its kept states).
+#[tokio::test]
+async fn a_keys_file_others_can_read_is_named_in_the_log() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("privacy-keys-file");
+    let config = dir.path().join("k3d.toml");
+    std::fs::write(
+        &config,
+        "http = [\"127.0.0.1:0\"]\nhttp_api_keys = [\"k3-e2e-key\"]\n",
+    )
+    .expect("write the config");
+    let config_arg = config.display().to_string();
+    let warning = format!("--config {config_arg} holds http_api_keys and is readable by");
+    for (mode, warned) in [(0o640, true), (0o644, true), (0o600, false)] {
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        let d = Daemon::start(
+            tiny_model(),
+            &dir.path().join(format!("k3d-{mode:o}.sock")),
+            &["--config", &config_arg],
+        );
+        // The warning comes before the listening line; once that is logged it is there or not.
+        d.wait_for_log("listening on", Duration::from_secs(30));
+        let log = d.log_text();
+        assert_eq!(
+            log.contains(&warning) && log.contains(&format!("(mode {mode:04o})")),
+            warned,
+            "mode {mode:04o}:\n{log}"
+        );
+    }
 }

@@ -165,6 +165,14 @@ impl Daemon {
         }
     }
 
+    /// The TCP address it logged for `--http 127.0.0.1:0` (`http://127.0.0.1:PORT`).
+    pub fn tcp_url(&self) -> String {
+        self.wait_for_log("HTTP API on http://", Duration::from_secs(10));
+        let log = self.log_text();
+        let at = log.find("HTTP API on http://").expect("logged") + "HTTP API on ".len();
+        log[at..].lines().next().expect("a line").trim().to_string()
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         let rc = unsafe { libc::kill(self.child.id() as i32, sig) };

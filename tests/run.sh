@@ -24,13 +24,23 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust 1.95 (rustup)" >&2; exit 1; }
 
 # The HTTP API is tested with the official `openai` and `anthropic` packages (tests/e2e_http.rs
-# runs pytest in this venv and fails, naming this script, when it is missing). Pinned: what the
-# tests judge.
+# runs pytest in this venv and fails, naming this script, when it is missing), constrained
+# replies checked against their schemas by `jsonschema` (an independent validator). Pinned: what
+# the tests judge.
 venv=target/venv-http
-if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema' >/dev/null 2>&1; then
     echo "tests: installing the openai and anthropic clients into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0'
+    "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0'
+fi
+
+# A full build of the suite takes about 6 GB of target/ (more with incremental caches, which a
+# one-off run never reuses); say so plainly before the linker runs out of room halfway.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+free_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if ((free_kb < 8 * 1024 * 1024)); then
+    echo "tests: only $((free_kb / 1024)) MiB free on $(df -P . | awk 'NR==2 {print $6}'); the suite needs about 8 GiB for target/" >&2
+    exit 1
 fi
 
 # The end-to-end tests spawn the real k3d and k3 binaries from target/debug.

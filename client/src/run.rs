@@ -26,7 +26,8 @@ pub struct Args {
 /// Generation options shared by `run` and `chat`.
 #[derive(clap::Args, Clone)]
 pub struct Options {
-    /// Most tokens to generate (default: the daemon's, 256).
+    /// Most tokens to generate (default: the daemon's: 256 for `run`, up to its cap for
+    /// `chat`; more than the cap is clamped to it).
     #[arg(long, default_value_t = 0)]
     max_tokens: u32,
     /// Sampling temperature; 0 = greedy (the default).

@@ -101,14 +101,22 @@ def test_thinking_comes_back_as_a_thinking_block_and_effort_maps_as_on_the_opena
     assert m.usage.output_tokens_details.thinking_tokens == \
         want.usage.completion_tokens_details.reasoning_tokens
     assert prompt_tokens(m) == want.usage.prompt_tokens
-    # output_config.effort is K3's effort note; without `thinking` it turns thinking on.
+    # output_config.effort is K3's effort note when thinking is on (Claude Code's adaptive
+    # thinking with an effort); it is an independent control: it never turns thinking on.
     low = openai_chat(ASK, 1, thinking="enabled", reasoning_effort="low")
-    for kw in ({"thinking": ON}, {"thinking": anthropic.omit}):
+    for kw in ({"thinking": ON}, {"thinking": {"type": "adaptive"}}):
         m = create(unix_client(), ASK, 1, output_config={"effort": "low"}, **kw)
         assert prompt_tokens(m) == low.usage.prompt_tokens, kw
-    # Thinking is off unless asked for, as on Anthropic's API.
-    assert prompt_tokens(create(unix_client(), ASK, 1, thinking=anthropic.omit)) == \
-        openai_chat(ASK, 1).usage.prompt_tokens
+    # Thinking is off unless asked for, as on Anthropic's API, whatever the effort
+    # (CLAUDE_CODE_DISABLE_THINKING=1 still sends output_config.effort).
+    off = openai_chat(ASK, 1).usage.prompt_tokens
+    for kw in ({"thinking": anthropic.omit}, {"thinking": OFF}):
+        for effort in (anthropic.omit, {"effort": "high"}):
+            m = create(unix_client(), ASK, 1, output_config=effort, **kw)
+            assert prompt_tokens(m) == off and thinking(m) == "", (kw, effort)
+    # display "omitted" keeps the block, without its text.
+    m = create(unix_client(), ASK, 24, thinking={"type": "adaptive", "display": "omitted"})
+    assert [b.thinking for b in m.content if b.type == "thinking"] in ([], [""]), m.content
 
 
 def test_streamed_equals_whole_for_greedy_over_tcp():
@@ -247,11 +255,16 @@ def test_invalid_requests_are_400_naming_the_field_in_anthropics_shape():
         (dict(extra_body={"top_k": -1}), "top_k"),
         (dict(stop_sequences=[""]), "stop_sequences"),
         (dict(thinking={"type": "enabled"}), "thinking.budget_tokens"),
-        (dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}), "tool_choice"),
+        (dict(tools=[WEATHER], tool_choice={"type": "tool", "name": "nope"}), "tool_choice"),
         (dict(tools=[WEATHER], tool_choice={"type": "auto", "disable_parallel_tool_use": True}),
          "tool_choice.disable_parallel_tool_use"),
         (dict(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type"),
-        (dict(output_config={"effort": "low"}, thinking=OFF), "output_config.effort"),
+        (dict(output_config={"effort": "huge"}, thinking=ON), "output_config.effort"),
+        (dict(extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
+         "context_management.edits[0].type"),
+        (dict(extra_body={"context_management": {"edits": [
+            {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns"}}]}}),
+         "context_management.edits[0].keep.value"),
     ]
     for kw, field in cases:
         kw.setdefault("thinking", anthropic.omit)
@@ -263,9 +276,11 @@ def test_invalid_requests_are_400_naming_the_field_in_anthropics_shape():
     messages = [
         ([{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}],
          "messages[0].content[0].type"),
-        (ASK + [{"role": "assistant", "content": "Prefilled"}], "messages[1]"),
-        ([{"role": "system", "content": "hi"}], "messages[0].role"),
+        ([{"role": "robot", "content": "hi"}], "messages[0].role"),
+        ([{"role": "system", "content": "hi", "clear_at": "sometimes"}] + ASK, "messages[0].clear_at"),
         ([{"role": "user", "content": "hi", "name": "me"}], "messages[0].name"),
+        (ASK + [{"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]}], "messages[1]"),
     ]
     for msgs, field in messages:
         with pytest.raises(anthropic.BadRequestError) as e:
@@ -312,3 +327,72 @@ def test_metrics_count_the_messages_endpoint():
     create(unix_client(), ASK, 1)
     text_ = raw().get("/metrics").text
     assert re.search(r'k3d_http_requests_total\{endpoint="/v1/messages",status="200"\} [1-9]', text_), text_
+
+
+def test_claude_codes_conversations_render_as_on_the_openai_route():
+    """What Claude Code sends (issue 34.1): system messages inside `messages`, a final assistant
+    turn to continue, context_management's clear_thinking edit — each renders the prompt the
+    OpenAI route renders for the same conversation, and gets the same greedy reply."""
+    client = unix_client()
+    # A system message mid-conversation is rendered where it stands.
+    mid = [ASK[0], {"role": "system", "content": "Answer in French."}]
+    m = create(client, mid + [{"role": "user", "content": "Go."}], 12)
+    want = openai_chat(mid + [{"role": "user", "content": "Go."}], 12)
+    assert prompt_tokens(m) == want.usage.prompt_tokens and text(m) == (want.choices[0].message.content or "")
+    # clear_at "next_user_message": shown only until a user turn follows.
+    gone = [ASK[0], {"role": "system", "content": "x" * 50, "clear_at": "next_user_message"},
+            {"role": "user", "content": "Go."}]
+    assert prompt_tokens(create(client, gone, 1)) == \
+        openai_chat([ASK[0], {"role": "user", "content": "Go."}], 1).usage.prompt_tokens
+    # A final assistant turn is continued (Anthropic's prefill): the OpenAI route's
+    # `partial` (Kimi's Partial Mode); the reply leaves the given text out.
+    prefill = ASK + [{"role": "assistant", "content": "The Nile,"}]
+    m = create(client, prefill, 12)
+    want = openai_chat(ASK + [{"role": "assistant", "content": "The Nile,", "partial": True}], 12)
+    assert prompt_tokens(m) == want.usage.prompt_tokens
+    assert text(m) == (want.choices[0].message.content or "")
+    # Without `partial` the OpenAI route answers with a new turn: a longer prompt.
+    answered = openai_chat(ASK + [{"role": "assistant", "content": "The Nile,"}], 1)
+    assert answered.usage.prompt_tokens > want.usage.prompt_tokens
+    # clear_thinking_20251015: the reasoning of all but the `keep` latest assistant turns is not
+    # rendered ("all" keeps every one; Claude Code sends that).
+    history = [
+        ASK[0],
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "first idea", "signature": ""},
+                                          {"type": "text", "text": "Nile."}]},
+        {"role": "user", "content": "More?"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "second idea", "signature": ""},
+                                          {"type": "text", "text": "Amazon."}]},
+        {"role": "user", "content": "More?"},
+    ]
+    oa = [ASK[0], {"role": "assistant", "content": "Nile.", "reasoning_content": "first idea"},
+          {"role": "user", "content": "More?"},
+          {"role": "assistant", "content": "Amazon.", "reasoning_content": "second idea"},
+          {"role": "user", "content": "More?"}]
+    for keep, cleared in (("all", []), ({"type": "thinking_turns", "value": 1}, [1]),
+                          ({"type": "thinking_turns", "value": 0}, [1, 3])):
+        edits = {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]}
+        m = create(client, history, 1, thinking=ON, extra_body={"context_management": edits})
+        same = [dict(x) for x in oa]
+        for i in cleared:
+            del same[i]["reasoning_content"]
+        assert prompt_tokens(m) == openai_chat(same, 1, thinking="enabled").usage.prompt_tokens, keep
+
+
+def test_max_tokens_over_the_cap_is_clamped_and_reported_truthfully():
+    """Claude Code asks for 32,000 new tokens; this daemon's cap is 64 (`--max-tokens-cap`): the
+    request is served up to the cap, never refused, and the reply says where it stopped."""
+    whole = create(unix_client(), ASK, 64, system=SYSTEM)
+    # Streamed, as Claude Code asks (the SDK refuses a whole reply that large).
+    with unix_client().messages.stream(model=MODEL, messages=ASK, max_tokens=32000, system=SYSTEM,
+                                       thinking=OFF) as s:
+        m = s.get_final_message()
+    assert text(m) == text(whole) and m.usage.output_tokens == whole.usage.output_tokens <= 64
+    assert m.stop_reason in ("max_tokens", "end_turn")
+    assert (m.stop_reason == "max_tokens") == (m.usage.output_tokens == 64)
+    # The OpenAI route without max_tokens runs up to the cap too (aider sends none).
+    unset = openai_client().chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": SYSTEM}] + ASK, temperature=0,
+        extra_body={"thinking": {"type": "disabled"}})
+    assert unset.choices[0].message.content == text(whole)
+    assert unset.choices[0].finish_reason == {"max_tokens": "length", "end_turn": "stop"}[whole.stop_reason]

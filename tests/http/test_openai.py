@@ -58,6 +58,12 @@ def test_models_over_the_socket_and_over_tcp_with_a_key():
         models = client.models.list()
         assert [m.id for m in models.data] == [MODEL]
         assert client.models.retrieve(MODEL).id == MODEL
+        # The limits clients size requests by: the model's context under OpenRouter's and
+        # vLLM's names, and the cap a larger max_tokens is clamped to (the daemon's default).
+        for m in (models.data[0], client.models.retrieve(MODEL)):
+            extra = m.model_extra
+            assert extra["context_length"] == extra["max_model_len"] == 1 << 20, extra
+            assert extra["max_tokens_cap"] == 4096, extra
 
 
 def test_a_wrong_or_missing_key_is_401_on_tcp():
@@ -127,19 +133,22 @@ def test_content_as_a_list_of_text_parts_equals_the_string():
     assert e.value.body["param"] == "messages[0].content[0]"
 
 
-def test_a_stop_string_ends_the_reply_and_is_left_out():
-    ref = REF["chat_off"]
-    full = ref["response"]
-    # A stop string of ordinary text from the middle of the greedy reply (the random tiny model
-    # also emits reserved tokens, whose `<|...|>` text is not output text a stop string can
-    # match): the reply is cut just before its first occurrence.
+def plain_stop(full):
+    """A stop string of ordinary text from the middle of `full` (the random tiny model also
+    emits reserved tokens, whose `<|...|>` text is not output text a stop string can match),
+    and `full` cut just before its first occurrence."""
     specials = [m.span() for m in re.finditer(r"<\|[^|]*\|>", full)]
     plain = lambda i: all(not (a <= i < b) for a, b in specials) and full[i] != "\ufffd"
     starts = [i for i in range(len(full) - 2)
               if all(plain(j) for j in range(i, i + 3)) and full.index(full[i:i + 3]) == i]
     assert starts, f"no plain text in the reference reply: {full!r}"
     at = starts[len(starts) // 2]
-    stop, cut = full[at:at + 3], full[:at]
+    return full[at:at + 3], full[:at]
+
+
+def test_a_stop_string_ends_the_reply_and_is_left_out():
+    ref = REF["chat_off"]
+    stop, cut = plain_stop(ref["response"])
     client = unix_client()
     r = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=[stop])
     assert r.choices[0].message.content == cut
@@ -147,6 +156,50 @@ def test_a_stop_string_ends_the_reply_and_is_left_out():
     s = chat(client, ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF, stop=stop,
              stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in s if c.choices) == cut
+
+
+def test_a_stop_string_is_cut_out_of_the_reasoning_too():
+    """Issue 34.3: the stop string ends the reply inside the thinking and is left out of it
+    (it once stayed in `reasoning_content`)."""
+    ref = REF["chat_on"]
+    stop, cut = plain_stop(ref["reasoning"])
+    for stream in (False, True):
+        r = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"],
+                 reasoning_effort="high", stop=[stop], stream=stream)
+        if stream:
+            chunks = [c for c in r if c.choices]
+            reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or ""
+                                for c in chunks)
+            content = "".join(c.choices[0].delta.content or "" for c in chunks)
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        else:
+            reasoning, content = r.choices[0].message.reasoning_content, r.choices[0].message.content
+            finish = [r.choices[0].finish_reason]
+        assert (reasoning, content or "", finish) == (cut, "", ["stop"]), stream
+
+
+def test_a_conversation_ending_with_an_assistant_message_is_answered_or_continued():
+    """Issue 34.3: opencode resends a conversation whose last message is the assistant's: it is
+    answered with a new turn (OpenAI's and vLLM's reading); `partial: true` on it (Kimi's Partial
+    Mode) continues it instead, the reply leaving the given text out. An assistant's `name`
+    (OpenAI's types allow it) is accepted and not rendered."""
+    client = unix_client()
+    ask = [{"role": "user", "content": "Name three rivers."}]
+    answered = chat(client, ask + [{"role": "assistant", "content": "The Nile"}], max_tokens=8,
+                    extra_body=THINKING_OFF)
+    assert answered.choices[0].finish_reason in ("stop", "length")
+    named = chat(client, ask + [{"role": "assistant", "content": "The Nile", "name": "bot"}],
+                 max_tokens=8, extra_body=THINKING_OFF)
+    assert named.choices[0].message.content == answered.choices[0].message.content
+    assert named.usage.prompt_tokens == answered.usage.prompt_tokens
+    continued = chat(client, ask + [{"role": "assistant", "content": "The Nile", "partial": True}],
+                     max_tokens=8, extra_body=THINKING_OFF)
+    # Continued: no new assistant message opened, so a shorter prompt than the answered one.
+    assert continued.usage.prompt_tokens < answered.usage.prompt_tokens
+    assert continued.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "user", "content": "hi", "partial": True}], max_tokens=2)
+    assert "partial" in e.value.body["message"]
 
 
 def test_completions_with_token_ids_equal_grpc():
@@ -324,7 +377,7 @@ def test_tool_requests_k3_cannot_honour_are_400_naming_the_field():
     client = unix_client()
     msgs = [{"role": "user", "content": "hi"}]
     cases = [
-        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
+        (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
         (dict(tool_choice="required"), "tool_choice"),
         (dict(tools=[{"type": "retrieval"}]), "tools[0].type"),
         (dict(response_format={"type": "json_schema"}), "response_format.json_schema.schema"),
@@ -379,3 +432,112 @@ def test_prefix_reuse_continues_the_conversation_with_identical_output():
         if n < len(follow_ups):
             turns += [{"role": "assistant", "content": reused.choices[0].message.content},
                       {"role": "user", "content": follow_ups[n]}]
+
+
+# ---------------------------------------------------------------------------------------------
+# The Responses API (issue 34.2): what Codex speaks, through the SDK's `responses.create`.
+
+def responses(client, **kw):
+    kw.setdefault("temperature", 0)
+    return client.responses.create(model=MODEL, **kw)
+
+
+def output_types(response):
+    return [item.type for item in response.output]
+
+
+def test_responses_equal_the_chat_route_whole_and_streamed():
+    ref = REF["chat_off"]
+    system, user = ref["messages"][0]["content"], ref["messages"][1]["content"]
+    want = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"], extra_body=THINKING_OFF)
+    for client in (unix_client(), tcp_client()):
+        r = responses(client, instructions=system, input=user, max_output_tokens=ref["max_tokens"],
+                      reasoning={"effort": "none"})
+        assert r.object == "response" and re.fullmatch(r"resp_\d+", r.id), r.id
+        assert r.output_text == (want.choices[0].message.content or "")
+        assert r.usage.input_tokens == want.usage.prompt_tokens
+        assert r.usage.output_tokens == want.usage.completion_tokens
+        incomplete = want.choices[0].finish_reason == "length"
+        assert r.status == ("incomplete" if incomplete else "completed")
+        assert (r.incomplete_details and r.incomplete_details.reason) == \
+            ("max_output_tokens" if incomplete else None)
+        assert output_types(r) == ["message"]
+        # Streamed: the events in order, numbered, the deltas concatenating to the whole text,
+        # the last event carrying the whole response.
+        events = list(responses(client, instructions=system, input=user, stream=True,
+                                max_output_tokens=ref["max_tokens"], reasoning={"effort": "none"}))
+        kinds = [e.type for e in events]
+        assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+        assert kinds[-1] == ("response.incomplete" if incomplete else "response.completed"), kinds
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+        last = events[-1].response
+        assert last.output_text == r.output_text and last.usage.input_tokens == r.usage.input_tokens
+        assert [i.model_dump(exclude={"id"}) for i in last.output] == \
+            [i.model_dump(exclude={"id"}) for i in r.output]
+    # The SDK's own accumulation of a stream (its helper wants `response.completed`: a reply that
+    # ends its turn; the random tiny model ends some within a few tokens).
+    client = unix_client()
+    asks = (f"Name {n} rivers." for n in range(40))
+    done = next((a for a in asks if responses(client, input=a, max_output_tokens=48,
+                                              reasoning={"effort": "none"}).status == "completed"), None)
+    assert done, "no prompt whose reply ends within 48 tokens"
+    whole = responses(client, input=done, max_output_tokens=48, reasoning={"effort": "none"})
+    with client.responses.stream(model=MODEL, input=done, temperature=0, max_output_tokens=48,
+                                 reasoning={"effort": "none"}) as s:
+        final = s.get_final_response()
+    assert final.output_text == whole.output_text and final.status == "completed"
+
+
+def test_responses_reasoning_is_a_reasoning_item_and_items_render_as_chat_messages():
+    ref = REF["chat_on"]
+    want = chat(unix_client(), ref["messages"], max_tokens=ref["max_tokens"], reasoning_effort="high")
+    items = [{"role": m["role"] if m["role"] != "system" else "developer", "content": m["content"]}
+             for m in ref["messages"]]
+    r = responses(unix_client(), input=items, max_output_tokens=ref["max_tokens"],
+                  reasoning={"effort": "high", "summary": "auto"})
+    assert r.output[0].type == "reasoning"
+    assert "".join(c.text for c in r.output[0].content) == ref["reasoning"]
+    assert r.output[0].summary == []
+    assert r.usage.output_tokens_details.reasoning_tokens == ref["reasoning_tokens"]
+    assert r.usage.input_tokens == want.usage.prompt_tokens == ref["prompt_tokens"]
+    streamed = list(responses(unix_client(), input=items, max_output_tokens=ref["max_tokens"],
+                              reasoning={"effort": "high"}, stream=True))
+    assert "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") == ref["reasoning"]
+    # A tool round trip as items (Codex's history: function_call, function_call_output) renders
+    # exactly as the chat route's assistant tool_calls and tool message — and as gRPC's.
+    tools_ref = REF["tools"]
+    weather = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
+               "parameters": tools_ref["parameters"]}
+    history = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {"type": "function_call", "call_id": "call_0", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_0", "output": "sunny, 21 C"},
+    ]
+    r = responses(unix_client(), input=history, tools=[weather, {"type": "web_search"}],
+                  max_output_tokens=tools_ref["max_tokens"], reasoning={"effort": "none"})
+    assert r.usage.input_tokens == tools_ref["prompt_tokens"], r.usage
+    assert r.output_text == tools_ref["response"]
+    assert r.tools[0].name == "get_weather" and r.parallel_tool_calls is True
+
+
+def test_responses_k3_cannot_honour_are_400_naming_the_field():
+    client = unix_client()
+    cases = [
+        (dict(previous_response_id="resp_1"), "previous_response_id"),
+        (dict(background=True), "background"),
+        (dict(max_output_tokens=0), "max_output_tokens"),
+        (dict(reasoning={"effort": "huge"}), "reasoning.effort"),
+        (dict(tools=[{"type": "custom", "name": "patch"}]), "tools[0].type"),
+        (dict(text={"format": {"type": "json_schema", "name": "x"}}), "text.format.schema"),
+        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+         "input[0].content[0].type"),
+        (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
+    ]
+    for kw, param in cases:
+        kw.setdefault("input", "hi")
+        with pytest.raises(openai.BadRequestError) as e:
+            responses(client, **kw)
+        assert e.value.body["param"] == param, (kw, e.value.body)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="gpt-5", input="hi")

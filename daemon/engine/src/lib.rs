@@ -29,6 +29,8 @@
 //! * [`input_file`] — opens input files so that a FIFO or device in their place is refused,
 //!   never blocked on.
 //! * [`engine`] — prompts in, tokens out: greedy/sampled generation over a loaded model.
+//! * [`constrain`] — guides for chat replies: the thinking budget and constrained decoding
+//!   (tool calls and JSON valid against a schema), masks over the vocabulary.
 //! * [`session`] — named conversations: state snapshots, reuse rule, files, ownership, spill.
 //! * [`serve`] — the transport-neutral serve core: validation, the admission queue, session
 //!   leases, the batch loop and the scheduler thread; transports (in k3d) map onto it.
@@ -40,6 +42,7 @@
 
 pub mod advice;
 pub mod checkpoint;
+pub mod constrain;
 pub mod echo;
 pub mod engine;
 pub mod input_file;

@@ -76,8 +76,13 @@ const FLOW: [&str; 8] = [
 
 /// Modules beside the flow, with the first module of it they may not reach: text in and out
 /// knows nothing of the model it is for; sessions keep model states but know nothing of the
-/// generations or the serve core that use them.
-const BESIDE: [(&str, &str); 2] = [("tokenizer", "store"), ("session", "engine")];
+/// generations or the serve core that use them; constrained decoding builds the engine's
+/// guides from a chat request and knows nothing of the serve core that asks for them.
+const BESIDE: [(&str, &str); 3] = [
+    ("tokenizer", "store"),
+    ("session", "engine"),
+    ("constrain", "serve"),
+];
 
 /// Each module's floor: (the files under `src/<module>`, the `crate::` paths they must not use).
 fn floors() -> Vec<(&'static str, Vec<String>)> {

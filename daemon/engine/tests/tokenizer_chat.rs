@@ -382,6 +382,7 @@ fn tool_choice_and_response_format_notes_come_after_the_conversation() {
         tools: vec![weather_tool()],
         tool_choice: ToolChoice::Required,
         response_format: ResponseFormat::JsonSchema(schema),
+        ..Conversation::default()
     };
     let segs = text_of(&segments(&conversation).unwrap());
     let mut tail = message_segments(&[" role=\"user\""], "hi");
@@ -432,6 +433,20 @@ fn tool_choice_and_response_format_notes_come_after_the_conversation() {
         !segs
             .iter()
             .any(|s| s.contains("tool-choice") || s.contains("response-format"))
+    );
+    // A named function renders the `required` note (the template has none naming a function).
+    let named = Conversation {
+        tool_choice: ToolChoice::Function("get_weather".into()),
+        ..conversation.clone()
+    };
+    assert_eq!(segments(&named).unwrap(), segments(&conversation).unwrap());
+    let unknown = Conversation {
+        tool_choice: ToolChoice::Function("get_time".into()),
+        ..conversation.clone()
+    };
+    assert_eq!(
+        segments(&unknown).unwrap_err().to_string(),
+        "tool_choice names the function \"get_time\", which is not in `tools`"
     );
     // Required with nothing to call is refused.
     let nothing = Conversation {
@@ -596,9 +611,24 @@ fn malformed_requests_name_the_message_and_field() {
     interrupted.insert(3, Message::new(Role::User, "wait"));
     assert_eq!(field_of(render_with(interrupted)), (4, "role".into()));
 
+    // OpenAI's tool messages have no `name` (its other roles do).
     let mut named = history.clone();
-    named[1].name = Some("bot".into());
-    assert_eq!(field_of(render_with(named)), (1, "name".into()));
+    named[2].name = Some("bot".into());
+    assert_eq!(field_of(render_with(named)), (2, "name".into()));
+
+    let mut partial_user = history.clone();
+    partial_user[0].partial = true;
+    assert_eq!(field_of(render_with(partial_user)), (0, "partial".into()));
+    let mut partial_calls = history.clone();
+    partial_calls.truncate(2);
+    partial_calls[1].partial = true;
+    assert_eq!(field_of(render_with(partial_calls)), (1, "partial".into()));
+    let mut partial_early = history.clone();
+    partial_early.truncate(2);
+    partial_early[1].tool_calls.clear();
+    partial_early[1].partial = true;
+    partial_early.push(Message::new(Role::User, "and?"));
+    assert_eq!(field_of(render_with(partial_early)), (1, "partial".into()));
 
     let mut reasoning = history.clone();
     reasoning[0].reasoning = Some("x".into());
@@ -675,4 +705,211 @@ fn openai_reasoning_effort_maps_onto_thinking() {
         Thinking::from_openai(None, Some("extreme")),
         Err(ChatError::BadOpenAiEffort(_))
     ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// How a conversation ends: an assistant message answered with a new turn, or continued
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn an_assistants_name_is_accepted_and_not_rendered() {
+    let mut named = Message::new(Role::Assistant, "a1");
+    named.name = Some("bot".into());
+    let with = |m: Message| Conversation {
+        messages: vec![
+            Message::new(Role::User, "q"),
+            m,
+            Message::new(Role::User, "q2"),
+        ],
+        thinking: Thinking::Off,
+        generation_prompt: true,
+        ..Conversation::default()
+    };
+    assert_eq!(
+        segments(&with(named)).unwrap(),
+        segments(&with(Message::new(Role::Assistant, "a1"))).unwrap()
+    );
+}
+
+#[test]
+fn a_conversation_ending_with_an_assistant_message_gets_a_new_turn() {
+    for thinking in [Thinking::Off, Thinking::On(None)] {
+        let conversation = Conversation {
+            messages: vec![
+                Message::new(Role::User, "q"),
+                Message::new(Role::Assistant, "a1"),
+            ],
+            thinking,
+            generation_prompt: true,
+            ..Conversation::default()
+        };
+        let segs = text_of(&segments(&conversation).unwrap());
+        let channel = if thinking.is_on() {
+            "think"
+        } else {
+            "response"
+        };
+        let mut tail = strings(&["<|open|>", "message", " role=\"assistant\"", "<|sep|>"]);
+        if thinking.is_on() {
+            tail.extend(strings(&[
+                "<|open|>",
+                "think",
+                "<|sep|>",
+                "<|close|>",
+                "think",
+                "<|sep|>",
+            ]));
+        }
+        tail.extend(strings(&[
+            "<|open|>",
+            "response",
+            "<|sep|>",
+            "a1",
+            "<|close|>",
+        ]));
+        tail.extend(strings(&[
+            "response",
+            "<|sep|>",
+            "<|close|>",
+            "message",
+            "<|sep|>",
+        ]));
+        tail.extend(strings(&[
+            "<|end_of_msg|>",
+            "<|open|>",
+            "message",
+            " role=\"assistant\"",
+        ]));
+        tail.extend(strings(&["<|sep|>", "<|open|>", channel, "<|sep|>"]));
+        assert_eq!(segs[segs.len() - tail.len()..], tail[..], "{thinking:?}");
+        assert_eq!(conversation.reply_opens_thinking(), thinking.is_on());
+    }
+}
+
+#[test]
+fn a_partial_final_assistant_message_is_continued_in_its_channel() {
+    let ask = |thinking: Thinking, reasoning: Option<&str>, content: &str| {
+        let mut last = Message::new(Role::Assistant, content);
+        last.reasoning = reasoning.map(str::to_owned);
+        last.partial = true;
+        Conversation {
+            messages: vec![Message::new(Role::User, "q"), last],
+            thinking,
+            generation_prompt: true,
+            tool_choice: ToolChoice::None,
+            tools: vec![weather_tool()],
+            ..Conversation::default()
+        }
+    };
+    let head = strings(&["<|open|>", "message", " role=\"assistant\"", "<|sep|>"]);
+    let cases = [
+        // Thinking off: the response channel, open, with the given text.
+        (
+            Thinking::Off,
+            None,
+            "Hel",
+            false,
+            strings(&["<|open|>", "response", "<|sep|>", "Hel"]),
+        ),
+        // Thinking on with content: the think channel closed, the response open.
+        (
+            Thinking::On(None),
+            Some("why"),
+            "Hel",
+            false,
+            strings(&[
+                "<|open|>",
+                "think",
+                "<|sep|>",
+                "why",
+                "<|close|>",
+                "think",
+                "<|sep|>",
+                "<|open|>",
+                "response",
+                "<|sep|>",
+                "Hel",
+            ]),
+        ),
+        // Thinking on, reasoning and no content yet: the think channel open.
+        (
+            Thinking::On(None),
+            Some("Let me"),
+            "",
+            true,
+            strings(&["<|open|>", "think", "<|sep|>", "Let me"]),
+        ),
+    ];
+    for (thinking, reasoning, content, opens_thinking, body) in cases {
+        let conversation = ask(thinking, reasoning, content);
+        let segs = text_of(&segments(&conversation).unwrap());
+        let mut tail = head.clone();
+        tail.extend(body);
+        assert_eq!(
+            segs[segs.len() - tail.len()..],
+            tail[..],
+            "{thinking:?} {content:?}"
+        );
+        // The one-shot notes come before it (it stands where the generation prompt would).
+        let note = segs
+            .iter()
+            .position(|s| s == " type=\"tool-choice\"")
+            .unwrap();
+        assert!(note < segs.len() - tail.len());
+        assert_eq!(conversation.reply_opens_thinking(), opens_thinking);
+        // Rendered as history (no generation prompt), it is an ordinary closed message.
+        let history = Conversation {
+            generation_prompt: false,
+            ..conversation.clone()
+        };
+        let closed = text_of(&segments(&history).unwrap());
+        assert_eq!(closed.last().map(String::as_str), Some("<|end_of_msg|>"));
+    }
+}
+
+#[test]
+fn a_reply_becomes_history_appended_or_merged_into_the_continued_message() {
+    let reply = Message {
+        reasoning: Some(" more".into()),
+        ..Message::new(Role::Assistant, "lo!")
+    };
+    // Appended after an ordinary last message.
+    let plain = Conversation {
+        messages: vec![Message::new(Role::User, "q")],
+        generation_prompt: true,
+        ..Conversation::default()
+    };
+    let next = plain.clone().with_reply(reply.clone());
+    assert_eq!(next.messages.len(), 2);
+    assert_eq!(next.messages[1], reply);
+    // Merged into a continued response: its reasoning stays, the texts join.
+    let mut partial = Message::new(Role::Assistant, "Hel");
+    partial.reasoning = Some("why".into());
+    partial.partial = true;
+    let continued = Conversation {
+        messages: vec![Message::new(Role::User, "q"), partial.clone()],
+        thinking: Thinking::On(None),
+        generation_prompt: true,
+        ..Conversation::default()
+    };
+    let reply_in_response = Message::new(Role::Assistant, "lo!");
+    let next = continued.clone().with_reply(reply_in_response);
+    assert_eq!(next.messages.len(), 2);
+    assert_eq!(next.messages[1].content, "Hello!");
+    assert_eq!(next.messages[1].reasoning.as_deref(), Some("why"));
+    assert!(!next.messages[1].partial);
+    // Merged into continued reasoning: the reasoning and the content are the reply's.
+    let mut thinking = Message::new(Role::Assistant, "");
+    thinking.reasoning = Some("Let me".into());
+    thinking.partial = true;
+    let continued = Conversation {
+        messages: vec![Message::new(Role::User, "q"), thinking],
+        ..continued
+    };
+    let next = continued.with_reply(reply);
+    assert_eq!(next.messages[1].reasoning.as_deref(), Some("Let me more"));
+    assert_eq!(next.messages[1].content, "lo!");
 }

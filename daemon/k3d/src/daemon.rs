@@ -56,6 +56,9 @@ pub struct Options {
     pub http_settings: crate::http::Settings,
     /// Per-peer connection cap and handshake deadline, on every listener.
     pub connections: gate::ConnectionLimits,
+    /// What reading the settings found worth a warning (a keys file others can read), logged
+    /// once logging is up.
+    pub start_warnings: Vec<String>,
 }
 
 /// How the serving loop ended.
@@ -77,6 +80,9 @@ fn on_health(health: &Health, info: Option<&k3_engine::engine::EngineInfo>) {
 
 pub fn run(cfg: Options) -> CliResult {
     logging::start();
+    for warning in &cfg.start_warnings {
+        log_warn!("{warning}");
+    }
     let core = Core::new(k3_engine::serve::Config {
         model: cfg.model.clone(),
         engine: EngineOptions {

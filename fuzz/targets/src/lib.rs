@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
-use k3_engine::serve::validate::{ModelLimits, validate};
+use k3_engine::serve::validate::{ModelLimits, VocabCache, validate};
 use k3_engine::serve::{Limits, Prompt, Request};
 use k3_engine::session::file as session_file;
 use k3_engine::synth::shape::Shape;
@@ -404,19 +404,21 @@ pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
             .map(|completion| validates(completion.request)),
         messages_body::messages(&fields, data)
             .ok()
-            .map(|(_, request)| validates(request)),
+            .map(|parsed| validates(parsed.request)),
     ]
 }
 
 /// The serve core's validation against the synthetic tokenizer, a 4096-token context and the
 /// daemon's default limits.
 fn validates(request: Request) -> bool {
+    static VOCAB: OnceLock<VocabCache> = OnceLock::new();
     let tokenizer = chat_tokenizer();
     let model = ModelLimits {
         vocab_size: tokenizer.vocab_size(),
         context: 4096,
     };
-    validate(tokenizer, model, &Limits::default(), request).is_ok()
+    let vocab = VOCAB.get_or_init(VocabCache::default);
+    validate(tokenizer, vocab, model, &Limits::default(), request).is_ok()
 }
 
 /// Corpus directories of `target` under the repository's `fuzz/`: seeds, then regressions.

@@ -530,6 +530,11 @@ impl Generation {
         // Fed positions whose logits plain greedy would also have computed.
         let mut consumed = 0;
         for (i, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
+            // Plain decoding decides a forced id without the row before it (see `force`):
+            // stop here, so the rows recorded and the state kept are plain decoding's.
+            if i > 0 && self.forced().is_some() {
+                break;
+            }
             let id = self.decide(row, i)?;
             consumed += 1;
             let confirmed = drafts.get(i) == Some(&id);
@@ -588,18 +593,22 @@ impl Generation {
             .ok_or_else(|| choice_failed(logits, row, allowed.is_some()))
     }
 
+    /// The id the guide forces next (the only one it allows), if it does.
+    fn forced(&mut self) -> Option<u32> {
+        match self.guiding.as_mut()?.allowed() {
+            Allowed::Forced(id) => Some(id),
+            Allowed::Only(set) => set.single(),
+            Allowed::Any => None,
+        }
+    }
+
     /// Decides, after the last decided id, every id the guide forces (one allowed id), each
     /// through the plain bookkeeping, while the run fits one decode feed. They are queued for
     /// emission and fed together with the id before them ([`Feed::Tokens`]).
     fn force(&mut self, tokenizer: &Tokenizer) {
         while self.finish.is_none() && self.generated.len() - self.generated_fed < MAX_DECODE_FEED {
-            let forced = match self.guiding.as_mut().map(|g| g.allowed()) {
-                Some(Allowed::Forced(id)) => id,
-                Some(Allowed::Only(set)) => match set.single() {
-                    Some(id) => id,
-                    None => return,
-                },
-                None | Some(Allowed::Any) => return,
+            let Some(forced) = self.forced() else {
+                return;
             };
             match self.take(forced, tokenizer) {
                 Some(id) => self.queued.push_back(id),

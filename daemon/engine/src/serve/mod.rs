@@ -32,20 +32,37 @@
 //!
 //! ## Using it
 //!
-//! ```no_run
+//! ```
 //! use k3_engine::serve::{Caller, Config, Core, Event, Prompt, Request};
+//! use std::time::Duration;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let core = Core::new(Config::new("/models/k3".into(), "/var/lib/k3d/sessions".into()))?;
+//! # // The repository's trained 2 MB K3; sessions in a private temporary directory.
+//! # let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+//! #     .join("../../tests/fixtures/trained/model");
+//! # let scratch = tempfile::tempdir()?;
+//! # let session_dir = scratch.path().to_path_buf();
+//! let mut config = Config::new(model, session_dir); // the checkpoint; where sessions are kept
+//! config.engine.threads = 1;
+//! let core = Core::new(config)?;
 //! core.start()?; // loads the model on the scheduler thread; jobs may be submitted already
-//! let job = core.submit(Caller::Uid(1000), Request::new(Prompt::Text("Hello".into())))?;
+//! let mut request = Request::new(Prompt::Text("def fibonacci(n):\n".into()));
+//! request.max_tokens = Some(16);
+//! let job = core.submit(Caller::Uid(1000), request)?;
+//! let mut finished = None;
 //! while let Some(event) = job.events.recv() {
 //!     match event {
 //!         Event::Token { piece, .. } => print!("{}", piece.text),
-//!         Event::Done(done) => println!("\n{:?}, {} tokens", done.finish, done.usage().completion_tokens),
-//!         Event::Failed(e) => eprintln!("{e}"),
+//!         Event::Done(done) => {
+//!             println!("\n{:?}, {} tokens", done.finish, done.usage().completion_tokens);
+//!             finished = Some(done.usage().completion_tokens);
+//!         }
+//!         Event::Failed(e) => return Err(e.into()),
 //!         _ => {}
 //!     }
 //! }
+//! core.close(); // stop admitting, then wait for the scheduler thread
+//! assert!(core.join(Duration::from_secs(30)));
+//! assert!(finished.is_some_and(|n| (1..=16).contains(&n)));
 //! # Ok(()) }
 //! ```
 //!
@@ -366,6 +383,8 @@ pub struct Core {
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
     tokenizer: Arc<Tokenizer>,
+    /// The vocabulary as constrained decoding sees it (built on first use).
+    vocab: validate::VocabCache,
     model_limits: ModelLimits,
     limits: Limits,
     log: Log,
@@ -412,6 +431,7 @@ impl Core {
             prefix: Arc::new(PrefixCache::default()),
             metrics: Arc::new(TimingTotals::default()),
             tokenizer,
+            vocab: validate::VocabCache::default(),
             model_limits,
             limits: config.limits,
             log: config.log,
@@ -540,8 +560,13 @@ impl Core {
         // caller nobody vouches for (issue 35 point 7).
         let reuse =
             (request.reuse && session.is_none() && caller.is_known()).then(|| caller.clone());
-        let validated =
-            validate::validate(&self.tokenizer, self.model_limits, &self.limits, request)?;
+        let validated = validate::validate(
+            &self.tokenizer,
+            &self.vocab,
+            self.model_limits,
+            &self.limits,
+            request,
+        )?;
         let lease = match &session {
             Some(name) => {
                 // A queued job whose reader is gone must not keep its session in use.
@@ -653,6 +678,12 @@ impl Core {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The model's context in positions (`max_position_embeddings`; `None` when its config
+    /// does not say): prompt and reply together never exceed it.
+    pub fn context_length(&self) -> Option<usize> {
+        Some(self.model_limits.context).filter(|&c| c != usize::MAX)
     }
 
     /// Stops admitting: later submissions get [`ServeError::ShuttingDown`]; admitted jobs run.

@@ -93,6 +93,7 @@ pub fn next_turn(
         tools: conversation.tools.clone(),
         tool_choice: ToolChoice::Auto,
         response_format: ResponseFormat::Text,
+        parallel_tool_calls: conversation.parallel_tool_calls,
     };
     chat::render(tokenizer, &history).ok()
 }

@@ -1,22 +1,35 @@
-//! Request validation, in one place: every limit a job must meet before it is queued, so a
-//! refused request costs nothing and every transport refuses the same things with the same
-//! words.
+//! Request validation: every limit a job must meet before it is queued, so a refused request
+//! costs nothing and every transport refuses the same things with the same words. The one
+//! exception is a range an API documents differently from the engine's (Anthropic's
+//! `temperature` ends at 1, OpenAI's at 2): `k3d`'s `http/request.rs` checks those first, so
+//! the refusal names that API's parameter; what it lets through is checked here again.
 //!
 //! The engine's own rules ([`GenerateRequest::validate`]: ids in the vocabulary, sampling
 //! ranges, speculate, the engine's absolute `max_tokens` limit) run here too, at submission;
-//! on top of them come the limits of a shared daemon: prompt length, the daemon's `max_tokens`
-//! cap (well below the context: one request must not hold the machine for hours), stop lists
-//! (matched after every token), and prompt + `max_tokens` within the model's advertised
-//! context (`max_position_embeddings`, spec §2.2).
+//! on top of them come the limits of a shared daemon: prompt length, stop lists (matched after
+//! every token), and a prompt that leaves room in the model's advertised context
+//! (`max_position_embeddings`, spec §2.2).
+//!
+//! `max_tokens` is a ceiling the client sets, not a promise k3d must refuse to break: as on
+//! OpenAI's API, unset means "as much as the context allows" (for a chat; a plain continuation,
+//! which has no end of its own, keeps [`DEFAULT_MAX_TOKENS`]), and any value is clamped to the
+//! daemon's cap (`--max-tokens-cap`: well below the context, so one request cannot hold the
+//! machine for hours) and to the room the prompt leaves in the context. Agents send large
+//! values (Claude Code 32,000) and never expect a 400 for them; the reply's finish reason
+//! (`length`) and usage say where it stopped.
 
+use std::sync::{Arc, OnceLock};
+
+use crate::constrain::{self, ReplyRules, Vocab};
 use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
-use crate::tokenizer::chat::{self, Conversation, Role, Thinking};
+use crate::tokenizer::chat::{self, Conversation};
 use crate::tokenizer::{Specials, Tokenizer};
 
 /// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
 /// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
 pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
-/// `max_tokens` when the request leaves it unset (capped by [`Limits::max_tokens_cap`]).
+/// `max_tokens` of a plain continuation (no chat template) that leaves it unset (capped by
+/// [`Limits::max_tokens_cap`]); a chat left unset runs up to the cap.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 /// Default daemon-side cap on `max_tokens`: 4,096 new tokens is minutes of decoding on a
 /// streamed model, not the hours the 1,048,576-token context would allow.
@@ -26,6 +39,12 @@ pub const DEFAULT_MAX_TOKENS_CAP: usize = 4096;
 pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_STRING_BYTES: usize = 256;
 pub const MAX_STOP_IDS: usize = 256;
+/// Ids a chat reply may spend in its think channel when neither the request nor the daemon
+/// (`--thinking-budget`) says otherwise; then the think channel is closed and the model
+/// answers. On a CPU at seconds per token (4 s/token reading 25.8 GB per token with the trunk
+/// resident; far more on a small budget), 512 ids of thinking are already half an hour before
+/// the first word of the answer — `docs/decoding.md` argues the number.
+pub const DEFAULT_THINKING_BUDGET: usize = 512;
 
 /// The daemon's request limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +53,9 @@ pub struct Limits {
     pub max_tokens_cap: usize,
     /// Draft ids per speculative step for requests that leave it unset (`--speculate`).
     pub speculate: usize,
+    /// Think-channel ids of a chat reply whose request leaves it unset (`--thinking-budget`);
+    /// `None` = unbounded.
+    pub thinking_budget: Option<usize>,
     /// Most prompt tokens one request may have, counted after rendering
     /// (`--max-prompt-tokens`).
     pub max_prompt_tokens: usize,
@@ -44,6 +66,7 @@ impl Default for Limits {
         Limits {
             max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
             speculate: 0,
+            thinking_budget: Some(DEFAULT_THINKING_BUDGET),
             max_prompt_tokens: MAX_PROMPT_TOKENS,
         }
     }
@@ -66,7 +89,8 @@ pub enum Prompt {
 #[derive(Debug, Clone)]
 pub struct Request {
     pub prompt: Prompt,
-    /// New tokens at most; `None` = [`DEFAULT_MAX_TOKENS`] (or the cap, if lower).
+    /// New tokens at most, clamped to the cap and to the context's room; `None` = up to the
+    /// cap for a chat, [`DEFAULT_MAX_TOKENS`] for a plain continuation.
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
     /// Logit bias and penalties, applied before each id is chosen.
@@ -75,6 +99,9 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
     pub speculate: Option<usize>,
+    /// Most ids of a chat reply's think channel before it is closed and the model answers;
+    /// `None` = the daemon's default ([`Limits::thinking_budget`]).
+    pub thinking_budget: Option<usize>,
     /// The session this request continues and updates.
     pub session: Option<String>,
     /// Continue from the longest kept state of the same caller that prefixes the prompt, and
@@ -94,6 +121,7 @@ impl Request {
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
             speculate: None,
+            thinking_budget: None,
             session: None,
             reuse: false,
         }
@@ -117,28 +145,22 @@ pub enum Invalid {
     Tokenize(String),
     #[error("the conversation has no messages")]
     NoMessages,
-    #[error(
-        "the conversation ends with an assistant message; the last must be user, system or tool"
-    )]
-    EndsWithAssistant,
     #[error("cannot render the conversation: {0}")]
     Render(String),
+    /// `tool_choice` / `response_format` cannot be enforced (a schema outside the supported
+    /// subset, or one no value satisfies), naming the field and the schema path.
+    #[error("cannot constrain the reply: {0}")]
+    Constraint(#[from] constrain::ConstraintError),
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
     TooManyStopIds { given: usize },
     #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
     TooManyStopStrings { given: usize },
     #[error("a stop string of {bytes} bytes: at most {MAX_STOP_STRING_BYTES} are accepted")]
     StopStringTooLong { bytes: usize },
-    #[error("max_tokens {asked} exceeds this daemon's cap {cap} (--max-tokens-cap)")]
-    MaxTokensOverCap { asked: usize, cap: usize },
     #[error(
-        "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the model's context of {context} tokens"
+        "the prompt ({prompt} tokens) fills the model's context of {context} tokens: no room is left for a reply"
     )]
-    ContextExceeded {
-        prompt: usize,
-        max_tokens: usize,
-        context: usize,
-    },
+    ContextFull { prompt: usize, context: usize },
     /// Refused by the engine when the job started (e.g. a session state the prompt does not
     /// extend).
     #[error("{0}")]
@@ -150,7 +172,8 @@ pub enum Invalid {
 pub enum Kind {
     /// A plain continuation: every id is [`super::Channel::Text`].
     Text,
-    /// A chat reply: `thinking` says whether it opens in the reasoning channel (spec §8.4).
+    /// A chat reply: `thinking` says whether it opens in the reasoning channel (spec §8.4;
+    /// [`Conversation::reply_opens_thinking`]).
     Chat { thinking: bool },
 }
 
@@ -172,9 +195,21 @@ pub struct ModelLimits {
     pub context: usize,
 }
 
+/// The vocabulary as constrained decoding sees it, built on the first request that needs it
+/// and shared by all later ones.
+#[derive(Default)]
+pub struct VocabCache(OnceLock<Arc<Vocab>>);
+
+impl VocabCache {
+    fn get(&self, tokenizer: &Tokenizer) -> &Arc<Vocab> {
+        self.0.get_or_init(|| Arc::new(Vocab::new(tokenizer)))
+    }
+}
+
 /// Turns a transport's request into the engine's, refusing whatever breaks a rule.
 pub fn validate(
     tokenizer: &Tokenizer,
+    vocab: &VocabCache,
     model: ModelLimits,
     limits: &Limits,
     request: Request,
@@ -187,9 +222,11 @@ pub fn validate(
         mut stop_ids,
         stop_strings,
         speculate,
+        thinking_budget,
         session: _,
         reuse: _,
     } = request;
+    let mut guide = None;
     let too_long = |tokens| Invalid::PromptTooLong {
         tokens,
         limit: limits.max_prompt_tokens,
@@ -209,6 +246,11 @@ pub fn validate(
                     .map_err(too_long)?;
             // The reply ends where the model ends its turn (spec §8.4).
             stop_ids.extend(tokenizer.end_of_turn_ids());
+            let rules = ReplyRules {
+                thinking,
+                budget: thinking_budget.or(limits.thinking_budget),
+            };
+            guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)?;
             (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };
@@ -231,32 +273,30 @@ pub fn validate(
     {
         return Err(Invalid::StopStringTooLong { bytes: s.len() });
     }
+    let room = model.context.saturating_sub(prompt.len());
+    if room == 0 {
+        return Err(Invalid::ContextFull {
+            prompt: prompt.len(),
+            context: model.context,
+        });
+    }
+    let asked = max_tokens.unwrap_or(match kind {
+        Kind::Text => DEFAULT_MAX_TOKENS,
+        Kind::Chat { .. } => usize::MAX,
+    });
     let request = GenerateRequest {
-        max_tokens: max_tokens.unwrap_or(DEFAULT_MAX_TOKENS.min(limits.max_tokens_cap)),
+        max_tokens: asked.min(limits.max_tokens_cap).min(room),
         sampling,
         stop_ids,
         stop_strings,
         record_logits: false,
         speculate: speculate.unwrap_or(limits.speculate),
         transform,
-        guide: None,
+        guide: guide.map(|g| g as Arc<dyn crate::engine::guide::Guide>),
         prompt,
         keep_at: Vec::new(),
     };
     request.validate(model.vocab_size)?;
-    if request.max_tokens > limits.max_tokens_cap {
-        return Err(Invalid::MaxTokensOverCap {
-            asked: request.max_tokens,
-            cap: limits.max_tokens_cap,
-        });
-    }
-    if request.prompt.len() + request.max_tokens > model.context {
-        return Err(Invalid::ContextExceeded {
-            prompt: request.prompt.len(),
-            max_tokens: request.max_tokens,
-            context: model.context,
-        });
-    }
     Ok(Validated {
         request,
         kind,
@@ -269,20 +309,21 @@ pub fn validate(
 type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
 
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
-/// assistant message the reply continues, keeping at most `limit` ids (a longer one is only
-/// counted, so its memory stays bounded).
+/// assistant message the reply continues (a new one, or the final message when it is
+/// continued), keeping at most `limit` ids (a longer one is only counted, so its memory stays
+/// bounded).
 pub fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
     limit: usize,
 ) -> Result<RenderedChat, Invalid> {
-    match conversation.messages.last().map(|m| m.role) {
-        None => return Err(Invalid::NoMessages),
-        Some(Role::Assistant) => return Err(Invalid::EndsWithAssistant),
-        Some(_) => {}
+    if conversation.messages.is_empty() {
+        return Err(Invalid::NoMessages);
     }
+    // A conversation that ends with an assistant message gets a new assistant turn (OpenAI's
+    // and vLLM's reading), unless that message is marked to be continued (`partial`).
     conversation.generation_prompt = true;
-    let thinking = matches!(conversation.thinking, Thinking::On(_));
+    let thinking = conversation.reply_opens_thinking();
     match chat::render_limited(tokenizer, &conversation, limit)
         .map_err(|e| Invalid::Render(e.to_string()))?
     {

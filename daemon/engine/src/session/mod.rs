@@ -6,12 +6,14 @@
 //! * [`dir`] — the session directory, trusted only when it is the daemon's own.
 //! * [`file`] — the on-disk format (fingerprinted, checksummed, written atomically).
 //! * [`store`] — the [`SessionStore`]: ownership, one user at a time, the memory allowance
-//!   with least-recently-used spilling to the session directory, and reloading on demand.
+//!   with least-recently-used spilling to the session directory, and reloading on demand;
+//!   its refusals ([`SessionStoreError`]) are worded in `error.rs`.
 //!
 //! KDA state cannot be truncated (spec §5.2), so a snapshot is reused only when its whole
 //! history is an exact prefix of the prompt; there is no partial reuse.
 
 pub mod dir;
+mod error;
 pub mod file;
 pub mod snapshot;
 pub mod store;

@@ -58,6 +58,13 @@ pub struct Controls {
     pub eos: u32,
 }
 
+impl Controls {
+    /// Whether `id` is one of the structural ids.
+    pub fn contains(&self, id: u32) -> bool {
+        [self.open, self.close, self.sep, self.end_of_msg, self.eos].contains(&id)
+    }
+}
+
 /// A loaded K3-format tokenizer: BPE ranks, then `ADDED_SLOTS` added tokens.
 pub struct Tokenizer {
     ranks: FxHashMap<Vec<u8>, u32>,
@@ -151,6 +158,11 @@ impl Tokenizer {
     /// Number of BPE ranks; added-token ids start here.
     pub fn rank_count(&self) -> usize {
         self.tokens.len() - ADDED_SLOTS as usize
+    }
+
+    /// The id of the one-byte token `b` (every byte has one, spec §7.4).
+    pub fn byte_id(&self, b: u8) -> u32 {
+        self.byte_rank[b as usize]
     }
 
     /// The bytes an id decodes to (an added token's content as UTF-8).

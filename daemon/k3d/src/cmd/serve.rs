@@ -64,10 +64,16 @@ pub struct Args {
     /// for N drafts.
     #[arg(long)]
     speculate: Option<usize>,
-    /// Most new tokens one request may ask for (`max_tokens`); more is refused as invalid, so
-    /// one request cannot hold the machine for hours [default: 4096].
+    /// Most new tokens one request generates: a larger `max_tokens` is clamped to it, and a chat
+    /// that leaves `max_tokens` unset runs up to it, so one request cannot hold the machine for
+    /// hours [default: 4096].
     #[arg(long)]
     max_tokens_cap: Option<usize>,
+    /// Ids a chat reply may think (its think channel) before k3d closes the thinking and the
+    /// model answers, for requests that do not set their own budget; `none` = unbounded
+    /// [default: 512].
+    #[arg(long, value_name = "N|none", value_parser = parse_thinking_budget)]
+    thinking_budget: Option<ThinkingBudget>,
     /// Most prompt tokens one request may have, counted after rendering (a chat's tools and
     /// template included); a longer prompt is refused, naming this limit, before anything is
     /// computed. The memory plan sizes every conversation state for it plus --max-tokens-cap
@@ -147,6 +153,8 @@ struct ConfigFile {
     cache_gb: Option<f64>,
     speculate: Option<usize>,
     max_tokens_cap: Option<usize>,
+    /// A number of ids, or "none" (unbounded), as `--thinking-budget`.
+    thinking_budget: Option<ThinkingBudget>,
     max_prompt_tokens: Option<usize>,
     stall_timeout: Option<f64>,
     session_dir: Option<PathBuf>,
@@ -164,6 +172,35 @@ struct ConfigFile {
     handshake_timeout: Option<f64>,
     idle_timeout: Option<f64>,
     body_timeout: Option<f64>,
+}
+
+/// `--thinking-budget` / `thinking_budget`: a number of ids, or `none` for unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ThinkingBudget(Option<usize>);
+
+fn parse_thinking_budget(s: &str) -> Result<ThinkingBudget, String> {
+    match s {
+        "none" => Ok(ThinkingBudget(None)),
+        n => n
+            .parse()
+            .map(|n| ThinkingBudget(Some(n)))
+            .map_err(|_| format!("{s:?}: give a number of ids or `none`")),
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ThinkingBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Ids(usize),
+            Word(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Ids(n) => Ok(ThinkingBudget(Some(n))),
+            Given::Word(w) => parse_thinking_budget(&w).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// `ram_gb = 120` or `ram_gb = "laptop"`.
@@ -397,6 +434,10 @@ pub fn run(args: Args) -> CliResult {
         ));
     }
     crate::http::check_exposure(&http, !keys.is_empty()).map_err(usage)?;
+    let start_warnings: Vec<String> = match &args.config {
+        Some(path) if !keys.is_empty() => keys_file_exposure(path).into_iter().collect(),
+        _ => Vec::new(),
+    };
     let body_limit = file
         .http_body_limit
         .unwrap_or(crate::http::DEFAULT_BODY_LIMIT);
@@ -452,6 +493,10 @@ pub fn run(args: Args) -> CliResult {
         limits: k3_engine::serve::Limits {
             max_tokens_cap,
             speculate,
+            thinking_budget: match args.thinking_budget.or(file.thinking_budget) {
+                Some(ThinkingBudget(budget)) => budget,
+                None => Some(k3_engine::serve::validate::DEFAULT_THINKING_BUDGET),
+            },
             max_prompt_tokens: prompt_limit.tokens,
         },
         prompt_limit: prompt_limit.why,
@@ -467,6 +512,7 @@ pub fn run(args: Args) -> CliResult {
             total: connection_total,
             handshake,
         },
+        start_warnings,
     })
 }
 
@@ -582,9 +628,62 @@ fn connection_budget(model: &Path) -> Result<usize, CliError> {
     Ok(net::gate::descriptor_budget(limit, shards))
 }
 
+/// A warning when the config file holding `http_api_keys` can be read by other users (its
+/// group or everyone): anyone who reads a key is that caller to the daemon — its limits, its
+/// kept conversation states (issue 35 point 9). Not a refusal: the owner may mean it (a group
+/// of admins), and the daemon already runs with it; the log says which file and mode to fix.
+fn keys_file_exposure(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    let readers = match (mode & 0o040 != 0, mode & 0o004 != 0) {
+        (_, true) => "every user",
+        (true, false) => "its group",
+        (false, false) => return None,
+    };
+    Some(format!(
+        "--config {} holds http_api_keys and is readable by {readers} (mode {mode:04o}); \
+         anyone who reads a key is that caller: chmod 600 it",
+        path.display()
+    ))
+}
+
 /// The model's id in the HTTP API: the checkpoint directory's name (`tiny`, `Kimi-K3`).
 fn model_id(dir: &Path) -> String {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     dir.file_name()
         .map_or_else(|| "k3".to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keys_file_exposure;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_keys_file_others_can_read_is_named_with_its_mode() {
+        let dir = tempfile::tempdir().expect("a scratch directory");
+        let path = dir.path().join("k3d.toml");
+        std::fs::write(&path, "http_api_keys = [\"secret\"]\n").expect("write the config");
+        let set = |mode| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        for (mode, readers) in [
+            (0o644, "every user"),
+            (0o640, "its group"),
+            (0o604, "every user"),
+        ] {
+            set(mode);
+            let warning = keys_file_exposure(&path).expect("a warning");
+            assert!(
+                warning.contains(&path.display().to_string())
+                    && warning.contains(&format!("mode {mode:04o}"))
+                    && warning.contains(readers),
+                "{warning}"
+            );
+        }
+        for private in [0o600, 0o400, 0o620, 0o700] {
+            set(private);
+            assert_eq!(keys_file_exposure(&path), None, "mode {private:o}");
+        }
+    }
 }

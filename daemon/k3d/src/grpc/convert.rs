@@ -39,6 +39,8 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         stop_ids: o.stop_ids,
         stop_strings: o.stop_strings,
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
+        // Chat sets it (`ChatRequest.thinking_budget`); text has no think channel.
+        thinking_budget: None,
         session: (!session.is_empty()).then_some(session),
         // gRPC clients keep state explicitly, in named sessions.
         reuse: false,
@@ -100,11 +102,22 @@ pub fn conversation(req: &pb::ChatRequest) -> Result<Conversation, Status> {
             .enumerate()
             .map(|(i, t)| tool(i, t))
             .collect::<Result<_, _>>()?,
-        tool_choice: match pb::ToolChoice::try_from(req.tool_choice) {
-            Ok(pb::ToolChoice::Auto) => ToolChoice::Auto,
-            Ok(pb::ToolChoice::None) => ToolChoice::None,
-            Ok(pb::ToolChoice::Required) => ToolChoice::Required,
-            Err(_) => {
+        tool_choice: match (
+            pb::ToolChoice::try_from(req.tool_choice),
+            req.tool_choice_function.as_str(),
+        ) {
+            (Ok(pb::ToolChoice::Auto | pb::ToolChoice::Required), name) if !name.is_empty() => {
+                ToolChoice::Function(name.to_owned())
+            }
+            (Ok(pb::ToolChoice::Auto), _) => ToolChoice::Auto,
+            (Ok(pb::ToolChoice::None), "") => ToolChoice::None,
+            (Ok(pb::ToolChoice::Required), _) => ToolChoice::Required,
+            (Ok(pb::ToolChoice::None), _) => {
+                return Err(Status::invalid_argument(
+                    "tool_choice_function names a function but tool_choice is NONE",
+                ));
+            }
+            (Err(_), _) => {
                 return Err(Status::invalid_argument(format!(
                     "unknown tool_choice {}",
                     req.tool_choice
@@ -112,6 +125,7 @@ pub fn conversation(req: &pb::ChatRequest) -> Result<Conversation, Status> {
             }
         },
         response_format: response_format(req)?,
+        parallel_tool_calls: !req.single_tool_call,
     })
 }
 

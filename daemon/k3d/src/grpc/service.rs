@@ -107,11 +107,11 @@ impl pb::engine_server::Engine for Service {
         let uid = peer_uid(&req);
         let req = req.into_inner();
         let conversation = convert::conversation(&req)?;
-        self.admit(
-            uid,
-            convert::request(Prompt::Chat(conversation), req.options, req.session),
-        )
-        .await
+        let request = k3_engine::serve::Request {
+            thinking_budget: req.thinking_budget.map(|n| n as usize),
+            ..convert::request(Prompt::Chat(conversation), req.options, req.session)
+        };
+        self.admit(uid, request).await
     }
 
     async fn tokenize(

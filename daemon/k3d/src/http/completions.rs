@@ -145,8 +145,9 @@ fn tool_call_delta(d: &ToolCallDelta) -> Value {
     }
 }
 
-/// A malformed chat reply (spec §8.4) is reported, never repaired: `finish_reason` is
-/// `"error"` and `k3_malformed` says where the grammar broke, with the raw output.
+/// A malformed chat reply (spec §8.4) is reported, never repaired: its content is what was
+/// read before the break, its `finish_reason` a standard one, and `k3_malformed` says where the
+/// grammar broke, with the raw output.
 fn malformed(choice: &mut Value, finish: &Finish) {
     if let Some(m) = &finish.malformed {
         choice["k3_malformed"] = json!({"error": m.error, "raw": m.raw});
@@ -184,6 +185,10 @@ pub async fn complete(
             request,
             shape == CompletionKind::Chat,
             param,
+            match shape {
+                CompletionKind::Chat => "POST /v1/chat/completions",
+                CompletionKind::Text => "POST /v1/completions",
+            },
         )?;
         Ok((common, reader))
     })

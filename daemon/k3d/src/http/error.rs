@@ -129,7 +129,12 @@ impl ApiError {
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
                 };
             }
-            ServeError::Invalid(_) => {
+            ServeError::Invalid(invalid) => {
+                // A constraint names its own field (`tools`, `tool_choice`, `response_format`).
+                let param = match invalid {
+                    Invalid::Constraint(c) => Some(c.field()),
+                    _ => param,
+                };
                 return ApiError {
                     param: param.map(str::to_string),
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
@@ -254,6 +259,10 @@ impl ApiError {
     /// The response with `body`, telling the client when to retry a 429 or 503.
     fn respond(&self, body: serde_json::Value) -> Response {
         let mut response = (self.status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(Reason(match &self.param {
+            Some(param) => format!("{param}: {}", self.message),
+            None => self.message.clone(),
+        }));
         if self.retry_later() {
             response
                 .headers_mut()
@@ -262,6 +271,11 @@ impl ApiError {
         response
     }
 }
+
+/// Why a request was refused, carried on the response for the daemon's log line
+/// ([`super::error_log`]): the field at fault and the message the client was sent.
+#[derive(Clone)]
+pub struct Reason(pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

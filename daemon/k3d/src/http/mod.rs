@@ -3,7 +3,8 @@
 //! mapping onto the same serve core (`k3_engine::serve::Core`: validation, admission queue,
 //! batching, sessions), exactly as the gRPC service is.
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`
+//! ([`responses`], what Codex speaks), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`, and Anthropic's `POST /v1/messages` and
 //! `POST /v1/messages/count_tokens` ([`anthropic`], issue 15 point 9); anything else is a 404 in
 //! OpenAI's error shape.
@@ -16,10 +17,14 @@
 pub mod anthropic;
 mod completions;
 mod error;
+mod error_log;
 mod listen;
 mod metrics;
+#[cfg(test)]
+mod replay;
 mod reply;
 pub mod request;
+pub mod responses;
 mod server;
 mod stream;
 
@@ -32,6 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use error::ApiError;
+use k3_engine::echo::Echo;
 use k3_engine::serve::{Caller, Core, Health, Reservation, Turn};
 use serde_json::json;
 use server::Connection;
@@ -68,6 +74,8 @@ pub struct App {
     /// When the daemon started (`/v1/models`' `created`).
     created: u64,
     metrics: metrics::Metrics,
+    /// Error answers in the daemon's log, rate-limited.
+    errors: error_log::ErrorLog,
 }
 
 impl App {
@@ -80,6 +88,7 @@ impl App {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             metrics,
+            errors: error_log::ErrorLog::new(),
         })
     }
 
@@ -120,6 +129,10 @@ pub fn router(app: Arc<App>) -> Router {
             }),
         )
         .route(
+            "/v1/responses",
+            post(|State(app): State<Arc<App>>, request| responses::responses(app, request)),
+        )
+        .route(
             "/v1/messages",
             post(|State(app): State<Arc<App>>, request| anthropic::messages(app, request)),
         )
@@ -148,6 +161,11 @@ async fn guard(
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_string();
+    // The log names the route (an unmatched path as the client sent it: quoted, bounded).
+    let called = match request.extensions().get::<MatchedPath>() {
+        Some(route) => format!("{} {}", request.method(), route.as_str()),
+        None => format!("{} {}", request.method(), Echo(request.uri().path())),
+    };
     let mut request = request;
     let authorised = authorise(&app, peer, request.headers(), &endpoint).and_then(|caller| {
         // Issue 35 point 1: a keyed caller is one peer per key, whatever address it uses.
@@ -185,6 +203,14 @@ async fn guard(
         }
     };
     app.metrics.request(&endpoint, response.status().as_u16());
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        let reason = response.extensions().get::<error::Reason>().map_or_else(
+            || status.canonical_reason().unwrap_or("no reason given"),
+            |r| r.0.as_str(),
+        );
+        app.errors.answered(&called, status, reason);
+    }
     response
 }
 
@@ -336,11 +362,18 @@ where
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
 fn model_entry(app: &App) -> serde_json::Value {
+    // The limits clients size requests by (issue 34 point 4): the context under the names
+    // OpenRouter/aider (`context_length`) and vLLM (`max_model_len`) read, and the daemon's
+    // cap on new tokens per reply (a larger `max_tokens` is clamped to it, never refused).
+    let context = app.core.context_length();
     let mut entry = json!({
         "id": app.settings.model_id,
         "object": "model",
         "created": app.created,
         "owned_by": "k3d",
+        "context_length": context,
+        "max_model_len": context,
+        "max_tokens_cap": app.core.limits().max_tokens_cap,
         // The longest prompt a request may have, after rendering (--max-prompt-tokens).
         "max_prompt_tokens": app.core.limits().max_prompt_tokens,
     });

@@ -11,7 +11,7 @@ use k3_engine::engine::request::{LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT
 use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
-    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -90,10 +90,43 @@ pub struct Common {
     pub stop_strings: Vec<String>,
     /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
     pub prefix_reuse: bool,
+    /// How long the reply may think before k3d closes its thinking; `None` = the daemon's
+    /// default (`--thinking-budget`).
+    pub thinking_budget: Option<Budget>,
     /// The name a caller gives itself for caching (OpenAI's `prompt_cache_key`, Anthropic's
     /// `metadata.user_id`): narrows a keyed caller's kept states
     /// ([`k3_engine::serve::Caller::scoped`]).
     pub cache_scope: Option<String>,
+}
+
+/// A thinking budget as a request states it (issue 34.4): on a CPU at seconds per token,
+/// unbounded thinking is the worst wait there is, so every API's knob becomes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// A number of tokens (Anthropic's `thinking.budget_tokens`).
+    Tokens(usize),
+    /// An effort level (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`): its
+    /// share of the daemon's budget, [`Budget::tokens`].
+    Effort(Effort),
+}
+
+impl Budget {
+    /// The budget in tokens, given the daemon's (`None`: thinking unbounded). An effort takes
+    /// a share of the daemon's: `low` a quarter, `high` half, `max` all of it — so the levels
+    /// keep their order whatever the operator chose, and unbounded stays unbounded.
+    pub fn tokens(self, daemon: Option<usize>) -> Option<usize> {
+        match self {
+            Budget::Tokens(n) => Some(n),
+            Budget::Effort(effort) => daemon.map(|d| {
+                let share = match effort {
+                    Effort::Low => d / 4,
+                    Effort::High => d / 2,
+                    Effort::Max => d,
+                };
+                share.max(1)
+            }),
+        }
+    }
 }
 
 impl Common {
@@ -179,6 +212,7 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
         transform: logit_transform(f)?,
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        thinking_budget: None,
         cache_scope: f.get::<String>("prompt_cache_key")?,
     })
 }
@@ -266,7 +300,7 @@ pub struct ChatParams {
 }
 
 pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
-    let common = common(f, &["max_completion_tokens", "max_tokens"])?;
+    let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
     let raw: Vec<Value> = f.require("messages")?;
     if raw.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` is empty"));
@@ -277,14 +311,22 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, !tools.is_empty())?;
+    let tool_choice = tool_choice(f, &tools)?;
+    let thinking = thinking(f)?;
+    // An effort the client chose bounds the thinking by its share of the daemon's budget;
+    // without one the daemon's budget applies.
+    if let (Thinking::On(Some(effort)), Some(_)) = (thinking, f.get::<String>("reasoning_effort")?)
+    {
+        common.thinking_budget = Some(Budget::Effort(effort));
+    }
     let conversation = Conversation {
         messages,
-        thinking: thinking(f)?,
+        thinking,
         generation_prompt: true,
         tools,
         tool_choice,
         response_format: response_format(f)?,
+        parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
     Ok(ChatParams {
         request: common.request(Prompt::Chat(conversation)),
@@ -295,40 +337,48 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     f.list("tools", |i, t| {
-        let at = |field: &str| format!("tools[{i}]{field}");
+        let at = format!("tools[{i}]");
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(ApiError::invalid(
-                at(".type"),
+                format!("{at}.type"),
                 "k3 declares function tools only (`\"type\": \"function\"`)",
             ));
         }
-        let function = t
-            .get("function")
-            .filter(|v| v.is_object())
-            .ok_or_else(|| ApiError::invalid(at(".function"), "a tool needs `function`"))?;
-        let name: String = value(&at(".function.name"), function.get("name"))?
-            .ok_or_else(|| ApiError::invalid(at(".function.name"), "a tool needs a name"))?;
-        if name.is_empty() {
-            return Err(ApiError::invalid(at(".function.name"), "the name is empty"));
-        }
-        let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
-        if parameters.as_ref().is_some_and(|p| !p.is_object()) {
-            return Err(ApiError::invalid(
-                at(".function.parameters"),
-                "`parameters` must be a JSON schema object",
-            ));
-        }
-        Ok(Tool {
-            name,
-            description: value(&at(".function.description"), function.get("description"))?,
-            parameters,
-        })
+        let function = t.get("function").filter(|v| v.is_object()).ok_or_else(|| {
+            ApiError::invalid(format!("{at}.function"), "a tool needs `function`")
+        })?;
+        function_tool(&format!("{at}.function"), function)
     })
 }
 
-/// `tool_choice`: `"auto"`, `"none"` or `"required"`. A named function has no counterpart in
-/// the template (spec §8.2), so it is refused rather than rendered as something weaker.
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+/// A function's declaration, `{"name", "description", "parameters"}` at `at` (chat completions
+/// nest it under `function`, the Responses API does not).
+pub fn function_tool(at: &str, function: &Value) -> Result<Tool, ApiError> {
+    let name: String = value(&format!("{at}.name"), function.get("name"))?
+        .ok_or_else(|| ApiError::invalid(format!("{at}.name"), "a tool needs a name"))?;
+    if name.is_empty() {
+        return Err(ApiError::invalid(format!("{at}.name"), "the name is empty"));
+    }
+    let parameters = function.get("parameters").filter(|p| !p.is_null()).cloned();
+    if parameters.as_ref().is_some_and(|p| !p.is_object()) {
+        return Err(ApiError::invalid(
+            format!("{at}.parameters"),
+            "`parameters` must be a JSON schema object",
+        ));
+    }
+    Ok(Tool {
+        name,
+        description: value(&format!("{at}.description"), function.get("description"))?,
+        parameters,
+    })
+}
+
+/// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function
+/// (`{"type": "function", "function": {"name"}}`); `required` and a named function are
+/// enforced by constrained decoding (the reply is a call, of that function). The Responses
+/// API names the function flat (`{"type": "function", "name"}`): both shapes are read.
+pub fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
+    let has_tools = !tools.is_empty();
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -342,11 +392,27 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
                 ));
             }
         },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a named function cannot be forced with K3's template: use auto, none or required",
-            ));
+        Some(named) => {
+            let name = named
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| named.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| named.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": \
+                         {\"name\": …}}",
+                    )
+                })?;
+            if !has_tools {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice names a function but `tools` is empty",
+                ));
+            }
+            ToolChoice::Function(name.to_owned())
         }
     };
     if choice == ToolChoice::Required && !has_tools {
@@ -355,7 +421,39 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
             "tool_choice \"required\" needs at least one tool in `tools`",
         ));
     }
+    known_function(&choice, tools)?;
     Ok(choice)
+}
+
+/// A `json_schema` format's schema (`param` names it): the template's `json_schema` note.
+pub fn schema_format(param: &str, schema: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    schema
+        .filter(|s| s.is_object())
+        .cloned()
+        .map(ResponseFormat::JsonSchema)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                param,
+                "a json_schema response format needs its schema (an object)",
+            )
+        })
+}
+
+/// A `tool_choice` naming a function not in `tools` is refused by the field it is in, in
+/// both APIs (the core would refuse it too, naming no field).
+pub fn known_function(choice: &ToolChoice, tools: &[Tool]) -> Result<(), ApiError> {
+    match choice {
+        ToolChoice::Function(name) if !tools.iter().any(|t| t.name == *name) => {
+            Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "tool_choice names the function {}, which is not in `tools`",
+                    Echo(name)
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `response_format`: `{"type": "text" | "json_object"}` or
@@ -367,18 +465,10 @@ fn response_format(f: &Fields) -> Result<ResponseFormat, ApiError> {
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
         Some("json_object") => Ok(ResponseFormat::JsonObject),
-        Some("json_schema") => format
-            .get("json_schema")
-            .and_then(|s| s.get("schema"))
-            .filter(|s| s.is_object())
-            .cloned()
-            .map(ResponseFormat::JsonSchema)
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "response_format.json_schema.schema",
-                    "a json_schema response format needs `json_schema.schema` (an object)",
-                )
-            }),
+        Some("json_schema") => schema_format(
+            "response_format.json_schema.schema",
+            format.get("json_schema").and_then(|s| s.get("schema")),
+        ),
         other => Err(ApiError::invalid(
             "response_format.type",
             format!(
@@ -485,6 +575,8 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
         name: text("name")?,
         tool_calls,
         tool_call_id: text("tool_call_id")?,
+        // Kimi's Partial Mode: the final assistant message is continued, not answered.
+        partial: value::<bool>(&at("partial"), m.get("partial"))?.unwrap_or(false),
         ..Message::new(role, content)
     })
 }
@@ -523,15 +615,7 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
                     (Some("text"), None) => {
                         return Err(ApiError::invalid(at, "a text part needs `text`"));
                     }
-                    (other, _) => {
-                        return Err(ApiError::invalid(
-                            at,
-                            format!(
-                                "content part type {}: k3 reads text parts only",
-                                Echo(other.unwrap_or("(none)"))
-                            ),
-                        ));
-                    }
+                    (other, _) => return Err(not_a_text_part(at, other)),
                 }
             }
             Ok(text)
@@ -598,4 +682,15 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
         request: common.request(prompt),
         common,
     })
+}
+
+/// A content part other than text, at `param` (every API's readers refuse it the same way).
+pub fn not_a_text_part(param: impl Into<String>, kind: Option<&str>) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!(
+            "content part type {}: k3 reads text parts only",
+            Echo(kind.unwrap_or("(none)"))
+        ),
+    )
 }

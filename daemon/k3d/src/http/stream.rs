@@ -11,11 +11,11 @@
 
 use super::App;
 use super::error::ApiError;
-use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
+use super::reply::{Finish, OpenAiUsage, Origin, Reader, ReplyPart};
 use super::request::Common;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Request, Turn};
+use k3_engine::serve::{Caller, Prompt, Request, Turn};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -32,7 +32,8 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Queues `request` on the serve core for every route that generates (`chat`: whether its
 /// reasoning is counted), in its reserved place, rendering and tokenising it under `turn`
 /// (called in [`super::prepare`]'s closure, off the async workers); `param` is the field the
-/// core's refusals concern (they name values, not fields).
+/// core's refusals concern (they name values, not fields); `endpoint` (`POST /v1/messages`)
+/// names the route in the request's log line.
 pub fn submit(
     app: &App,
     turn: Turn,
@@ -41,6 +42,7 @@ pub fn submit(
     mut request: Request,
     chat: bool,
     param: &str,
+    endpoint: &'static str,
 ) -> Result<Reader, ApiError> {
     app.check_model(&common.model)?;
     app.check_ready()?;
@@ -48,14 +50,26 @@ pub fn submit(
     // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
     // nothing for a caller nobody vouches for.
     request.reuse = common.prefix_reuse;
+    // A budget the client asked for (tokens, or an effort level's share of the daemon's
+    // `--thinking-budget`); none asked: the daemon's own applies.
+    request.thinking_budget = common
+        .thinking_budget
+        .and_then(|b| b.tokens(app.core.limits().thinking_budget));
     let caller = caller
         .unwrap_or(Caller::Unknown)
         .scoped(common.cache_scope.as_deref());
+    let origin = Origin {
+        endpoint,
+        tools: match &request.prompt {
+            Prompt::Chat(conversation) => conversation.tools.len(),
+            Prompt::Text(_) | Prompt::Ids(_) => 0,
+        },
+    };
     let job = app
         .core
         .submit_turn(turn, caller, request)
         .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
-    Ok(Reader::new(job, chat, &common.stop_strings))
+    Ok(Reader::new(job, chat, &common.stop_strings, origin))
 }
 
 /// Time to first token and decode time per token, for the metrics.

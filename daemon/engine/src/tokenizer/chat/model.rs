@@ -46,7 +46,9 @@ pub struct ToolCall {
 pub struct Message {
     pub role: Role,
     pub content: String,
-    /// Rendered as a `name` attribute; user and system messages only (spec §8.2).
+    /// Rendered as a `name` attribute for user and system messages (spec §8.2). An assistant
+    /// message may carry one (OpenAI's types allow it) but the template has no attribute for
+    /// it there, so it is not rendered.
     pub name: Option<String>,
     /// An assistant turn's thinking-channel text (`reasoning_content`); rendered only with
     /// thinking on.
@@ -55,6 +57,12 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     /// A tool result's call id; tool messages only, and required there.
     pub tool_call_id: Option<String>,
+    /// The final assistant message is continued rather than answered (Kimi's Partial Mode,
+    /// Anthropic's prefilled reply): it is rendered open, in place of the generation prompt,
+    /// and the reply carries on its text — in the response channel, or in the think channel
+    /// when it holds reasoning and no content yet (thinking on). The reply leaves the given
+    /// text out. Only on the last message, an assistant one without tool calls.
+    pub partial: bool,
 }
 
 impl Message {
@@ -66,6 +74,7 @@ impl Message {
             reasoning: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
+            partial: false,
         }
     }
 
@@ -87,10 +96,9 @@ pub struct Tool {
     pub parameters: Option<Value>,
 }
 
-/// OpenAI `tool_choice`. A named function (`{"type": "function", ...}`) has no counterpart in
-/// the template (spec §8.2 step 4 has notes for `required` and `none` only), so it is not
-/// representable: a transport refuses it rather than render something weaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// OpenAI `tool_choice`. `Required` and `Function` are enforced by constrained decoding
+/// (`crate::constrain`): the reply is one or more well-formed calls (of that function only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ToolChoice {
     /// No note: the model decides (OpenAI's default when tools are given).
     #[default]
@@ -99,6 +107,10 @@ pub enum ToolChoice {
     None,
     /// The `tool_choice=required` note; needs at least one tool.
     Required,
+    /// A call of this function (OpenAI `{"type": "function", "function": {"name"}}`,
+    /// Anthropic `{"type": "tool", "name"}`). The template has no note naming a function
+    /// (spec §8.2 step 4), so it renders the `required` note; it must name a declared tool.
+    Function(String),
 }
 
 /// OpenAI `response_format`.
@@ -199,7 +211,7 @@ impl Thinking {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
     pub messages: Vec<Message>,
     pub thinking: Thinking,
@@ -209,6 +221,70 @@ pub struct Conversation {
     pub tools: Vec<Tool>,
     pub tool_choice: ToolChoice,
     pub response_format: ResponseFormat,
+    /// More than one call in a reply (OpenAI `parallel_tool_calls`, default true; Anthropic
+    /// `disable_parallel_tool_use` inverted). Enforced when calls are constrained.
+    pub parallel_tool_calls: bool,
+}
+
+impl Default for Conversation {
+    fn default() -> Self {
+        Conversation {
+            messages: Vec::new(),
+            thinking: Thinking::default(),
+            generation_prompt: false,
+            tools: Vec::new(),
+            tool_choice: ToolChoice::default(),
+            response_format: ResponseFormat::default(),
+            parallel_tool_calls: true,
+        }
+    }
+}
+
+impl Conversation {
+    /// The final message when it is continued (an assistant message with
+    /// [`Message::partial`], rendered open in place of the generation prompt).
+    pub fn continued(&self) -> Option<&Message> {
+        self.messages
+            .last()
+            .filter(|m| self.generation_prompt && m.partial && m.role == Role::Assistant)
+    }
+
+    /// Whether the generated reply begins in the think channel (spec §8.4: after a thinking
+    /// prompt the reasoning comes first); otherwise it begins in the response channel.
+    pub fn reply_opens_thinking(&self) -> bool {
+        match self.continued() {
+            None => self.thinking.is_on(),
+            Some(m) => continues_thinking(self.thinking.is_on(), m),
+        }
+    }
+
+    /// The conversation with `reply` (this conversation's generated reply, as
+    /// [`super::Reply::into_message`] gives it) as history: appended as the next assistant
+    /// message, or, when the final message was continued, merged into it (the given text, then
+    /// the reply's).
+    pub fn with_reply(mut self, reply: Message) -> Conversation {
+        let continued = self.continued().is_some();
+        let opens_thinking = self.reply_opens_thinking();
+        match self.messages.last_mut() {
+            Some(last) if continued => {
+                if opens_thinking {
+                    let reasoning = last.reasoning.get_or_insert_default();
+                    reasoning.push_str(reply.reasoning.as_deref().unwrap_or_default());
+                }
+                last.content.push_str(&reply.content);
+                last.tool_calls = reply.tool_calls;
+                last.partial = false;
+            }
+            _ => self.messages.push(reply),
+        }
+        self
+    }
+}
+
+/// Whether continuing `message` carries on its reasoning (thinking on, reasoning given and no
+/// content yet) rather than its response.
+pub(super) fn continues_thinking(thinking: bool, message: &Message) -> bool {
+    thinking && message.content.is_empty() && message.reasoning.is_some()
 }
 
 /// A request the template cannot render, naming what is wrong and where.
@@ -229,6 +305,8 @@ pub enum ChatError {
     },
     #[error("tool_choice \"required\" needs at least one tool in `tools`")]
     RequiredWithoutTools,
+    #[error("tool_choice names the function {}, which is not in `tools`", Echo(.0))]
+    UnknownFunction(String),
     #[error("thinking effort {} is not one of low, high, max", Echo(.0))]
     BadEffort(String),
     #[error("reasoning_effort {} is not one of none, minimal, low, medium, high, max", Echo(.0))]

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use super::json::{Json, compact_sorted};
+use super::model::continues_thinking;
 use super::model::{ChatError, Conversation, Effort, Message, ResponseFormat, Role, ToolCall};
 use super::model::{Tool, ToolChoice};
 use crate::echo::Echo;
@@ -49,6 +50,13 @@ fn json_schema_text(schema: &str) -> String {
          JSON data without markdown code blocks (```json) or any additional formatting.\nThe \
          JSON data must match the following schema:\n```json\n{schema}\n```"
     )
+}
+
+/// Reasoning as rendered in a think channel: blank reasoning is omitted (spec §8.2).
+fn non_blank(reasoning: Option<&str>) -> &str {
+    reasoning
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_default()
 }
 
 /// `&` first, then `"` (spec §8.1); `<` and `>` stay.
@@ -102,6 +110,38 @@ impl Segments {
         self.open(tag, attrs);
         self.txt(text);
         self.close(tag);
+    }
+
+    /// An assistant message (spec §8.2 step 3): with thinking on its think channel (blank
+    /// reasoning omitted, the channel still rendered), its response, its tool calls.
+    fn assistant(&mut self, thinking: bool, message: &Message) {
+        self.message(&[("role", "assistant")], |s| {
+            if thinking {
+                s.block("think", &[], non_blank(message.reasoning.as_deref()));
+            }
+            s.block("response", &[], &message.content);
+            if !message.tool_calls.is_empty() {
+                s.tool_calls(&message.tool_calls);
+            }
+        });
+    }
+
+    /// A continued final assistant message ([`Message::partial`]), left open where the reply
+    /// carries on: in its think channel when it has reasoning and no content yet (thinking on),
+    /// else in its response channel — the generation prompt (spec §8.2 step 5) with the given
+    /// text already in it.
+    fn open_assistant(&mut self, thinking: bool, message: &Message) {
+        self.open("message", &[("role", "assistant")]);
+        if continues_thinking(thinking, message) {
+            self.open("think", &[]);
+            self.txt(message.reasoning.as_deref().unwrap_or_default());
+            return;
+        }
+        if thinking {
+            self.block("think", &[], non_blank(message.reasoning.as_deref()));
+        }
+        self.open("response", &[]);
+        self.txt(message.content.as_str());
     }
 
     /// A tools block (spec §8.2): per call its arguments, each with its JSON type, or the raw
@@ -175,8 +215,20 @@ fn check_fields(index: usize, m: &Message) -> Result<(), ChatError> {
             ),
         )
     };
-    if m.name.is_some() && !matches!(m.role, Role::System | Role::User) {
-        return Err(misplaced("name", "system and user"));
+    // OpenAI's types give `name` to every role but tool; the template renders it for system
+    // and user messages only (spec §8.2), so an assistant's is accepted and not rendered.
+    if m.name.is_some() && m.role == Role::Tool {
+        return Err(misplaced("name", "system, user and assistant"));
+    }
+    if m.partial && m.role != Role::Assistant {
+        return Err(misplaced("partial", "assistant"));
+    }
+    if m.partial && !m.tool_calls.is_empty() {
+        return Err(ChatError::message(
+            index,
+            "partial",
+            "a continued message cannot carry tool_calls (the reply would follow them)",
+        ));
     }
     if m.reasoning.is_some() && m.role != Role::Assistant {
         return Err(misplaced("reasoning_content", "assistant"));
@@ -269,8 +321,14 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
             &tool_declare_text(&tool_list(&conversation.tools)?),
         );
     }
-    if conversation.tool_choice == ToolChoice::Required && conversation.tools.is_empty() {
-        return Err(ChatError::RequiredWithoutTools);
+    match &conversation.tool_choice {
+        ToolChoice::Required if conversation.tools.is_empty() => {
+            return Err(ChatError::RequiredWithoutTools);
+        }
+        ToolChoice::Function(name) if !conversation.tools.iter().any(|t| &t.name == name) => {
+            return Err(ChatError::UnknownFunction(name.clone()));
+        }
+        _ => {}
     }
     if let super::Thinking::On(Some(effort)) = conversation.thinking {
         out.system_note("thinking-effort", &effort_text(effort));
@@ -290,23 +348,22 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
                 out.message(&attrs, |s| s.txt(message.content.as_str()));
                 calls = None;
             }
+            Role::Assistant if message.partial => {
+                if index + 1 != messages.len() {
+                    return Err(ChatError::message(
+                        index,
+                        "partial",
+                        "only the last message can be continued",
+                    ));
+                }
+                if !conversation.generation_prompt {
+                    out.assistant(thinking, message);
+                }
+                // Otherwise it is rendered open in place of the generation prompt, below.
+                calls = Some(&message.tool_calls);
+            }
             Role::Assistant => {
-                out.message(&[("role", role)], |s| {
-                    if thinking {
-                        let reasoning = message.reasoning.as_deref().unwrap_or_default();
-                        // Blank reasoning is omitted, but the think channel is still rendered.
-                        let reasoning = if reasoning.trim().is_empty() {
-                            ""
-                        } else {
-                            reasoning
-                        };
-                        s.block("think", &[], reasoning);
-                    }
-                    s.block("response", &[], &message.content);
-                    if !message.tool_calls.is_empty() {
-                        s.tool_calls(&message.tool_calls);
-                    }
-                });
+                out.assistant(thinking, message);
                 calls = Some(&message.tool_calls);
             }
             Role::Tool => {
@@ -334,7 +391,11 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
     match conversation.tool_choice {
         ToolChoice::Auto => {}
         ToolChoice::None => out.system_note("tool-choice", TOOL_CHOICE_NONE),
-        ToolChoice::Required => out.system_note("tool-choice", TOOL_CHOICE_REQUIRED),
+        // The template has no note naming a function: `required` is what it says to the
+        // model, and constrained decoding holds the reply to the named function.
+        ToolChoice::Required | ToolChoice::Function(_) => {
+            out.system_note("tool-choice", TOOL_CHOICE_REQUIRED)
+        }
     }
     match &conversation.response_format {
         ResponseFormat::Text => {}
@@ -344,9 +405,13 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
             &json_schema_text(&compact_sorted(schema)),
         ),
     }
-    if conversation.generation_prompt {
-        out.open("message", &[("role", "assistant")]);
-        out.open(if thinking { "think" } else { "response" }, &[]);
+    match conversation.continued() {
+        Some(message) => out.open_assistant(thinking, message),
+        None if conversation.generation_prompt => {
+            out.open("message", &[("role", "assistant")]);
+            out.open(if thinking { "think" } else { "response" }, &[]);
+        }
+        None => {}
     }
     Ok(out.0)
 }

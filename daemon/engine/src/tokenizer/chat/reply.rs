@@ -355,11 +355,6 @@ impl<'t> ReplyReader<'t> {
         }))
     }
 
-    fn is_control(&self, id: u32) -> bool {
-        let c = self.controls;
-        [c.open, c.close, c.sep, c.end_of_msg, c.eos].contains(&id)
-    }
-
     fn step(
         &mut self,
         id: u32,
@@ -370,7 +365,7 @@ impl<'t> ReplyReader<'t> {
         if self.tokenizer.token_bytes(id).is_none() {
             return Err(ReplyError::UnknownId { position, id });
         }
-        let control = self.is_control(id);
+        let control = self.controls.contains(id);
         match &mut self.state {
             ReadState::Failed => Ok(ReplyChannel::Control),
             ReadState::Ended => Err(ReplyError::Trailing { position, id }),

@@ -23,20 +23,34 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let (common, reader) = prepare(&app, reservation, move |app, turn| {
+    let (common, show_thinking, reader) = prepare(&app, reservation, move |app, turn| {
         let fields = Fields::parse(&bytes)?;
-        let (common, core_request) = request::messages(&fields, &bytes)?;
+        let request::Parsed {
+            common,
+            request,
+            show_thinking,
+        } = request::messages(&fields, &bytes)?;
         drop((fields, bytes));
         // The core's refusals name values, not fields: the field they concern is the
         // conversation.
-        let reader = submit(app, turn, caller, &common, core_request, true, "messages")?;
-        Ok::<_, Anthropic>((common, reader))
+        let reader = submit(
+            app,
+            turn,
+            caller,
+            &common,
+            request,
+            true,
+            "messages",
+            "POST /v1/messages",
+        )?;
+        Ok::<_, Anthropic>((common, show_thinking, reader))
     })
     .await?;
     let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: common.model,
+        show_thinking,
     };
     Ok(reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await?)
 }

@@ -23,6 +23,8 @@ pub struct MessageHead {
     /// The core's job id.
     pub request: u64,
     pub model: String,
+    /// `thinking.display` is not `omitted`: the thinking blocks carry their text.
+    pub show_thinking: bool,
 }
 
 /// An Anthropic message. Serialized as a struct, not through `serde_json::Value` (which sorts
@@ -38,6 +40,9 @@ struct AnthropicMessage<'a> {
     stop_reason: Option<&'static str>,
     stop_sequence: Option<&'a str>,
     usage: Value,
+    /// k3's extension: where a reply broke K3's reply grammar, with the raw output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    k3_malformed: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -75,6 +80,7 @@ impl MessageHead {
             stop_reason: end.map(|(reason, _)| reason),
             stop_sequence: end.and_then(|(_, s)| s),
             usage,
+            k3_malformed: None,
         }
     }
 }
@@ -102,21 +108,25 @@ fn usage(u: &OpenAiUsage) -> Value {
     })
 }
 
+/// The `k3_malformed` extension of a reply that broke K3's reply grammar: the error and the
+/// raw output.
+fn malformed(finish: &Finish) -> Option<Value> {
+    finish
+        .malformed
+        .as_ref()
+        .map(|m| json!({"error": m.error, "raw": m.raw}))
+}
+
 /// Anthropic's `stop_reason` and `stop_sequence`. A reply that broke the template's grammar
-/// (spec §8.4) has no Anthropic stop reason: it is reported as an error, never repaired.
-fn ending(finish: &Finish) -> Result<(&'static str, Option<&str>), ApiError> {
-    if let Some(m) = &finish.malformed {
-        return Err(ApiError::internal(format!(
-            "the model's reply broke K3's reply grammar ({}); raw output: {}",
-            m.error, m.raw
-        )));
-    }
-    Ok(match (finish.reason, &finish.stop_string) {
+/// (spec §8.4) ends like any other — its content is what was read before the break — and the
+/// break is reported beside it (`k3_malformed`), never repaired.
+fn ending(finish: &Finish) -> (&'static str, Option<&str>) {
+    match (finish.reason, &finish.stop_string) {
         ("length", _) => ("max_tokens", None),
         ("tool_calls", _) => ("tool_use", None),
         (_, Some(s)) => ("stop_sequence", Some(s.as_str())),
         _ => ("end_turn", None),
-    })
+    }
 }
 
 pub async fn respond(
@@ -153,11 +163,11 @@ fn whole_body(
     text: &str,
     finish: &Finish,
 ) -> Result<String, ApiError> {
-    let end = ending(finish)?;
+    let end = ending(finish);
     let mut content = Vec::new();
     if !reasoning.is_empty() {
         content.push(Block::Thinking {
-            thinking: reasoning,
+            thinking: if head.show_thinking { reasoning } else { "" },
             signature: "",
         });
     }
@@ -165,19 +175,27 @@ fn whole_body(
         content.push(Block::Text { text });
     }
     for call in &finish.tool_calls {
-        let input = RawValue::from_string(call.arguments.clone()).map_err(|e| {
-            ApiError::internal(format!(
-                "tool call {}'s arguments are not JSON: {e}",
-                call.id
-            ))
-        })?;
+        let input = match RawValue::from_string(call.arguments.clone()) {
+            Ok(input) => input,
+            // max_tokens cut the call inside its arguments: a `tool_use` input must be an
+            // object, so the incomplete call is left out and `stop_reason: "max_tokens"` says
+            // why (Anthropic: retry with a larger max_tokens). A stream has sent its deltas.
+            Err(_) if end.0 == "max_tokens" => continue,
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "tool call {}'s arguments are not JSON: {e}",
+                    call.id
+                )));
+            }
+        };
         content.push(Block::ToolUse {
             id: tool_use_id(head.request, &call.id),
             name: &call.name,
             input,
         });
     }
-    let message = head.message(content, Some(end), usage(&finish.usage));
+    let mut message = head.message(content, Some(end), usage(&finish.usage));
+    message.k3_malformed = malformed(finish);
     serde_json::to_string(&message)
         .map_err(|e| ApiError::internal(format!("encoding the message: {e}")))
 }
@@ -226,16 +244,19 @@ impl Blocks {
 }
 
 /// The events one piece of the reply adds: a block's start (closing the open one) and its
-/// delta; for the finish, the last block's stop, `message_delta` and `message_stop`, or an
-/// `error` event for a reply that broke the grammar.
-fn piece_events(blocks: &mut Blocks, request: u64, piece: &ReplyPart) -> Vec<Value> {
+/// delta; for the finish, the last block's stop, `message_delta` (with `k3_malformed` for a
+/// reply that broke the grammar) and `message_stop`.
+fn piece_events(blocks: &mut Blocks, head: &MessageHead, piece: &ReplyPart) -> Vec<Value> {
+    let request = head.request;
     match piece {
         ReplyPart::Reasoning(t) => {
             let mut out = blocks.enter(
                 Open::Thinking,
                 || json!({"type": "thinking", "thinking": "", "signature": ""}),
             );
-            out.push(blocks.delta(json!({"type": "thinking_delta", "thinking": t})));
+            if head.show_thinking {
+                out.push(blocks.delta(json!({"type": "thinking_delta", "thinking": t})));
+            }
             out
         }
         ReplyPart::Content(t) => {
@@ -260,15 +281,15 @@ fn piece_events(blocks: &mut Blocks, request: u64, piece: &ReplyPart) -> Vec<Val
         }
         ReplyPart::Finished(finish) => {
             let mut out: Vec<Value> = blocks.close().into_iter().collect();
-            match ending(finish) {
-                Ok((reason, sequence)) => {
-                    out.push(json!({"type": "message_delta",
-                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                        "usage": usage(&finish.usage)}));
-                    out.push(json!({"type": "message_stop"}));
-                }
-                Err(e) => out.push(e.anthropic_json()),
+            let (reason, sequence) = ending(finish);
+            let mut delta = json!({"type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": usage(&finish.usage)});
+            if let Some(m) = malformed(finish) {
+                delta["k3_malformed"] = m;
             }
+            out.push(delta);
+            out.push(json!({"type": "message_stop"}));
             out
         }
     }
@@ -301,7 +322,7 @@ impl Wire for MessageEvents {
     }
 
     fn piece(&mut self, piece: &ReplyPart) -> Vec<Event> {
-        piece_events(&mut self.blocks, self.head.request, piece)
+        piece_events(&mut self.blocks, &self.head, piece)
             .into_iter()
             .map(named)
             .collect()
@@ -362,6 +383,7 @@ mod tests {
             id: format!("msg_{request}"),
             request,
             model: "tiny".into(),
+            show_thinking: true,
         }
     }
 
@@ -391,7 +413,7 @@ mod tests {
         let mut blocks = Blocks::default();
         let events: Vec<Value> = pieces
             .iter()
-            .flat_map(|p| piece_events(&mut blocks, 7, p))
+            .flat_map(|p| piece_events(&mut blocks, &head(7), p))
             .collect();
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         // Thinking (two deltas), text, a call in three pieces (the first only starts it), a
@@ -450,11 +472,7 @@ mod tests {
                 _ => {}
             }
         }
-        let head = MessageHead {
-            id: "msg_7".into(),
-            request: 7,
-            model: "tiny".into(),
-        };
+        let head = head(7);
         let whole: Value = serde_json::from_str(
             &whole_body(
                 &head,
@@ -488,30 +506,31 @@ mod tests {
     }
 
     #[test]
-    fn stop_reasons_map_and_a_malformed_reply_is_an_error() {
+    fn stop_reasons_map_and_a_malformed_reply_ends_as_usual_with_the_break_reported() {
         let reasons = [
             (finish("length", None), "max_tokens", Value::Null),
             (finish("stop", Some("##")), "stop_sequence", json!("##")),
             (finish("stop", None), "end_turn", Value::Null),
         ];
         for (f, reason, sequence) in reasons {
-            let events = piece_events(&mut Blocks::default(), 1, &ReplyPart::Finished(f));
+            let events = piece_events(&mut Blocks::default(), &head(1), &ReplyPart::Finished(f));
             assert_eq!(events[0]["delta"]["stop_reason"], reason);
             assert_eq!(events[0]["delta"]["stop_sequence"], sequence);
         }
-        let mut broken = finish("error", None);
+        let mut broken = finish("stop", None);
+        broken.tool_calls.clear();
         broken.malformed = Some(k3_engine::serve::Malformed {
             error: "a control id inside an argument".into(),
             raw: "<|open|>tools".into(),
         });
-        let events = piece_events(&mut Blocks::default(), 1, &ReplyPart::Finished(broken));
-        assert_eq!(events[0]["type"], "error");
-        assert_eq!(events[0]["error"]["type"], "api_error");
-        assert!(
-            events[0]["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("<|open|>tools")
+        let events = piece_events(
+            &mut Blocks::default(),
+            &head(1),
+            &ReplyPart::Finished(broken),
         );
+        assert_eq!(events[0]["type"], "message_delta");
+        assert_eq!(events[0]["delta"]["stop_reason"], "end_turn");
+        assert_eq!(events[0]["k3_malformed"]["raw"], "<|open|>tools");
+        assert_eq!(events[1]["type"], "message_stop");
     }
 }

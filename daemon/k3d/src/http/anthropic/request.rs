@@ -9,18 +9,21 @@
 //! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
 
 use crate::http::error::ApiError;
-use crate::http::request::{Common, Fields, no_empty_stop, temperature_and_top_p, value};
+use crate::http::request::{
+    Budget, Common, Fields, known_function, no_empty_stop, schema_format, temperature_and_top_p,
+    value,
+};
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
-    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// The fields that shape the prompt, which `count_tokens` takes too.
-const CONVERSATION_FIELDS: [&str; 8] = [
+const CONVERSATION_FIELDS: [&str; 9] = [
     "model",
     "messages",
     "system",
@@ -28,6 +31,7 @@ const CONVERSATION_FIELDS: [&str; 8] = [
     "tool_choice",
     "thinking",
     "output_config",
+    "context_management",
     "cache_control",
 ];
 
@@ -45,15 +49,25 @@ const GENERATION_FIELDS: [&str; 9] = [
     "prefix_reuse",
 ];
 
-/// `POST /v1/messages`: the options and the core's request.
-pub fn messages(f: &Fields, body: &[u8]) -> Result<(Common, Request), ApiError> {
+/// A `/v1/messages` body read: the options, the core's request, and whether the reasoning's
+/// text is shown (`thinking.display`).
+pub struct Parsed {
+    pub common: Common,
+    pub request: Request,
+    pub show_thinking: bool,
+}
+
+/// `POST /v1/messages`: the options and the core's request. `max_tokens` is required, as on
+/// Anthropic's API; above the daemon's cap it is clamped to it, never refused (the core's
+/// rule), and `stop_reason: "max_tokens"` says when it ended the reply.
+pub fn messages(f: &Fields, body: &[u8]) -> Result<Parsed, ApiError> {
     let known: Vec<&str> = CONVERSATION_FIELDS
         .iter()
         .chain(&GENERATION_FIELDS)
         .copied()
         .collect();
     only(f.object(), "", &known)?;
-    let conversation = conversation(f, body)?;
+    let asked = conversation(f, body)?;
     let max_tokens: usize = f.require("max_tokens")?;
     if max_tokens == 0 {
         return Err(ApiError::invalid(
@@ -80,10 +94,15 @@ pub fn messages(f: &Fields, body: &[u8]) -> Result<(Common, Request), ApiError> 
         transform: LogitTransform::default(),
         stop_strings,
         prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        thinking_budget: asked.thinking_budget,
         cache_scope: f.get::<Metadata>("metadata")?.and_then(|m| m.user_id),
     };
-    let request = common.request(Prompt::Chat(conversation));
-    Ok((common, request))
+    let request = common.request(Prompt::Chat(asked.conversation));
+    Ok(Parsed {
+        common,
+        request,
+        show_thinking: asked.show_thinking,
+    })
 }
 
 /// Anthropic's `metadata`: `user_id` names the caller (Claude Code sends its session there).
@@ -95,7 +114,7 @@ struct Metadata {
 /// `POST /v1/messages/count_tokens`: the model named and the conversation to render.
 pub fn count_tokens(f: &Fields, body: &[u8]) -> Result<(String, Conversation), ApiError> {
     only(f.object(), "", &CONVERSATION_FIELDS)?;
-    Ok((f.require("model")?, conversation(f, body)?))
+    Ok((f.require("model")?, conversation(f, body)?.conversation))
 }
 
 /// Refuses any key of `object` outside `known` (a `null` one counts as absent), naming it
@@ -130,7 +149,17 @@ fn object<'v>(at: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError
         .ok_or_else(|| ApiError::invalid(at, "must be an object"))
 }
 
-fn conversation(f: &Fields, body: &[u8]) -> Result<Conversation, ApiError> {
+/// What a Messages body asks for besides its options: the conversation, K3's thinking budget
+/// for it and whether the reasoning is shown.
+pub struct Asked {
+    pub conversation: Conversation,
+    /// `thinking.budget_tokens`, or the share of the daemon's budget an effort stands for.
+    pub thinking_budget: Option<Budget>,
+    /// `thinking.display: "omitted"` hides the reasoning's text (the blocks stay, empty).
+    pub show_thinking: bool,
+}
+
+fn conversation(f: &Fields, body: &[u8]) -> Result<Asked, ApiError> {
     let raw: Vec<Value> = f.require("messages")?;
     if raw.is_empty() {
         return Err(ApiError::invalid("messages", "`messages` is empty"));
@@ -143,34 +172,136 @@ fn conversation(f: &Fields, body: &[u8]) -> Result<Conversation, ApiError> {
             messages.push(Message::new(Role::System, text));
         }
     }
+    // Where the last user turn is: a system message's per-turn settings apply after it.
+    let last_user = raw
+        .iter()
+        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let mut turn_effort = None;
     for (i, m) in raw.iter().enumerate() {
-        turn(i, m, &inputs, &mut messages)?;
+        let shown = Turn {
+            index: i,
+            later_user: last_user.is_some_and(|u| u > i),
+        };
+        if let Some(effort) = turn(shown, m, &inputs, &mut messages)? {
+            turn_effort = Some(effort);
+        }
     }
-    // Anthropic continues a final assistant turn ("prefill"); K3's generation prompt opens a
-    // new assistant message (spec §8.2 step 5), so that cannot be expressed.
+    // Anthropic continues a final assistant turn (a "prefill"): so does K3's template, with
+    // the message left open (`partial`), and the reply leaves the given text out.
     if raw
         .last()
         .and_then(|m| m.get("role"))
         .and_then(Value::as_str)
         == Some("assistant")
     {
-        return Err(ApiError::invalid(
-            format!("messages[{}]", raw.len() - 1),
-            "the last message is an assistant turn: k3 cannot continue a prefilled reply \
-             (K3's template opens a new assistant message); end with a user turn",
-        ));
+        let at = format!("messages[{}]", raw.len() - 1);
+        let last = messages
+            .last_mut()
+            .ok_or_else(|| ApiError::internal(format!("{at} was not read")))?;
+        if !last.tool_calls.is_empty() {
+            return Err(ApiError::invalid(
+                at,
+                "the last message is an assistant turn with tool_use blocks: their results \
+                 must follow in a user turn",
+            ));
+        }
+        last.partial = true;
     }
+    clear_thinking(f, &mut messages)?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, !tools.is_empty())?;
-    let (thinking, response_format) = output_config(f)?;
-    Ok(Conversation {
-        messages,
-        thinking,
-        generation_prompt: true,
-        tools,
-        tool_choice,
-        response_format,
+    let (tool_choice, parallel_tool_calls) = tool_choice(f, &tools)?;
+    let (thinking, response_format) = output_config(f, turn_effort)?;
+    Ok(Asked {
+        conversation: Conversation {
+            messages,
+            thinking: thinking.thinking,
+            generation_prompt: true,
+            tools,
+            tool_choice,
+            response_format,
+            parallel_tool_calls,
+        },
+        thinking_budget: thinking.budget,
+        show_thinking: thinking.shown,
     })
+}
+
+/// `context_management`: of its edits, `clear_thinking_20251015` decides which past thinking
+/// is rendered — the reasoning of all but the `keep` most recent assistant turns (default 1,
+/// Anthropic's) is left out. Edits that would need the server to rewrite tool results
+/// (`clear_tool_uses_20250919`) or summarise (`compact_20260112`) are refused, naming them.
+fn clear_thinking(f: &Fields, messages: &mut [Message]) -> Result<(), ApiError> {
+    let Some(config) = f.get::<Value>("context_management")? else {
+        return Ok(());
+    };
+    let config = object("context_management", &config)?;
+    only(config, "context_management", &["edits"])?;
+    let edits: Vec<Value> =
+        value("context_management.edits", config.get("edits"))?.unwrap_or_default();
+    for (i, edit) in edits.iter().enumerate() {
+        let at = format!("context_management.edits[{i}]");
+        let edit = object(&at, edit)?;
+        match kind(&at, edit)? {
+            "clear_thinking_20251015" => {
+                only(edit, &at, &["type", "keep"])?;
+                let keep = match edit.get("keep") {
+                    None | Some(Value::Null) => Some(1),
+                    Some(Value::String(s)) if s == "all" => None,
+                    Some(Value::Object(keep)) => {
+                        let keep_at = format!("{at}.keep");
+                        match kind(&keep_at, keep)? {
+                            "all" => None,
+                            "thinking_turns" => Some(
+                                value::<usize>(&format!("{keep_at}.value"), keep.get("value"))?
+                                    .ok_or_else(|| {
+                                        ApiError::invalid(
+                                            format!("{keep_at}.value"),
+                                            "`value` (the assistant turns to keep) is required",
+                                        )
+                                    })?,
+                            ),
+                            other => {
+                                return Err(ApiError::invalid(
+                                    format!("{keep_at}.type"),
+                                    format!("keep type {}: use thinking_turns or all", Echo(other)),
+                                ));
+                            }
+                        }
+                    }
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.keep"),
+                            "`keep` must be \"all\" or {\"type\": \"thinking_turns\", \"value\": N}",
+                        ));
+                    }
+                };
+                if let Some(keep) = keep {
+                    let mut kept = 0;
+                    for m in messages
+                        .iter_mut()
+                        .rev()
+                        .filter(|m| m.role == Role::Assistant)
+                    {
+                        if kept < keep {
+                            kept += 1;
+                        } else {
+                            m.reasoning = None;
+                        }
+                    }
+                }
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "context edit {}: k3 applies clear_thinking_20251015 only",
+                        Echo(other)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The `type` of a block or option, required.
@@ -227,15 +358,34 @@ fn unsupported_block(at: &str, kind: &str, allowed: &str) -> ApiError {
     )
 }
 
+/// Where a message stands: its index, and whether a user turn follows it.
+#[derive(Clone, Copy)]
+struct Turn {
+    index: usize,
+    later_user: bool,
+}
+
 /// Message `i`: a user turn becomes a user message, with each `tool_result` block a tool
 /// message before it (Anthropic puts results first; the template wants them right after the
-/// assistant turn that called, spec §8.2); an assistant turn one assistant message.
-fn turn(i: usize, m: &Value, inputs: &ToolInputs, out: &mut Vec<Message>) -> Result<(), ApiError> {
+/// assistant turn that called, spec §8.2); an assistant turn one assistant message; a system
+/// turn (Claude Code sends them mid-conversation) a system message, which K3's template takes
+/// anywhere (spec §8.2). Returns a system turn's per-turn `output_config.effort` (with its
+/// path) when no user turn follows it.
+fn turn(
+    t: Turn,
+    m: &Value,
+    inputs: &ToolInputs,
+    out: &mut Vec<Message>,
+) -> Result<Option<(String, String)>, ApiError> {
+    let i = t.index;
     let at = format!("messages[{i}]");
     let m = object(&at, m)?;
-    only(m, &at, &["role", "content"])?;
     let role: String = value(&format!("{at}.role"), m.get("role"))?
         .ok_or_else(|| ApiError::invalid(format!("{at}.role"), "every message needs a `role`"))?;
+    if role == "system" {
+        return system_turn(t, m, out);
+    }
+    only(m, &at, &["role", "content"])?;
     let content_at = format!("{at}.content");
     let blocks = match m.get("content") {
         Some(Value::String(s)) => {
@@ -245,7 +395,7 @@ fn turn(i: usize, m: &Value, inputs: &ToolInputs, out: &mut Vec<Message>) -> Res
                 other => return Err(bad_role(&at, other)),
             };
             out.push(Message::new(role, s.clone()));
-            return Ok(());
+            return Ok(None);
         }
         Some(Value::Array(blocks)) if !blocks.is_empty() => blocks,
         _ => {
@@ -256,23 +406,60 @@ fn turn(i: usize, m: &Value, inputs: &ToolInputs, out: &mut Vec<Message>) -> Res
         }
     };
     match role.as_str() {
-        "user" => user_turn(&content_at, blocks, out),
+        "user" => user_turn(&content_at, blocks, out)?,
         "assistant" => {
             let message = assistant_turn(&content_at, blocks, |j| inputs.get(i, j))?;
             out.push(message);
-            Ok(())
         }
-        other => Err(bad_role(&at, other)),
+        other => return Err(bad_role(&at, other)),
     }
+    Ok(None)
+}
+
+/// `{"role": "system", "content", "clear_at", "output_config"}`: `clear_at:
+/// "next_user_message"` shows it only until a user turn follows; `output_config.effort` sets
+/// the effort of the turn it belongs to.
+fn system_turn(
+    t: Turn,
+    m: &Map<String, Value>,
+    out: &mut Vec<Message>,
+) -> Result<Option<(String, String)>, ApiError> {
+    let at = format!("messages[{}]", t.index);
+    only(m, &at, &["role", "content", "clear_at", "output_config"])?;
+    let shown = match value::<String>(&format!("{at}.clear_at"), m.get("clear_at"))?.as_deref() {
+        None | Some("never") => true,
+        Some("next_user_message") => !t.later_user,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("{at}.clear_at"),
+                format!("clear_at {}: use never or next_user_message", Echo(other)),
+            ));
+        }
+    };
+    let text = match m.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(c) => text_content(&format!("{at}.content"), c)?,
+    };
+    let effort = match m.get("output_config").filter(|c| !c.is_null()) {
+        None => None,
+        Some(config) => {
+            let config_at = format!("{at}.output_config");
+            let config = object(&config_at, config)?;
+            only(config, &config_at, &["effort"])?;
+            let effort_at = format!("{config_at}.effort");
+            value::<String>(&effort_at, config.get("effort"))?.map(|e| (effort_at, e))
+        }
+    };
+    if shown && !text.is_empty() {
+        out.push(Message::new(Role::System, text));
+    }
+    Ok(effort.filter(|_| !t.later_user))
 }
 
 fn bad_role(at: &str, role: &str) -> ApiError {
     ApiError::invalid(
         format!("{at}.role"),
-        format!(
-            "role {}: use user or assistant (system instructions go in `system`)",
-            Echo(role)
-        ),
+        format!("role {}: use user, assistant or system", Echo(role)),
     )
 }
 
@@ -479,12 +666,15 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     })
 }
 
-/// `tool_choice`: `{"type": "auto" | "any" | "none"}` are the template's notes (spec §8.2 step
-/// 4: none for auto, `required` for any, `none`); forcing one named tool (`"tool"`) and
-/// `disable_parallel_tool_use` have no counterpart there and are refused, not weakened.
-fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
+/// `tool_choice`: `{"type": "auto" | "none"}` are the template's notes (spec §8.2 step 4: none
+/// for auto, `none`); `any` and `{"type": "tool", "name"}` are enforced by constrained decoding
+/// (a call, of that tool), as is `disable_parallel_tool_use` with them (exactly one call).
+/// With `auto` nothing constrains the reply, so `disable_parallel_tool_use` there is refused,
+/// not ignored. Returns the choice and whether parallel calls are allowed.
+fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
+    let has_tools = !tools.is_empty();
     let Some(choice) = f.get::<Value>("tool_choice")? else {
-        return Ok(ToolChoice::Auto);
+        return Ok((ToolChoice::Auto, true));
     };
     let choice = object("tool_choice", &choice)?;
     only(
@@ -492,64 +682,108 @@ fn tool_choice(f: &Fields, has_tools: bool) -> Result<ToolChoice, ApiError> {
         "tool_choice",
         &["type", "name", "disable_parallel_tool_use"],
     )?;
-    if value::<bool>(
+    let single = value::<bool>(
         "tool_choice.disable_parallel_tool_use",
         choice.get("disable_parallel_tool_use"),
-    )? == Some(true)
-    {
-        return Err(ApiError::invalid(
-            "tool_choice.disable_parallel_tool_use",
-            "K3's template cannot limit a reply to one tool call",
-        ));
-    }
-    match kind("tool_choice", choice)? {
-        "auto" => Ok(ToolChoice::Auto),
-        "none" => Ok(ToolChoice::None),
-        "any" if has_tools => Ok(ToolChoice::Required),
-        "any" => Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice \"any\" needs at least one tool in `tools`",
-        )),
-        "tool" => Err(ApiError::invalid(
-            "tool_choice",
-            "K3's template cannot force one named tool: use auto, any or none",
-        )),
-        other => Err(ApiError::invalid(
-            "tool_choice.type",
-            format!("tool_choice type {}: use auto, any or none", Echo(other)),
-        )),
-    }
+    )? == Some(true);
+    let choice = match kind("tool_choice", choice)? {
+        "auto" if single => {
+            return Err(ApiError::invalid(
+                "tool_choice.disable_parallel_tool_use",
+                "with tool_choice \"auto\" nothing holds K3's reply to one tool call: use \
+                 \"any\" or \"tool\" (enforced), or leave it out",
+            ));
+        }
+        "auto" => ToolChoice::Auto,
+        "none" => ToolChoice::None,
+        "any" if has_tools => ToolChoice::Required,
+        "any" => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice \"any\" needs at least one tool in `tools`",
+            ));
+        }
+        "tool" => {
+            let name: String = value("tool_choice.name", choice.get("name"))?.ok_or_else(|| {
+                ApiError::invalid("tool_choice.name", "tool_choice \"tool\" needs `name`")
+            })?;
+            ToolChoice::Function(name)
+        }
+        other => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                format!(
+                    "tool_choice type {}: use auto, any, tool or none",
+                    Echo(other)
+                ),
+            ));
+        }
+    };
+    known_function(&choice, tools)?;
+    Ok((choice, !single))
 }
 
-/// `thinking` and `output_config` (`effort`, `format`) to K3's thinking switch and effort and
-/// the response-format note.
+/// The thinking a Messages request asks for.
+struct ThinkingAsk {
+    thinking: Thinking,
+    budget: Option<Budget>,
+    shown: bool,
+}
+
+/// `thinking` and `output_config` (`effort`, `format`) to K3's thinking switch, effort and
+/// budget, and the response-format note. They are independent controls, as on Anthropic's
+/// API:
 ///
-/// Thinking is off unless asked for, as on Anthropic's API (K3's template would think by
-/// default). `{"type": "enabled", "budget_tokens": N}` and `{"type": "adaptive"}` turn it on:
-/// K3 has no thinking budget, so `budget_tokens` is checked (a positive integer) and not
-/// enforced — the reasoning counts toward `max_tokens`, as on Anthropic's API. An
-/// `output_config.effort` is K3's effort (`low`; `medium` and `high` → `high`; `xhigh` and `max`
-/// → `max`, the OpenAI route's mapping) and turns thinking on, the only state in which the
-/// template renders an effort (spec §8.2 step 2); with thinking disabled it is refused.
-fn output_config(f: &Fields) -> Result<(Thinking, ResponseFormat), ApiError> {
-    let switch = match f.get::<Value>("thinking")? {
-        None => None,
+/// * `thinking` switches it: off unless asked for (Anthropic's default; K3's template would
+///   think by default). `{"type": "enabled", "budget_tokens": N}` thinks at most N tokens
+///   (then k3d closes the thinking and the model answers); `{"type": "adaptive"}` thinks within
+///   the budget of the effort (or the daemon's `--thinking-budget`); `{"type": "disabled"}`
+///   does not think. `display: "omitted"` keeps the thinking blocks but empties their text.
+/// * `output_config.effort` (`turn_effort`, a system message's per-turn one, overrides it) is
+///   K3's effort note and the budget's share — with thinking on. With thinking off it changes
+///   nothing K3 can express (the template renders an effort only in the think channel, spec
+///   §8.2 step 2): accepted, not refused. `low` → `low`; `medium`, `high` → `high`; `xhigh`,
+///   `max` → `max` (the OpenAI route's mapping).
+fn output_config(
+    f: &Fields,
+    turn_effort: Option<(String, String)>,
+) -> Result<(ThinkingAsk, ResponseFormat), ApiError> {
+    let mut budget = None;
+    let mut shown = true;
+    let on = match f.get::<Value>("thinking")? {
+        None => false,
         Some(t) => {
             let t = object("thinking", &t)?;
-            only(t, "thinking", &["type", "budget_tokens"])?;
+            only(
+                t,
+                "thinking",
+                &["type", "budget_tokens", "display", "block_binding"],
+            )?;
+            match value::<String>("thinking.display", t.get("display"))?.as_deref() {
+                None | Some("summarized" | "updates") => {}
+                Some("omitted") => shown = false,
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        "thinking.display",
+                        format!("display {}: use summarized or omitted", Echo(other)),
+                    ));
+                }
+            }
             match kind("thinking", t)? {
                 "enabled" => {
-                    let budget = value::<u64>("thinking.budget_tokens", t.get("budget_tokens"))?;
-                    if budget.is_none_or(|b| b == 0) {
-                        return Err(ApiError::invalid(
-                            "thinking.budget_tokens",
-                            "thinking \"enabled\" needs `budget_tokens`, a positive integer",
-                        ));
-                    }
-                    Some(true)
+                    let tokens = value::<usize>("thinking.budget_tokens", t.get("budget_tokens"))?
+                        .filter(|&b| b > 0)
+                        .ok_or_else(|| {
+                            ApiError::invalid(
+                                "thinking.budget_tokens",
+                                "thinking \"enabled\" needs `budget_tokens`, a positive integer",
+                            )
+                        })?;
+                    budget = Some(Budget::Tokens(tokens));
+                    true
                 }
-                "adaptive" => Some(true),
-                "disabled" => Some(false),
+                "adaptive" => true,
+                "disabled" => false,
                 other => {
                     return Err(ApiError::invalid(
                         "thinking.type",
@@ -570,30 +804,43 @@ fn output_config(f: &Fields) -> Result<(Thinking, ResponseFormat), ApiError> {
     if let Some(c) = config {
         only(c, "output_config", &["effort", "format"])?;
     }
-    let effort: Option<String> = config
-        .map(|c| value("output_config.effort", c.get("effort")))
-        .transpose()?
-        .flatten();
-    let effort = match effort.as_deref() {
-        Some("xhigh") => Some("max"),
-        Some("none") => {
-            return Err(ApiError::invalid(
-                "output_config.effort",
-                "effort \"none\": use low, medium, high, xhigh or max (thinking.type \"disabled\" turns thinking off)",
-            ));
-        }
-        other => other,
+    let (effort_at, effort) = match turn_effort {
+        Some((at, e)) => (at, Some(e)),
+        None => (
+            "output_config.effort".to_string(),
+            config
+                .map(|c| value::<String>("output_config.effort", c.get("effort")))
+                .transpose()?
+                .flatten(),
+        ),
     };
-    let thinking = match (switch, effort) {
-        (None, None) => Thinking::Off,
-        (switch, effort) => Thinking::from_openai(switch, effort).map_err(|e| {
-            let param = if effort.is_some() {
-                "output_config.effort"
-            } else {
-                "thinking"
-            };
-            ApiError::invalid(param, e.to_string())
-        })?,
+    let effort = effort
+        .map(|e| match e.as_str() {
+            "low" => Ok(Effort::Low),
+            "medium" | "high" => Ok(Effort::High),
+            "xhigh" | "max" => Ok(Effort::Max),
+            other => Err(ApiError::invalid(
+                &effort_at,
+                format!(
+                    "effort {}: use low, medium, high, xhigh or max (thinking.type \"disabled\" turns thinking off)",
+                    Echo(other)
+                ),
+            )),
+        })
+        .transpose()?;
+    let thinking = match (on, effort) {
+        (false, _) => Thinking::Off,
+        // K3's default effort note (`max`) when none is asked for.
+        (true, None) => Thinking::default(),
+        (true, Some(effort)) => {
+            budget = budget.or(Some(Budget::Effort(effort)));
+            Thinking::On(Some(effort))
+        }
+    };
+    let thinking = ThinkingAsk {
+        thinking,
+        budget: budget.filter(|_| on),
+        shown,
     };
     let format = match config
         .and_then(|c| c.get("format"))
@@ -604,17 +851,9 @@ fn output_config(f: &Fields) -> Result<(Thinking, ResponseFormat), ApiError> {
             let format = object("output_config.format", format)?;
             only(format, "output_config.format", &["type", "schema"])?;
             match kind("output_config.format", format)? {
-                "json_schema" => format
-                    .get("schema")
-                    .filter(|s| s.is_object())
-                    .cloned()
-                    .map(ResponseFormat::JsonSchema)
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "output_config.format.schema",
-                            "a json_schema format needs `schema` (an object)",
-                        )
-                    })?,
+                "json_schema" => {
+                    schema_format("output_config.format.schema", format.get("schema"))?
+                }
                 other => {
                     return Err(ApiError::invalid(
                         "output_config.format.type",

@@ -1,0 +1,344 @@
+//! What `k3d bench` makes of its runs: per budget the medians, the bytes per token against the
+//! plan, prefill against the GEMM rate, and the JSON document and table it prints.
+
+use super::*;
+
+pub(super) struct BudgetResult {
+    pub(super) ram: String,
+    pub(super) plan: Plan,
+    pub(super) probe: ProbeResult,
+    pub(super) runs: Vec<RunResult>,
+    pub(super) work: PrefillWork,
+}
+
+/// One run's prefill against its limits (issue 30.4).
+pub(super) struct PrefillFigures {
+    pub(super) tokens_per_second: f64,
+    /// Bytes of the experts the prompt's tokens routed to, each once.
+    pub(super) union_bytes: f64,
+    /// Expert bytes read (routed, excluding unconfirmed lookahead guesses) ÷ the union.
+    pub(super) read_vs_union: f64,
+    /// FLOPs ÷ the time not waiting for reads, and ÷ the wall time.
+    pub(super) compute_gflops: f64,
+    pub(super) wall_gflops: f64,
+    /// The two against the GEMM probe of the same run.
+    pub(super) compute_vs_gemm: f64,
+    pub(super) wall_vs_gemm: f64,
+}
+
+impl PrefillFigures {
+    pub(super) fn of(r: &ChildReport, work: &PrefillWork) -> Self {
+        let p = &r.prefill;
+        let flops = work.flops(p.tokens);
+        let rate = |seconds: f64| if seconds > 0.0 { flops / seconds } else { 0.0 };
+        let union_bytes = (r.prefill_experts * work.expert_bytes) as f64;
+        let routed = (p.expert_bytes - p.lookahead_unused_bytes) as f64;
+        let gemm = r.gemm.flops_per_second;
+        let vs = |x: f64| if gemm > 0.0 { x / gemm } else { 0.0 };
+        PrefillFigures {
+            tokens_per_second: if p.seconds > 0.0 {
+                p.tokens as f64 / p.seconds
+            } else {
+                0.0
+            },
+            union_bytes,
+            read_vs_union: if union_bytes > 0.0 {
+                routed / union_bytes
+            } else {
+                0.0
+            },
+            compute_gflops: rate(p.compute_seconds) / 1e9,
+            wall_gflops: rate(p.seconds) / 1e9,
+            compute_vs_gemm: vs(rate(p.compute_seconds)),
+            wall_vs_gemm: vs(rate(p.seconds)),
+        }
+    }
+}
+
+pub(super) fn bytes(p: &PhaseFigures) -> u64 {
+    p.trunk_bytes + p.expert_bytes + p.embedding_bytes + p.head_bytes
+}
+
+/// What the plan predicts: every byte read except guesses of the routing lookahead that the
+/// routing did not confirm (the plan counts routed experts; wrong guesses are reported apart).
+pub(super) fn routed_bytes(p: &PhaseFigures) -> u64 {
+    bytes(p) - p.lookahead_unused_bytes
+}
+
+pub(super) fn per_token(total: u64, tokens: usize) -> f64 {
+    total as f64 / tokens.max(1) as f64
+}
+
+/// Median of `values` (the mean of the middle two for an even count); 0 for none.
+pub(super) fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The decode figures of one run, per decoded token.
+struct Derived {
+    seconds_per_token: f64,
+    io_seconds_per_token: f64,
+    io_wait_seconds_per_token: f64,
+    compute_seconds_per_token: f64,
+    /// wall ÷ max(io, compute): 1 when reads hide entirely under compute (or vice versa).
+    overlap_ratio: f64,
+    /// wall ÷ (io + compute): 1 when nothing overlaps.
+    serial_ratio: f64,
+    read_gbps: f64,
+    bytes_per_token: f64,
+}
+
+impl Derived {
+    pub(super) fn of(d: &PhaseFigures) -> Self {
+        let t = d.tokens.max(1) as f64;
+        let (wall, io, compute) = (d.seconds, d.read_busy_seconds, d.compute_seconds);
+        let ratio = |den: f64| if den > 0.0 { wall / den } else { 0.0 };
+        Derived {
+            seconds_per_token: wall / t,
+            io_seconds_per_token: io / t,
+            io_wait_seconds_per_token: d.io_wait_seconds / t,
+            compute_seconds_per_token: compute / t,
+            overlap_ratio: ratio(io.max(compute)),
+            serial_ratio: ratio(io + compute),
+            read_gbps: if io > 0.0 {
+                d.window_bytes as f64 / io / 1e9
+            } else {
+                0.0
+            },
+            bytes_per_token: bytes(d) as f64 / t,
+        }
+    }
+}
+
+impl BudgetResult {
+    fn med(&self, f: impl Fn(&RunResult) -> f64) -> f64 {
+        median(self.runs.iter().map(f).collect())
+    }
+
+    fn derived_median(&self, f: impl Fn(&Derived) -> f64) -> f64 {
+        self.med(|r| f(&Derived::of(&r.report.decode)))
+    }
+
+    fn prefill_median(&self, f: impl Fn(&PrefillFigures) -> f64) -> f64 {
+        self.med(|r| f(&PrefillFigures::of(&r.report, &self.work)))
+    }
+
+    fn prefill_json(&self) -> serde_json::Value {
+        json!({
+            "tokens_per_second": self.prefill_median(|p| p.tokens_per_second),
+            "expert_bytes": self.med(|r| (r.report.prefill.expert_bytes
+                - r.report.prefill.lookahead_unused_bytes) as f64),
+            "union_bytes": self.prefill_median(|p| p.union_bytes),
+            "read_vs_union": self.prefill_median(|p| p.read_vs_union),
+            "compute_gflops": self.prefill_median(|p| p.compute_gflops),
+            "wall_gflops": self.prefill_median(|p| p.wall_gflops),
+            "gemm_gflops": self.med(|r| r.report.gemm.flops_per_second / 1e9),
+            "compute_vs_gemm": self.prefill_median(|p| p.compute_vs_gemm),
+            "wall_vs_gemm": self.prefill_median(|p| p.wall_vs_gemm),
+            "gemm_probe": self.runs.first().map(|r| &r.report.gemm),
+        })
+    }
+
+    /// Decode bytes of class `f` per token in the first run, and whether every run read exactly
+    /// the plan's prediction for every decoded token.
+    fn class(&self, f: impl Fn(&PhaseFigures) -> u64, predicted: u64) -> serde_json::Value {
+        let measured: Vec<f64> = self
+            .runs
+            .iter()
+            .map(|r| per_token(f(&r.report.decode), r.report.decode.tokens))
+            .collect();
+        let exact = self
+            .runs
+            .iter()
+            .all(|r| f(&r.report.decode) == predicted * r.report.decode.tokens as u64);
+        json!({
+            "measured": median(measured),
+            "predicted": predicted,
+            "equal": exact,
+        })
+    }
+
+    pub(super) fn to_json(&self) -> serde_json::Value {
+        let p = &self.plan;
+        let device = self.probe.rate() / 1e9;
+        let read_gbps = self.derived_median(|d| d.read_gbps);
+        let peak = self.med(|r| r.report.peak_rss_bytes as f64);
+        json!({
+            "ram_gb": self.ram,
+            "plan": p,
+            "plan_text": p.to_string(),
+            "device": {
+                "read_gbps": device,
+                "request_bytes": self.probe.request,
+                "in_flight": self.probe.in_flight,
+                "direct": self.probe.direct,
+                "reads": self.probe.reads,
+                "seconds": self.probe.seconds,
+            },
+            "median": {
+                "decode_seconds_per_token": self.derived_median(|d| d.seconds_per_token),
+                "prefill_seconds": self.med(|r| r.report.prefill.seconds),
+                "prefill_bytes": self.med(|r| bytes(&r.report.prefill) as f64),
+                "io_seconds_per_token": self.derived_median(|d| d.io_seconds_per_token),
+                "io_wait_seconds_per_token": self.derived_median(|d| d.io_wait_seconds_per_token),
+                "compute_seconds_per_token": self.derived_median(|d| d.compute_seconds_per_token),
+                "overlap_ratio": self.derived_median(|d| d.overlap_ratio),
+                "serial_ratio": self.derived_median(|d| d.serial_ratio),
+                "read_gbps": read_gbps,
+                "read_vs_device": if device > 0.0 { read_gbps / device } else { 0.0 },
+                "bytes_per_token": self.derived_median(|d| d.bytes_per_token),
+                "peak_rss_bytes": peak,
+                "peak_rss_vs_budget": peak / p.budget as f64,
+                "cgroup_peak_bytes": self.runs.iter().all(|r| r.cgroup_peak_bytes.is_some())
+                    .then(|| self.med(|r| r.cgroup_peak_bytes.unwrap_or(0) as f64)),
+            },
+            "prefill": self.prefill_json(),
+            "bytes_per_token": {
+                "trunk": self.class(|d| d.trunk_bytes, p.reads.trunk),
+                "experts": self.class(
+                    |d| d.expert_bytes - d.lookahead_unused_bytes,
+                    p.reads.experts
+                ),
+                "embedding": self.class(|d| d.embedding_bytes, p.reads.embedding),
+                "head": self.class(|d| d.head_bytes, p.reads.lm_head),
+                "total": self.class(routed_bytes, p.reads.total()),
+                "lookahead_read": self.med(|r| per_token(
+                    r.report.decode.lookahead_bytes, r.report.decode.tokens)),
+                "lookahead_unused": self.med(|r| per_token(
+                    r.report.decode.lookahead_unused_bytes, r.report.decode.tokens)),
+            },
+            "runs": self.runs.iter().map(|r| json!({
+                "prefill": r.report.prefill,
+                "decode": r.report.decode,
+                "generated_ids": r.report.generated,
+                "peak_rss_bytes": r.report.peak_rss_bytes,
+                "threads": r.report.threads,
+                "cgroup_peak_bytes": r.cgroup_peak_bytes,
+                "cgroup_failcnt": r.cgroup_failcnt,
+                "policies": r.report.policies,
+                "prefill_experts": r.report.prefill_experts,
+                "gemm": r.report.gemm,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+pub(super) fn print_table(budgets: &[BudgetResult]) {
+    println!(
+        "{:>10} {:>7} {:>9} {:>9} {:>9} {:>8} {:>7} {:>8} {:>7} {:>7} {:>7} {:>9} {:>5}",
+        "budget",
+        "pinned",
+        "s/token",
+        "prefill",
+        "GB/token",
+        "plan",
+        "unused",
+        "GB/s",
+        "device",
+        "ratio",
+        "overlap",
+        "peak RSS",
+        "=plan"
+    );
+    for b in budgets {
+        let device = b.probe.rate() / 1e9;
+        let gbps = b.derived_median(|d| d.read_gbps);
+        let total = b.class(routed_bytes, b.plan.reads.total());
+        println!(
+            "{:>10} {:>7} {:>9.3} {:>9.2} {:>9.3} {:>8.3} {:>7.3} {:>8.2} {:>7.2} {:>6.0}% {:>7.2} {:>8.2}G {:>5}",
+            format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+            format!("{}/{}", b.plan.pinned_layers.len(), b.plan.layer_count),
+            b.derived_median(|d| d.seconds_per_token),
+            b.med(|r| r.report.prefill.seconds),
+            b.derived_median(|d| d.bytes_per_token) / 1e9,
+            b.plan.reads.total() as f64 / 1e9,
+            b.med(|r| per_token(
+                r.report.decode.lookahead_unused_bytes,
+                r.report.decode.tokens
+            )) / 1e9,
+            gbps,
+            device,
+            if device > 0.0 {
+                100.0 * gbps / device
+            } else {
+                0.0
+            },
+            b.derived_median(|d| d.overlap_ratio),
+            b.med(|r| r.report.peak_rss_bytes as f64) / GIB as f64,
+            if total["equal"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+    }
+    for b in budgets {
+        // Routing is identical in every run (greedy, same ids): the first run's replay stands.
+        let Some(first) = b.runs.first() else {
+            continue;
+        };
+        let tokens = (first.report.generated.len() + first.report.prefill.tokens) as f64;
+        for p in &first.report.policies {
+            println!(
+                "{:>10} cache {:>5} slots {:>9}: {:>8.3} GB read, {:>8.3} GB avoided per token (over {} prompt + generated tokens)",
+                format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+                p.slots,
+                p.policy,
+                p.bytes_read as f64 / tokens / 1e9,
+                p.bytes_avoided as f64 / tokens / 1e9,
+                tokens
+            );
+        }
+    }
+    println!(
+        "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "budget",
+        "tokens",
+        "seconds",
+        "tokens/s",
+        "experts",
+        "/union",
+        "GFLOP/s",
+        "wall",
+        "GEMM",
+        "ratio",
+        "wall"
+    );
+    for b in budgets {
+        let tokens = b.runs.first().map_or(0, |r| r.report.prefill.tokens);
+        println!(
+            "{:>10} {:>7} {:>9.2} {:>9.1} {:>8.2}G {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
+            format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+            tokens,
+            b.med(|r| r.report.prefill.seconds),
+            b.prefill_median(|p| p.tokens_per_second),
+            b.med(
+                |r| (r.report.prefill.expert_bytes - r.report.prefill.lookahead_unused_bytes)
+                    as f64
+            ) / 1e9,
+            b.prefill_median(|p| p.read_vs_union),
+            b.prefill_median(|p| p.compute_gflops),
+            b.prefill_median(|p| p.wall_gflops),
+            b.med(|r| r.report.gemm.flops_per_second / 1e9),
+            b.prefill_median(|p| p.compute_vs_gemm),
+            b.prefill_median(|p| p.wall_vs_gemm),
+        );
+    }
+    println!(
+        "(prefill medians; experts = routed expert bytes read, /union = that ÷ the bytes of the \
+         experts its tokens route to, each once; GFLOP/s = census FLOPs ÷ compute time (wall: \
+         ÷ wall time); GEMM = the f64 DGEMM probe on the same threads in the same run; ratio = \
+         GFLOP/s ÷ GEMM)"
+    );
+    println!(
+        "(medians; s/token = decode wall per token; unused = GB/token the routing lookahead \
+         read on wrong guesses, =plan compares the rest with the plan; GB/s = read window bytes \
+         ÷ reader busy time; overlap = wall ÷ max(io, compute))"
+    );
+}

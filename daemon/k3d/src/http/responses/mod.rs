@@ -1,0 +1,59 @@
+//! OpenAI's Responses API (issue 34 point 2): `POST /v1/responses`, streamed or whole, the API
+//! current Codex speaks (only it: Codex refuses `wire_api = "chat"`). A thin mapping onto the
+//! same serve core as the chat-completions route, sharing its keys, limits, prefix reuse by
+//! caller, metrics and error shape: the same conversation renders the same prompt and gets the
+//! same reply. k3d keeps no responses (`store` is accepted and nothing is kept;
+//! `previous_response_id` is refused, naming it).
+
+mod reply;
+pub mod request;
+
+use super::error::ApiError;
+use super::request::Fields;
+use super::stream::{Timer, submit};
+use super::{App, prepare, reserve};
+use axum::extract::Request;
+use axum::response::Response;
+use k3_engine::serve::Caller;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// `POST /v1/responses`.
+pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let caller = request.extensions().get::<Caller>().cloned();
+    let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
+    let (common, echoed, reader) = prepare(&app, reservation, move |app, turn| {
+        let fields = Fields::parse(&bytes)?;
+        let parsed = request::responses(&fields)?;
+        drop((fields, bytes));
+        if !parsed.hosted_tools.is_empty() {
+            log!(
+                "POST /v1/responses: hosted tools not declared to the model (k3d has none): {}",
+                parsed.hosted_tools.join(", ")
+            );
+        }
+        // The core's refusals name values, not fields: the field they concern is the input.
+        let reader = submit(
+            app,
+            turn,
+            caller,
+            &parsed.common,
+            parsed.request,
+            true,
+            "input",
+            "POST /v1/responses",
+        )?;
+        Ok::<_, ApiError>((parsed.common, parsed.echoed, reader))
+    })
+    .await?;
+    let head = reply::ResponseHead {
+        request: reader.request_id,
+        model: common.model,
+        created_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        echoed,
+    };
+    reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await
+}

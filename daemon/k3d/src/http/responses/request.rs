@@ -1,0 +1,483 @@
+//! OpenAI Responses bodies (`POST /v1/responses`, what Codex speaks) to the serve core's
+//! requests: `instructions` and the `input` items become the chat layer's typed
+//! `Conversation` — the same one the chat-completions route builds for the same turns, so the
+//! same conversation renders the same prompt whichever API carries it.
+//!
+//! The items, as the `openai` SDK's `ResponseInputItemParam` defines them:
+//! * messages (`{"role", "content"}`, with or without `"type": "message"`): `system` and
+//!   `developer` are system messages, `user` and `assistant` theirs; content is a string or
+//!   text parts (`input_text`, `output_text`; other parts are refused, naming them);
+//! * `reasoning` (`content` of `reasoning_text` parts, else its `summary`) is the thinking of
+//!   the assistant turn it precedes;
+//! * `function_call` (`call_id`, `name`, `arguments`, `namespace`) joins the assistant turn in
+//!   progress (a turn's message, then its calls, as the API returns them);
+//! * `function_call_output` (`call_id`, `output` a string or text parts) is a tool message.
+//!
+//! Unknown top-level fields are ignored, as on the chat route (Codex sends `client_metadata`,
+//! `include`, `prompt_cache_key`, ...). What k3d cannot honour is refused naming the field:
+//! `previous_response_id` and `conversation` (k3d keeps no responses: send the whole
+//! conversation, as Codex does with `store: false`), `background`, `top_logprobs`, non-text
+//! parts, `item_reference` and other items. Hosted tools (`web_search`, `file_search`, ...)
+//! run on OpenAI's side: k3d has none, so they are not declared to the model (the daemon logs
+//! their names); a `namespace`'s function tools are declared as `NAMESPACE.NAME`, and a call
+//! of one comes back with its `namespace`.
+
+use crate::http::error::ApiError;
+use crate::http::request::{
+    Budget, Common, Fields, function_tool, not_a_text_part, schema_format, temperature_and_top_p,
+    tool_choice, value,
+};
+use k3_engine::echo::Echo;
+use k3_engine::engine::{LogitTransform, Sampling};
+use k3_engine::serve::{Prompt, Request};
+use k3_engine::tokenizer::chat::{
+    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
+};
+use serde_json::{Map, Value};
+
+/// A `/v1/responses` body read.
+pub struct Parsed {
+    pub common: Common,
+    pub request: Request,
+    /// What the response object echoes back: the request's settings as k3d applied them.
+    pub echoed: Echoed,
+    /// Hosted tools named in the request and not declared to the model.
+    pub hosted_tools: Vec<String>,
+}
+
+/// The request's settings a response object repeats (the SDK's `Response` requires
+/// `tools`, `tool_choice` and `parallel_tool_calls`).
+pub struct Echoed {
+    pub instructions: Option<String>,
+    pub tools: Vec<Value>,
+    pub tool_choice: Value,
+    pub parallel_tool_calls: bool,
+    pub max_output_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub reasoning_effort: Option<String>,
+    pub text_format: Value,
+    pub store: bool,
+    pub metadata: Value,
+    /// `NAMESPACE.NAME` → `NAMESPACE` for the declared functions of a namespace.
+    pub namespaces: Vec<(String, String)>,
+}
+
+/// Fields whose values k3d cannot honour: refused, never ignored.
+const REFUSED: [(&str, &str); 4] = [
+    (
+        "previous_response_id",
+        "k3d keeps no responses: send the whole conversation in `input` (with `store: false`, \
+         as Codex does)",
+    ),
+    (
+        "conversation",
+        "k3d keeps no conversations: send the whole conversation in `input`",
+    ),
+    ("prompt", "k3d has no stored prompt templates"),
+    (
+        "background",
+        "k3d runs responses in the foreground only (a stream shows progress)",
+    ),
+];
+
+pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
+    let model: String = f.require("model")?;
+    for (field, why) in REFUSED {
+        match f.get::<Value>(field)? {
+            None | Some(Value::Bool(false)) => {}
+            Some(_) => return Err(ApiError::invalid(field, why)),
+        }
+    }
+    if f.get::<u64>("top_logprobs")?.is_some_and(|n| n > 0) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "k3 does not return log probabilities",
+        ));
+    }
+    let max_output_tokens = f.get::<usize>("max_output_tokens")?;
+    if max_output_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            "max_output_tokens",
+            "`max_output_tokens` must be at least 1",
+        ));
+    }
+    let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
+    let instructions = f.get::<String>("instructions")?.filter(|s| !s.is_empty());
+    let mut messages = Vec::new();
+    if let Some(text) = &instructions {
+        messages.push(Message::new(Role::System, text.clone()));
+    }
+    match f.get::<Value>("input")? {
+        None => return Err(ApiError::invalid("input", "`input` is required")),
+        Some(Value::String(text)) => messages.push(Message::new(Role::User, text)),
+        Some(Value::Array(items)) => read_items(&items, &mut messages)?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "input",
+                "`input` must be a string or a list of items",
+            ));
+        }
+    }
+    if messages.is_empty() {
+        return Err(ApiError::invalid("input", "`input` is empty"));
+    }
+    let declared = tools(f)?;
+    let tool_choice = tool_choice(f, &declared.tools)?;
+    let parallel_tool_calls = f.get::<bool>("parallel_tool_calls")?.unwrap_or(true);
+    let (text_format, response_format) = text_format(f)?;
+    let reasoning = f.get::<Value>("reasoning")?;
+    let reasoning_effort = match &reasoning {
+        Some(r) => value::<String>("reasoning.effort", r.get("effort"))?,
+        None => None,
+    };
+    let effort = match reasoning_effort.as_deref() {
+        Some("xhigh") => Some("max"),
+        other => other,
+    };
+    let thinking = Thinking::from_openai(None, effort)
+        .map_err(|e| ApiError::invalid("reasoning.effort", e.to_string()))?;
+    let thinking_budget = match (thinking, effort) {
+        (Thinking::On(Some(effort)), Some(_)) => Some(Budget::Effort(effort)),
+        _ => None,
+    };
+    let common = Common {
+        model,
+        stream: f.get::<bool>("stream")?.unwrap_or(false),
+        include_usage: false,
+        max_tokens: max_output_tokens,
+        sampling: Sampling {
+            temperature,
+            top_p,
+            top_k: 0,
+            seed: 0,
+        },
+        // The Responses API has no logit bias or penalties.
+        transform: LogitTransform::default(),
+        stop_strings: Vec::new(),
+        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+        thinking_budget,
+        cache_scope: f.get::<String>("prompt_cache_key")?,
+    };
+    let echoed = Echoed {
+        instructions,
+        tools: declared.echo,
+        tool_choice: f
+            .get::<Value>("tool_choice")?
+            .unwrap_or_else(|| Value::from("auto")),
+        parallel_tool_calls,
+        max_output_tokens,
+        temperature,
+        top_p,
+        reasoning_effort,
+        text_format,
+        store: f.get::<bool>("store")?.unwrap_or(true),
+        metadata: f
+            .get::<Value>("metadata")?
+            .unwrap_or_else(|| Value::Object(Map::new())),
+        namespaces: declared.namespaces,
+    };
+    let conversation = Conversation {
+        messages,
+        thinking,
+        generation_prompt: true,
+        tools: declared.tools,
+        tool_choice,
+        response_format,
+        parallel_tool_calls,
+    };
+    Ok(Parsed {
+        request: common.request(Prompt::Chat(conversation)),
+        common,
+        echoed,
+        hosted_tools: declared.hosted,
+    })
+}
+
+/// `v` (at `at`) as a JSON object.
+fn object<'v>(at: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError> {
+    v.as_object()
+        .ok_or_else(|| ApiError::invalid(at, "must be an object"))
+}
+
+fn text_field(at: &str, item: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
+    value::<String>(&format!("{at}.{name}"), item.get(name))?
+        .ok_or_else(|| ApiError::invalid(format!("{at}.{name}"), format!("`{name}` is required")))
+}
+
+/// The assistant turn being read: its message in `messages`, while only its own items
+/// (message text, function calls) follow.
+struct Turn {
+    /// Index of its assistant message.
+    at: Option<usize>,
+    /// A `reasoning` item's text, for the assistant message that follows it.
+    reasoning: Option<String>,
+}
+
+fn read_items(items: &[Value], out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let mut turn = Turn {
+        at: None,
+        reasoning: None,
+    };
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        let item = object(&at, item)?;
+        let kind = item.get("type").and_then(Value::as_str);
+        // An easy input message may leave `type` out.
+        let kind = match (kind, item.get("role")) {
+            (None, Some(_)) => "message",
+            (Some(k), _) => k,
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    "an input item needs a `type` (or a `role`, for a message)",
+                ));
+            }
+        };
+        match kind {
+            "message" => {
+                let role: String = text_field(&at, item, "role")?;
+                let content = content(&format!("{at}.content"), item.get("content"))?;
+                match role.as_str() {
+                    "assistant" => {
+                        let message = assistant(&mut turn, out);
+                        message.content.push_str(&content);
+                    }
+                    "user" | "system" | "developer" => {
+                        let role = if role == "user" {
+                            Role::User
+                        } else {
+                            Role::System
+                        };
+                        out.push(Message::new(role, content));
+                        turn.at = None;
+                    }
+                    other => {
+                        return Err(ApiError::invalid(
+                            format!("{at}.role"),
+                            format!(
+                                "role {}: use user, assistant, system or developer",
+                                Echo(other)
+                            ),
+                        ));
+                    }
+                }
+            }
+            "reasoning" => {
+                let text = reasoning_text(&at, item)?;
+                // A reasoning item opens the turn it belongs to.
+                turn.at = None;
+                turn.reasoning.get_or_insert_default().push_str(&text);
+            }
+            "function_call" => {
+                let name = text_field(&at, item, "name")?;
+                let name = match value::<String>(&format!("{at}.namespace"), item.get("namespace"))?
+                {
+                    Some(namespace) if !namespace.is_empty() => format!("{namespace}.{name}"),
+                    _ => name,
+                };
+                let call = ToolCall {
+                    id: text_field(&at, item, "call_id")?,
+                    name,
+                    arguments: text_field(&at, item, "arguments")?,
+                };
+                assistant(&mut turn, out).tool_calls.push(call);
+            }
+            "function_call_output" => {
+                let id = text_field(&at, item, "call_id")?;
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    other => content(&format!("{at}.output"), other)?,
+                };
+                out.push(Message::tool(id, output));
+                turn.at = None;
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "input item type {}: k3 reads message, reasoning, function_call and \
+                         function_call_output items",
+                        Echo(other)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The assistant message of the turn being read, opened (with the reasoning that preceded it)
+/// if there is none.
+fn assistant<'m>(turn: &mut Turn, out: &'m mut Vec<Message>) -> &'m mut Message {
+    let at = match turn.at {
+        Some(at) => at,
+        None => {
+            let mut message = Message::new(Role::Assistant, String::new());
+            message.reasoning = turn.reasoning.take();
+            out.push(message);
+            out.len() - 1
+        }
+    };
+    turn.at = Some(at);
+    &mut out[at]
+}
+
+/// A `reasoning` item's text: its `reasoning_text` content, else its summary (what a client
+/// that asked for summaries only has of it).
+fn reasoning_text(at: &str, item: &Map<String, Value>) -> Result<String, ApiError> {
+    let parts = |field: &str| -> Result<Option<String>, ApiError> {
+        let Some(list) = value::<Vec<Value>>(&format!("{at}.{field}"), item.get(field))? else {
+            return Ok(None);
+        };
+        let mut text = String::new();
+        for (j, part) in list.iter().enumerate() {
+            let part_at = format!("{at}.{field}[{j}]");
+            let part = object(&part_at, part)?;
+            text.push_str(&text_field(&part_at, part, "text")?);
+        }
+        Ok(Some(text))
+    };
+    Ok(match parts("content")? {
+        Some(text) if !text.is_empty() => text,
+        _ => parts("summary")?.unwrap_or_default(),
+    })
+}
+
+/// A message's `content` (or a tool output's): a string, or text parts joined in order.
+fn content(at: &str, v: Option<&Value>) -> Result<String, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let part_at = format!("{at}[{j}]");
+                let part = object(&part_at, part)?;
+                match part.get("type").and_then(Value::as_str) {
+                    Some("input_text" | "output_text" | "text") => {
+                        text.push_str(&text_field(&part_at, part, "text")?)
+                    }
+                    other => return Err(not_a_text_part(format!("{part_at}.type"), other)),
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::invalid(
+            at,
+            "must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// The tools as declared to the model, as echoed, and what was left out.
+struct Declared {
+    tools: Vec<Tool>,
+    echo: Vec<Value>,
+    hosted: Vec<String>,
+    namespaces: Vec<(String, String)>,
+}
+
+/// Tools that run on OpenAI's side; k3d has none of them to offer.
+const HOSTED: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "computer_use_preview",
+    "computer",
+    "image_generation",
+    "mcp",
+    "local_shell",
+];
+
+/// `tools`: flat function tools (`{"type": "function", "name", "description",
+/// "parameters", "strict"}`), `namespace` groups of them, and hosted tools (left out).
+fn tools(f: &Fields) -> Result<Declared, ApiError> {
+    let mut declared = Declared {
+        tools: Vec::new(),
+        echo: Vec::new(),
+        hosted: Vec::new(),
+        namespaces: Vec::new(),
+    };
+    for (i, t) in f
+        .get::<Vec<Value>>("tools")?
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let at = format!("tools[{i}]");
+        let object = object(&at, t)?;
+        let kind = object.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "function" => {
+                declared.tools.push(function_tool(&at, t)?);
+                declared.echo.push(t.clone());
+            }
+            "namespace" => {
+                let namespace = text_field(&at, object, "name")?;
+                let inner: Vec<Value> =
+                    value(&format!("{at}.tools"), object.get("tools"))?.unwrap_or_default();
+                for (j, tool) in inner.iter().enumerate() {
+                    let tool_at = format!("{at}.tools[{j}]");
+                    if tool.get("type").and_then(Value::as_str) != Some("function") {
+                        return Err(ApiError::invalid(
+                            format!("{tool_at}.type"),
+                            "k3 declares a namespace's function tools only",
+                        ));
+                    }
+                    let mut function = function_tool(&tool_at, tool)?;
+                    let qualified = format!("{namespace}.{}", function.name);
+                    declared
+                        .namespaces
+                        .push((qualified.clone(), namespace.clone()));
+                    function.name = qualified;
+                    declared.tools.push(function);
+                }
+                declared.echo.push(t.clone());
+            }
+            hosted if HOSTED.iter().any(|h| hosted.starts_with(h)) => {
+                declared.hosted.push(hosted.to_string());
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "tool type {}: k3 declares function tools (and namespaces of them)",
+                        Echo(other)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(declared)
+}
+
+/// `text.format`: `{"type": "text" | "json_object"}` or `{"type": "json_schema", "name",
+/// "schema", "strict"}`; with what the response echoes.
+fn text_format(f: &Fields) -> Result<(Value, ResponseFormat), ApiError> {
+    let text = f.get::<Value>("text")?;
+    let Some(format) = text
+        .as_ref()
+        .and_then(|t| t.get("format"))
+        .filter(|v| !v.is_null())
+    else {
+        return Ok((serde_json::json!({"type": "text"}), ResponseFormat::Text));
+    };
+    let kind = format.get("type").and_then(Value::as_str);
+    let response_format = match kind {
+        Some("text") => ResponseFormat::Text,
+        Some("json_object") => ResponseFormat::JsonObject,
+        Some("json_schema") => schema_format("text.format.schema", format.get("schema"))?,
+        other => {
+            return Err(ApiError::invalid(
+                "text.format.type",
+                format!(
+                    "format type {}: use text, json_object or json_schema",
+                    Echo(other.unwrap_or("(none)"))
+                ),
+            ));
+        }
+    };
+    Ok((format.clone(), response_format))
+}
