@@ -744,9 +744,11 @@ async fn attack_1_loopback_aliases_hold_one_peers_connections() {
 }
 
 /// Attack 2: four just-under-8 MiB chat bodies of 230,000 one-letter messages at once, from
-/// A. Places are reserved before a body is read, bodies are prepared two at a time and a
-/// conversation is counted only up to --max-prompt-tokens: the daemon's RSS stays within its
-/// budget plus 256 MiB, each body is refused naming the limit, and B is served meanwhile.
+/// A. Places are reserved before a body is read, one of A's bodies is prepared at a time while
+/// B waits, a body is read field by field and its messages one by one (never as one JSON
+/// tree), and a conversation is refused as soon as it has more messages than
+/// --max-prompt-tokens can hold: the daemon's RSS stays within its budget plus 256 MiB, each
+/// body is refused naming the limit, and B is served meanwhile.
 #[tokio::test]
 async fn attack_2_huge_bodies_stay_within_the_budget_and_b_is_served() {
     let _one = ATTACKS.lock().await;
@@ -923,6 +925,66 @@ async fn attack_4_unread_streams_leave_b_a_slot_and_a_gets_its_reply() {
     // Time for A's unread output to fill its socket buffers.
     tokio::time::sleep(Duration::from_secs(2)).await;
     b_is_served(&s, idle, "attack 4", false);
+    a.tell();
+    let whole = a.said("unread: first stream whole");
+    assert!(whole.ends_with("true"), "{whole}\n{}", s.d.log_text());
+    a.stop();
+}
+
+/// Attack 4, every slot: A's two unread streams hold both compute slots (its share is all of
+/// them here). After --stall-timeout with B waiting, A's stalled jobs are parked with their
+/// state, so B is served; when A reads again its stream resumes and ends with its whole reply.
+#[tokio::test]
+async fn attack_4_stalled_readers_holding_every_slot_are_parked_for_b() {
+    let _one = ATTACKS.lock().await;
+    let s = shared_daemon(
+        "attack-stalled",
+        &[
+            "--max-active",
+            "2",
+            "--max-active-per-uid",
+            "2",
+            "--stall-timeout",
+            "1",
+        ],
+    )
+    .await;
+    let idle = median_ttft_of_b(&s, false);
+    let body = format!(
+        r#"{{"model":"{}","prompt":[5,6,7],"max_tokens":3000,"stream":true}}"#,
+        s.model
+    );
+    let http = s.http.display().to_string();
+    let mut a = Attacker::start(
+        "unread",
+        &[
+            ("K3_TEST_HTTP", &http),
+            ("K3_TEST_COUNT", "2"),
+            ("K3_TEST_BODY", &body),
+        ],
+    );
+    a.said("unread:");
+    let mut c = client(&s.d.socket).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&mut c).await.active_requests < 2 {
+        assert!(Instant::now() < deadline, "A's streams never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Time for A's unread output to fill its socket buffers.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // B waits the stall timeout (1 s) for a slot, then is served as under any attack.
+    let under = ttft_of_b(&s, false);
+    eprintln!("attack 4 (every slot): B idle {idle:?}, beside A's stalled readers {under:?}");
+    assert!(idle < IDLE, "B idle took {idle:?}");
+    assert!(
+        under <= Duration::from_secs(1) + UNDER_ATTACK,
+        "B took {under:?} beside stalled readers:\n{}",
+        s.d.log_text()
+    );
+    s.d.wait_for_log(
+        "(stall_timeout) while others waited; parked",
+        Duration::from_secs(5),
+    );
     a.tell();
     let whole = a.said("unread: first stream whole");
     assert!(whole.ends_with("true"), "{whole}\n{}", s.d.log_text());
