@@ -891,12 +891,9 @@ mod tests {
         assert_eq!(f.kind("n"), None);
         assert_eq!(f.kind("stop"), Some(JsonKind::List));
         assert_eq!(f.kind("model"), Some(JsonKind::String));
-        let wrong = f.get::<u64>("model").err().expect("a string is no number");
+        let wrong = f.get::<u64>("model").expect_err("a string is no number");
         assert_eq!(wrong.param.as_deref(), Some("model"));
-        let not_a_list = f
-            .list("tools", |_, v| Ok(v.clone()))
-            .err()
-            .expect("refused");
+        let not_a_list = f.list("tools", |_, v| Ok(v.clone())).expect_err("refused");
         assert!(not_a_list.message.contains("`tools` must be a list"));
         let names: Vec<_> = f.names().collect();
         assert_eq!(
