@@ -10,7 +10,9 @@
 //!   same ids as chunked prefill at every budget and thread count, and reads fewer weight
 //!   bytes for it than chunked prefill where the trunk streams;
 //! * a decoding request keeps getting tokens while the pass runs; a cancelled pass gives its
-//!   share of the plan's pass memory back.
+//!   share of the plan's pass memory back;
+//! * in the batch loop a short request beside a pass waits for none of its layers, and a
+//!   stream of short requests still leaves the pass a layer every few rounds.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +22,7 @@ use k3_engine::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Ste
 use k3_engine::model::{LoadOptions, Logits, Model, Sequence};
 use k3_engine::plan::inputs::pass_bytes_per_token;
 use k3_engine::plan::{Budget, Plan, PlanError, PlanInputs};
+use k3_engine::serve::batch::{Batch, MOST_HELD_ROUNDS};
 
 mod synth_support;
 use synth_support::synth;
@@ -341,4 +344,82 @@ fn a_decode_runs_between_the_layers_of_a_pass_and_a_cancelled_pass_frees_its_tok
         Ok(Step::Prefill { pass: Some(p), .. }) => assert_eq!(p.tokens, PROMPT_TOKENS),
         other => panic!("expected a pass of the whole prompt, got {other:?}"),
     }
+}
+
+/// The batch loop with a long prompt's pass running: a short request (its prompt's one chunk,
+/// its first token, its end) is stepped in rounds the pass sits out, so its reply waits for no
+/// layer; and however many short requests keep arriving, the pass runs a layer at least every
+/// `MOST_HELD_ROUNDS + 1` rounds, and ends with the same token as alone.
+#[test]
+fn a_short_request_beside_a_pass_waits_for_no_layer_and_the_pass_goes_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    synth("tiny", dir.path());
+    let c = Checkpoint::open(dir.path()).expect("open");
+    let e = engine(dir.path(), 1, None, PASS_TOKENS);
+    let long = prompt(c.config.vocab_size, 60, PROMPT_TOKENS);
+    let short = prompt(c.config.vocab_size, 61, 4);
+    let request = |ids: &[u32]| GenerateRequest {
+        prompt: ids.to_vec(),
+        max_tokens: 1,
+        ..GenerateRequest::default()
+    };
+    let alone = generate(&e, &long, 1).generated;
+    let is_long = |g: &k3_engine::engine::Generation| g.request().prompt.len() == PROMPT_TOKENS;
+    let mut batch = Batch::new(8);
+    batch.push(e.start(request(&long)).expect("start"));
+    // The pass begins (and runs its first layer) alone.
+    for (g, r) in batch.round(&e) {
+        assert!(
+            matches!(r, Ok(Step::Prefill { pass: Some(_), .. })),
+            "{r:?}"
+        );
+        batch.push(g);
+    }
+    // A short request joins: its three steps come in the next three rounds, without the pass.
+    batch.push(e.start(request(&short)).expect("start"));
+    let mut short_steps = Vec::new();
+    for round in 1..=3 {
+        for (g, r) in batch.round(&e) {
+            assert!(
+                !is_long(&g),
+                "round {round}: the short request waited for a layer"
+            );
+            let r = r.expect("a step");
+            if !matches!(r, Step::Finished(_)) {
+                batch.push(g);
+            }
+            short_steps.push(r);
+        }
+    }
+    assert!(
+        matches!(
+            short_steps.as_slice(),
+            [Step::Prefill { .. }, Step::Token { .. }, Step::Finished(_)]
+        ),
+        "{short_steps:?}"
+    );
+    // A new short request every round: the pass still runs a layer every few rounds.
+    let (mut since_layer, mut longest_wait, mut generated) = (0, 0, None);
+    while generated.is_none() {
+        batch.push(e.start(request(&short)).expect("start"));
+        since_layer += 1;
+        for (g, r) in batch.round(&e) {
+            let r = r.expect("a step");
+            if is_long(&g) {
+                longest_wait = longest_wait.max(since_layer);
+                since_layer = 0;
+                if let Step::Token { id } = r {
+                    generated = Some(vec![id]);
+                }
+            }
+            if !matches!(r, Step::Finished(_)) {
+                batch.push(g);
+            }
+        }
+    }
+    assert!(
+        longest_wait <= MOST_HELD_ROUNDS + 1,
+        "the pass waited {longest_wait} rounds"
+    );
+    assert_eq!(generated.expect("a token"), alone);
 }

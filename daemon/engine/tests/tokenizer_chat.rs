@@ -12,8 +12,8 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    ChatError, Conversation, Effort, Message, ResponseFormat, Role, Segment, Thinking, Tool,
-    ToolCall, ToolChoice, parse_reply, render, segments,
+    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, Message, ResponseFormat, Role, Segment,
+    Thinking, Tool, ToolCall, ToolChoice, parse_reply, render, segments,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::{fixtures, gpt2_byte_order, k3_config, scratch, write_model};
@@ -912,4 +912,53 @@ fn a_reply_becomes_history_appended_or_merged_into_the_continued_message() {
     let next = continued.with_reply(reply);
     assert_eq!(next.messages[1].reasoning.as_deref(), Some("Let me more"));
     assert_eq!(next.messages[1].content, "lo!");
+}
+
+/// Every message renders to at least `LEAST_IDS_PER_MESSAGE` ids, whatever its role, with
+/// empty texts, thinking on or off, continued or closed: the bound by which the daemon refuses
+/// a conversation with too many messages for `--max-prompt-tokens` before rendering it.
+#[test]
+fn every_message_renders_to_at_least_the_least_ids_per_message() {
+    let t = anchored();
+    let empty = |role| Message::new(role, "");
+    let calling = Message {
+        tool_calls: vec![ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        }],
+        ..empty(Role::Assistant)
+    };
+    let continued = Message {
+        partial: true,
+        ..empty(Role::Assistant)
+    };
+    let cases = [
+        vec![empty(Role::User)],
+        vec![empty(Role::System)],
+        vec![empty(Role::Assistant)],
+        vec![continued.clone()],
+        vec![empty(Role::User), continued],
+        vec![calling, Message::tool("c", "")],
+        vec![empty(Role::User); 9],
+    ];
+    for messages in cases {
+        for thinking in [Thinking::Off, Thinking::On(None)] {
+            for generation_prompt in [false, true] {
+                let conversation = Conversation {
+                    messages: messages.clone(),
+                    thinking,
+                    generation_prompt,
+                    ..Conversation::default()
+                };
+                let ids = render(t, &conversation).expect("renders");
+                assert!(
+                    ids.len() >= LEAST_IDS_PER_MESSAGE * messages.len(),
+                    "{} ids for {messages:?} (thinking {thinking:?}, generation prompt \
+                     {generation_prompt})",
+                    ids.len()
+                );
+            }
+        }
+    }
 }

@@ -392,7 +392,7 @@ pub fn http_request(data: &[u8]) {
 /// the conversion (or not a JSON object), `Some(false)` converted and refused by validation,
 /// `Some(true)` accepted by both (the seeds are checked against this).
 pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
-    let Ok(fields) = http_body::Fields::parse(data) else {
+    let Ok(fields) = http_body::Fields::parse(data, Limits::default().max_prompt_tokens) else {
         return [None, None, None];
     };
     [
@@ -402,7 +402,7 @@ pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
         http_body::completion(&fields)
             .ok()
             .map(|completion| validates(completion.request)),
-        messages_body::messages(&fields, data)
+        messages_body::messages(&fields)
             .ok()
             .map(|parsed| validates(parsed.request)),
     ]

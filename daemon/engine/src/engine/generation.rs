@@ -298,6 +298,22 @@ impl Generation {
         self.pass.is_some()
     }
 
+    /// Whether the next step costs little and ends something a client waits for: it feeds
+    /// the rest of the prompt in one chunk of at most `chunk` ids (the first token comes
+    /// next), samples logits already held, or reports a token already decided or the end.
+    /// The batch loop lets such a step run without a pass's layer beside it
+    /// ([`crate::serve::batch::Batch::round`]).
+    pub fn next_step_is_short(&self, chunk: usize) -> bool {
+        if self.done || self.pass.is_some() {
+            return false;
+        }
+        let left = self.request.prompt.len().saturating_sub(self.fed);
+        if left > 0 {
+            return left <= chunk;
+        }
+        self.finish.is_some() || self.next_logits.is_some() || !self.queued.is_empty()
+    }
+
     /// Gives up the running pass (cancelled): the state stays poisoned, as after a cancelled
     /// forward.
     pub(super) fn drop_pass(&mut self) {

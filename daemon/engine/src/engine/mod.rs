@@ -255,6 +255,12 @@ impl Engine {
         usize::try_from(self.model.plan().prefill_tokens).unwrap_or(usize::MAX)
     }
 
+    /// Prompt tokens fed per step in the forward shared with other members
+    /// ([`EngineOptions::prefill_chunk`]); a longer remainder of a prompt runs as a pass.
+    pub fn prefill_chunk(&self) -> usize {
+        self.options.prefill_chunk.max(1)
+    }
+
     /// Validates a request and prepares its generation (no compute yet).
     pub fn start(&self, request: GenerateRequest) -> Result<Generation, EngineError> {
         let request = self.admit(request)?;
@@ -351,7 +357,7 @@ impl Engine {
         let started = Instant::now();
         let vocab = self.model.config().vocab_size;
         let cancelled = |i: usize| cancel_each.get(i).is_some_and(|c| c());
-        let chunk = self.options.prefill_chunk.max(1);
+        let chunk = self.prefill_chunk();
         let pass_tokens = self.pass_tokens();
         let mut results: Vec<Option<Result<Step, EngineError>>> = Vec::with_capacity(gens.len());
         let mut feeds = Vec::with_capacity(gens.len());

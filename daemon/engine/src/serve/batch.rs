@@ -7,6 +7,14 @@
 //! place ahead of the stepped ones, which the caller puts back at the end ([`Batch::push`]), so
 //! every member is stepped within a few rounds whatever the cap. This is the only batch loop:
 //! the serve core's scheduler, the batching tests and `batch_bench` all step through it.
+//!
+//! A round's results come back together, so every member of a round waits for its slowest
+//! step — and a layer of a long prompt's pass is far slower than anything else. A new short
+//! request needs three cheap steps (the end of its prompt, its first token, its end): were each
+//! in a round with a layer, its reply would wait for three layers of another user's prompt. So a
+//! round that has such a short step leaves the members between layers of a pass out, at most
+//! [`MOST_HELD_ROUNDS`] rounds in a row, so a pass still runs a layer every few rounds however
+//! many short steps arrive (issue 35 point 8).
 
 use std::collections::VecDeque;
 
@@ -49,10 +57,16 @@ impl Member for Generation {
     }
 }
 
+/// Rounds in a row whose short steps may leave the passes out: the three steps of a short
+/// request (see the module's comment).
+pub const MOST_HELD_ROUNDS: usize = 3;
+
 /// The members being computed, in turn order.
 pub struct Batch<M> {
     members: VecDeque<M>,
     max_batch: usize,
+    /// Rounds in a row that left the passes out.
+    held: usize,
 }
 
 impl<M: Member> Batch<M> {
@@ -61,6 +75,7 @@ impl<M: Member> Batch<M> {
         Batch {
             members: VecDeque::new(),
             max_batch: max_batch.max(1),
+            held: 0,
         }
     }
 
@@ -95,12 +110,22 @@ impl<M: Member> Batch<M> {
     /// One round: the first `max_batch` ready members, in turn order, take one step each (a
     /// prefill chunk or a token) through one forward pass. They are handed back with their
     /// results; the caller [`Self::push`]es back those still running. Empty when no member
-    /// was ready.
+    /// was ready. Members between layers of a pass sit out a round that has a short step
+    /// (see the module's comment).
     pub fn round(&mut self, engine: &Engine) -> Vec<(M, Result<Step, EngineError>)> {
+        let chunk = engine.prefill_chunk();
+        let hold = self.held < MOST_HELD_ROUNDS
+            && self.members.iter().any(|m| m.generation().in_pass())
+            && self
+                .members
+                .iter()
+                .any(|m| m.ready() && m.generation().next_step_is_short(chunk));
+        self.held = if hold { self.held + 1 } else { 0 };
         let mut picked = Vec::new();
         let mut rest = VecDeque::with_capacity(self.members.len());
         for m in self.members.drain(..) {
-            if picked.len() < self.max_batch && m.ready() {
+            let held = hold && m.generation().in_pass();
+            if picked.len() < self.max_batch && m.ready() && !held {
                 picked.push(m);
             } else {
                 rest.push_back(m);

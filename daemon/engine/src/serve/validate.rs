@@ -61,6 +61,16 @@ pub struct Limits {
     pub max_prompt_tokens: usize,
 }
 
+impl Limits {
+    /// The most messages a conversation may have: more render to over `max_prompt_tokens`
+    /// whatever they say ([`chat::LEAST_IDS_PER_MESSAGE`] each), so a reader refuses the
+    /// conversation as soon as it has read one more, and what it keeps of a request stays
+    /// proportional to what the daemon can admit (issue 35 point 2).
+    pub fn most_messages(&self) -> usize {
+        chat::most_messages(self.max_prompt_tokens)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -141,6 +151,14 @@ pub enum Invalid {
          (--max-prompt-tokens)"
     )]
     PromptTooLong { tokens: usize, limit: usize },
+    /// More messages than [`Limits::most_messages`]: refused before rendering, by a reader
+    /// as soon as it has read that many (so `messages` is then a lower bound).
+    #[error(
+        "the conversation has at least {messages} messages, and each renders to at least \
+         {least} tokens: more than the {limit} this daemon accepts (--max-prompt-tokens)",
+        least = chat::LEAST_IDS_PER_MESSAGE
+    )]
+    TooManyMessages { messages: usize, limit: usize },
     #[error("cannot tokenise the prompt: {0}")]
     Tokenize(String),
     #[error("the conversation has no messages")]
@@ -311,7 +329,8 @@ type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
 /// assistant message the reply continues (a new one, or the final message when it is
 /// continued), keeping at most `limit` ids (a longer one is only counted, so its memory stays
-/// bounded).
+/// bounded). A conversation with more messages than `limit` ids could hold is refused without
+/// being rendered ([`Invalid::TooManyMessages`]).
 pub fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
@@ -319,6 +338,10 @@ pub fn render_chat(
 ) -> Result<RenderedChat, Invalid> {
     if conversation.messages.is_empty() {
         return Err(Invalid::NoMessages);
+    }
+    let messages = conversation.messages.len();
+    if messages > chat::most_messages(limit) {
+        return Err(Invalid::TooManyMessages { messages, limit });
     }
     // A conversation that ends with an assistant message gets a new assistant turn (OpenAI's
     // and vLLM's reading), unless that message is marked to be continued (`partial`).

@@ -162,9 +162,8 @@ pub async fn complete(
     reservation: Reservation,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let (common, reader) = super::prepare(&app, reservation, move |app, turn| {
-        let fields = Fields::parse(&body)?;
-        drop(body);
+    let (common, reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
+        let fields = Fields::parse(&body, app.core.limits().max_prompt_tokens)?;
         // The core's refusals name values, not fields: the field they concern is the prompt.
         let (common, request, param): (Common, CoreRequest, &str) = match shape {
             CompletionKind::Chat => {
@@ -177,6 +176,7 @@ pub async fn complete(
             }
         };
         drop(fields);
+        drop(body);
         let reader = submit(
             app,
             turn,

@@ -129,6 +129,18 @@ impl ApiError {
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
                 };
             }
+            // Refused before rendering, by its message count alone: the same code and words.
+            ServeError::Invalid(Invalid::TooManyMessages { messages, limit }) => {
+                return ApiError {
+                    param: param.map(str::to_string),
+                    code: Some("context_length_exceeded"),
+                    anthropic_message: Some(format!(
+                        "prompt is too long: {messages} messages or more render to over {limit} \
+                         tokens maximum (--max-prompt-tokens)"
+                    )),
+                    ..ApiError::new(StatusCode::BAD_REQUEST, message)
+                };
+            }
             ServeError::Invalid(invalid) => {
                 // A constraint names its own field (`tools`, `tool_choice`, `response_format`).
                 let param = match invalid {

@@ -340,11 +340,13 @@ async fn discard(app: &App, request: Request) {
 /// Runs `prepare` — parse the body, build the core's request, render, tokenise, submit — on
 /// a blocking thread once the core gives the reserved request its preparation turn: at most
 /// a few requests are prepared at once, in turns fair across users, so the memory a flood of
-/// bodies can take is a few bodies' (`serve::Core::turn`).
+/// bodies can take is a few bodies' (`serve::Core::turn`). After a large body the memory its
+/// preparation freed is given back to the system ([`give_back_freed_memory`]).
 async fn prepare<T, E>(
     app: &Arc<App>,
     reservation: Reservation,
-    prepare: impl FnOnce(&App, Turn) -> Result<T, E> + Send + 'static,
+    body: axum::body::Bytes,
+    prepare: impl FnOnce(&App, Turn, axum::body::Bytes) -> Result<T, E> + Send + 'static,
 ) -> Result<T, E>
 where
     T: Send + 'static,
@@ -352,8 +354,13 @@ where
 {
     let app = Arc::clone(app);
     tokio::task::spawn_blocking(move || {
+        let large = body.len() >= LARGE_BODY;
         let turn = app.core.turn(reservation);
-        prepare(&app, turn)
+        let prepared = prepare(&app, turn, body);
+        if large {
+            give_back_freed_memory();
+        }
+        prepared
     })
     .await
     .map_err(|e| {
@@ -361,6 +368,23 @@ where
             "the request's task failed: {e}"
         )))
     })?
+}
+
+/// A body from this size on is large: its preparation allocates and frees enough that the
+/// freed memory is worth giving back at once.
+const LARGE_BODY: usize = 1 << 20;
+
+/// Gives the heap's free memory back to the system. glibc keeps what a thread's arena freed
+/// for its next allocations (and serves a large body from an arena once one was freed, its
+/// mmap threshold having risen), so without this each large preparation would leave the
+/// daemon's resident memory at its peak.
+fn give_back_freed_memory() {
+    // SAFETY: `malloc_trim` takes no pointer; it walks glibc's own arenas under their locks
+    // and returns free pages to the kernel, so it is sound from any thread at any time.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.

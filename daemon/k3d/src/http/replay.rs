@@ -47,8 +47,9 @@ fn claude_codes_first_requests_are_accepted() {
     for name in ["claude-code.json", "claude-code-system-mid.json"] {
         let (path, body) = captured(name);
         assert!(path.starts_with("/v1/messages"), "{path}");
-        let fields = Fields::parse(&body).expect("JSON object");
-        let parsed = anthropic::request::messages(&fields, &body).expect(name);
+        let fields =
+            Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
+        let parsed = anthropic::request::messages(&fields).expect(name);
         let v = validated(parsed.request);
         let conversation = v.conversation.expect("a chat");
         // Its system message inside `messages` stands where it was sent (after the first user
@@ -67,7 +68,7 @@ fn claude_codes_first_requests_are_accepted() {
 fn codexs_first_request_is_accepted() {
     let (path, body) = captured("codex.json");
     assert_eq!(path, "/v1/responses");
-    let fields = Fields::parse(&body).expect("JSON object");
+    let fields = Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
     let parsed = responses::request::responses(&fields).expect("codex");
     assert_eq!(parsed.hosted_tools, ["web_search"]);
     let v = validated(parsed.request);
@@ -94,7 +95,8 @@ fn aider_and_opencode_requests_are_accepted() {
     ] {
         let (path, body) = captured(name);
         assert_eq!(path, "/v1/chat/completions");
-        let fields = Fields::parse(&body).expect("JSON object");
+        let fields =
+            Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
         let chat = request::chat(&fields).expect(name);
         let v = validated(chat.request);
         let conversation = v.conversation.expect("a chat");
@@ -105,7 +107,9 @@ fn aider_and_opencode_requests_are_accepted() {
     }
     // aider sends no max_tokens: the reply may run up to the cap, not 256.
     let (_, body) = captured("aider.json");
-    let chat = request::chat(&Fields::parse(&body).expect("JSON")).expect("aider");
+    let chat =
+        request::chat(&Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON"))
+            .expect("aider");
     assert_eq!(
         validated(chat.request).request.max_tokens,
         Limits::default().max_tokens_cap

@@ -9,39 +9,113 @@ use super::error::ApiError;
 use k3_engine::echo::Echo;
 use k3_engine::engine::request::{LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT};
 use k3_engine::engine::{LogitTransform, Sampling};
-use k3_engine::serve::{Prompt, Request};
+use k3_engine::serve::{Invalid, Prompt, Request, ServeError};
 use k3_engine::tokenizer::chat::{
-    Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    self, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, SeqAccess, Visitor};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
 
-/// A request body as a JSON object whose fields are taken by name.
-pub struct Fields(Map<String, Value>);
+/// A request body as a JSON object whose fields are taken by name. The body is checked once
+/// and each field is read from its text only when asked for, so a body never becomes one JSON
+/// tree: a list (`messages`, `input`, `tools`) is read item by item ([`Fields::items`]), each
+/// item a tree only while it is turned into its typed form, and a conversation is refused as
+/// soon as it has more messages than `--max-prompt-tokens` could hold
+/// ([`Fields::within_message_limit`]). What preparing a body keeps is then proportional to
+/// what the daemon can admit, not to the body (issue 35 point 2).
+pub struct Fields<'b> {
+    fields: BTreeMap<String, &'b RawValue>,
+    /// The daemon's `--max-prompt-tokens`.
+    max_prompt_tokens: usize,
+}
 
-impl Fields {
-    pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(Value::Object(map)) => Ok(Fields(map)),
-            Ok(_) => Err(ApiError::invalid(
+impl<'b> Fields<'b> {
+    /// The body's fields; `max_prompt_tokens` is the daemon's limit, which bounds how many
+    /// messages a conversation read from them may have.
+    pub fn parse(body: &'b [u8], max_prompt_tokens: usize) -> Result<Fields<'b>, ApiError> {
+        let not_json = |e: serde_json::Error| {
+            ApiError::invalid("", format!("the request body is not JSON: {e}"))
+        };
+        let whole: &RawValue = serde_json::from_slice(body).map_err(not_json)?;
+        if !whole.get().starts_with('{') {
+            return Err(ApiError::invalid(
                 "",
                 "the request body must be a JSON object",
-            )),
-            Err(e) => Err(ApiError::invalid(
-                "",
-                format!("the request body is not JSON: {e}"),
-            )),
+            ));
         }
+        Ok(Fields {
+            fields: serde_json::from_str(whole.get()).map_err(not_json)?,
+            max_prompt_tokens,
+        })
+    }
+
+    /// The text of the field `name`; absent and `null` are `None`.
+    fn raw(&self, name: &str) -> Option<&'b RawValue> {
+        self.fields
+            .get(name)
+            .copied()
+            .filter(|raw| raw.get() != "null")
     }
 
     /// The field `name` as a `T`; absent and `null` are `None`.
     pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
-        value(name, self.0.get(name))
+        let Some(raw) = self.raw(name) else {
+            return Ok(None);
+        };
+        // Through a tree of this field alone, so a wrong value is described as before any
+        // position in the body.
+        let tree: Value = serde_json::from_str(raw.get())
+            .map_err(|e| ApiError::invalid(name, format!("`{name}`: {e}")))?;
+        value(name, Some(&tree))
     }
 
     pub fn require<T: DeserializeOwned>(&self, name: &str) -> Result<T, ApiError> {
         self.get(name)?
             .ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required")))
+    }
+
+    /// What kind of value the field `name` is, without reading it; absent and `null` are
+    /// `None`.
+    pub fn kind(&self, name: &str) -> Option<JsonKind> {
+        self.raw(name)
+            .map(|raw| match raw.get().as_bytes().first() {
+                Some(b'[') => JsonKind::List,
+                Some(b'"') => JsonKind::String,
+                _ => JsonKind::Other,
+            })
+    }
+
+    /// The list field `name`, item by item: `each(index, item)` takes each item as a `T` (a
+    /// [`Value`] tree of that item alone, or its raw text) while the next is still unread.
+    /// Returns how many items there were; `None` when the field is absent or `null`. An error
+    /// of `each` ends the reading and is returned.
+    pub fn items<T: Deserialize<'b>>(
+        &self,
+        name: &str,
+        each: impl FnMut(usize, T) -> Result<(), ApiError>,
+    ) -> Result<Option<usize>, ApiError> {
+        let Some(raw) = self.raw(name) else {
+            return Ok(None);
+        };
+        if !raw.get().starts_with('[') {
+            return Err(ApiError::invalid(name, format!("`{name}` must be a list")));
+        }
+        let mut reader = Items {
+            each,
+            refused: None,
+            item: std::marker::PhantomData,
+        };
+        let mut items = serde_json::Deserializer::from_str(raw.get());
+        match serde::Deserializer::deserialize_seq(&mut items, &mut reader) {
+            Ok(count) => Ok(Some(count)),
+            Err(e) => Err(reader
+                .refused
+                .take()
+                .unwrap_or_else(|| ApiError::invalid(name, format!("`{name}`: {e}")))),
+        }
     }
 
     /// The list field `name` (absent: empty), each item mapped by `each(index, item)`.
@@ -50,12 +124,74 @@ impl Fields {
         name: &str,
         each: impl Fn(usize, &Value) -> Result<T, ApiError>,
     ) -> Result<Vec<T>, ApiError> {
-        let items = self.get::<Vec<Value>>(name)?.unwrap_or_default();
-        items.iter().enumerate().map(|(i, v)| each(i, v)).collect()
+        let mut out = Vec::new();
+        self.items(name, |i, item: Value| {
+            out.push(each(i, &item)?);
+            Ok(())
+        })?;
+        Ok(out)
     }
 
-    pub fn object(&self) -> &Map<String, Value> {
-        &self.0
+    /// The names of the fields, each with whether it is `null`.
+    pub fn names(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.fields
+            .iter()
+            .map(|(name, raw)| (name.as_str(), raw.get() == "null"))
+    }
+
+    /// Refuses a conversation read from these fields (the field `param`) once it has
+    /// `messages` messages, more than the daemon's `--max-prompt-tokens` could hold whatever
+    /// they say ([`chat::LEAST_IDS_PER_MESSAGE`] ids each): the reader stops there, keeping
+    /// no more.
+    pub fn within_message_limit(&self, param: &str, messages: usize) -> Result<(), ApiError> {
+        if messages <= chat::most_messages(self.max_prompt_tokens) {
+            return Ok(());
+        }
+        let refused = ServeError::Invalid(Invalid::TooManyMessages {
+            messages,
+            limit: self.max_prompt_tokens,
+        });
+        Err(ApiError::from_serve(&refused, Some(param)))
+    }
+}
+
+/// What kind of value a field is ([`Fields::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonKind {
+    List,
+    String,
+    Other,
+}
+
+/// Reads a list item by item for [`Fields::items`].
+struct Items<T, F> {
+    each: F,
+    /// Why `each` stopped the reading.
+    refused: Option<ApiError>,
+    item: std::marker::PhantomData<T>,
+}
+
+impl<'de, T, F> Visitor<'de> for &mut Items<T, F>
+where
+    T: Deserialize<'de>,
+    F: FnMut(usize, T) -> Result<(), ApiError>,
+{
+    type Value = usize;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let mut count = 0;
+        while let Some(item) = seq.next_element::<T>()? {
+            if let Err(e) = (self.each)(count, item) {
+                self.refused = Some(e);
+                return Err(serde::de::Error::custom("refused"));
+            }
+            count += 1;
+        }
+        Ok(count)
     }
 }
 
@@ -232,7 +368,7 @@ fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
         Ok(value)
     };
     let map = f
-        .get::<std::collections::BTreeMap<String, f32>>("logit_bias")?
+        .get::<BTreeMap<String, f32>>("logit_bias")?
         .unwrap_or_default();
     if map.len() > MAX_LOGIT_BIAS {
         return Err(ApiError::invalid(
@@ -301,15 +437,17 @@ pub struct ChatParams {
 
 pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
     let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
-    let raw: Vec<Value> = f.require("messages")?;
-    if raw.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` is empty"));
+    let mut messages = Vec::new();
+    let read = f.items("messages", |i, m: Value| {
+        f.within_message_limit("messages", i + 1)?;
+        messages.push(message(i, &m)?);
+        Ok(())
+    })?;
+    match read {
+        None => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Some(0) => return Err(ApiError::invalid("messages", "`messages` is empty")),
+        Some(_) => {}
     }
-    let messages = raw
-        .iter()
-        .enumerate()
-        .map(|(i, m)| message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
     let tools = tools(f)?;
     let tool_choice = tool_choice(f, &tools)?;
     let thinking = thinking(f)?;
@@ -693,4 +831,87 @@ pub fn not_a_text_part(param: impl Into<String>, kind: Option<&str>) -> ApiError
             Echo(kind.unwrap_or("(none)"))
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chat body of `count` one-letter user messages, then `after` as further items.
+    fn chat_body(count: usize, after: &str) -> Vec<u8> {
+        let mut items = vec![r#"{"role":"user","content":"a"}"#; count].join(",");
+        items.push_str(after);
+        format!(r#"{{"model":"k3","messages":[{items}]}}"#).into_bytes()
+    }
+
+    #[test]
+    fn a_conversation_is_refused_as_soon_as_it_has_more_messages_than_the_limit_can_hold() {
+        // 70 tokens hold at most 10 messages of at least 7 ids each.
+        let limit = 10 * chat::LEAST_IDS_PER_MESSAGE;
+        let body = chat_body(10, "");
+        let read = chat(&Fields::parse(&body, limit).expect("fields")).expect("10 messages");
+        let Prompt::Chat(conversation) = read.request.prompt else {
+            panic!("not a chat");
+        };
+        assert_eq!(conversation.messages.len(), 10);
+        // The 11th is refused before anything after it is read: the broken item that follows
+        // is never looked at.
+        let body = chat_body(11, r#",{"role":5}"#);
+        let refused = chat(&Fields::parse(&body, limit).expect("fields"))
+            .err()
+            .expect("refused");
+        assert_eq!(refused.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(refused.code, Some("context_length_exceeded"));
+        assert_eq!(refused.param.as_deref(), Some("messages"));
+        assert!(
+            refused.message.contains("at least 11 messages")
+                && refused
+                    .message
+                    .contains("70 this daemon accepts (--max-prompt-tokens)"),
+            "{}",
+            refused.message
+        );
+        // Within the limit, the broken item is read and refused for what it is.
+        let refused = chat(&Fields::parse(&body, 100 * limit).expect("fields"))
+            .err()
+            .expect("refused");
+        assert_eq!(refused.param.as_deref(), Some("messages[11].role"));
+    }
+
+    #[test]
+    fn fields_are_read_only_when_asked_for_and_lists_item_by_item() {
+        let body = br#" {"model": "k3", "n": null, "stop": ["x"], "tools": {"a": 1}} "#;
+        let f = Fields::parse(body, 100).expect("fields");
+        assert_eq!(
+            f.get::<String>("model").expect("model").as_deref(),
+            Some("k3")
+        );
+        // null is absent, as an absent field is.
+        assert_eq!(f.get::<u64>("n").expect("n"), None);
+        assert_eq!(f.kind("n"), None);
+        assert_eq!(f.kind("stop"), Some(JsonKind::List));
+        assert_eq!(f.kind("model"), Some(JsonKind::String));
+        let wrong = f.get::<u64>("model").expect_err("a string is no number");
+        assert_eq!(wrong.param.as_deref(), Some("model"));
+        let not_a_list = f.list("tools", |_, v| Ok(v.clone())).expect_err("refused");
+        assert!(not_a_list.message.contains("`tools` must be a list"));
+        let names: Vec<_> = f.names().collect();
+        assert_eq!(
+            names,
+            [
+                ("model", false),
+                ("n", true),
+                ("stop", false),
+                ("tools", false)
+            ]
+        );
+        for (body, says) in [
+            (&b"[1]"[..], "must be a JSON object"),
+            (b"{\"a\": 1", "is not JSON"),
+            (b"{\"a\": 1} x", "is not JSON"),
+        ] {
+            let e = Fields::parse(body, 100).err().expect("refused");
+            assert!(e.message.contains(says), "{}", e.message);
+        }
+    }
 }

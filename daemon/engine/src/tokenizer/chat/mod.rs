@@ -35,7 +35,9 @@ pub use model::{
     ChatError, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
     ToolChoice,
 };
-pub use render::{Limited, Segment, render, render_limited, segments};
+pub use render::{
+    LEAST_IDS_PER_MESSAGE, Limited, Segment, most_messages, render, render_limited, segments,
+};
 pub use reply::{
     MalformedReply, Pushed, Reply, ReplyChannel, ReplyError, ReplyEvent, ReplyReader, parse_reply,
 };

@@ -423,6 +423,20 @@ pub fn render(tokenizer: &Tokenizer, conversation: &Conversation) -> Result<Vec<
     Ok(ids)
 }
 
+/// The fewest ids a message renders to (spec §8.2): its open tag (`OPEN`, `message`, a role
+/// attribute, `SEP`) and either its close (`CLOSE`, `message`, `SEP`, `END_OF_MSG`) or — a
+/// continued last message, left open — the open tag of the channel the reply carries on in
+/// (`OPEN`, `response` or `think`, `SEP`). A text segment is never empty, so it encodes to at
+/// least one id. A conversation of `n` messages renders to at least `n` times this many ids:
+/// one with more messages than a limit allows this way is over it without being rendered
+/// (`serve::Limits::most_messages`), so its readers can refuse it while they read it.
+pub const LEAST_IDS_PER_MESSAGE: usize = 7;
+
+/// The most messages a conversation rendering to at most `limit` ids can have.
+pub fn most_messages(limit: usize) -> usize {
+    limit / LEAST_IDS_PER_MESSAGE
+}
+
 /// A rendering held to a length limit ([`render_limited`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limited {

@@ -23,29 +23,31 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let (common, show_thinking, reader) = prepare(&app, reservation, move |app, turn| {
-        let fields = Fields::parse(&bytes)?;
-        let request::Parsed {
-            common,
-            request,
-            show_thinking,
-        } = request::messages(&fields, &bytes)?;
-        drop((fields, bytes));
-        // The core's refusals name values, not fields: the field they concern is the
-        // conversation.
-        let reader = submit(
-            app,
-            turn,
-            caller,
-            &common,
-            request,
-            true,
-            "messages",
-            "POST /v1/messages",
-        )?;
-        Ok::<_, Anthropic>((common, show_thinking, reader))
-    })
-    .await?;
+    let (common, show_thinking, reader) =
+        prepare(&app, reservation, bytes, move |app, turn, bytes| {
+            let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
+            let request::Parsed {
+                common,
+                request,
+                show_thinking,
+            } = request::messages(&fields)?;
+            drop(fields);
+            drop(bytes);
+            // The core's refusals name values, not fields: the field they concern is the
+            // conversation.
+            let reader = submit(
+                app,
+                turn,
+                caller,
+                &common,
+                request,
+                true,
+                "messages",
+                "POST /v1/messages",
+            )?;
+            Ok::<_, Anthropic>((common, show_thinking, reader))
+        })
+        .await?;
     let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
@@ -62,10 +64,11 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
 pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let tokens = prepare(&app, reservation, move |app, turn| {
-        let fields = Fields::parse(&bytes)?;
-        let (model, conversation) = request::count_tokens(&fields, &bytes)?;
-        drop((fields, bytes));
+    let tokens = prepare(&app, reservation, bytes, move |app, turn, bytes| {
+        let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
+        let (model, conversation) = request::count_tokens(&fields)?;
+        drop(fields);
+        drop(bytes);
         app.check_model(&model)?;
         app.core
             .count_tokens(turn, conversation)

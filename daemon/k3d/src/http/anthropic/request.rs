@@ -60,14 +60,14 @@ pub struct Parsed {
 /// `POST /v1/messages`: the options and the core's request. `max_tokens` is required, as on
 /// Anthropic's API; above the daemon's cap it is clamped to it, never refused (the core's
 /// rule), and `stop_reason: "max_tokens"` says when it ended the reply.
-pub fn messages(f: &Fields, body: &[u8]) -> Result<Parsed, ApiError> {
+pub fn messages(f: &Fields) -> Result<Parsed, ApiError> {
     let known: Vec<&str> = CONVERSATION_FIELDS
         .iter()
         .chain(&GENERATION_FIELDS)
         .copied()
         .collect();
-    only(f.object(), "", &known)?;
-    let asked = conversation(f, body)?;
+    only_names(f.names(), "", &known)?;
+    let asked = conversation(f)?;
     let max_tokens: usize = f.require("max_tokens")?;
     if max_tokens == 0 {
         return Err(ApiError::invalid(
@@ -112,22 +112,35 @@ struct Metadata {
 }
 
 /// `POST /v1/messages/count_tokens`: the model named and the conversation to render.
-pub fn count_tokens(f: &Fields, body: &[u8]) -> Result<(String, Conversation), ApiError> {
-    only(f.object(), "", &CONVERSATION_FIELDS)?;
-    Ok((f.require("model")?, conversation(f, body)?.conversation))
+pub fn count_tokens(f: &Fields) -> Result<(String, Conversation), ApiError> {
+    only_names(f.names(), "", &CONVERSATION_FIELDS)?;
+    Ok((f.require("model")?, conversation(f)?.conversation))
 }
 
 /// Refuses any key of `object` outside `known` (a `null` one counts as absent), naming it
 /// under `at` (`messages[0].content[1]`; empty for the body itself).
 fn only(object: &Map<String, Value>, at: &str, known: &[&str]) -> Result<(), ApiError> {
-    match object
-        .iter()
-        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))
+    only_names(
+        object.iter().map(|(k, v)| (k.as_str(), v.is_null())),
+        at,
+        known,
+    )
+}
+
+/// [`only`] for keys given with whether each is `null`.
+fn only_names<'k>(
+    keys: impl IntoIterator<Item = (&'k str, bool)>,
+    at: &str,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    match keys
+        .into_iter()
+        .find(|&(k, null)| !null && !known.contains(&k))
     {
         None => Ok(()),
         Some((key, _)) => {
             let param = if at.is_empty() {
-                key.clone()
+                key.to_string()
             } else {
                 format!("{at}.{key}")
             };
@@ -159,42 +172,59 @@ pub struct Asked {
     pub show_thinking: bool,
 }
 
-fn conversation(f: &Fields, body: &[u8]) -> Result<Asked, ApiError> {
-    let raw: Vec<Value> = f.require("messages")?;
-    if raw.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` is empty"));
+fn conversation(f: &Fields) -> Result<Asked, ApiError> {
+    // First each turn's role alone, keeping nothing of the turns: where the last user turn is
+    // (a system turn's per-turn settings apply after it) and whether the last is the
+    // assistant's.
+    #[derive(serde::Deserialize)]
+    struct RoleOf {
+        role: Option<String>,
     }
-    let inputs = ToolInputs::read(body)?;
-    let mut messages = Vec::with_capacity(raw.len() + 1);
+    let role_of = |raw: &RawValue| {
+        serde_json::from_str::<RoleOf>(raw.get())
+            .ok()
+            .and_then(|r| r.role)
+    };
+    let (mut last_user, mut last_role) = (None, None);
+    let count = f.items("messages", |i, raw: &RawValue| {
+        last_role = role_of(raw);
+        if last_role.as_deref() == Some("user") {
+            last_user = Some(i);
+        }
+        Ok(())
+    })?;
+    match count {
+        None => return Err(ApiError::invalid("messages", "`messages` is required")),
+        Some(0) => return Err(ApiError::invalid("messages", "`messages` is empty")),
+        Some(_) => {}
+    }
+    let mut messages = Vec::new();
     if let Some(system) = f.get::<Value>("system")? {
         let text = text_content("system", &system)?;
         if !text.is_empty() {
             messages.push(Message::new(Role::System, text));
         }
     }
-    // Where the last user turn is: a system message's per-turn settings apply after it.
-    let last_user = raw
-        .iter()
-        .rposition(|m| m.get("role").and_then(Value::as_str) == Some("user"));
     let mut turn_effort = None;
-    for (i, m) in raw.iter().enumerate() {
-        let shown = Turn {
-            index: i,
-            later_user: last_user.is_some_and(|u| u > i),
-        };
-        if let Some(effort) = turn(shown, m, &inputs, &mut messages)? {
-            turn_effort = Some(effort);
-        }
-    }
+    let count = f
+        .items("messages", |i, raw: &RawValue| {
+            let shown = Turn {
+                index: i,
+                later_user: last_user.is_some_and(|u| u > i),
+            };
+            let m: Value = serde_json::from_str(raw.get()).map_err(|e| {
+                ApiError::invalid(format!("messages[{i}]"), format!("cannot be read: {e}"))
+            })?;
+            if let Some(effort) = turn(shown, &m, &ToolInputs::of_turn(raw)?, &mut messages)? {
+                turn_effort = Some(effort);
+            }
+            f.within_message_limit("messages", messages.len())
+        })?
+        .unwrap_or_default();
     // Anthropic continues a final assistant turn (a "prefill"): so does K3's template, with
     // the message left open (`partial`), and the reply leaves the given text out.
-    if raw
-        .last()
-        .and_then(|m| m.get("role"))
-        .and_then(Value::as_str)
-        == Some("assistant")
-    {
-        let at = format!("messages[{}]", raw.len() - 1);
+    if last_role.as_deref() == Some("assistant") {
+        let at = format!("messages[{}]", count.saturating_sub(1));
         let last = messages
             .last_mut()
             .ok_or_else(|| ApiError::internal(format!("{at} was not read")))?;
@@ -408,7 +438,7 @@ fn turn(
     match role.as_str() {
         "user" => user_turn(&content_at, blocks, out)?,
         "assistant" => {
-            let message = assistant_turn(&content_at, blocks, |j| inputs.get(i, j))?;
+            let message = assistant_turn(&content_at, blocks, |j| inputs.get(j))?;
             out.push(message);
         }
         other => return Err(bad_role(&at, other)),
@@ -568,20 +598,15 @@ fn assistant_turn(
     Ok(message)
 }
 
-/// Each `tool_use` block's `input` as the JSON text the client sent. `serde_json::Value` sorts
-/// object keys, but the template renders a call's arguments in their order (spec §8.2), which
-/// must be the order the model wrote them in for the history to render as it was generated
-/// (and for the warmed next turn to match): so the body is read a second time, keeping these
-/// texts raw. Indexed by message, then block.
-struct ToolInputs(Vec<Vec<Option<String>>>);
+/// Each `tool_use` block's `input` in one turn as the JSON text the client sent, by block.
+/// `serde_json::Value` sorts object keys, but the template renders a call's arguments in their
+/// order (spec §8.2), which must be the order the model wrote them in for the history to render
+/// as it was generated (and for the warmed next turn to match): so the turn is read a second
+/// time, keeping these texts raw.
+struct ToolInputs(Vec<Option<String>>);
 
 impl ToolInputs {
-    fn read(body: &[u8]) -> Result<ToolInputs, ApiError> {
-        #[derive(serde::Deserialize)]
-        struct Body<'a> {
-            #[serde(borrow, default)]
-            messages: Vec<&'a RawValue>,
-        }
+    fn of_turn(turn: &RawValue) -> Result<ToolInputs, ApiError> {
         #[derive(serde::Deserialize)]
         struct Turn<'a> {
             #[serde(borrow, default)]
@@ -595,28 +620,23 @@ impl ToolInputs {
         let unreadable = |e: serde_json::Error| {
             ApiError::invalid("messages", format!("the messages cannot be read: {e}"))
         };
-        let body: Body = serde_json::from_slice(body).map_err(unreadable)?;
-        let mut inputs = Vec::with_capacity(body.messages.len());
-        for m in body.messages {
-            let turn: Turn = serde_json::from_str(m.get()).map_err(unreadable)?;
-            let blocks = match turn.content {
-                Some(c) if c.get().starts_with('[') => {
-                    serde_json::from_str::<Vec<ToolResultBlock>>(c.get()).map_err(unreadable)?
-                }
-                _ => Vec::new(),
-            };
-            inputs.push(
-                blocks
-                    .into_iter()
-                    .map(|b| b.input.map(|i| i.get().to_string()))
-                    .collect(),
-            );
-        }
-        Ok(ToolInputs(inputs))
+        let turn: Turn = serde_json::from_str(turn.get()).map_err(unreadable)?;
+        let blocks = match turn.content {
+            Some(c) if c.get().starts_with('[') => {
+                serde_json::from_str::<Vec<ToolResultBlock>>(c.get()).map_err(unreadable)?
+            }
+            _ => Vec::new(),
+        };
+        Ok(ToolInputs(
+            blocks
+                .into_iter()
+                .map(|b| b.input.map(|i| i.get().to_string()))
+                .collect(),
+        ))
     }
 
-    fn get(&self, message: usize, block: usize) -> Option<String> {
-        self.0.get(message)?.get(block)?.clone()
+    fn get(&self, block: usize) -> Option<String> {
+        self.0.get(block)?.clone()
     }
 }
 

@@ -23,10 +23,11 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let (common, echoed, reader) = prepare(&app, reservation, move |app, turn| {
-        let fields = Fields::parse(&bytes)?;
+    let (common, echoed, reader) = prepare(&app, reservation, bytes, move |app, turn, bytes| {
+        let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
         let parsed = request::responses(&fields)?;
-        drop((fields, bytes));
+        drop(fields);
+        drop(bytes);
         if !parsed.hosted_tools.is_empty() {
             log!(
                 "POST /v1/responses: hosted tools not declared to the model (k3d has none): {}",

@@ -24,8 +24,8 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, function_tool, not_a_text_part, schema_format, temperature_and_top_p,
-    tool_choice, value,
+    Budget, Common, Fields, JsonKind, function_tool, not_a_text_part, schema_format,
+    temperature_and_top_p, tool_choice, value,
 };
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
@@ -108,11 +108,13 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
     if let Some(text) = &instructions {
         messages.push(Message::new(Role::System, text.clone()));
     }
-    match f.get::<Value>("input")? {
+    match f.kind("input") {
         None => return Err(ApiError::invalid("input", "`input` is required")),
-        Some(Value::String(text)) => messages.push(Message::new(Role::User, text)),
-        Some(Value::Array(items)) => read_items(&items, &mut messages)?,
-        Some(_) => {
+        Some(JsonKind::String) => {
+            messages.push(Message::new(Role::User, f.require::<String>("input")?))
+        }
+        Some(JsonKind::List) => read_items(f, &mut messages)?,
+        Some(JsonKind::Other) => {
             return Err(ApiError::invalid(
                 "input",
                 "`input` must be a string or a list of items",
@@ -214,94 +216,106 @@ struct Turn {
     reasoning: Option<String>,
 }
 
-fn read_items(items: &[Value], out: &mut Vec<Message>) -> Result<(), ApiError> {
+/// The `input` items, one by one, into `out`.
+fn read_items(f: &Fields, out: &mut Vec<Message>) -> Result<(), ApiError> {
     let mut turn = Turn {
         at: None,
         reasoning: None,
     };
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
-        let item = object(&at, item)?;
-        let kind = item.get("type").and_then(Value::as_str);
-        // An easy input message may leave `type` out.
-        let kind = match (kind, item.get("role")) {
-            (None, Some(_)) => "message",
-            (Some(k), _) => k,
-            (None, None) => {
-                return Err(ApiError::invalid(
-                    format!("{at}.type"),
-                    "an input item needs a `type` (or a `role`, for a message)",
-                ));
-            }
-        };
-        match kind {
-            "message" => {
-                let role: String = text_field(&at, item, "role")?;
-                let content = content(&format!("{at}.content"), item.get("content"))?;
-                match role.as_str() {
-                    "assistant" => {
-                        let message = assistant(&mut turn, out);
-                        message.content.push_str(&content);
-                    }
-                    "user" | "system" | "developer" => {
-                        let role = if role == "user" {
-                            Role::User
-                        } else {
-                            Role::System
-                        };
-                        out.push(Message::new(role, content));
-                        turn.at = None;
-                    }
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("{at}.role"),
-                            format!(
-                                "role {}: use user, assistant, system or developer",
-                                Echo(other)
-                            ),
-                        ));
-                    }
+    f.items("input", |i, item: Value| {
+        read_item(i, &item, &mut turn, out)?;
+        f.within_message_limit("input", out.len())
+    })?;
+    Ok(())
+}
+
+/// Item `i` of `input`: a message of its own, or part of the assistant turn being read.
+fn read_item(
+    i: usize,
+    item: &Value,
+    turn: &mut Turn,
+    out: &mut Vec<Message>,
+) -> Result<(), ApiError> {
+    let at = format!("input[{i}]");
+    let item = object(&at, item)?;
+    let kind = item.get("type").and_then(Value::as_str);
+    // An easy input message may leave `type` out.
+    let kind = match (kind, item.get("role")) {
+        (None, Some(_)) => "message",
+        (Some(k), _) => k,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                "an input item needs a `type` (or a `role`, for a message)",
+            ));
+        }
+    };
+    match kind {
+        "message" => {
+            let role: String = text_field(&at, item, "role")?;
+            let content = content(&format!("{at}.content"), item.get("content"))?;
+            match role.as_str() {
+                "assistant" => {
+                    let message = assistant(turn, out);
+                    message.content.push_str(&content);
+                }
+                "user" | "system" | "developer" => {
+                    let role = if role == "user" {
+                        Role::User
+                    } else {
+                        Role::System
+                    };
+                    out.push(Message::new(role, content));
+                    turn.at = None;
+                }
+                other => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.role"),
+                        format!(
+                            "role {}: use user, assistant, system or developer",
+                            Echo(other)
+                        ),
+                    ));
                 }
             }
-            "reasoning" => {
-                let text = reasoning_text(&at, item)?;
-                // A reasoning item opens the turn it belongs to.
-                turn.at = None;
-                turn.reasoning.get_or_insert_default().push_str(&text);
-            }
-            "function_call" => {
-                let name = text_field(&at, item, "name")?;
-                let name = match value::<String>(&format!("{at}.namespace"), item.get("namespace"))?
-                {
-                    Some(namespace) if !namespace.is_empty() => format!("{namespace}.{name}"),
-                    _ => name,
-                };
-                let call = ToolCall {
-                    id: text_field(&at, item, "call_id")?,
-                    name,
-                    arguments: text_field(&at, item, "arguments")?,
-                };
-                assistant(&mut turn, out).tool_calls.push(call);
-            }
-            "function_call_output" => {
-                let id = text_field(&at, item, "call_id")?;
-                let output = match item.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    other => content(&format!("{at}.output"), other)?,
-                };
-                out.push(Message::tool(id, output));
-                turn.at = None;
-            }
-            other => {
-                return Err(ApiError::invalid(
-                    format!("{at}.type"),
-                    format!(
-                        "input item type {}: k3 reads message, reasoning, function_call and \
-                         function_call_output items",
-                        Echo(other)
-                    ),
-                ));
-            }
+        }
+        "reasoning" => {
+            let text = reasoning_text(&at, item)?;
+            // A reasoning item opens the turn it belongs to.
+            turn.at = None;
+            turn.reasoning.get_or_insert_default().push_str(&text);
+        }
+        "function_call" => {
+            let name = text_field(&at, item, "name")?;
+            let name = match value::<String>(&format!("{at}.namespace"), item.get("namespace"))? {
+                Some(namespace) if !namespace.is_empty() => format!("{namespace}.{name}"),
+                _ => name,
+            };
+            let call = ToolCall {
+                id: text_field(&at, item, "call_id")?,
+                name,
+                arguments: text_field(&at, item, "arguments")?,
+            };
+            assistant(turn, out).tool_calls.push(call);
+        }
+        "function_call_output" => {
+            let id = text_field(&at, item, "call_id")?;
+            let output = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                other => content(&format!("{at}.output"), other)?,
+            };
+            out.push(Message::tool(id, output));
+            turn.at = None;
+        }
+        other => {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                format!(
+                    "input item type {}: k3 reads message, reasoning, function_call and \
+                     function_call_output items",
+                    Echo(other)
+                ),
+            ));
         }
     }
     Ok(())
@@ -400,12 +414,8 @@ fn tools(f: &Fields) -> Result<Declared, ApiError> {
         hosted: Vec::new(),
         namespaces: Vec::new(),
     };
-    for (i, t) in f
-        .get::<Vec<Value>>("tools")?
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
+    f.items("tools", |i, t: Value| {
+        let t = &t;
         let at = format!("tools[{i}]");
         let object = object(&at, t)?;
         let kind = object.get("type").and_then(Value::as_str).unwrap_or("");
@@ -449,7 +459,8 @@ fn tools(f: &Fields) -> Result<Declared, ApiError> {
                 ));
             }
         }
-    }
+        Ok(())
+    })?;
     Ok(declared)
 }
 
