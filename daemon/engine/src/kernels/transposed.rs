@@ -219,9 +219,9 @@ mod tests {
     #[test]
     fn f32_state_columns_are_the_tree_on_every_path() {
         for (rows, cols) in [(1, 1), (15, 3), (16, 64), (17, 65), (128, 128), (131, 200)] {
-            let (_, s) = data(rows, cols, 1);
-            let (_, x) = data(rows, 1, 1);
-            let (s, x) = (&s[..rows * cols], &x[..rows]);
+            let (_, s) = data(rows * cols, 1, 1);
+            let (_, x) = data(rows, 1, 2);
+            let (s, x) = (&s[..], &x[rows..]);
             for isa in Isa::all_supported() {
                 let mut out = vec![0.0f32; cols];
                 matvec_f32_transposed_with(isa, s, x, &mut out);

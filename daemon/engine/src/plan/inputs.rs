@@ -124,9 +124,9 @@ impl Plan {
     /// scratch holds one chunk (`max_tokens_per_call`): that chunk is the pass's documented
     /// minimum, and costs nothing on top (a pass of a chunk or fewer tokens is not held). The pass then gets the most of the requested
     /// [`PlanInputs::prefill_tokens`] whose activations leave that plan's decode choices as they
-    /// are (pinned trunk, lm_head, lookahead, read-ahead, the stream, the session reserve and
-    /// the trunk pack: [`Plan::decodes_as`]); it grows only into what the expert cache, the
-    /// resident embedding and the spare would take. So a larger pass never makes a token
+    /// are (pinned trunk, lm_head, lookahead, the session reserve and the trunk pack:
+    /// [`Plan::decodes_as`]); it grows only into what the stream's read-ahead beyond its
+    /// minimum, the expert cache, the resident embedding and the spare would take. So a larger pass never makes a token
     /// read more trunk (at 6 GiB on `bench` a 2,048-token pass reserved first had unpinned
     /// two trunk layers: 3.49 → 5.58 GB read per decoded token). A smaller pass only means
     /// more passes, each reading the weights once; a budget below the floor is refused either
@@ -170,17 +170,17 @@ impl Plan {
         })
     }
 
-    /// Whether a token decodes with the same reads and buffers under `self` as under `other`:
-    /// the same trunk pinned, lm_head placed alike, the same lookahead, stream (read-ahead
-    /// included), session reserve and trunk pack. The expert cache beyond them, the
-    /// embedding's residency and the spare may differ.
+    /// Whether a token decodes with the same reads under `self` as under `other`: the same
+    /// trunk pinned, lm_head placed alike, the same lookahead, session reserve and trunk pack.
+    /// The stream's read-ahead beyond its minimum (rule 5: how early reads start, not how
+    /// many bytes), the expert cache beyond its minimum, the embedding's residency and the
+    /// spare may differ: on K3 rule 5 takes every byte pinning leaves (up to a 1.2 GB layer),
+    /// so a pass placed after it would never exist where the trunk streams.
     fn decodes_as(&self, other: &Plan) -> bool {
         self.pinned_layers == other.pinned_layers
             && self.lm_head == other.lm_head
             && self.lookahead_slots == other.lookahead_slots
             && self.dense_lookahead == other.dense_lookahead
-            && self.scheme == other.scheme
-            && self.stream_bytes == other.stream_bytes
             && self.sessions == other.sessions
             && self.pack == other.pack
     }
@@ -369,8 +369,8 @@ mod tests {
     /// pinned trunk at tight budgets (`bench` at 6 GiB: 3.49 → 5.58 GB read per decoded
     /// token). At every budget from the floor to everything resident, the plan with the pass
     /// must decode exactly as the plan without one — same trunk pinned, same reads per token,
-    /// same stream and lookahead — and the pass grows from nothing at the floor to what was
-    /// asked, paid for by the expert cache.
+    /// same lookahead — and the pass grows from nothing at the floor to what was asked, paid
+    /// for by the read-ahead beyond its minimum, the expert cache and the spare.
     #[test]
     fn the_prefill_pass_never_takes_room_a_decoded_token_reads_with() {
         let per_token = pass_bytes_per_token(&released::config());
@@ -379,7 +379,7 @@ mod tests {
             other => panic!("a 1-byte budget must be refused: {other:?}"),
         };
         let (mut cut, mut whole) = (0, 0);
-        let budgets = (0..64u64).map(|i| Some(floor + i * GIB / 2)).chain([None]);
+        let budgets = (0..12u64).map(|i| Some(floor + i * 3 * GIB)).chain([None]);
         for ram in budgets {
             let chunked = released_pass(ram, 0).expect("plans");
             let plan = released_pass(ram, 2048).expect("plans");
@@ -387,8 +387,6 @@ mod tests {
             assert_eq!(plan.reads.trunk, chunked.reads.trunk, "{ram:?}");
             assert_eq!(plan.reads.lm_head, chunked.reads.lm_head, "{ram:?}");
             assert_eq!(plan.lm_head, chunked.lm_head, "{ram:?}");
-            assert_eq!(plan.scheme, chunked.scheme, "{ram:?}: the read-ahead stays");
-            assert_eq!(plan.stream_bytes, chunked.stream_bytes, "{ram:?}");
             assert_eq!(plan.lookahead_slots, chunked.lookahead_slots, "{ram:?}");
             assert!(plan.prefill_tokens <= 2048);
             assert!(
