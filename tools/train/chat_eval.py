@@ -142,9 +142,12 @@ def agent_cases(directory):
     return cases
 
 
-def scene_cases(n):
+def scene_cases(n, simple=False):
+    """n held-out scenes: of session 2's full generator, or (simple) of the r4 curriculum's
+    `SimpleScenes` — the same generators as training, from a seed training never uses."""
     _, files = corpus.stdlib_files()
-    scenes = cv.Scenes(corpus.docstring_paragraphs(files), corpus.docstring_facts(files), EVAL_SEED)
+    Scenes = cv.SimpleScenes if simple else cv.Scenes
+    scenes = Scenes(corpus.docstring_paragraphs(files), corpus.docstring_facts(files), EVAL_SEED)
     out = []
     for i in range(n):
         s = scenes.make()
@@ -228,10 +231,12 @@ def main():
     ap.add_argument("model", type=Path)
     ap.add_argument("--k3d", default=str(Path(__file__).resolve().parents[2] / "target/debug/k3d"))
     ap.add_argument("--scenes", type=int, default=60)
+    ap.add_argument("--simple", action="store_true",
+                    help="held-out scenes of SimpleScenes (what --data simple trains on)")
     ap.add_argument("--agents", type=Path)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    cases = scene_cases(a.scenes) + (agent_cases(a.agents) if a.agents else [])
+    cases = scene_cases(a.scenes, a.simple) + (agent_cases(a.agents) if a.agents else [])
     daemon = Daemon(a.k3d, a.model)
     results, tally = [], {}
     try:

@@ -161,14 +161,33 @@ def segments(scene):
     return r.segments
 
 
-def render(tok, scene):
-    """(ids, mask) of a scene, each segment encoded on its own (spec §8)."""
+def render(tok, scene, decisions=False):
+    """(ids, mask) of a scene, each segment encoded on its own (spec §8). The mask is 1 on the
+    reply, 0 on the prompt; with `decisions`, 2 on the reply's ids that decide what kind of
+    reply it is (`decision_segments`)."""
     ids, mask = [], []
-    for value, taught in segments(scene):
+    parts = segments(scene)
+    marked = decision_segments(parts) if decisions else set()
+    for i, (value, taught) in enumerate(parts):
         got = [tok.added(value)] if isinstance(value, int) else tok.encode(value)
         ids += got
-        mask += [taught] * len(got)
+        mask += ([2] + [taught] * (len(got) - 1)) if i in marked and got else [taught] * len(got)
     return ids, mask
+
+
+def decision_segments(parts):
+    """Indices of the reply segments where the reply's kind is decided: its first segment
+    (which channel text: a call's plan, an answer to a result, an answer), the first after
+    `<|open|>response<|sep|>` (the content) and the first after `<|close|>response<|sep|>`
+    (calls or the end of the message). The rest of a reply follows from these and the
+    template, so the loss weighs them separately (train.py, --data simple)."""
+    taught = [i for i, (_, t) in enumerate(parts) if t]
+    marked = set(taught[:1])
+    for i in taught:
+        if i >= 2 and parts[i - 2][0] in (OPEN, CLOSE) and parts[i - 1][0] == "response" and (
+                parts[i][0] == SEP) and i + 1 < len(parts):
+            marked.add(i + 1)
+    return marked
 
 
 def texts(scene):
@@ -739,21 +758,11 @@ class Scenes:
         one in ten as long as a real agent's prompt is in our terms (`long`)."""
         rng = self.rng
         self.size = "short" if short else "long" if rng.random() < 0.1 else "full"
-        r = rng.random()
-        if r < 0.33:
-            scene = self.agent(after_result=False)
-        elif r < 0.55:
-            scene = self.agent(after_result=True)
-        elif r < 0.61:
-            scene = self.weather(after_result=False)
-        elif r < 0.66:
-            scene = self.weather(after_result=True)
-        elif r < 0.90:
-            scene = self.plain()
-        elif r < 0.97:
-            scene = self.declined()
-        else:
-            scene = self.json_answer()
+        scene = draw(rng, [(0.33, lambda: self.agent(after_result=False)),
+                           (0.55, lambda: self.agent(after_result=True)),
+                           (0.61, lambda: self.weather(after_result=False)),
+                           (0.66, lambda: self.weather(after_result=True)),
+                           (0.90, self.plain), (0.97, self.declined), (1.0, self.json_answer)])
         mode = rng.random()
         scene["thinking"] = mode < 0.65
         # With thinking on, k3d's chat completions always name an effort (the note is long, so
@@ -764,6 +773,13 @@ class Scenes:
         return scene
 
 
+def draw(rng, table):
+    """Makes one kind of scene: table is (cumulative probability, maker) in increasing order;
+    one draw of rng picks the first whose probability exceeds it."""
+    r = rng.random()
+    return next(make for bound, make in table if r < bound)()
+
+
 def reply(reasoning, content, calls=None):
     return {"reasoning": reasoning, "content": content, "calls": calls}
 
@@ -771,3 +787,60 @@ def reply(reasoning, content, calls=None):
 def code_answer(rng, task):
     return rng.choice(["Here is the function:\n\n", "", f"Here is {task.goal}:\n\n"]) + (
         f"```python\n{task.code}```")
+
+
+class SimpleScenes(Scenes):
+    """The r4 curriculum: bare scenes only, where the reply depends on three salient
+    features and says which one it read in its first ids.
+
+    * tools declared and the request last → think "I will call SHELL to run `CMD`.", plan
+      "Let me run `CMD`.", one call of the declared shell tool (its name is in the declaration:
+      the model learns to copy it);
+    * a tool's result last → think "The command finished. I can answer now.", an answer;
+    * no tools → think "The user wants …", an answer (a function, a greeting, a refusal to run
+      commands), aider's file listing under aider's system prompt.
+
+    Bare means: at most an intro as the system prompt, the shell tool and at most one other
+    (plain or with descriptions), no earlier turns; with thinking on the effort note is always
+    there (k3d's chat completions always name an effort). Session 2's richer scenes (long agent
+    prompts, reminders, earlier rounds) made the ~100-step run r3 learn the reply formats but
+    not to read the conversation: every reply was the same text.
+    """
+
+    def make(self, short=True):
+        rng = self.rng
+        self.size = "short"
+        scene = draw(rng, [(0.37, lambda: self.simple_agent(after_result=False)),
+                           (0.60, lambda: self.simple_agent(after_result=True)),
+                           (0.65, lambda: self.weather(after_result=False)),
+                           (0.68, lambda: self.weather(after_result=True)), (1.0, self.plain)])
+        scene["thinking"] = rng.random() < 0.65
+        scene["effort"] = rng.choice(["low", "high", "max"]) if scene["thinking"] else None
+        return scene
+
+    def simple_agent(self, after_result):
+        rng = self.rng
+        family = rng.choice(FAMILIES)
+        ask, command, description, _, _, answer, output = self.shell_request()
+        bare = rng.random() < 0.5
+        chosen = [t for t in family.tools if t[0] == family.shell]
+        chosen += rng.sample([t for t in family.tools if t[0] != family.shell], rng.randint(0, 1))
+        rng.shuffle(chosen)
+        tools = [tool(n, d, [p for p in props if p[0] in (family.command_key, "description")]
+                      or props[:1], bare=bare) for n, d, props in chosen]
+        messages = [{"role": "system", "content": rng.choice(AGENT_INTRO[family.name])}] if (
+            rng.random() < 0.5) else []
+        messages.append({"role": "user", "content": ask})
+        call = {"reasoning": f"I will call {family.shell} to run `{command}`.",
+                "content": f"Let me run `{command}`.",
+                "calls": [family.call(command, description)]}
+        if not after_result:
+            return {"tools": tools, "messages": messages, "reply": call}
+        past = dict(call, role="assistant")
+        if rng.random() < 0.5:
+            past["reasoning"] = ""  # agents often drop past thinking
+        if rng.random() < 0.3:
+            past["content"] = ""
+        result = {"role": "tool", "tool": family.shell, "index": 1, "content": output}
+        return {"tools": tools, "messages": messages + [past, result],
+                "reply": reply("The command finished. I can answer now.", answer)}

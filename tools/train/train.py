@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,18 @@ HELD_OUT_EVERY = 10  # every 10th selected file is held out
 EVAL_ROWS = 32
 STEPS = 300
 EXIT_RESUMABLE = 75  # a segment ended, the run goes on (EX_TEMPFAIL)
+# --data simple (run r4): bare scenes of `conversations.SimpleScenes`, each at the start of its
+# row as k3d renders a request (position 0), source text after it (no loss); fewer source rows
+# and the replies weighted up, so that the step is spent on what the reply depends on.
+SIMPLE_BATCH = 2
+SIMPLE_ROWS = 12
+SIMPLE_SEQ = 448
+SIMPLE_REPLY_WEIGHT = 2.0
+# ... and the ids where a reply's kind is decided (mask 2: `conversations.decision_segments`),
+# a mean of their own: ~3 of a reply's ~60 ids, where the reply reads the conversation. Without
+# it run r4 reached a reply loss of ~0.4 with every reply the same call (the template ids
+# dominate the mean).
+SIMPLE_DECISION_WEIGHT = 5.0
 
 
 def select_files():
@@ -131,6 +144,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("work", type=Path)
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--data", choices=["full", "simple"], default="full",
+                    help="the conversations: session 2's full scenes, or SimpleScenes (r4)")
+    ap.add_argument("--init", type=Path,
+                    help="start from this run's weights and tokenizer (its resume.npz, else "
+                    "weights.npz) instead of random ones; fresh optimiser and schedule")
+    ap.add_argument("--peak-lr", type=float, default=PEAK_LR,
+                    help="the held learning rate (a run from --init weights diverged at 4e-3 "
+                    "with a fresh optimiser)")
+    ap.add_argument("--freeze-attn-res", action="store_true",
+                    help="keep every AttnRes pseudo-query at zero (uniform mixing of the block "
+                    "sources): learned, they collapsed onto the embedding and the first block, "
+                    "and layers 3-8 (all MLA layers) got ~1/30-1/1000 of the gradient")
     ap.add_argument("--minutes", type=float, default=0,
                     help="stop after about this many minutes with a resumable state in WORK "
                     f"(exit {EXIT_RESUMABLE}); the next run continues it. 0: run to the end")
@@ -143,9 +168,17 @@ def main():
     lib, all_files, train_files, held_files = select_files()
     docs, facts = corpus.docstring_paragraphs(all_files), corpus.docstring_facts(all_files)
     t0 = time.time()
+    simple = a.data == "simple"
+    batch = SIMPLE_BATCH if simple else BATCH
+    reply_weight = SIMPLE_REPLY_WEIGHT if simple else 1.0
+    decision_weight = SIMPLE_DECISION_WEIGHT if simple else 0.0
+    Scenes = conversations.SimpleScenes if simple else conversations.Scenes
     if Resume(a.work).exists():
         # A resumed run keeps the tokenizer it started with: its weights are for those ids.
         tok = corpus.Tokenizer.read(a.work)
+    elif a.init:
+        tok = corpus.Tokenizer.read(a.init)  # the initial weights are for its ids
+        tok.write(a.work)
     else:
         chat_text, scenes = [], conversations.Scenes(docs, facts, SEED + 2)
         while sum(map(len, chat_text)) < TOKENIZER_CHAT_CHARS:
@@ -159,7 +192,7 @@ def main():
     held = []
     for _, t in held_files:
         held += tok.encode(t)
-    scenes = conversations.Scenes(docs, facts, SEED)
+    scenes = Scenes(docs, facts, SEED)
     print(
         f"tokenizer {tok.n_ranks} ranks in {time.time() - t0:.0f} s; train {len(stream)} ids, "
         f"held-out {len(held)}; {len(docs)} docstring paragraphs, {len(facts)} facts",
@@ -187,8 +220,28 @@ def main():
             replies.append(mask[1:])
         return mx.array(rows), mx.array(replies, dtype=mx.float32)
 
+    def first_rows(scene_source, n, seq, text_rng):
+        """n rows of seq + 1 ids, each starting with one conversation (drawn again if longer
+        than the row), source text after it; mask 1 on the reply (2 on its decision ids), 0 on
+        the prompt, -1 on the source after it (no loss)."""
+        rows, masks = [], []
+        for _ in range(n):
+            while True:
+                ids, mask = conversations.render(tok, scene_source.make(True), decisions=True)
+                if len(ids) <= seq + 1:
+                    break
+            fill = seq + 1 - len(ids)
+            if fill:
+                s = text_rng.randrange(len(stream) - fill)
+                ids, mask = ids + stream[s : s + fill], mask + [-1] * fill
+            rows.append(ids)
+            masks.append(mask[1:])
+        return mx.array(rows), mx.array(masks, dtype=mx.float32)
+
     def step_rows(scene_source, text_rng):
         """One step's conversation rows: (bare rows, their masks, full rows, their masks)."""
+        if simple:
+            return first_rows(scene_source, SIMPLE_ROWS, SIMPLE_SEQ, text_rng)
         return (*chat_rows(scene_source, SHORT_ROWS, SHORT_SEQ, True, text_rng),
                 *chat_rows(scene_source, CHAT_ROWS, CHAT_SEQ, False, text_rng))
 
@@ -202,20 +255,26 @@ def main():
     lm = model.language_model.model
     lm.output_attn_res_proj.weight = mx.zeros_like(lm.output_attn_res_proj.weight)
     model.freeze(keys=["e_score_correction_bias"], strict=False)
+    res_projs = [lm.output_attn_res_proj] + [p for l in lm.layers
+                                             for p in (l.self_attention_res_proj, l.mlp_res_proj)]
+    if a.freeze_attn_res:
+        for proj in res_projs:
+            proj.freeze()
     model.train()
     moe_layers = [l.mlp for l in lm.layers if isinstance(l.mlp, kimi_k3.KimiK3SparseMoE)]
     counter = RoutingCounter(tc["num_experts"])
     train_experts_quantisation_aware()
 
-    def chat_losses(m, short, short_reply, chats, reply):
-        """Cross-entropy of the conversations' replies and of the rest of their rows, each a
-        mean over its ids."""
-        sums = mx.zeros(4)
-        for rows, mask in ((short, short_reply), (chats, reply)):
+    def chat_losses(m, *pairs):
+        """Cross-entropy of the conversations' replies (mask 1) and of the rest of their
+        conversations (mask 0), each a mean over its ids; (rows, mask) pairs."""
+        sums = mx.zeros(6)
+        for rows, mask in zip(pairs[::2], pairs[1::2]):
             ce = nn.losses.cross_entropy(m(rows[:, :-1]), rows[:, 1:])
-            sums = sums + mx.stack([(ce * mask).sum(), mask.sum(),
-                                    (ce * (1 - mask)).sum(), (1 - mask).sum()])
-        return sums[0] / sums[1], sums[2] / sums[3]
+            rest, taught, decided = mask == 0, mask >= 1, mask == 2
+            sums = sums + mx.stack([(ce * taught).sum(), taught.sum(), (ce * rest).sum(),
+                                    rest.sum(), (ce * decided).sum(), decided.sum()])
+        return sums[0] / sums[1], sums[2] / sums[3], sums[4] / mx.maximum(sums[5], 1)
 
     def losses(m, code, *chats):
         """Cross-entropy of the source rows, then `chat_losses`."""
@@ -224,11 +283,12 @@ def main():
         return (code_loss, *chat_losses(m, *chats))
 
     def loss_fn(m, *rows):
-        code_loss, reply_loss, context_loss = losses(m, *rows)
-        loss = code_loss + reply_loss + PROMPT_WEIGHT * context_loss
-        return loss, (code_loss, reply_loss, mx.stack(counter.loads))
+        code_loss, reply_loss, context_loss, decision_loss = losses(m, *rows)
+        loss = (code_loss + reply_weight * reply_loss + PROMPT_WEIGHT * context_loss
+                + decision_weight * decision_loss)
+        return loss, (code_loss, reply_loss, decision_loss, mx.stack(counter.loads))
 
-    eval_rows = step_rows(conversations.Scenes(docs, facts, SEED + 3), random.Random(SEED + 3))
+    eval_rows = step_rows(Scenes(docs, facts, SEED + 3), random.Random(SEED + 3))
 
     def held_out_loss():
         """(source text, conversation replies): held-out files and the conversations of a step
@@ -236,9 +296,9 @@ def main():
         erng = random.Random(SEED + 1)
         rows = mx.array(windows(held, EVAL_ROWS, erng))
         code = []
-        for i in range(0, EVAL_ROWS, BATCH):
-            code.append(float(nn.losses.cross_entropy(model(rows[i : i + BATCH, :-1]),
-                                                      rows[i : i + BATCH, 1:]).mean()))
+        for i in range(0, EVAL_ROWS, batch):
+            code.append(float(nn.losses.cross_entropy(model(rows[i : i + batch, :-1]),
+                                                      rows[i : i + batch, 1:]).mean()))
         return sum(code) / len(code), float(chat_losses(model, *eval_rows)[0])
 
     def schedule(s):
@@ -248,11 +308,20 @@ def main():
         warm = mx.minimum(1.0, (s + 1) / WARMUP)
         start = DECAY_FROM * a.steps
         t = mx.clip((s - start) / (a.steps - start), 0.0, 1.0)
-        return PEAK_LR * warm * (0.1 + 0.45 * (1 + mx.cos(math.pi * t)))
+        return a.peak_lr * warm * (0.1 + 0.45 * (1 + mx.cos(math.pi * t)))
 
     opt = optim.Adam(learning_rate=schedule)
     step_fn = nn.value_and_grad(model, loss_fn)
     resume = Resume(a.work)
+    if a.init and not resume.exists():
+        source = a.init / "resume.npz" if (a.init / "resume.npz").exists() else a.init / "weights.npz"
+        flat = dict(np.load(source))
+        flat = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")} or flat
+        model.update(tree_unflatten([(k, mx.array(v)) for k, v in flat.items()]))
+        print(f"initial weights from {source}", flush=True)
+        if a.freeze_attn_res:
+            for proj in res_projs:
+                proj.weight = mx.zeros_like(proj.weight)
     if resume.exists():
         first, log = resume.load(model, opt, rng, scenes.rng)
         print(f"resuming at step {first}", flush=True)
@@ -261,15 +330,19 @@ def main():
         first, log = 0, {"held_out_before": before[0], "held_out_reply_before": before[1],
                          "steps": []}
         print(f"held-out loss before: source {before[0]:.3f}, replies {before[1]:.3f}", flush=True)
+    # SIGUSR1 ends the process like the end of a segment (resumable, exit 75): a run can be
+    # paused for the CPU, or continued with another --steps (the schedule is read per process).
+    stop = []
+    signal.signal(signal.SIGUSR1, lambda *_: stop.append(True))
     segment = time.time()
     start = segment - (log["steps"][-1]["seconds"] if log["steps"] else 0)
     for step in range(first, a.steps):
-        if a.minutes and time.time() - segment > a.minutes * 60:
+        if stop or (a.minutes and time.time() - segment > a.minutes * 60):
             resume.save(step, log, model, opt, rng, scenes.rng)
             print(f"segment ended before step {step}; run again to continue", flush=True)
             sys.exit(EXIT_RESUMABLE)
-        code = mx.array(windows(stream, BATCH, rng))
-        (loss, (code_loss, reply_loss, loads)), grads = step_fn(model, code, *step_rows(scenes, rng))
+        code = mx.array(windows(stream, batch, rng))
+        (loss, (code_loss, reply_loss, decision_loss, loads)), grads = step_fn(model, code, *step_rows(scenes, rng))
         grads, norm = optim.clip_grad_norm(grads, CLIP)
         opt.update(model, grads)
         # All passes of the step counted: loads has one row per MoE layer and pass.
@@ -281,7 +354,8 @@ def main():
             )
         mx.eval(loss, model.parameters(), opt.state)
         entry = {"step": step, "loss": float(loss), "source_loss": float(code_loss),
-                 "reply_loss": float(reply_loss), "grad_norm": float(norm),
+                 "reply_loss": float(reply_loss), "decision_loss": float(decision_loss),
+                 "grad_norm": float(norm),
                  "seconds": time.time() - start}
         log["steps"].append(entry)
         print(json.dumps(entry), flush=True)
@@ -304,17 +378,23 @@ def main():
         "docstring_facts": len(facts),
         "tokenizer_chat_chars": TOKENIZER_CHAT_CHARS,
         "seed": SEED,
-        "batch": BATCH,
+        "data": a.data,
+        "init": str(a.init) if a.init else None,
+        "batch": batch,
+        "reply_weight": reply_weight,
+        "decision_weight": decision_weight,
         "seq": SEQ,
+        **({"simple_rows": SIMPLE_ROWS, "simple_seq": SIMPLE_SEQ} if simple else {}),
         "short_rows": SHORT_ROWS,
         "short_seq": SHORT_SEQ,
         "chat_rows": CHAT_ROWS,
         "chat_seq": CHAT_SEQ,
         "prompt_weight": PROMPT_WEIGHT,
         "steps": a.steps,
-        "peak_lr": PEAK_LR,
+        "peak_lr": a.peak_lr,
         "decay_from": DECAY_FROM,
         "bias_rate": BIAS_RATE,
+        "freeze_attn_res": a.freeze_attn_res,
     }
     (a.work / "corpus.json").write_text(json.dumps(meta, indent=1) + "\n")
 
