@@ -39,39 +39,60 @@ fn prompt(vocab: usize, seed: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
-fn inputs(ram: Option<u64>, prefill_tokens: u64) -> PlanInputs {
+fn inputs(budget: Budget, prefill_tokens: u64) -> PlanInputs {
     PlanInputs {
-        budget: Budget {
-            ram,
-            ..Budget::default()
-        },
+        budget,
         prefill_tokens,
         sequences: 2,
         ..PlanInputs::default()
     }
 }
 
-/// The smallest budget whose plan holds a whole pass of [`PASS_TOKENS`]: the floor without
-/// passes plus the pass's activations.
+/// `ram` with at most `trunk` bytes pinned and no read-ahead beyond the stream's own: the
+/// plan then has a known place for everything else, and the pass (which comes after the
+/// trunk, lm_head and read-ahead) gets the rest.
+fn capped(ram: u64, trunk: u64) -> Budget {
+    Budget {
+        ram: Some(ram),
+        trunk: Some(trunk),
+        read_ahead: Some(0),
+        ..Budget::default()
+    }
+}
+
+/// The smallest budget whose plan holds a whole pass of [`PASS_TOKENS`] with nothing pinned:
+/// the floor without passes, a resident lm_head (placed before the pass) and the pass's
+/// activations.
 fn minimum_with_pass(c: &Checkpoint) -> u64 {
-    match Plan::for_model(&c.config, &c.layout, &inputs(Some(1), 0)) {
+    let lm_head = Plan::for_model(&c.config, &c.layout, &inputs(Budget::default(), 0))
+        .expect("max plan")
+        .lm_head_bytes;
+    match Plan::for_model(&c.config, &c.layout, &inputs(capped(1, 0), 0)) {
         Err(PlanError::BudgetTooSmall { needed, .. }) => {
-            needed + PASS_TOKENS * pass_bytes_per_token(&c.config)
+            needed + lm_head + PASS_TOKENS * pass_bytes_per_token(&c.config)
         }
         other => panic!("a 1-byte budget must be refused, got {other:?}"),
     }
 }
 
 /// Three budgets: everything resident; half the trunk pinned; the minimum (nothing pinned).
-fn budgets(c: &Checkpoint) -> Vec<(String, Option<u64>)> {
+fn budgets(c: &Checkpoint) -> Vec<(String, Budget)> {
     let min = minimum_with_pass(c);
-    let all = Plan::for_model(&c.config, &c.layout, &inputs(None, PASS_TOKENS))
-        .expect("max plan")
-        .total();
+    let half = Plan::for_model(
+        &c.config,
+        &c.layout,
+        &inputs(Budget::default(), PASS_TOKENS),
+    )
+    .expect("max plan")
+    .pinned_trunk_bytes
+        / 2;
     vec![
-        ("max".into(), None),
-        (format!("middle {}", (min + all) / 2), Some((min + all) / 2)),
-        (format!("minimum {min}"), Some(min)),
+        ("max".into(), Budget::default()),
+        (
+            format!("half the trunk, {}", min + half),
+            capped(min + half, half),
+        ),
+        (format!("minimum {min}"), capped(min, 0)),
     ]
 }
 
@@ -169,9 +190,9 @@ fn a_long_prompt_in_one_pass_gives_the_chunked_logit_bytes_at_every_budget_and_t
     };
     assert_eq!(reference.len(), PROMPT_TOKENS * c.config.vocab_size);
     let mut other_reference = None;
-    for (name, ram) in budgets(&c) {
+    for (name, budget) in budgets(&c) {
         let options = LoadOptions {
-            plan: inputs(ram, PASS_TOKENS),
+            plan: inputs(budget, PASS_TOKENS),
             ..LoadOptions::default()
         };
         let model = Model::load(&c, options).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -191,11 +212,11 @@ fn a_long_prompt_in_one_pass_gives_the_chunked_logit_bytes_at_every_budget_and_t
     }
 }
 
-fn engine(dir: &Path, threads: usize, ram: Option<u64>, prefill_tokens: u64) -> Engine {
+fn engine(dir: &Path, threads: usize, budget: Budget, prefill_tokens: u64) -> Engine {
     let options = EngineOptions {
         threads,
         model: LoadOptions {
-            plan: inputs(ram, prefill_tokens),
+            plan: inputs(budget, prefill_tokens),
             ..LoadOptions::default()
         },
         ..EngineOptions::default()
@@ -249,11 +270,11 @@ fn the_engine_feeds_a_long_prompt_as_one_pass_with_the_chunked_ids() {
     let c = Checkpoint::open(dir.path()).expect("open");
     let layers = c.config.num_hidden_layers;
     let ids = prompt(c.config.vocab_size, 40, PROMPT_TOKENS);
-    let chunked = generate(&engine(dir.path(), 1, None, 0), &ids, 6);
+    let chunked = generate(&engine(dir.path(), 1, Budget::default(), 0), &ids, 6);
     assert_eq!(chunked.prefill_steps.len(), PROMPT_TOKENS.div_ceil(32));
-    for (name, ram) in budgets(&c) {
+    for (name, budget) in budgets(&c) {
         for threads in [1, 2] {
-            let e = engine(dir.path(), threads, ram, PASS_TOKENS);
+            let e = engine(dir.path(), threads, budget, PASS_TOKENS);
             assert_eq!(
                 e.pass_tokens(),
                 PASS_TOKENS as usize,
@@ -282,8 +303,12 @@ fn the_engine_feeds_a_long_prompt_as_one_pass_with_the_chunked_ids() {
     // The same plan but for the pass's activations: the minimum with them, and without.
     let min = minimum_with_pass(&c);
     let pass_bytes = PASS_TOKENS * pass_bytes_per_token(&c.config);
-    let one = generate(&engine(dir.path(), 1, Some(min), PASS_TOKENS), &ids, 1);
-    let many = generate(&engine(dir.path(), 1, Some(min - pass_bytes), 0), &ids, 1);
+    let one = generate(&engine(dir.path(), 1, capped(min, 0), PASS_TOKENS), &ids, 1);
+    let many = generate(
+        &engine(dir.path(), 1, capped(min - pass_bytes, 0), 0),
+        &ids,
+        1,
+    );
     assert_eq!(one.generated, many.generated);
     assert!(
         one.prefill_bytes * 5 < many.prefill_bytes,
@@ -299,7 +324,7 @@ fn a_decode_runs_between_the_layers_of_a_pass_and_a_cancelled_pass_frees_its_tok
     synth("tiny", dir.path());
     let c = Checkpoint::open(dir.path()).expect("open");
     let layers = c.config.num_hidden_layers;
-    let e = engine(dir.path(), 2, None, PASS_TOKENS);
+    let e = engine(dir.path(), 2, Budget::default(), PASS_TOKENS);
     let long = prompt(c.config.vocab_size, 50, PROMPT_TOKENS);
     let short = prompt(c.config.vocab_size, 51, 4);
     let alone = generate(&e, &short, 4).generated;

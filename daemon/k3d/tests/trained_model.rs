@@ -164,8 +164,8 @@ fn speedup_script_prices_the_steps(plain: &Value, spec: &Value, per_forward: &[u
 /// Routing lookahead across the dense layer 0 (issue 16 item 4): guessing layer 1's experts
 /// from layer 0's input or its MLP's input only moves when reads start — the ids and the
 /// `--dump-logits` bytes are those of `off` — and every guess for layer 1 is then made early,
-/// while no other layer's is. `input` is the default. At 0.004 GiB, with a prefill pass sized
-/// for the prompt, the whole trunk is resident and the plan grants lookahead slots.
+/// while no other layer's is. `input` is the default. At 0.004 GiB the whole trunk is resident
+/// and the plan grants lookahead slots (the default prefill pass takes none of that room).
 #[test]
 fn dense_lookahead_guesses_layer_1_early_and_changes_no_bit() {
     let dir = tempfile::Builder::new()
@@ -183,10 +183,6 @@ fn dense_lookahead_guesses_layer_1_early_and_changes_no_bit() {
             "16",
             "--ram-gb",
             "0.004",
-            // The prompt is 10 ids: a pass of 16 leaves the trunk and lookahead the room this
-            // test is about (the default 2,048-token pass would take it at this budget).
-            "--prefill-tokens",
-            "16",
             "--json",
             "--dump-logits",
             dump.to_str().expect("UTF-8 path"),

@@ -8,6 +8,7 @@
 
 pub(crate) mod aligned;
 pub mod elementwise;
+pub mod exp;
 pub mod isa;
 pub mod matmul;
 pub mod mxfp4;
@@ -23,4 +24,7 @@ pub use matmul::{
     Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_bf16_with, matmul_f32, matmul_f32_with,
     matmul_mxfp4, matmul_mxfp4_with,
 };
-pub use transposed::{matmul_bf16_transposed, matmul_bf16_transposed_with};
+pub use transposed::{
+    matmul_bf16_transposed, matmul_bf16_transposed_with, matvec_f32_transposed,
+    matvec_f32_transposed_with,
+};

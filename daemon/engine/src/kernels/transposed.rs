@@ -79,16 +79,30 @@ unsafe fn column_block_avx2(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [
 #[inline(always)]
 fn column_block(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
     let n = out.len();
-    let full = w.rows - w.rows % LANES;
-    let row_bytes = |r: usize| &w.bytes[2 * (r * w.cols + c0)..2 * (r * w.cols + c0 + n)];
+    let row = |r: usize| {
+        let bytes = &w.bytes[2 * (r * w.cols + c0)..2 * (r * w.cols + c0 + n)];
+        bytes.as_chunks::<2>().0
+    };
+    columns_by(w.rows, x, row, |b: [u8; 2]| bf16_to_f32(b[0], b[1]), out);
+}
+
+/// `out[j] = round_f32(Σ_r widen(row(r)[j]) · x[r])` by the fixed tree over the `rows` rows,
+/// for the `out.len() ≤ COL_BLOCK` columns each `row(r)` holds.
+#[inline(always)]
+fn columns_by<'w, E: Copy + 'w>(
+    rows: usize,
+    x: &[f32],
+    row: impl Fn(usize) -> &'w [E],
+    widen: impl Fn(E) -> f32,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    let full = rows - rows % LANES;
     let mut lanes = [[0.0f64; COL_BLOCK]; LANES];
     for r in 0..full {
         let xr = x[r] as f64;
-        for (acc, b) in lanes[r % LANES][..n]
-            .iter_mut()
-            .zip(row_bytes(r).chunks_exact(2))
-        {
-            *acc += bf16_to_f32(b[0], b[1]) as f64 * xr;
+        for (acc, &e) in lanes[r % LANES][..n].iter_mut().zip(row(r)) {
+            *acc += widen(e) as f64 * xr;
         }
     }
     let mut sums = [0.0f64; COL_BLOCK];
@@ -96,15 +110,53 @@ fn column_block(w: Bf16Matrix<'_>, x: &[f32], c0: usize, out: &mut [f32]) {
         *s = combine_lanes(&std::array::from_fn(|k| lanes[k][j]));
     }
     // The n mod 16 tail rows, added one by one in increasing row order.
-    for (r, &xv) in x.iter().enumerate().skip(full) {
+    for (r, &xv) in x.iter().enumerate().take(rows).skip(full) {
         let xr = xv as f64;
-        for (s, b) in sums[..n].iter_mut().zip(row_bytes(r).chunks_exact(2)) {
-            *s += bf16_to_f32(b[0], b[1]) as f64 * xr;
+        for (s, &e) in sums[..n].iter_mut().zip(row(r)) {
+            *s += widen(e) as f64 * xr;
         }
     }
     for (y, s) in out.iter_mut().zip(&sums) {
         *y = *s as f32;
     }
+}
+
+/// `out[j] = round_f32(Σ_i x[i] · S[i][j])` for a row-major f32 `S = [x.len(), out.len()]`,
+/// each sum by the fixed tree over `i` (KDA's state reads `Sᵀk` and `Sᵀq`, spec §4.5), on
+/// the calling thread. Fastest path.
+pub fn matvec_f32_transposed(s: &[f32], x: &[f32], out: &mut [f32]) {
+    matvec_f32_transposed_with(Isa::detect(), s, x, out)
+}
+
+/// [`matvec_f32_transposed`] on a chosen path; every path gives the same bits.
+pub fn matvec_f32_transposed_with(isa: Isa, s: &[f32], x: &[f32], out: &mut [f32]) {
+    let cols = out.len();
+    assert_eq!(s.len(), x.len() * cols, "state shape");
+    for (b, block) in out.chunks_mut(COL_BLOCK).enumerate() {
+        let c0 = b * COL_BLOCK;
+        match isa.kind() {
+            // SAFETY: an `Isa` of kind Avx2 or Avx512 is only constructed after
+            // `IsaKind::is_supported` detected AVX2 (and more), the one feature enabled below.
+            #[cfg(target_arch = "x86_64")]
+            IsaKind::Avx2 | IsaKind::Avx512 => unsafe { f32_columns_avx2(s, x, c0, block) },
+            _ => f32_columns(s, x, c0, block),
+        }
+    }
+}
+
+/// [`f32_columns`] with AVX2 code generation; the same operations in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn f32_columns_avx2(s: &[f32], x: &[f32], c0: usize, out: &mut [f32]) {
+    f32_columns(s, x, c0, out)
+}
+
+/// Columns `c0 .. c0 + out.len()` of `xᵀ · S` for a row-major f32 `S` of `x.len()` rows.
+#[inline(always)]
+fn f32_columns(s: &[f32], x: &[f32], c0: usize, out: &mut [f32]) {
+    let (n, cols) = (out.len(), s.len() / x.len().max(1));
+    let row = |r: usize| &s[r * cols + c0..r * cols + c0 + n];
+    columns_by(x.len(), x, row, |v: f32| v, out);
 }
 
 #[cfg(test)]
@@ -160,6 +212,27 @@ mod tests {
                 let mut one = vec![0.0f32; cols];
                 matmul_bf16_transposed(w, x, &mut one);
                 assert_eq!(one, ys[tok * cols..(tok + 1) * cols]);
+            }
+        }
+    }
+
+    #[test]
+    fn f32_state_columns_are_the_tree_on_every_path() {
+        for (rows, cols) in [(1, 1), (15, 3), (16, 64), (17, 65), (128, 128), (131, 200)] {
+            let (_, s) = data(rows * cols, 1, 1);
+            let (_, x) = data(rows, 1, 2);
+            let (s, x) = (&s[..], &x[rows..]);
+            for isa in Isa::all_supported() {
+                let mut out = vec![0.0f32; cols];
+                matvec_f32_transposed_with(isa, s, x, &mut out);
+                for (c, y) in out.iter().enumerate() {
+                    let tree = tree_sum(rows, |r| x[r] as f64 * s[r * cols + c] as f64);
+                    assert_eq!(
+                        y.to_bits(),
+                        (tree as f32).to_bits(),
+                        "{isa:?} {rows}×{cols} column {c}"
+                    );
+                }
             }
         }
     }

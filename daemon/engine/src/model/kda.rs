@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use super::mlp::{Linear, Matrix, apply};
 use super::{ModelError, grain};
 use crate::kernels::elementwise::{sigmoid, silu};
+use crate::kernels::matvec_f32_transposed;
 use crate::kernels::norm::{l2_norm, rms_norm};
 use crate::kernels::reduce::tree_sum;
 
@@ -449,7 +450,7 @@ fn head_recurrence(
             *qi = (*qi as f64 * q_scale) as f32;
         }
         // 4. read the updated state with the scaled query: o = Sᵀq.
-        read_columns(s, &q, &mut o);
+        matvec_f32_transposed(s, &q, &mut o);
         // o_norm first, then the sigmoid gate (spec §5.3 item 7).
         let dst = &mut out[tok * d..(tok + 1) * d];
         rms_norm(&o, &p.o_norm, dims.eps, dst);
@@ -481,21 +482,13 @@ fn write_step(
         }
     }
     // 2. read with the key: u = Sᵀk.
-    read_columns(s, k, u);
+    matvec_f32_transposed(s, k, u);
     // 3. delta-rule write: S[i][j] += k_i·β·(v_j − u_j), right side in f64.
     for (row, &ki) in s.chunks_exact_mut(d).zip(k.iter()) {
         let kb = ki as f64 * beta;
         for ((sij, &vj), &uj) in row.iter_mut().zip(v).zip(u.iter()) {
             *sij = (*sij as f64 + kb * (vj as f64 - uj as f64)) as f32;
         }
-    }
-}
-
-/// `out[j] = Σ_i w[i] · S[i][j]` for a row-major `D×D` state, each sum with the fixed tree.
-fn read_columns(s: &[f32], w: &[f32], out: &mut [f32]) {
-    let d = w.len();
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = tree_sum(d, |i| w[i] as f64 * s[i * d + j] as f64) as f32;
     }
 }
 

@@ -30,9 +30,9 @@ use super::ModelError;
 use super::mlp::{Linear, Matrix, apply};
 use crate::kernels::elementwise::sigmoid;
 use crate::kernels::norm::rms_norm;
-use crate::kernels::reduce::dot_f32;
-use crate::kernels::softmax::softmax_f64;
-use crate::kernels::{Bf16Matrix, matmul_bf16, matmul_bf16_transposed};
+use crate::kernels::reduce::dot_f32_with;
+use crate::kernels::softmax::{accumulate_weighted, softmax_f64_in_place};
+use crate::kernels::{Bf16Matrix, Isa, matmul_bf16, matmul_bf16_transposed};
 
 /// ε of `q_a_layernorm` and `kv_a_layernorm`: the class default 1e-6, not `rms_norm_eps`
 /// (spec §4.1; §5.3 item 16).
@@ -196,6 +196,7 @@ fn attend(dims: &MlaDims, kv_b: &[u8], q: &[f32], caches: &[(&[f32], usize)]) ->
         Bf16Matrix::new(&kv_b[2 * r0 * lw..2 * (r0 + n) * lw], n, lw)
     };
     let scale = 1.0 / (dims.qk() as f64).sqrt();
+    let isa = Isa::detect();
     // One task per head (independent outputs, spec §6.1 rule 4): all rows' queries through
     // its kv_b_proj rows, each row's causal attention over its own sequence's cache, and all
     // rows' outputs `[rows][v]`.
@@ -209,32 +210,21 @@ fn attend(dims: &MlaDims, kv_b: &[u8], q: &[f32], caches: &[(&[f32], usize)]) ->
             let q_nope: Vec<f32> = (0..t).flat_map(|tok| q_head(tok).0).copied().collect();
             let mut q_lat = vec![0.0f32; t * lw];
             matmul_bf16_transposed(head_rows(h, 0, dims.nope), &q_nope, &mut q_lat);
-            let mut query = vec![0.0f32; cw];
-            let mut acc = vec![0.0f64; lw];
             let mut mix = vec![0.0f32; t * lw];
+            let mut block = QueryBlock::new(isa, cw, lw, scale);
             let mut tok = 0;
             for &(rows, n) in caches {
                 // The member's rows are the cache's last `n` positions.
                 let first = rows.len() / cw - n;
-                for at in first..first + n {
-                    query[..lw].copy_from_slice(&q_lat[tok * lw..(tok + 1) * lw]);
-                    query[lw..].copy_from_slice(q_head(tok).1);
-                    let visible = &rows[..(at + 1) * cw];
-                    let scores: Vec<f64> = visible
-                        .chunks_exact(cw)
-                        .map(|key| dot_f32(&query, key) * scale)
-                        .collect();
-                    let pi = softmax_f64(&scores);
-                    acc.fill(0.0);
-                    for (&w, key) in pi.iter().zip(visible.chunks_exact(cw)) {
-                        for (a, &l) in acc.iter_mut().zip(&key[..lw]) {
-                            *a += w * l as f64;
-                        }
-                    }
-                    for (y, &a) in mix[tok * lw..(tok + 1) * lw].iter_mut().zip(&acc) {
+                for start in (0..n).step_by(QUERY_BLOCK) {
+                    let b = QUERY_BLOCK.min(n - start);
+                    let queries =
+                        (tok..tok + b).map(|tok| (&q_lat[tok * lw..(tok + 1) * lw], q_head(tok).1));
+                    block.attend(rows, first + start, queries);
+                    for (y, &a) in mix[tok * lw..(tok + b) * lw].iter_mut().zip(&block.acc) {
                         *y = a as f32;
                     }
-                    tok += 1;
+                    tok += b;
                 }
             }
             let mut o_head = vec![0.0f32; t * dims.v];
@@ -251,4 +241,79 @@ fn attend(dims: &MlaDims, kv_b: &[u8], q: &[f32], caches: &[(&[f32], usize)]) ->
         }
     }
     o
+}
+
+/// Queries of one head attended together: each cache row is then loaded once per block
+/// instead of once per query (at 40,000 positions a head's rows are megabytes, far beyond the
+/// core's caches). Blocking changes no bit: every score is the same dot, every softmax the same
+/// row, and each query's mix sums its own positions in index order.
+const QUERY_BLOCK: usize = 16;
+
+/// The buffers of one [`QUERY_BLOCK`] of queries, reused from block to block.
+struct QueryBlock {
+    isa: Isa,
+    /// Cache row width (`kv_lora + rope`) and latent width (`kv_lora`).
+    cw: usize,
+    lw: usize,
+    /// The score scale `1/√(nope + rope)`.
+    scale: f64,
+    /// The queries `[b][cw]`: `[q̃_h | q_rope_h]`.
+    queries: Vec<f32>,
+    /// Query i's scores, then probabilities, over positions `0..=at0 + i`, at `i · width`.
+    scores: Vec<f64>,
+    /// The mixes `[b][lw]`, f64 (module doc: `m_h`).
+    acc: Vec<f64>,
+}
+
+impl QueryBlock {
+    fn new(isa: Isa, cw: usize, lw: usize, scale: f64) -> QueryBlock {
+        QueryBlock {
+            isa,
+            cw,
+            lw,
+            scale,
+            queries: Vec::new(),
+            scores: Vec::new(),
+            acc: Vec::new(),
+        }
+    }
+
+    /// Attends the queries at positions `at0, at0 + 1, …` (given as their latent and rope
+    /// parts) over `rows`, the member's cache rows; leaves the mixes in `self.acc`.
+    fn attend<'q>(
+        &mut self,
+        rows: &[f32],
+        at0: usize,
+        queries: impl Iterator<Item = (&'q [f32], &'q [f32])>,
+    ) {
+        let (cw, lw) = (self.cw, self.lw);
+        self.queries.clear();
+        for (lat, rope) in queries {
+            self.queries.extend_from_slice(lat);
+            self.queries.extend_from_slice(rope);
+        }
+        let b = self.queries.len() / cw;
+        let width = at0 + b;
+        let keys = || rows[..width * cw].chunks_exact(cw).enumerate();
+        self.scores.clear();
+        self.scores.resize(b * width, 0.0);
+        // Query i sees positions 0..=at0 + i.
+        for (s, key) in keys() {
+            for i in s.saturating_sub(at0)..b {
+                let query = &self.queries[i * cw..(i + 1) * cw];
+                self.scores[i * width + s] = dot_f32_with(self.isa, query, key) * self.scale;
+            }
+        }
+        for i in 0..b {
+            softmax_f64_in_place(&mut self.scores[i * width..i * width + at0 + i + 1]);
+        }
+        self.acc.clear();
+        self.acc.resize(b * lw, 0.0);
+        for (s, key) in keys() {
+            for i in s.saturating_sub(at0)..b {
+                let w = self.scores[i * width + s];
+                accumulate_weighted(self.isa, &mut self.acc[i * lw..(i + 1) * lw], w, &key[..lw]);
+            }
+        }
+    }
 }

@@ -117,28 +117,72 @@ impl PlanInputs {
 
 impl Plan {
     /// The memory plan for loading `config`/`layout` with `inputs`, computed before anything is
-    /// allocated. The prefill passes get the requested tokens' activations if the budget holds
-    /// them on top of everything else's minimum, else half as many, and so on: a smaller pass
-    /// only means more passes (each reading the weights once), while a budget below the floor
-    /// is refused either way.
+    /// allocated.
+    ///
+    /// The prefill pass (issue 30) comes after everything decode reads with: the plan is first
+    /// made without it — exactly the plan of a daemon feeding prompts in chunks, whose call
+    /// scratch holds one chunk (`max_tokens_per_call`): that chunk is the pass's documented
+    /// minimum, and costs nothing on top (a pass of a chunk or fewer tokens is not held). The pass then gets the most of the requested
+    /// [`PlanInputs::prefill_tokens`] whose activations leave that plan's decode choices as they
+    /// are (pinned trunk, lm_head, lookahead, the session reserve and the trunk pack:
+    /// [`Plan::decodes_as`]); it grows only into what the stream's read-ahead beyond its
+    /// minimum, the expert cache, the resident embedding and the spare would take. So a larger pass never makes a token
+    /// read more trunk (at 6 GiB on `bench` a 2,048-token pass reserved first had unpinned
+    /// two trunk layers: 3.49 → 5.58 GB read per decoded token). A smaller pass only means
+    /// more passes, each reading the weights once; a budget below the floor is refused either
+    /// way.
     pub fn for_model(
         config: &ModelConfig,
         layout: &ModelLayout,
         inputs: &PlanInputs,
     ) -> Result<Plan, PlanError> {
-        let mut tokens = inputs.prefill_tokens;
-        loop {
-            let pass = tokens.saturating_mul(pass_bytes_per_token(config));
+        let per_token = pass_bytes_per_token(config);
+        let chunked = Plan {
+            prefill_asked: inputs.prefill_tokens,
+            ..Plan::with_scratch(config, layout, inputs, 0)?
+        };
+        // The largest pass whose plan decodes as the chunked one (more pass bytes only take
+        // room from the choices made after decode's), by bisection over the tokens.
+        let mut plan = chunked.clone();
+        let (mut held, mut refused) = (0, inputs.prefill_tokens.saturating_add(1));
+        while refused - held > 1 {
+            let tokens = held + (refused - held) / 2;
+            let pass = tokens.saturating_mul(per_token);
             match Plan::with_scratch(config, layout, inputs, pass) {
-                Ok(mut plan) => {
-                    plan.prefill_tokens = tokens;
-                    plan.prefill_bytes = pass;
-                    return Ok(plan);
+                Ok(with_pass) if with_pass.decodes_as(&chunked) => {
+                    held = tokens;
+                    plan = Plan {
+                        prefill_tokens: tokens,
+                        prefill_bytes: pass,
+                        prefill_asked: inputs.prefill_tokens,
+                        ..with_pass
+                    };
                 }
-                Err(PlanError::BudgetTooSmall { .. }) if tokens > 0 => tokens /= 2,
+                Ok(_) | Err(PlanError::BudgetTooSmall { .. }) => refused = tokens,
                 Err(e) => return Err(e),
             }
         }
+        // A pass no longer than a chunk is fed as a chunk (`engine::passes`): hold none.
+        Ok(if held <= inputs.max_tokens_per_call {
+            chunked
+        } else {
+            plan
+        })
+    }
+
+    /// Whether a token decodes with the same reads under `self` as under `other`: the same
+    /// trunk pinned, lm_head placed alike, the same lookahead, session reserve and trunk pack.
+    /// The stream's read-ahead beyond its minimum (rule 5: how early reads start, not how
+    /// many bytes), the expert cache beyond its minimum, the embedding's residency and the
+    /// spare may differ: on K3 rule 5 takes every byte pinning leaves (up to a 1.2 GB layer),
+    /// so a pass placed after it would never exist where the trunk streams.
+    fn decodes_as(&self, other: &Plan) -> bool {
+        self.pinned_layers == other.pinned_layers
+            && self.lm_head == other.lm_head
+            && self.lookahead_slots == other.lookahead_slots
+            && self.dense_lookahead == other.dense_lookahead
+            && self.sessions == other.sessions
+            && self.pack == other.pack
     }
 
     /// The plan with `pass` bytes of prefill-pass activations on top of the call scratch.
@@ -305,6 +349,69 @@ mod tests {
 
     /// One released state at the default 4,096 positions (spec §5.1).
     const ONE_STATE: u64 = 464_633_856 + 55_296 * 4096;
+
+    /// The released model's plan for one sequence at `ram`, asking for a pass of `tokens`.
+    fn released_pass(ram: Option<u64>, tokens: u64) -> Result<Plan, PlanError> {
+        let config = released::config();
+        let layout = bind(&config, &released::index(&config)).expect("binds");
+        let inputs = PlanInputs {
+            budget: Budget {
+                ram,
+                ..Budget::default()
+            },
+            prefill_tokens: tokens,
+            ..PlanInputs::default()
+        };
+        Plan::for_model(&config, &layout, &inputs)
+    }
+
+    /// Issue 30's regression: a 2,048-token pass reserved before the trunk was pinned took
+    /// pinned trunk at tight budgets (`bench` at 6 GiB: 3.49 → 5.58 GB read per decoded
+    /// token). At every budget from the floor to everything resident, the plan with the pass
+    /// must decode exactly as the plan without one — same trunk pinned, same reads per token,
+    /// same lookahead — and the pass grows from nothing at the floor to what was asked, paid
+    /// for by the read-ahead beyond its minimum, the expert cache and the spare.
+    #[test]
+    fn the_prefill_pass_never_takes_room_a_decoded_token_reads_with() {
+        let per_token = pass_bytes_per_token(&released::config());
+        let floor = match released_pass(Some(1), 2048) {
+            Err(PlanError::BudgetTooSmall { needed, .. }) => needed,
+            other => panic!("a 1-byte budget must be refused: {other:?}"),
+        };
+        let (mut cut, mut whole) = (0, 0);
+        let budgets = (0..12u64).map(|i| Some(floor + i * 3 * GIB)).chain([None]);
+        for ram in budgets {
+            let chunked = released_pass(ram, 0).expect("plans");
+            let plan = released_pass(ram, 2048).expect("plans");
+            assert_eq!(plan.pinned_layers, chunked.pinned_layers, "{ram:?}\n{plan}");
+            assert_eq!(plan.reads.trunk, chunked.reads.trunk, "{ram:?}");
+            assert_eq!(plan.reads.lm_head, chunked.reads.lm_head, "{ram:?}");
+            assert_eq!(plan.lm_head, chunked.lm_head, "{ram:?}");
+            assert_eq!(plan.lookahead_slots, chunked.lookahead_slots, "{ram:?}");
+            assert!(plan.prefill_tokens <= 2048);
+            assert!(
+                plan.prefill_tokens == 0 || plan.prefill_tokens > 32,
+                "a pass of a chunk or fewer is not held"
+            );
+            assert_eq!(plan.prefill_bytes, plan.prefill_tokens * per_token);
+            assert_eq!(plan.prefill_asked, 2048);
+            assert_eq!(chunked.prefill_tokens, 0);
+            if let Some(ram) = ram {
+                assert!(plan.total() <= ram, "{plan}");
+            }
+            assert!(plan.cache_slots <= chunked.cache_slots, "the cache pays");
+            match plan.prefill_tokens {
+                0 => assert!(plan.to_string().contains("in chunks"), "{plan}"),
+                2048 => whole += 1,
+                _ => {
+                    cut += 1;
+                    assert!(plan.to_string().contains("2048 asked"), "{plan}");
+                }
+            }
+        }
+        assert_eq!(released_pass(Some(floor), 2048).unwrap().prefill_tokens, 0);
+        assert!(cut > 0 && whole > 0, "cut {cut}, whole {whole}");
+    }
 
     #[test]
     fn serving_reserves_every_active_request_and_the_batch_rows() {

@@ -178,12 +178,15 @@ pub struct Plan {
     pub state_bytes: u64,
     pub scratch_bytes: u64,
     /// Prompt tokens one layer-major prefill pass may feed (issue 30): the most of the
-    /// requested [`PlanInputs::prefill_tokens`] whose activations fit the budget (counted in
-    /// `scratch_bytes`), 0 when none was asked for or none fits. A prompt of T tokens takes
+    /// requested [`PlanInputs::prefill_tokens`] whose activations (counted in
+    /// `scratch_bytes`) leave every decode choice as it is ([`Plan::for_model`]), 0 when none
+    /// was asked for or none fits: prompts are then fed in chunks. A prompt of T tokens takes
     /// ⌈T / prefill_tokens⌉ passes, each reading the weights once.
     pub prefill_tokens: u64,
     /// Of `scratch_bytes`, what those passes' activations take.
     pub prefill_bytes: u64,
+    /// The pass asked for ([`PlanInputs::prefill_tokens`]), for the printout.
+    pub prefill_asked: u64,
     pub model_vectors_bytes: u64,
     pub reads: ReadsPerToken,
     /// The smallest trunk layer left streaming (0: none): headroom below it could not pin one.
@@ -438,14 +441,29 @@ impl fmt::Display for Plan {
             gb(self.scratch_bytes),
             self.model_vectors_bytes
         )?;
+        let cut = if self.prefill_tokens < self.prefill_asked {
+            format!(
+                "; {} asked, the rest of the budget goes first to what each decoded token reads",
+                self.prefill_asked
+            )
+        } else {
+            String::new()
+        };
         if self.prefill_tokens > 0 {
             writeln!(
                 f,
                 "  prefill    passes of up to {} prompt tokens, each reading the weights once \
-                 ({} of activations, in scratch); a longer prompt takes ⌈tokens / {}⌉ passes",
+                 ({} of activations, in scratch); a longer prompt takes ⌈tokens / {}⌉ passes{cut}",
                 self.prefill_tokens,
                 gb(self.prefill_bytes),
                 self.prefill_tokens
+            )?;
+        } else if self.prefill_asked > 0 {
+            writeln!(
+                f,
+                "  prefill    in chunks, each reading the weights again: no pass fits beside \
+                 what each decoded token reads ({} asked)",
+                self.prefill_asked
             )?;
         }
         if self.pack != PackPlan::None {

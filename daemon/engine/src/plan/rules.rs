@@ -278,6 +278,7 @@ impl<'c> Costs<'c> {
             // Set by `Plan::for_model`, which sizes the passes.
             prefill_tokens: 0,
             prefill_bytes: 0,
+            prefill_asked: 0,
             model_vectors_bytes: census.model_vectors_bytes,
             reads: ReadsPerToken {
                 // A chunk stream reads a streamed layer's matrices; a ring its whole run.
