@@ -163,6 +163,16 @@ pub enum JsonKind {
     Other,
 }
 
+/// A required list of `items` items (as [`Fields::items`] counted them) that must not be
+/// empty.
+pub fn not_empty(name: &str, items: Option<usize>) -> Result<(), ApiError> {
+    match items {
+        None => Err(ApiError::invalid(name, format!("`{name}` is required"))),
+        Some(0) => Err(ApiError::invalid(name, format!("`{name}` is empty"))),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Reads a list item by item for [`Fields::items`].
 struct Items<T, F> {
     each: F,
@@ -443,11 +453,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         messages.push(message(i, &m)?);
         Ok(())
     })?;
-    match read {
-        None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(0) => return Err(ApiError::invalid("messages", "`messages` is empty")),
-        Some(_) => {}
-    }
+    not_empty("messages", read)?;
     let tools = tools(f)?;
     let tool_choice = tool_choice(f, &tools)?;
     let thinking = thinking(f)?;

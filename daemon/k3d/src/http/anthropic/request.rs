@@ -10,8 +10,8 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, known_function, no_empty_stop, schema_format, temperature_and_top_p,
-    value,
+    Budget, Common, Fields, known_function, no_empty_stop, not_empty, schema_format,
+    temperature_and_top_p, value,
 };
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
@@ -193,11 +193,7 @@ fn conversation(f: &Fields) -> Result<Asked, ApiError> {
         }
         Ok(())
     })?;
-    match count {
-        None => return Err(ApiError::invalid("messages", "`messages` is required")),
-        Some(0) => return Err(ApiError::invalid("messages", "`messages` is empty")),
-        Some(_) => {}
-    }
+    not_empty("messages", count)?;
     let mut messages = Vec::new();
     if let Some(system) = f.get::<Value>("system")? {
         let text = text_content("system", &system)?;
