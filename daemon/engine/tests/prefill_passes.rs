@@ -380,7 +380,7 @@ fn a_short_request_beside_a_pass_waits_for_no_layer_and_the_pass_goes_on() {
     let dir = tempfile::tempdir().expect("temp dir");
     synth("tiny", dir.path());
     let c = Checkpoint::open(dir.path()).expect("open");
-    let e = engine(dir.path(), 1, None, PASS_TOKENS);
+    let e = engine(dir.path(), 1, Budget::default(), PASS_TOKENS);
     let long = prompt(c.config.vocab_size, 60, PROMPT_TOKENS);
     let short = prompt(c.config.vocab_size, 61, 4);
     let request = |ids: &[u32]| GenerateRequest {
