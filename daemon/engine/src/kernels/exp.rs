@@ -29,14 +29,15 @@ const LANES: usize = 8;
 /// The lanes' domain: `[LOW, 0]`.
 const LOW: f64 = -708.0;
 
-const LN2HI: f64 = 6.93147180369123816490e-01;
-const LN2LO: f64 = 1.90821492927058770002e-10;
-const INVLN2: f64 = 1.44269504088896338700e+00;
-const P1: f64 = 1.66666666666666019037e-01;
-const P2: f64 = -2.77777777770155933842e-03;
-const P3: f64 = 6.61375632143793436117e-05;
-const P4: f64 = -1.65339022054652515390e-06;
-const P5: f64 = 4.13813679705723846039e-08;
+// libm's constants, by their bits (its source gives each bit pattern beside the decimal).
+const LN2HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+const INVLN2: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
+const P1: f64 = f64::from_bits(0x3fc5_5555_5555_553e);
+const P2: f64 = f64::from_bits(0xbf66_c16c_16be_bd93);
+const P3: f64 = f64::from_bits(0x3f11_566a_af25_de2c);
+const P4: f64 = f64::from_bits(0xbebb_bd41_c5d2_6bf1);
+const P5: f64 = f64::from_bits(0x3e66_3769_72be_a4d0);
 /// 1.5·2⁵²: adding it to an integer-valued f64 of magnitude below 2⁵¹ puts the integer in
 /// the low bits of the sum's encoding, exactly.
 const MAGIC: f64 = 6_755_399_441_055_744.0;
