@@ -157,6 +157,22 @@ pub fn interrupts() -> Result<Signal, Failure> {
         .map_err(|e| Failure::new(Code::Other, format!("installing the Ctrl-C handler: {e}")))
 }
 
+/// The request id of a stream whose `Accepted` event (always its first) was not read yet: a
+/// Ctrl-C can come before it. Cancel is sent by id because dropping the stream is not enough
+/// here: the reset it causes leaves only when the connection task runs, and the client's
+/// current-thread runtime stops running it once the call returns (a REPL then waits at its
+/// prompt while k3d generates on). Bounded, so a daemon that stopped answering cannot hold the
+/// Ctrl-C up.
+async fn accepted_id(stream: &mut tonic::Streaming<pb::Event>) -> Option<u64> {
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
+    match first {
+        Ok(Some(Ok(pb::Event {
+            event: Some(Event::Accepted(a)),
+        }))) => Some(a.request_id),
+        _ => None,
+    }
+}
+
 pub async fn show(
     client: &mut EngineClient<Channel>,
     stream: tonic::Streaming<pb::Event>,
@@ -182,8 +198,11 @@ pub async fn show(
         let next = tokio::select! {
             next = stream.next() => next,
             _ = interrupts.recv() => {
-                if let Some(id) = request_id {
-                    // Best effort: dropping the stream cancels it too.
+                let id = match request_id {
+                    Some(id) => Some(id),
+                    None => accepted_id(&mut stream).await,
+                };
+                if let Some(id) = id {
                     let _ = client.cancel(pb::CancelRequest { request_id: id }).await;
                 }
                 if dimmed { let _ = write!(out, "{RESET}"); }
