@@ -1,5 +1,6 @@
 //! The real coding agents against a real daemon (issue 34 point 8): Claude Code (`claude -p`),
-//! Codex CLI (`codex exec`) and aider (`aider --message`), as `tests/install_agents.sh` installs
+//! Codex CLI (`codex exec`), aider (`aider --message`) and opencode (`opencode run`), as
+//! `tests/install_agents.sh` installs
 //! them (pinned, under target/), each run non-interactively with the recipe of
 //! `docs/agents.md` — read from that file, so the documentation is what is tested — against
 //! `k3d serve` on the trained fixture over loopback HTTP.
@@ -445,6 +446,54 @@ fn aider_answers() {
     let out = served.run("aider --message", served.command(&argv, &env));
     let answer = served.printed_the_answer("aider --message", &out, Shown::After("ANSWER"));
     eprintln!("aider answered {answer:?}");
+}
+
+#[test]
+fn opencode_run_answers() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let opencode = agent("agents-npm/node_modules/.bin/opencode");
+    let served = serve("agents-opencode");
+    let blocks = recipe("opencode");
+    std::fs::write(
+        served.work().join("opencode.json"),
+        placed(&block(&blocks, "json", 0), &served.tap.url),
+    )
+    .expect("write opencode.json");
+    let (env, mut argv) = command_line(&block(&blocks, "sh", 0));
+    assert_eq!(
+        argv[..2],
+        ["opencode", "run"],
+        "the recipe runs opencode run: {argv:?}"
+    );
+    argv[0] = opencode.display().to_string();
+    let out = served.run("opencode run", served.command(&argv, &env));
+    // Two requests go at once (the session's title, then the turn with its tools) and may end
+    // in either order: the turn's answer is the one printed.
+    let generated = served.all_answered();
+    let turn = generated
+        .iter()
+        .rev()
+        .find(|e| {
+            e.request_json()["tools"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .unwrap_or_else(|| {
+            let paths: Vec<&String> = generated.iter().map(|e| &e.path).collect();
+            panic!("opencode sent no request with its tools: {paths:?}")
+        });
+    let answer = turn.answer_text();
+    assert!(
+        !answer.trim().is_empty(),
+        "the daemon's answer to opencode's turn has no text: {}",
+        text(&turn.response_body)
+    );
+    assert_eq!(
+        text(&out.stdout).trim(),
+        answer.trim(),
+        "opencode run prints the daemon's answer to its turn"
+    );
+    eprintln!("opencode run answered {answer:?}");
 }
 
 /// What the round-trip tests ask the agents to read: only running the tool gives it.

@@ -2,7 +2,8 @@
 # The real coding agents tests/e2e_agents.rs runs against k3d, installed under target/ (as the
 # HTTP clients' venv is), each skipped when its pinned version is already there. Called by
 # tests/run.sh; runnable alone (`tests/install_agents.sh`) to set up or refresh them.
-#   - Claude Code and Codex CLI from npm (both ship a native binary as an optional dependency);
+#   - Claude Code, Codex CLI and opencode from npm (each ships a native binary as an optional
+#     dependency);
 #   - aider from PyPI, in a venv of its own (it pins its whole dependency tree).
 # Pinned: the versions whose requests are captured in tests/fixtures/agent-requests and that
 # docs/agents.md's recipes were written for; a newer agent is a new test run, not a silent one.
@@ -11,6 +12,7 @@ cd "$(dirname "$0")/.."
 
 CLAUDE_CODE=2.1.197
 CODEX=0.171.0
+OPENCODE=1.18.33
 AIDER=0.86.2
 
 # No update checks, no notifier, no telemetry while installing.
@@ -20,7 +22,8 @@ export NO_UPDATE_NOTIFIER=1 npm_config_update_notifier=false npm_config_fund=fal
 npm_dir=target/agents-npm
 bin=$npm_dir/node_modules/.bin
 version_of() { "$@" --version 2>/dev/null | head -n1 || true; }
-if [[ $(version_of "$bin/claude") != "$CLAUDE_CODE "* || $(version_of "$bin/codex") != *" $CODEX" ]]; then
+if [[ $(version_of "$bin/claude") != "$CLAUDE_CODE "* || $(version_of "$bin/codex") != *" $CODEX" ||
+    $(version_of "$bin/opencode") != "$OPENCODE" ]]; then
     command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || {
         echo "tests: node and npm are missing; the agent tests need Node.js >= 18 (apt-get install nodejs npm)" >&2
         exit 1
@@ -30,16 +33,20 @@ if [[ $(version_of "$bin/claude") != "$CLAUDE_CODE "* || $(version_of "$bin/code
         echo "tests: node $(node --version) is too old; Claude Code and Codex need Node.js >= 18" >&2
         exit 1
     fi
-    echo "tests: installing Claude Code $CLAUDE_CODE and Codex $CODEX into $npm_dir"
+    echo "tests: installing Claude Code $CLAUDE_CODE, Codex $CODEX and opencode $OPENCODE into $npm_dir"
     mkdir -p "$npm_dir"
     npm install --prefix "$npm_dir" --no-save --loglevel=error \
-        "@anthropic-ai/claude-code@$CLAUDE_CODE" "@openai/codex@$CODEX"
+        "@anthropic-ai/claude-code@$CLAUDE_CODE" "@openai/codex@$CODEX" "opencode-ai@$OPENCODE"
     [[ $(version_of "$bin/claude") == "$CLAUDE_CODE "* ]] || {
         echo "tests: $bin/claude does not run as Claude Code $CLAUDE_CODE after the install" >&2
         exit 1
     }
     [[ $(version_of "$bin/codex") == *" $CODEX" ]] || {
         echo "tests: $bin/codex does not run as Codex $CODEX after the install" >&2
+        exit 1
+    }
+    [[ $(version_of "$bin/opencode") == "$OPENCODE" ]] || {
+        echo "tests: $bin/opencode does not run as opencode $OPENCODE after the install" >&2
         exit 1
     }
 fi

@@ -34,7 +34,7 @@ if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema
     "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0'
 fi
 
-# The real coding agents (Claude Code, Codex, aider) that tests/e2e_agents.rs drives against
+# The real coding agents (Claude Code, Codex, aider, opencode) that tests/e2e_agents.rs drives against
 # k3d, pinned, under target/.
 tests/install_agents.sh
 
