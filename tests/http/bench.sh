@@ -45,7 +45,7 @@ $bin/k3d serve --model "$model" --socket "$work/k3d.sock" \
     --max-active 1 ${K3_SERVE_ARGS:-} 2>"$work/k3d.log" &
 daemon=$!
 for _ in $(seq 6000); do  # up to 10 minutes: `bench` loads 13.4 GB
-    $bin/k3 --socket "$work/k3d.sock" status 2>/dev/null | grep -q '^state: *ready' && break
+    $bin/k3 --socket "$work/k3d.sock" status 2>/dev/null | grep -q '^daemon *ready' && break
     sleep 0.1
 done
 "$python" tests/http/bench.py --k3 $bin/k3 --grpc-socket "$work/k3d.sock" \
