@@ -12,7 +12,8 @@ a tool result) so the answer to a result is measured too. Per reply it records w
 of it: well-formed or `k3_malformed`, `finish_reason`, the calls (name, arguments) and the
 content. The summary counts, per kind of scene, the replies that are well-formed and that do
 what the scene expects: a call of the expected tool with the expected argument keys, or an
-answer with text and no call.
+answer with text and no call; in a held-out scene with thinking on, also thinking that opens
+with the expected reply's first three words (which say what kind of reply it decided on).
 """
 
 import argparse
@@ -159,7 +160,13 @@ def scene_cases(n, simple=False):
             kind = "answer after a result"
         else:
             kind = "answer with tools declared" if s["tools"] else "answer"
-        out.append((f"scene {i}: {kind}", chat_body(s), expectation(s["reply"])))
+        want = expectation(s["reply"])
+        if s["thinking"] and s["reply"].get("reasoning"):
+            # The thinking's first words name the kind the reply decided on ("I will call …",
+            # "The command finished …", "The user wants …"): an answer of the wrong kind has
+            # text and no call too, which the structural check alone counts as expected.
+            want["opening"] = " ".join(s["reply"]["reasoning"].split()[:3])
+        out.append((f"scene {i}: {kind}", chat_body(s), want))
     return out
 
 
@@ -205,7 +212,9 @@ class Daemon:
 
 
 def judge(answer, want):
-    """(well-formed, as expected, summary) of one response."""
+    """(well-formed, as expected, summary) of one response. As expected: the call of the
+    expected tool with the expected argument keys, or an answer with text and no call; and
+    where the scene thinks, thinking that opens with the expected reply's first words."""
     if "http_error" in answer:
         return False, False, f"HTTP {answer['http_error']}: {answer['body'][:200]}"
     choice = answer["choices"][0]
@@ -216,13 +225,17 @@ def judge(answer, want):
     calls = message.get("tool_calls") or []
     got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
     finish = choice["finish_reason"]
-    summary = f"{finish}; calls {got}; content {message.get('content')!r:.120}"
+    thinking = message.get("reasoning_content") or ""
+    summary = (f"{finish}; calls {got}; thinking {thinking!r:.60}; "
+               f"content {message.get('content')!r:.120}")
     if finish == "length":
         return False, False, "truncated: " + summary
     if "call" in want:
         ok = bool(got) and got[0][0] == want["call"] and sorted(got[0][1]) == want["keys"]
     else:
         ok = not got and bool((message.get("content") or "").strip())
+    if "opening" in want:
+        ok = ok and " ".join(thinking.split()[:3]) == want["opening"]
     return True, ok, summary
 
 

@@ -10,9 +10,12 @@ Usage: diagnose.py RUN_DIR [--weights FILE] [--scenes N]
    (and with them every MLA layer) out of the model: session 3 found 0.63/0.33/0.02/0.01.
 2. Each layer's token mixer zeroed (its o_proj): the loss on 512 ids of `textwrap.py`. A layer
    whose removal changes nothing is not used.
-3. Context reach: the loss of the first id of held-out SimpleScenes replies (thinking on, where
-   the reply's kind is decided) from the whole conversation and from only its last 10 ids. The
-   same loss means the model cannot see whether tools were declared.
+3. Context reach: the loss of the first two ids of held-out SimpleScenes replies (thinking on,
+   where the reply's kind is decided) from the whole conversation and from only its last 10
+   ids. The same loss means the model cannot see whether tools were declared.
+4. Each layer's token mixer zeroed: the loss of those scenes' decision ids and replies. The
+   conversation is read through the mixers; an MLA layer whose removal changes nothing there
+   does not read it.
 """
 
 import argparse
@@ -110,19 +113,46 @@ def main():
     _, files = corpus.stdlib_files()
     scenes = cv.SimpleScenes(corpus.docstring_paragraphs(files), corpus.docstring_facts(files),
                              EVAL_SEED)
-    full, tail, n = 0.0, 0.0, 0
-    while n < a.scenes:
+    held = []
+    while len(held) < a.scenes:
         scene = scenes.make()
-        if not scene["thinking"]:
-            continue
-        ids, mask = cv.render(tok, scene)
-        first = mask.index(1)
-        full += float(nll(model, ids[: first + 1])[-1])
-        tail += float(nll(model, ids[first - 10 : first + 1])[-1])
-        n += 1
-    print(f"3. first reply id over {n} held-out scenes, nats: whole conversation {full / n:.3f}, "
-          f"last 10 ids only {tail / n:.3f}")
+        if scene["thinking"]:
+            held.append(cv.render(tok, scene, decisions=True))
+    # mask[j] is the role of ids[j]: 2 the ids where the reply's kind is decided (the first of
+    # the thinking: "I will call …" / "The command finished …" / "The user wants …"), 1 the
+    # rest of the reply. The first two reply ids together say which of the three it is.
+    full, tail = np.zeros(2), np.zeros(2)
+    for ids, mask in held:
+        first = mask.index(2)
+        for k in range(2):
+            full[k] += float(nll(model, ids[: first + k + 1])[-1])
+            tail[k] += float(nll(model, ids[first + k - 10 : first + k + 1])[-1])
+    n = len(held)
+    print(f"3. first two reply ids over {n} held-out scenes (thinking on), nats: whole "
+          f"conversation {full[0] / n:.3f} / {full[1] / n:.3f}, last 10 ids only "
+          f"{tail[0] / n:.3f} / {tail[1] / n:.3f}")
 
+    def decided():
+        """Mean loss of the decision ids and of the whole replies over the held-out scenes."""
+        sums = np.zeros(4)
+        for ids, mask in held:
+            losses = np.array(nll(model, ids))
+            m = np.array(mask[1:])
+            sums += [(losses * (m == 2)).sum(), (m == 2).sum(), (losses * (m >= 1)).sum(),
+                     (m >= 1).sum()]
+        return sums[0] / sums[1], sums[2] / sums[3]
+
+    base = decided()
+    print(f"4. the same scenes, decision ids / replies, nats/id: full model {base[0]:.3f} / "
+          f"{base[1]:.3f}")
+    for i, layer in enumerate(model.language_model.model.layers):
+        o_proj = layer.self_attn.o_proj
+        kept = o_proj.weight
+        o_proj.weight = mx.zeros_like(kept)
+        d = decided()
+        print(f"   layer {i} ({type(layer.self_attn).__name__}) mixer zeroed: "
+              f"{d[0] - base[0]:+.3f} / {d[1] - base[1]:+.3f}")
+        o_proj.weight = kept
 
 if __name__ == "__main__":
     main()
