@@ -223,7 +223,9 @@ enum Stop {
     Many(Vec<String>),
 }
 
-/// What chat and text completions share: sampling, limits, streaming.
+/// The options every API's request comes with: sampling, limits, streaming, reuse. The OpenAI
+/// routes read them alike ([`Common::read`], then [`common`] for what only chat and text
+/// completions take); Anthropic's reader maps its own fields onto them.
 pub struct Common {
     pub model: String,
     pub stream: bool,
@@ -275,23 +277,78 @@ impl Budget {
     }
 }
 
+/// A request read from a generating route's body: the options its reply is written with and
+/// the serve core's request ([`super::stream::submit`] queues it).
+pub struct Submission {
+    pub common: Common,
+    pub request: Request,
+}
+
 impl Common {
-    /// The core's request for `prompt` with these options.
-    pub fn request(&self, prompt: Prompt) -> Request {
-        Request {
+    /// What every OpenAI route reads alike: `model`, `stream`, the output limit (the first of
+    /// `max_tokens_fields` given, in the order the endpoint's documentation ranks them; at
+    /// least 1), `temperature` and `top_p` ([`temperature_and_top_p`] with OpenAI's maximum),
+    /// `prompt_cache_key` and k3's `prefix_reuse`. The rest keeps its default (seed 0, no logit
+    /// transform, no stop strings, the daemon's thinking budget, no usage chunk) for the
+    /// route's own fields to set.
+    pub fn read(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
+        let model: String = f.require("model")?;
+        let mut max_tokens = None;
+        for name in max_tokens_fields {
+            if let Some(n) = f.get::<usize>(name)? {
+                if n == 0 {
+                    return Err(ApiError::invalid(
+                        *name,
+                        format!("`{name}` must be at least 1"),
+                    ));
+                }
+                max_tokens = Some(n);
+                break;
+            }
+        }
+        let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
+        Ok(Common {
+            model,
+            stream: f.get::<bool>("stream")?.unwrap_or(false),
+            include_usage: false,
+            max_tokens,
+            sampling: Sampling {
+                temperature,
+                top_p,
+                top_k: 0,
+                seed: 0,
+            },
+            transform: LogitTransform::default(),
+            stop_strings: Vec::new(),
+            prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+            thinking_budget: None,
+            cache_scope: f.get::<String>("prompt_cache_key")?,
+        })
+    }
+
+    /// These options with the core's request for `prompt`.
+    pub fn submission(self, prompt: Prompt) -> Submission {
+        let request = Request {
             max_tokens: self.max_tokens,
             sampling: self.sampling.clone(),
             transform: self.transform.clone(),
             stop_strings: self.stop_strings.clone(),
             ..Request::new(prompt)
+        };
+        Submission {
+            common: self,
+            request,
         }
     }
 }
 
-/// `max_tokens_fields` are the names the endpoint accepts for the output limit, in the order
-/// OpenAI documents them (chat: `max_completion_tokens` supersedes `max_tokens`).
+/// Chat and text completions' options: [`Common::read`] (`max_tokens_fields` are the names
+/// the endpoint accepts for the output limit, in the order OpenAI documents them — chat:
+/// `max_completion_tokens` supersedes `max_tokens`), then what only these two take: `n` and
+/// `logprobs` (refused unless they ask for what k3 does), `seed`, `stop`, `stream_options`,
+/// `logit_bias` and the penalties.
 pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
-    let model: String = f.require("model")?;
+    let mut common = Common::read(f, max_tokens_fields)?;
     if let Some(n) = f.get::<u64>("n")?
         && n != 1
     {
@@ -310,57 +367,26 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             ));
         }
     }
-    let mut max_tokens = None;
-    for name in max_tokens_fields {
-        if let Some(n) = f.get::<usize>(name)? {
-            if n == 0 {
-                return Err(ApiError::invalid(
-                    *name,
-                    format!("`{name}` must be at least 1"),
-                ));
-            }
-            max_tokens = Some(n);
-            break;
-        }
-    }
-    let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
-    let seed = match f.get::<i64>("seed")? {
+    if let Some(seed) = f.get::<i64>("seed")? {
         // OpenAI's seed is a signed integer; the engine's is its bits.
-        Some(s) => s as u64,
-        None => 0,
-    };
-    let stop_strings = match f.get::<Stop>("stop")? {
+        common.sampling.seed = seed as u64;
+    }
+    common.stop_strings = match f.get::<Stop>("stop")? {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
-    no_empty_stop("stop", &stop_strings)?;
-    let stream = f.get::<bool>("stream")?.unwrap_or(false);
+    no_empty_stop("stop", &common.stop_strings)?;
     #[derive(serde::Deserialize)]
     struct StreamOptions {
         #[serde(default)]
         include_usage: bool,
     }
-    let include_usage = f
+    common.include_usage = f
         .get::<StreamOptions>("stream_options")?
         .is_some_and(|o| o.include_usage);
-    Ok(Common {
-        model,
-        stream,
-        include_usage,
-        max_tokens,
-        sampling: Sampling {
-            temperature,
-            top_p,
-            top_k: 0,
-            seed,
-        },
-        transform: logit_transform(f)?,
-        stop_strings,
-        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
-        thinking_budget: None,
-        cache_scope: f.get::<String>("prompt_cache_key")?,
-    })
+    common.transform = logit_transform(f)?;
+    Ok(common)
 }
 
 /// `logit_bias` (token id as a string → a bias in [-100, 100], at most 300 entries),
@@ -440,12 +466,7 @@ pub fn no_empty_stop(param: &str, stop_strings: &[String]) -> Result<(), ApiErro
 }
 
 /// `POST /v1/chat/completions`.
-pub struct ChatParams {
-    pub common: Common,
-    pub request: Request,
-}
-
-pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
+pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
     let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
     let mut messages = Vec::new();
     let read = f.items("messages", |i, m: Value| {
@@ -472,10 +493,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         response_format: response_format(f)?,
         parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
-    Ok(ChatParams {
-        request: common.request(Prompt::Chat(conversation)),
-        common,
-    })
+    Ok(common.submission(Prompt::Chat(conversation)))
 }
 
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
@@ -772,12 +790,7 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
 }
 
 /// `POST /v1/completions`: the prompt as text or token ids, continued without a template.
-pub struct CompletionParams {
-    pub common: Common,
-    pub request: Request,
-}
-
-pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
+pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
     let common = common(f, &["max_tokens"])?;
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
@@ -822,10 +835,7 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
             }
         }
     }
-    Ok(CompletionParams {
-        request: common.request(prompt),
-        common,
-    })
+    Ok(common.submission(prompt))
 }
 
 /// A content part other than text, at `param` (every API's readers refuse it the same way).
