@@ -530,6 +530,25 @@ fn curl_as(user: &str, args: &[&str]) -> (u16, Duration, String) {
     (code, took, format!("{body}{}", text(&out.stderr)))
 }
 
+/// A's JSON `data` (a body, or `@FILE`) posted to `route` (`/v1/completions`) on the HTTP Unix
+/// socket `http`, with curl as A: the status, the time taken and what was said.
+fn a_posts(http: &Path, data: &str, route: &str) -> (u16, Duration, String) {
+    let socket = http.display().to_string();
+    let url = format!("http://k3d{route}");
+    curl_as(
+        ATTACKER,
+        &[
+            "--unix-socket",
+            &socket,
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            data,
+            &url,
+        ],
+    )
+}
+
 /// B's time to first token over the HTTP Unix socket (see the section's comment), or over
 /// loopback TCP with `tcp`.
 fn ttft_of_b(s: &Shared, tcp: bool) -> Duration {
@@ -697,9 +716,14 @@ impl Attacker {
         }
     }
 
-    fn tell(&mut self) {
+    /// For the `unread` attack: A reads its first stream again, which must end with the whole
+    /// reply (`data: [DONE]`); then it lets go of everything.
+    fn reads_its_first_stream_to_the_end(mut self, d: &Daemon) {
         let stdin = self.child.stdin.as_mut().expect("stdin");
         stdin.write_all(b"go\n").expect("tell the helper");
+        let whole = self.said("unread: first stream whole");
+        assert!(whole.ends_with("true"), "{whole}\n{}", d.log_text());
+        self.stop();
     }
 
     fn stop(mut self) {
@@ -778,24 +802,10 @@ async fn attack_2_huge_bodies_stay_within_the_budget_and_b_is_served() {
     std::fs::write(&body_file, &body).expect("write the body");
     let started = Instant::now();
     let data = format!("@{}", body_file.display());
-    let http = s.http.display().to_string();
     let senders: Vec<_> = (0..4)
         .map(|_| {
-            let (data, http) = (data.clone(), http.clone());
-            std::thread::spawn(move || {
-                curl_as(
-                    ATTACKER,
-                    &[
-                        "--unix-socket",
-                        &http,
-                        "-H",
-                        "content-type: application/json",
-                        "--data-binary",
-                        &data,
-                        "http://k3d/v1/chat/completions",
-                    ],
-                )
-            })
+            let (data, http) = (data.clone(), s.http.clone());
+            std::thread::spawn(move || a_posts(&http, &data, "/v1/chat/completions"))
         })
         .collect();
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(rss_idle));
@@ -861,17 +871,10 @@ async fn attack_3_count_tokens_floods_take_turns_with_b() {
         ),
     )
     .expect("write the body");
-    let one = curl_as(
-        ATTACKER,
-        &[
-            "--unix-socket",
-            &s.http.display().to_string(),
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            &format!("@{}", big.display()),
-            "http://k3d/v1/messages/count_tokens",
-        ],
+    let one = a_posts(
+        &s.http,
+        &format!("@{}", big.display()),
+        "/v1/messages/count_tokens",
     );
     assert!(
         one.0 == 400
@@ -903,6 +906,42 @@ async fn attack_3_count_tokens_floods_take_turns_with_b() {
     assert_serving(&s.d);
 }
 
+/// Waits (at most 10 s) until the daemon computes two requests, A's streams: the slots A gets
+/// in each attack that calls this (by default half of `--max-active`'s 4).
+async fn until_two_of_as_streams_compute(s: &Shared) {
+    let mut c = client(&s.d.socket).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status(&mut c).await.active_requests < 2 {
+        assert!(Instant::now() < deadline, "A's streams never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Attack 4's set-up: A opens `count` streamed 3,000-token completions on the HTTP socket and
+/// never reads them; returns once two are computing and their unread output has had time to
+/// fill the socket buffers (so the daemon's writes to them block). The returned attacker's
+/// [`Attacker::reads_its_first_stream_to_the_end`] ends the attack.
+async fn a_holds_unread_streams(s: &Shared, count: usize) -> Attacker {
+    let body = format!(
+        r#"{{"model":"{}","prompt":[5,6,7],"max_tokens":3000,"stream":true}}"#,
+        s.model
+    );
+    let http = s.http.display().to_string();
+    let count = count.to_string();
+    let mut a = Attacker::start(
+        "unread",
+        &[
+            ("K3_TEST_HTTP", &http),
+            ("K3_TEST_COUNT", &count),
+            ("K3_TEST_BODY", &body),
+        ],
+    );
+    a.said("unread:");
+    until_two_of_as_streams_compute(s).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a
+}
+
 /// Attack 4: A opens four streamed completions and never reads them. One account computes at
 /// most half the slots by default, so B is served at once; and when A reads again it gets its
 /// whole reply.
@@ -911,33 +950,9 @@ async fn attack_4_unread_streams_leave_b_a_slot_and_a_gets_its_reply() {
     let _one = ATTACKS.lock().await;
     let s = shared_daemon("attack-unread", &[]).await;
     let idle = median_ttft_of_b(&s, false);
-    let body = format!(
-        r#"{{"model":"{}","prompt":[5,6,7],"max_tokens":3000,"stream":true}}"#,
-        s.model
-    );
-    let http = s.http.display().to_string();
-    let mut a = Attacker::start(
-        "unread",
-        &[
-            ("K3_TEST_HTTP", &http),
-            ("K3_TEST_COUNT", "4"),
-            ("K3_TEST_BODY", &body),
-        ],
-    );
-    a.said("unread:");
-    let mut c = client(&s.d.socket).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&mut c).await.active_requests < 2 {
-        assert!(Instant::now() < deadline, "A's streams never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Time for A's unread output to fill its socket buffers.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = a_holds_unread_streams(&s, 4).await;
     b_is_served(&s, idle, "attack 4", false);
-    a.tell();
-    let whole = a.said("unread: first stream whole");
-    assert!(whole.ends_with("true"), "{whole}\n{}", s.d.log_text());
-    a.stop();
+    a.reads_its_first_stream_to_the_end(&s.d);
 }
 
 /// Attack 4, every slot: A's two unread streams hold both compute slots (its share is all of
@@ -959,28 +974,7 @@ async fn attack_4_stalled_readers_holding_every_slot_are_parked_for_b() {
     )
     .await;
     let idle = median_ttft_of_b(&s, false);
-    let body = format!(
-        r#"{{"model":"{}","prompt":[5,6,7],"max_tokens":3000,"stream":true}}"#,
-        s.model
-    );
-    let http = s.http.display().to_string();
-    let mut a = Attacker::start(
-        "unread",
-        &[
-            ("K3_TEST_HTTP", &http),
-            ("K3_TEST_COUNT", "2"),
-            ("K3_TEST_BODY", &body),
-        ],
-    );
-    a.said("unread:");
-    let mut c = client(&s.d.socket).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&mut c).await.active_requests < 2 {
-        assert!(Instant::now() < deadline, "A's streams never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Time for A's unread output to fill its socket buffers.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = a_holds_unread_streams(&s, 2).await;
     // B waits the stall timeout (1 s) for a slot, then is served as under any attack.
     let under = ttft_of_b(&s, false);
     eprintln!("attack 4 (every slot): B idle {idle:?}, beside A's stalled readers {under:?}");
@@ -994,10 +988,7 @@ async fn attack_4_stalled_readers_holding_every_slot_are_parked_for_b() {
         "(stall_timeout) while others waited; parked",
         Duration::from_secs(5),
     );
-    a.tell();
-    let whole = a.said("unread: first stream whole");
-    assert!(whole.ends_with("true"), "{whole}\n{}", s.d.log_text());
-    a.stop();
+    a.reads_its_first_stream_to_the_end(&s.d);
 }
 
 /// Attack 5: A's prompt over --max-prompt-tokens is refused at once naming the limit; A's
@@ -1007,7 +998,6 @@ async fn attack_5_long_prompts_are_refused_or_interleaved_with_b() {
     let _one = ATTACKS.lock().await;
     let s = shared_daemon("attack-long", &["--max-prompt-tokens", "8000"]).await;
     let idle = median_ttft_of_b(&s, false);
-    let http = s.http.display().to_string();
     let ids = |n: usize| -> String {
         (0..n)
             .map(|i| (5 + i % 200).to_string())
@@ -1019,18 +1009,7 @@ async fn attack_5_long_prompts_are_refused_or_interleaved_with_b() {
         s.model,
         ids(8001)
     );
-    let refused = curl_as(
-        ATTACKER,
-        &[
-            "--unix-socket",
-            &http,
-            "-H",
-            "content-type: application/json",
-            "--data-binary",
-            &over,
-            "http://k3d/v1/completions",
-        ],
-    );
+    let refused = a_posts(&s.http, &over, "/v1/completions");
     assert!(
         refused.0 == 400 && refused.2.contains("--max-prompt-tokens") && refused.2.contains("8000"),
         "{refused:?}"
@@ -1045,20 +1024,8 @@ async fn attack_5_long_prompts_are_refused_or_interleaved_with_b() {
         s.model,
         ids(7900)
     );
-    let prefill = std::thread::spawn(move || {
-        curl_as(
-            ATTACKER,
-            &[
-                "--unix-socket",
-                &http,
-                "-H",
-                "content-type: application/json",
-                "--data-binary",
-                &long,
-                "http://k3d/v1/completions",
-            ],
-        )
-    });
+    let http = s.http.clone();
+    let prefill = std::thread::spawn(move || a_posts(&http, &long, "/v1/completions"));
     s.d.wait_for_log("7900 prompt tokens", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300));
     b_is_served(&s, idle, "attack 5", false);
@@ -1096,12 +1063,7 @@ async fn attack_8_one_accounts_many_streams_leave_b_its_share() {
                 .expect("A's stream")
         })
         .collect();
-    let mut c = client(&s.d.socket).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while status(&mut c).await.active_requests < 2 {
-        assert!(Instant::now() < deadline, "A's streams never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_two_of_as_streams_compute(&s).await;
     b_is_served(&s, idle, "attack 8", false);
     for mut stream in streams {
         let _ = stream.wait();
