@@ -223,7 +223,9 @@ enum Stop {
     Many(Vec<String>),
 }
 
-/// What chat and text completions share: sampling, limits, streaming.
+/// The options every API's request comes with: sampling, limits, streaming, reuse. The OpenAI
+/// routes read them alike ([`Common::read`], then [`common`] for what only chat and text
+/// completions take); Anthropic's reader maps its own fields onto them.
 pub struct Common {
     pub model: String,
     pub stream: bool,
@@ -276,6 +278,47 @@ impl Budget {
 }
 
 impl Common {
+    /// What every OpenAI route reads alike: `model`, `stream`, the output limit (the first of
+    /// `max_tokens_fields` given, in the order the endpoint's documentation ranks them; at
+    /// least 1), `temperature` and `top_p` ([`temperature_and_top_p`] with OpenAI's maximum),
+    /// `prompt_cache_key` and k3's `prefix_reuse`. The rest keeps its default (seed 0, no logit
+    /// transform, no stop strings, the daemon's thinking budget, no usage chunk) for the
+    /// route's own fields to set.
+    pub fn read(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
+        let model: String = f.require("model")?;
+        let mut max_tokens = None;
+        for name in max_tokens_fields {
+            if let Some(n) = f.get::<usize>(name)? {
+                if n == 0 {
+                    return Err(ApiError::invalid(
+                        *name,
+                        format!("`{name}` must be at least 1"),
+                    ));
+                }
+                max_tokens = Some(n);
+                break;
+            }
+        }
+        let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
+        Ok(Common {
+            model,
+            stream: f.get::<bool>("stream")?.unwrap_or(false),
+            include_usage: false,
+            max_tokens,
+            sampling: Sampling {
+                temperature,
+                top_p,
+                top_k: 0,
+                seed: 0,
+            },
+            transform: LogitTransform::default(),
+            stop_strings: Vec::new(),
+            prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
+            thinking_budget: None,
+            cache_scope: f.get::<String>("prompt_cache_key")?,
+        })
+    }
+
     /// The core's request for `prompt` with these options.
     pub fn request(&self, prompt: Prompt) -> Request {
         Request {
@@ -288,10 +331,13 @@ impl Common {
     }
 }
 
-/// `max_tokens_fields` are the names the endpoint accepts for the output limit, in the order
-/// OpenAI documents them (chat: `max_completion_tokens` supersedes `max_tokens`).
+/// Chat and text completions' options: [`Common::read`] (`max_tokens_fields` are the names
+/// the endpoint accepts for the output limit, in the order OpenAI documents them — chat:
+/// `max_completion_tokens` supersedes `max_tokens`), then what only these two take: `n` and
+/// `logprobs` (refused unless they ask for what k3 does), `seed`, `stop`, `stream_options`,
+/// `logit_bias` and the penalties.
 pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
-    let model: String = f.require("model")?;
+    let mut common = Common::read(f, max_tokens_fields)?;
     if let Some(n) = f.get::<u64>("n")?
         && n != 1
     {
@@ -310,57 +356,26 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             ));
         }
     }
-    let mut max_tokens = None;
-    for name in max_tokens_fields {
-        if let Some(n) = f.get::<usize>(name)? {
-            if n == 0 {
-                return Err(ApiError::invalid(
-                    *name,
-                    format!("`{name}` must be at least 1"),
-                ));
-            }
-            max_tokens = Some(n);
-            break;
-        }
-    }
-    let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
-    let seed = match f.get::<i64>("seed")? {
+    if let Some(seed) = f.get::<i64>("seed")? {
         // OpenAI's seed is a signed integer; the engine's is its bits.
-        Some(s) => s as u64,
-        None => 0,
-    };
-    let stop_strings = match f.get::<Stop>("stop")? {
+        common.sampling.seed = seed as u64;
+    }
+    common.stop_strings = match f.get::<Stop>("stop")? {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
-    no_empty_stop("stop", &stop_strings)?;
-    let stream = f.get::<bool>("stream")?.unwrap_or(false);
+    no_empty_stop("stop", &common.stop_strings)?;
     #[derive(serde::Deserialize)]
     struct StreamOptions {
         #[serde(default)]
         include_usage: bool,
     }
-    let include_usage = f
+    common.include_usage = f
         .get::<StreamOptions>("stream_options")?
         .is_some_and(|o| o.include_usage);
-    Ok(Common {
-        model,
-        stream,
-        include_usage,
-        max_tokens,
-        sampling: Sampling {
-            temperature,
-            top_p,
-            top_k: 0,
-            seed,
-        },
-        transform: logit_transform(f)?,
-        stop_strings,
-        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
-        thinking_budget: None,
-        cache_scope: f.get::<String>("prompt_cache_key")?,
-    })
+    common.transform = logit_transform(f)?;
+    Ok(common)
 }
 
 /// `logit_bias` (token id as a string → a bias in [-100, 100], at most 300 entries),

@@ -50,11 +50,11 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
     .await?;
     let head = reply::ResponseHead {
         request: reader.request_id,
-        model: common.model,
         created_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        common,
         echoed,
     };
-    reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await
+    reply::respond(app, head, reader, Timer::new(arrived)).await
 }

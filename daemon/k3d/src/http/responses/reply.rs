@@ -18,6 +18,7 @@ use super::request::Echoed;
 use crate::http::App;
 use crate::http::error::ApiError;
 use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
+use crate::http::request::Common;
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -29,8 +30,9 @@ use std::sync::Arc;
 pub struct ResponseHead {
     /// The core's job id: `resp_<request>`, and its items' ids.
     pub request: u64,
-    pub model: String,
     pub created_at: u64,
+    /// The options applied, repeated in the response object with `echoed`.
+    pub common: Common,
     pub echoed: Echoed,
 }
 
@@ -41,13 +43,13 @@ impl ResponseHead {
 
     /// The response object. `usage` and the end are known once the reply finished.
     fn response(&self, status: &str, output: Vec<Value>, end: Option<&Finish>) -> Value {
-        let e = &self.echoed;
+        let (c, e) = (&self.common, &self.echoed);
         let mut r = json!({
             "id": self.id(),
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "model": self.model,
+            "model": c.model,
             "output": output,
             "error": null,
             "incomplete_details": null,
@@ -55,9 +57,9 @@ impl ResponseHead {
             "tools": e.tools,
             "tool_choice": e.tool_choice,
             "parallel_tool_calls": e.parallel_tool_calls,
-            "max_output_tokens": e.max_output_tokens,
-            "temperature": e.temperature,
-            "top_p": e.top_p,
+            "max_output_tokens": c.max_tokens,
+            "temperature": c.sampling.temperature,
+            "top_p": c.sampling.top_p,
             "reasoning": {"effort": e.reasoning_effort, "summary": null},
             "text": {"format": e.text_format},
             "truncation": "disabled",
@@ -173,14 +175,14 @@ fn usage(u: &OpenAiUsage) -> Value {
     })
 }
 
+/// The response, streamed as events when the request asked for a stream.
 pub async fn respond(
     app: Arc<App>,
     head: ResponseHead,
     reader: Reader,
-    stream: bool,
     timer: Timer,
 ) -> Result<Response, ApiError> {
-    if stream {
+    if head.common.stream {
         let events = ResponseEvents {
             head,
             sequence: Cell::new(0),
@@ -450,5 +452,43 @@ impl Wire for ResponseEvents {
     fn idle(&self) -> Event {
         let response = self.head.response("in_progress", Vec::new(), None);
         self.named(json!({"type": "response.in_progress", "response": response}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::request::Fields;
+    use crate::http::responses::request::responses;
+
+    /// A response repeats the request's settings as applied: the options every API reads alike
+    /// from its one `Common`, the rest as the client gave them. A Responses body has no seed
+    /// or stop strings: given, they are ignored.
+    #[test]
+    fn a_response_repeats_the_settings_it_was_asked_with() {
+        let body = br#"{"model": "k3", "input": "hi", "max_output_tokens": 7, "temperature": 0.5,
+            "top_p": 0.25, "reasoning": {"effort": "xhigh"}, "store": false,
+            "metadata": {"a": "b"}, "tool_choice": "none", "seed": 3, "stop": ["x"]}"#;
+        let parsed = responses(&Fields::parse(body, 1000).expect("fields")).expect("read");
+        let request = &parsed.request;
+        assert_eq!((request.max_tokens, request.sampling.seed), (Some(7), 0));
+        assert!(request.stop_strings.is_empty());
+        let head = ResponseHead {
+            request: 9,
+            created_at: 1,
+            common: parsed.common,
+            echoed: parsed.echoed,
+        };
+        let r = head.response("completed", Vec::new(), None);
+        assert_eq!(r["id"], "resp_9");
+        assert_eq!(r["model"], "k3");
+        assert_eq!(r["max_output_tokens"], 7);
+        assert_eq!(r["temperature"], 0.5);
+        assert_eq!(r["top_p"], 0.25);
+        assert_eq!(r["reasoning"]["effort"], "xhigh");
+        assert_eq!(r["store"], false);
+        assert_eq!(r["metadata"], serde_json::json!({"a": "b"}));
+        assert_eq!(r["tool_choice"], "none");
+        assert_eq!(r["text"]["format"]["type"], "text");
     }
 }

@@ -24,11 +24,10 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, JsonKind, function_tool, not_a_text_part, schema_format,
-    temperature_and_top_p, tool_choice, value,
+    Budget, Common, Fields, JsonKind, function_tool, not_a_text_part, schema_format, tool_choice,
+    value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::{Prompt, Request};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
@@ -46,15 +45,14 @@ pub struct Parsed {
 }
 
 /// The request's settings a response object repeats (the SDK's `Response` requires
-/// `tools`, `tool_choice` and `parallel_tool_calls`).
+/// `tools`, `tool_choice` and `parallel_tool_calls`) as the client gave them, beside the
+/// [`Common`] options it also repeats (`max_output_tokens`, `temperature`, `top_p`).
 pub struct Echoed {
     pub instructions: Option<String>,
     pub tools: Vec<Value>,
     pub tool_choice: Value,
     pub parallel_tool_calls: bool,
-    pub max_output_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
+    /// As asked (`xhigh`, `minimal`, ...), not as mapped onto K3's efforts.
     pub reasoning_effort: Option<String>,
     pub text_format: Value,
     pub store: bool,
@@ -82,7 +80,8 @@ const REFUSED: [(&str, &str); 4] = [
 ];
 
 pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
-    let model: String = f.require("model")?;
+    // The Responses API has no seed, stop strings, logit bias or penalties.
+    let mut common = Common::read(f, &["max_output_tokens"])?;
     for (field, why) in REFUSED {
         match f.get::<Value>(field)? {
             None | Some(Value::Bool(false)) => {}
@@ -95,14 +94,6 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
             "k3 does not return log probabilities",
         ));
     }
-    let max_output_tokens = f.get::<usize>("max_output_tokens")?;
-    if max_output_tokens == Some(0) {
-        return Err(ApiError::invalid(
-            "max_output_tokens",
-            "`max_output_tokens` must be at least 1",
-        ));
-    }
-    let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
     let instructions = f.get::<String>("instructions")?.filter(|s| !s.is_empty());
     let mut messages = Vec::new();
     if let Some(text) = &instructions {
@@ -139,28 +130,9 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
     };
     let thinking = Thinking::from_openai(None, effort)
         .map_err(|e| ApiError::invalid("reasoning.effort", e.to_string()))?;
-    let thinking_budget = match (thinking, effort) {
-        (Thinking::On(Some(effort)), Some(_)) => Some(Budget::Effort(effort)),
-        _ => None,
-    };
-    let common = Common {
-        model,
-        stream: f.get::<bool>("stream")?.unwrap_or(false),
-        include_usage: false,
-        max_tokens: max_output_tokens,
-        sampling: Sampling {
-            temperature,
-            top_p,
-            top_k: 0,
-            seed: 0,
-        },
-        // The Responses API has no logit bias or penalties.
-        transform: LogitTransform::default(),
-        stop_strings: Vec::new(),
-        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
-        thinking_budget,
-        cache_scope: f.get::<String>("prompt_cache_key")?,
-    };
+    if let (Thinking::On(Some(effort)), Some(_)) = (thinking, effort) {
+        common.thinking_budget = Some(Budget::Effort(effort));
+    }
     let echoed = Echoed {
         instructions,
         tools: declared.echo,
@@ -168,9 +140,6 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
             .get::<Value>("tool_choice")?
             .unwrap_or_else(|| Value::from("auto")),
         parallel_tool_calls,
-        max_output_tokens,
-        temperature,
-        top_p,
         reasoning_effort,
         text_format,
         store: f.get::<bool>("store")?.unwrap_or(true),
