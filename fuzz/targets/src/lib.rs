@@ -404,7 +404,7 @@ pub fn http_request_reach(data: &[u8]) -> [Option<bool>; 3] {
             .map(|completion| validates(completion.request)),
         messages_body::messages(&fields)
             .ok()
-            .map(|parsed| validates(parsed.request)),
+            .map(|parsed| validates(parsed.submission.request)),
     ]
 }
 

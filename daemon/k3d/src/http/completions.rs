@@ -6,11 +6,11 @@
 use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
-use super::request::{self, Common, Fields};
-use super::stream::{self, Timer, Whole, Wire, collect, submit};
+use super::request::{self, Common};
+use super::stream::{self, Route, Timer, Whole, Wire, collect, submit};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Request as CoreRequest, Reservation, ToolCallDelta};
+use k3_engine::serve::{Caller, Reservation, ToolCallDelta};
 use k3_engine::tokenizer::chat::ToolCall;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -21,6 +21,23 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub enum CompletionKind {
     Chat,
     Text,
+}
+
+impl CompletionKind {
+    fn route(self) -> &'static Route {
+        match self {
+            CompletionKind::Chat => &Route {
+                endpoint: "POST /v1/chat/completions",
+                prompt_field: "messages",
+                chat: true,
+            },
+            CompletionKind::Text => &Route {
+                endpoint: "POST /v1/completions",
+                prompt_field: "prompt",
+                chat: false,
+            },
+        }
+    }
 }
 
 /// What every chunk and the whole response carry.
@@ -162,35 +179,14 @@ pub async fn complete(
     reservation: Reservation,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let (common, reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
-        let fields = Fields::parse(&body, app.core.limits().max_prompt_tokens)?;
-        // The core's refusals name values, not fields: the field they concern is the prompt.
-        let (common, request, param): (Common, CoreRequest, &str) = match shape {
-            CompletionKind::Chat => {
-                let p = request::chat(&fields)?;
-                (p.common, p.request, "messages")
-            }
-            CompletionKind::Text => {
-                let p = request::completion(&fields)?;
-                (p.common, p.request, "prompt")
-            }
-        };
-        drop(fields);
-        drop(body);
-        let reader = submit(
-            app,
-            turn,
-            caller,
-            &common,
-            request,
-            shape == CompletionKind::Chat,
-            param,
-            match shape {
-                CompletionKind::Chat => "POST /v1/chat/completions",
-                CompletionKind::Text => "POST /v1/completions",
-            },
-        )?;
-        Ok((common, reader))
+    let (common, (), reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
+        submit(app, turn, caller, shape.route(), body, |fields| {
+            let submission = match shape {
+                CompletionKind::Chat => request::chat(fields)?,
+                CompletionKind::Text => request::completion(fields)?,
+            };
+            Ok((submission, ()))
+        })
     })
     .await?;
     respond(app, shape, common, reader, arrived).await

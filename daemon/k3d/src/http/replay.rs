@@ -50,7 +50,7 @@ fn claude_codes_first_requests_are_accepted() {
         let fields =
             Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
         let parsed = anthropic::request::messages(&fields).expect(name);
-        let v = validated(parsed.request);
+        let v = validated(parsed.submission.request);
         let conversation = v.conversation.expect("a chat");
         // Its system message inside `messages` stands where it was sent (after the first user
         // turn), and the 24 tools are declared.
@@ -71,7 +71,7 @@ fn codexs_first_request_is_accepted() {
     let fields = Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
     let parsed = responses::request::responses(&fields).expect("codex");
     assert_eq!(parsed.hosted_tools, ["web_search"]);
-    let v = validated(parsed.request);
+    let v = validated(parsed.submission.request);
     let conversation = v.conversation.expect("a chat");
     let roles: Vec<Role> = conversation.messages.iter().map(|m| m.role).collect();
     assert_eq!(roles, [Role::System, Role::System, Role::User, Role::User]);

@@ -277,6 +277,13 @@ impl Budget {
     }
 }
 
+/// A request read from a generating route's body: the options its reply is written with and
+/// the serve core's request ([`super::stream::submit`] queues it).
+pub struct Submission {
+    pub common: Common,
+    pub request: Request,
+}
+
 impl Common {
     /// What every OpenAI route reads alike: `model`, `stream`, the output limit (the first of
     /// `max_tokens_fields` given, in the order the endpoint's documentation ranks them; at
@@ -319,14 +326,18 @@ impl Common {
         })
     }
 
-    /// The core's request for `prompt` with these options.
-    pub fn request(&self, prompt: Prompt) -> Request {
-        Request {
+    /// These options with the core's request for `prompt`.
+    pub fn submission(self, prompt: Prompt) -> Submission {
+        let request = Request {
             max_tokens: self.max_tokens,
             sampling: self.sampling.clone(),
             transform: self.transform.clone(),
             stop_strings: self.stop_strings.clone(),
             ..Request::new(prompt)
+        };
+        Submission {
+            common: self,
+            request,
         }
     }
 }
@@ -455,12 +466,7 @@ pub fn no_empty_stop(param: &str, stop_strings: &[String]) -> Result<(), ApiErro
 }
 
 /// `POST /v1/chat/completions`.
-pub struct ChatParams {
-    pub common: Common,
-    pub request: Request,
-}
-
-pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
+pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
     let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
     let mut messages = Vec::new();
     let read = f.items("messages", |i, m: Value| {
@@ -487,10 +493,7 @@ pub fn chat(f: &Fields) -> Result<ChatParams, ApiError> {
         response_format: response_format(f)?,
         parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
-    Ok(ChatParams {
-        request: common.request(Prompt::Chat(conversation)),
-        common,
-    })
+    Ok(common.submission(Prompt::Chat(conversation)))
 }
 
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
@@ -787,12 +790,7 @@ pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
 }
 
 /// `POST /v1/completions`: the prompt as text or token ids, continued without a template.
-pub struct CompletionParams {
-    pub common: Common,
-    pub request: Request,
-}
-
-pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
+pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
     let common = common(f, &["max_tokens"])?;
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
@@ -837,10 +835,7 @@ pub fn completion(f: &Fields) -> Result<CompletionParams, ApiError> {
             }
         }
     }
-    Ok(CompletionParams {
-        request: common.request(prompt),
-        common,
-    })
+    Ok(common.submission(prompt))
 }
 
 /// A content part other than text, at `param` (every API's readers refuse it the same way).

@@ -1,5 +1,5 @@
-//! What every generating route shares, whatever API it speaks: the request queued on the serve
-//! core ([`submit`]), the reply's timing for the metrics ([`Timer`]), a whole reply gathered
+//! What every generating route shares, whatever API it speaks: the body read and the request
+//! queued on the serve core ([`submit`]), the reply's timing for the metrics ([`Timer`]), a whole reply gathered
 //! ([`collect`]) and a streamed one written as Server-Sent Events ([`sse`]). An API says only
 //! how its reply looks on the wire: a [`Wire`] turns each piece of the one [`Reader`] into
 //! events, so a streamed reply concatenates to exactly the whole one on every API.
@@ -12,10 +12,10 @@
 use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Origin, Reader, ReplyPart};
-use super::request::Common;
+use super::request::{Common, Fields, Submission};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Prompt, Request, Turn};
+use k3_engine::serve::{Caller, Prompt, Turn};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -29,21 +29,38 @@ const SSE_BUFFER: usize = 8;
 /// the agents' 300 s idle limits, and rare enough to cost nothing.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// Queues `request` on the serve core for every route that generates (`chat`: whether its
-/// reasoning is counted), in its reserved place, rendering and tokenising it under `turn`
-/// (called in [`super::prepare`]'s closure, off the async workers); `param` is the field the
-/// core's refusals concern (they name values, not fields); `endpoint` (`POST /v1/messages`)
-/// names the route in the request's log line.
-pub fn submit(
+/// A route that generates, as the serve core's refusals and the log name it.
+pub struct Route {
+    /// `POST /v1/messages`: names the route in the request's log line.
+    pub endpoint: &'static str,
+    /// The field the core's refusals concern (they name values, not fields): the prompt's.
+    pub prompt_field: &'static str,
+    /// Whether the reply's reasoning is counted (a chat; a text completion has none).
+    pub chat: bool,
+}
+
+/// Reads `body` as `route`'s request (`read` turns its fields into a [`Submission`] and
+/// whatever else the route's reply needs, `X`) and queues it on the serve core in its reserved
+/// place, rendering and tokenising it under `turn` (called in [`super::prepare`]'s closure,
+/// off the async workers). The body and its fields are let go before the prompt is rendered:
+/// what is kept of a request is what was read from it. Returns the options the reply is
+/// written with, `X` and the reply's reader.
+pub fn submit<X>(
     app: &App,
     turn: Turn,
     caller: Option<Caller>,
-    common: &Common,
-    mut request: Request,
-    chat: bool,
-    param: &str,
-    endpoint: &'static str,
-) -> Result<Reader, ApiError> {
+    route: &Route,
+    body: axum::body::Bytes,
+    read: impl FnOnce(&Fields) -> Result<(Submission, X), ApiError>,
+) -> Result<(Common, X, Reader), ApiError> {
+    let fields = Fields::parse(&body, app.core.limits().max_prompt_tokens)?;
+    let (submission, extra) = read(&fields)?;
+    let Submission {
+        common,
+        mut request,
+    } = submission;
+    drop(fields);
+    drop(body);
     app.check_model(&common.model)?;
     app.check_ready()?;
     // Clients resend the whole conversation each turn: continue from the caller's longest
@@ -59,7 +76,7 @@ pub fn submit(
         .unwrap_or(Caller::Unknown)
         .scoped(common.cache_scope.as_deref());
     let origin = Origin {
-        endpoint,
+        endpoint: route.endpoint,
         tools: match &request.prompt {
             Prompt::Chat(conversation) => conversation.tools.len(),
             Prompt::Text(_) | Prompt::Ids(_) => 0,
@@ -68,8 +85,9 @@ pub fn submit(
     let job = app
         .core
         .submit_turn(turn, caller, request)
-        .map_err(|e| ApiError::from_serve(&e, Some(param)))?;
-    Ok(Reader::new(job, chat, &common.stop_strings, origin))
+        .map_err(|e| ApiError::from_serve(&e, Some(route.prompt_field)))?;
+    let reader = Reader::new(job, route.chat, &common.stop_strings, origin);
+    Ok((common, extra, reader))
 }
 
 /// Time to first token and decode time per token, for the metrics.

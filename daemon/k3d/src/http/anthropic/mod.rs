@@ -10,13 +10,19 @@ pub mod request;
 
 use super::error::{Anthropic, ApiError};
 use super::request::Fields;
-use super::stream::{Timer, submit};
+use super::stream::{Route, Timer, submit};
 use super::{App, prepare, reserve};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::Caller;
 use std::sync::Arc;
 use std::time::Instant;
+
+const MESSAGES: Route = Route {
+    endpoint: "POST /v1/messages",
+    prompt_field: "messages",
+    chat: true,
+};
 
 /// `POST /v1/messages`.
 pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthropic> {
@@ -25,27 +31,11 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let (common, show_thinking, reader) =
         prepare(&app, reservation, bytes, move |app, turn, bytes| {
-            let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
-            let request::Parsed {
-                common,
-                request,
-                show_thinking,
-            } = request::messages(&fields)?;
-            drop(fields);
-            drop(bytes);
-            // The core's refusals name values, not fields: the field they concern is the
-            // conversation.
-            let reader = submit(
-                app,
-                turn,
-                caller,
-                &common,
-                request,
-                true,
-                "messages",
-                "POST /v1/messages",
-            )?;
-            Ok::<_, Anthropic>((common, show_thinking, reader))
+            let submitted = submit(app, turn, caller, &MESSAGES, bytes, |fields| {
+                let parsed = request::messages(fields)?;
+                Ok((parsed.submission, parsed.show_thinking))
+            });
+            Ok::<_, Anthropic>(submitted?)
         })
         .await?;
     let head = reply::MessageHead {

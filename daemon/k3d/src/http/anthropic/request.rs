@@ -10,12 +10,12 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, known_function, no_empty_stop, not_empty, schema_format,
+    Budget, Common, Fields, Submission, known_function, no_empty_stop, not_empty, schema_format,
     temperature_and_top_p, value,
 };
 use k3_engine::echo::Echo;
 use k3_engine::engine::{LogitTransform, Sampling};
-use k3_engine::serve::{Prompt, Request};
+use k3_engine::serve::Prompt;
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
@@ -52,8 +52,7 @@ const GENERATION_FIELDS: [&str; 9] = [
 /// A `/v1/messages` body read: the options, the core's request, and whether the reasoning's
 /// text is shown (`thinking.display`).
 pub struct Parsed {
-    pub common: Common,
-    pub request: Request,
+    pub submission: Submission,
     pub show_thinking: bool,
 }
 
@@ -97,10 +96,8 @@ pub fn messages(f: &Fields) -> Result<Parsed, ApiError> {
         thinking_budget: asked.thinking_budget,
         cache_scope: f.get::<Metadata>("metadata")?.and_then(|m| m.user_id),
     };
-    let request = common.request(Prompt::Chat(asked.conversation));
     Ok(Parsed {
-        common,
-        request,
+        submission: common.submission(Prompt::Chat(asked.conversation)),
         show_thinking: asked.show_thinking,
     })
 }

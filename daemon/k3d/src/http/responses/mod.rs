@@ -9,8 +9,7 @@ mod reply;
 pub mod request;
 
 use super::error::ApiError;
-use super::request::Fields;
-use super::stream::{Timer, submit};
+use super::stream::{Route, Timer, submit};
 use super::{App, prepare, reserve};
 use axum::extract::Request;
 use axum::response::Response;
@@ -18,34 +17,28 @@ use k3_engine::serve::Caller;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+const RESPONSES: Route = Route {
+    endpoint: "POST /v1/responses",
+    prompt_field: "input",
+    chat: true,
+};
+
 /// `POST /v1/responses`.
 pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let (common, echoed, reader) = prepare(&app, reservation, bytes, move |app, turn, bytes| {
-        let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
-        let parsed = request::responses(&fields)?;
-        drop(fields);
-        drop(bytes);
-        if !parsed.hosted_tools.is_empty() {
-            log!(
-                "POST /v1/responses: hosted tools not declared to the model (k3d has none): {}",
-                parsed.hosted_tools.join(", ")
-            );
-        }
-        // The core's refusals name values, not fields: the field they concern is the input.
-        let reader = submit(
-            app,
-            turn,
-            caller,
-            &parsed.common,
-            parsed.request,
-            true,
-            "input",
-            "POST /v1/responses",
-        )?;
-        Ok::<_, ApiError>((parsed.common, parsed.echoed, reader))
+        submit(app, turn, caller, &RESPONSES, bytes, |fields| {
+            let parsed = request::responses(fields)?;
+            if !parsed.hosted_tools.is_empty() {
+                log!(
+                    "POST /v1/responses: hosted tools not declared to the model (k3d has none): {}",
+                    parsed.hosted_tools.join(", ")
+                );
+            }
+            Ok((parsed.submission, parsed.echoed))
+        })
     })
     .await?;
     let head = reply::ResponseHead {

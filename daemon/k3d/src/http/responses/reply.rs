@@ -470,13 +470,13 @@ mod tests {
             "top_p": 0.25, "reasoning": {"effort": "xhigh"}, "store": false,
             "metadata": {"a": "b"}, "tool_choice": "none", "seed": 3, "stop": ["x"]}"#;
         let parsed = responses(&Fields::parse(body, 1000).expect("fields")).expect("read");
-        let request = &parsed.request;
+        let request = &parsed.submission.request;
         assert_eq!((request.max_tokens, request.sampling.seed), (Some(7), 0));
         assert!(request.stop_strings.is_empty());
         let head = ResponseHead {
             request: 9,
             created_at: 1,
-            common: parsed.common,
+            common: parsed.submission.common,
             echoed: parsed.echoed,
         };
         let r = head.response("completed", Vec::new(), None);

@@ -24,11 +24,11 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, JsonKind, function_tool, not_a_text_part, schema_format, tool_choice,
-    value,
+    Budget, Common, Fields, JsonKind, Submission, function_tool, not_a_text_part, schema_format,
+    tool_choice, value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::serve::{Prompt, Request};
+use k3_engine::serve::Prompt;
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
 };
@@ -36,9 +36,8 @@ use serde_json::{Map, Value};
 
 /// A `/v1/responses` body read.
 pub struct Parsed {
-    pub common: Common,
-    pub request: Request,
-    /// What the response object echoes back: the request's settings as k3d applied them.
+    pub submission: Submission,
+    /// What the response object repeats besides the submission's options.
     pub echoed: Echoed,
     /// Hosted tools named in the request and not declared to the model.
     pub hosted_tools: Vec<String>,
@@ -158,8 +157,7 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         parallel_tool_calls,
     };
     Ok(Parsed {
-        request: common.request(Prompt::Chat(conversation)),
-        common,
+        submission: common.submission(Prompt::Chat(conversation)),
         echoed,
         hosted_tools: declared.hosted,
     })
