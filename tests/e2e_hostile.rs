@@ -950,7 +950,7 @@ async fn attack_4_unread_streams_leave_b_a_slot_and_a_gets_its_reply() {
     let _one = ATTACKS.lock().await;
     let s = shared_daemon("attack-unread", &[]).await;
     let idle = median_ttft_of_b(&s, false);
-    let mut a = a_holds_unread_streams(&s, 4).await;
+    let a = a_holds_unread_streams(&s, 4).await;
     b_is_served(&s, idle, "attack 4", false);
     a.reads_its_first_stream_to_the_end(&s.d);
 }
@@ -974,7 +974,7 @@ async fn attack_4_stalled_readers_holding_every_slot_are_parked_for_b() {
     )
     .await;
     let idle = median_ttft_of_b(&s, false);
-    let mut a = a_holds_unread_streams(&s, 2).await;
+    let a = a_holds_unread_streams(&s, 2).await;
     // B waits the stall timeout (1 s) for a slot, then is served as under any attack.
     let under = ttft_of_b(&s, false);
     eprintln!("attack 4 (every slot): B idle {idle:?}, beside A's stalled readers {under:?}");
@@ -991,8 +991,9 @@ async fn attack_4_stalled_readers_holding_every_slot_are_parked_for_b() {
     a.reads_its_first_stream_to_the_end(&s.d);
 }
 
-/// Attack 5: A's prompt over --max-prompt-tokens is refused at once naming the limit; A's
-/// long prompt within it prefills while B is served.
+/// Attack 5: A's prompt over --max-prompt-tokens is refused at once naming the limit, and so
+/// is one that is long only once rendered, 100,000 tiny tools, on each API; A's long prompt
+/// within the limit prefills while B is served.
 #[tokio::test]
 async fn attack_5_long_prompts_are_refused_or_interleaved_with_b() {
     let _one = ATTACKS.lock().await;
@@ -1019,6 +1020,50 @@ async fn attack_5_long_prompts_are_refused_or_interleaved_with_b() {
         "refused after {:?}",
         refused.1
     );
+    // 100,000 tools, a 3.5-4.6 MB body: refused while the list is read (--max-prompt-tokens /
+    // 4 = 2,000 tools at most), naming `tools` and the limit.
+    let scratch = s.d.scratch.as_ref().expect("scratch").path();
+    for (route, rest, tool, says) in [
+        (
+            "/v1/chat/completions",
+            r#""max_tokens":1,"messages":[{"role":"user","content":"hi"}]"#,
+            r#"{"type":"function","function":{"name":"t#"}}"#,
+            r#""param":"tools""#,
+        ),
+        (
+            "/v1/messages",
+            r#""max_tokens":1,"messages":[{"role":"user","content":"hi"}]"#,
+            r#"{"name":"t#","input_schema":{}}"#,
+            "prompt is too long: 2001 tools or more",
+        ),
+        (
+            "/v1/responses",
+            r#""max_output_tokens":1,"input":"hi""#,
+            r#"{"type":"function","name":"t#"}"#,
+            r#""param":"tools""#,
+        ),
+    ] {
+        let tools: Vec<String> = (0..100_000)
+            .map(|i| tool.replace('#', &i.to_string()))
+            .collect();
+        let body = format!(
+            r#"{{"model":"{}",{rest},"tools":[{}]}}"#,
+            s.model,
+            tools.join(",")
+        );
+        let file = scratch.join("tools.json");
+        std::fs::write(&file, body).expect("write the body");
+        let (code, took, said) = a_posts(&s.http, &format!("@{}", file.display()), route);
+        eprintln!("attack 5: 100,000 tools on {route} refused in {took:?}");
+        assert!(
+            code == 400 && said.contains(says) && said.contains("--max-prompt-tokens"),
+            "{route}: {code} {said:.300}"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "{route}: refused after {took:?}"
+        );
+    }
     let long = format!(
         r#"{{"model":"{}","prompt":[{}],"max_tokens":1}}"#,
         s.model,

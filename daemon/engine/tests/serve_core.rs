@@ -571,6 +571,28 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         "{count:?}"
     );
     assert_eq!(core.status().queued, 0, "count_tokens gave its place back");
+
+    // More tools than the limit holds at their fewest ids each: refused by their count before
+    // anything is rendered, on every transport (the HTTP readers refuse while reading them).
+    let most = k3_engine::tokenizer::chat::most_tools(limit);
+    let many = Conversation {
+        messages: vec![Message::new(Role::User, "Hi.")],
+        tools: (0..=most)
+            .map(|i| k3_engine::tokenizer::chat::Tool {
+                name: format!("t{i}"),
+                description: None,
+                parameters: None,
+            })
+            .collect(),
+        ..Conversation::default()
+    };
+    assert_eq!(
+        refused(ids_chat(many)),
+        Invalid::TooManyTools {
+            tools: most + 1,
+            limit
+        }
+    );
 }
 
 fn ids_chat(conversation: Conversation) -> Request {

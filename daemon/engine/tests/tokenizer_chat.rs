@@ -12,8 +12,9 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, Message, ResponseFormat, Role, Segment,
-    Thinking, Tool, ToolCall, ToolChoice, parse_reply, render, segments,
+    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Message,
+    ResponseFormat, Role, Segment, Thinking, Tool, ToolCall, ToolChoice, parse_reply, render,
+    segments,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::{fixtures, gpt2_byte_order, k3_config, scratch, write_model};
@@ -959,6 +960,84 @@ fn every_message_renders_to_at_least_the_least_ids_per_message() {
                     ids.len()
                 );
             }
+        }
+    }
+}
+
+/// Every declared tool renders to at least `LEAST_IDS_PER_TOOL` ids, whatever its name: the
+/// bound by which the daemon refuses a request declaring too many tools for
+/// `--max-prompt-tokens` before rendering it. Counted twice: as pieces of the spec's
+/// pre-tokenisation of the tool list (§7.3; each piece encodes to at least one id whatever the
+/// vocabulary, §7.4, so this is the fewest any vocabulary could give), and as the ids a whole
+/// rendering gives with the test vocabulary.
+#[test]
+fn every_tool_renders_to_at_least_the_least_ids_per_tool() {
+    let t = anchored();
+    let pieces = fancy_regex::Regex::new(k3_engine::tokenizer::pretokenize::PATTERN)
+        .expect("the pre-tokenisation pattern");
+    // Names that could merge with the words around them if anything could: letters of each
+    // case, digits, punctuation the JSON around them uses, quotes (escaped), whitespace, a
+    // contraction, Han, marks, and the fixed words themselves.
+    let names = [
+        "a",
+        "A",
+        "aB",
+        "0",
+        "_",
+        "-",
+        "\"",
+        "}",
+        ":",
+        " ",
+        "\n",
+        "'s",
+        "\u{6f22}",
+        "e\u{301}",
+        "function",
+        "type",
+        "name",
+        "x\"},\"type\":\"function",
+    ];
+    for name in names {
+        for count in [1, 2, 7] {
+            // Distinct names, as a request must declare them.
+            let tools: Vec<Tool> = (1..=count)
+                .map(|n| Tool {
+                    name: name.repeat(n),
+                    description: None,
+                    parameters: None,
+                })
+                .collect();
+            let conversation = Conversation {
+                messages: vec![Message::new(Role::User, "")],
+                tools,
+                ..Conversation::default()
+            };
+            let declared = segments(&conversation)
+                .expect("segments")
+                .into_iter()
+                .find_map(|s| match s {
+                    Segment::Text(text) if text.starts_with("# Tools") => Some(text),
+                    _ => None,
+                })
+                .expect("the tool-declare text");
+            let start = declared.find("```json\n").expect("the list") + "```json\n".len();
+            let end = declared.rfind("\n```").expect("the list's end");
+            let list = &declared[start..end];
+            let list_pieces = pieces
+                .find_iter(list)
+                .collect::<Result<Vec<_>, _>>()
+                .expect("the pieces")
+                .len();
+            assert!(
+                list_pieces >= LEAST_IDS_PER_TOOL * count,
+                "{count} tools named after {name:?}: {list_pieces} pieces in {list:?}"
+            );
+            let ids = render(t, &conversation).expect("renders").len();
+            assert!(
+                ids >= LEAST_IDS_PER_MESSAGE + LEAST_IDS_PER_TOOL * count,
+                "{count} tools named after {name:?}: {ids} ids"
+            );
         }
     }
 }

@@ -159,6 +159,14 @@ pub enum Invalid {
         least = chat::LEAST_IDS_PER_MESSAGE
     )]
     TooManyMessages { messages: usize, limit: usize },
+    /// More tools than [`chat::most_tools`] allows: refused before rendering, by a reader as
+    /// soon as it has read that many (so `tools` is then a lower bound).
+    #[error(
+        "the request declares at least {tools} tools, and each renders to at least {least} \
+         tokens: more than the {limit} this daemon accepts (--max-prompt-tokens)",
+        least = chat::LEAST_IDS_PER_TOOL
+    )]
+    TooManyTools { tools: usize, limit: usize },
     #[error("cannot tokenise the prompt: {0}")]
     Tokenize(String),
     #[error("the conversation has no messages")]
@@ -330,7 +338,8 @@ type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
 /// assistant message the reply continues (a new one, or the final message when it is
 /// continued), keeping at most `limit` ids (a longer one is only counted, so its memory stays
 /// bounded). A conversation with more messages than `limit` ids could hold is refused without
-/// being rendered ([`Invalid::TooManyMessages`]).
+/// being rendered ([`Invalid::TooManyMessages`]), and so is one declaring more tools than
+/// that ([`Invalid::TooManyTools`]).
 pub fn render_chat(
     tokenizer: &Tokenizer,
     mut conversation: Conversation,
@@ -342,6 +351,10 @@ pub fn render_chat(
     let messages = conversation.messages.len();
     if messages > chat::most_messages(limit) {
         return Err(Invalid::TooManyMessages { messages, limit });
+    }
+    let tools = conversation.tools.len();
+    if tools > chat::most_tools(limit) {
+        return Err(Invalid::TooManyTools { tools, limit });
     }
     // A conversation that ends with an assistant message gets a new assistant turn (OpenAI's
     // and vLLM's reading), unless that message is marked to be continued (`partial`).

@@ -116,37 +116,22 @@ impl ApiError {
     pub fn from_serve(e: &ServeError, param: Option<&str>) -> ApiError {
         let message = e.to_string();
         let status = match e {
-            // OpenAI's code for a prompt over the context, Anthropic's words for it; the
-            // message names k3d's own limit.
-            ServeError::Invalid(Invalid::PromptTooLong { tokens, limit }) => {
-                return ApiError {
-                    param: param.map(str::to_string),
-                    code: Some("context_length_exceeded"),
-                    anthropic_message: Some(format!(
-                        "prompt is too long: {tokens} tokens > {limit} maximum \
-                         (--max-prompt-tokens)"
-                    )),
-                    ..ApiError::new(StatusCode::BAD_REQUEST, message)
-                };
-            }
-            // Refused before rendering, by its message count alone: the same code and words.
-            ServeError::Invalid(Invalid::TooManyMessages { messages, limit }) => {
-                return ApiError {
-                    param: param.map(str::to_string),
-                    code: Some("context_length_exceeded"),
-                    anthropic_message: Some(format!(
-                        "prompt is too long: {messages} messages or more render to over {limit} \
-                         tokens maximum (--max-prompt-tokens)"
-                    )),
-                    ..ApiError::new(StatusCode::BAD_REQUEST, message)
-                };
-            }
             ServeError::Invalid(invalid) => {
-                // A constraint names its own field (`tools`, `tool_choice`, `response_format`).
+                // A constraint names its own field (`tools`, `tool_choice`, `response_format`),
+                // and so does a tool list too long for the prompt limit.
                 let param = match invalid {
                     Invalid::Constraint(c) => Some(c.field()),
+                    Invalid::TooManyTools { .. } => Some("tools"),
                     _ => param,
                 };
+                if let Some(words) = over_the_prompt_limit(invalid) {
+                    return ApiError {
+                        param: param.map(str::to_string),
+                        code: Some("context_length_exceeded"),
+                        anthropic_message: Some(words),
+                        ..ApiError::new(StatusCode::BAD_REQUEST, message)
+                    };
+                }
                 return ApiError {
                     param: param.map(str::to_string),
                     ..ApiError::new(StatusCode::BAD_REQUEST, message)
@@ -282,6 +267,27 @@ impl ApiError {
         }
         response
     }
+}
+
+/// Anthropic's words for a prompt over `--max-prompt-tokens` (on which Claude Code offers to
+/// compact the conversation), for each way the core finds it over: counted after rendering,
+/// or refused before by its message or tool count alone. `None`: not over the limit. (OpenAI's
+/// code for all of them is `context_length_exceeded`; the message names k3d's own limit.)
+fn over_the_prompt_limit(invalid: &Invalid) -> Option<String> {
+    let (what, limit) = match invalid {
+        Invalid::PromptTooLong { tokens, limit } => {
+            return Some(format!(
+                "prompt is too long: {tokens} tokens > {limit} maximum (--max-prompt-tokens)"
+            ));
+        }
+        Invalid::TooManyMessages { messages, limit } => (format!("{messages} messages"), limit),
+        Invalid::TooManyTools { tools, limit } => (format!("{tools} tools"), limit),
+        _ => return None,
+    };
+    Some(format!(
+        "prompt is too long: {what} or more render to over {limit} tokens maximum \
+         (--max-prompt-tokens)"
+    ))
 }
 
 /// Why a request was refused, carried on the response for the daemon's log line

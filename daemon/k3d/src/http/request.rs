@@ -153,6 +153,22 @@ impl<'b> Fields<'b> {
         });
         Err(ApiError::from_serve(&refused, Some(param)))
     }
+
+    /// Refuses a request once its `tools` list has `tools` entries, more than the daemon's
+    /// `--max-prompt-tokens` could hold whatever they declare ([`chat::LEAST_IDS_PER_TOOL`] ids
+    /// each): the reader stops there, keeping no more, and nothing proportional to the list is
+    /// done beyond reading it that far (issue 35 points 2 and 5: 100,000 tiny tools fit in a
+    /// body).
+    pub fn within_tool_limit(&self, tools: usize) -> Result<(), ApiError> {
+        if tools <= chat::most_tools(self.max_prompt_tokens) {
+            return Ok(());
+        }
+        let refused = ServeError::Invalid(Invalid::TooManyTools {
+            tools,
+            limit: self.max_prompt_tokens,
+        });
+        Err(ApiError::from_serve(&refused, Some("tools")))
+    }
 }
 
 /// What kind of value a field is ([`Fields::kind`]).
@@ -499,6 +515,7 @@ pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     f.list("tools", |i, t| {
+        f.within_tool_limit(i + 1)?;
         let at = format!("tools[{i}]");
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(ApiError::invalid(
@@ -860,6 +877,20 @@ mod tests {
         format!(r#"{{"model":"k3","messages":[{items}]}}"#).into_bytes()
     }
 
+    /// `refused` is the 400 of a request over `--max-prompt-tokens` (`limit`), on `param`,
+    /// saying `says`.
+    fn over_the_prompt_limit(refused: &ApiError, param: &str, says: &str, limit: usize) {
+        assert_eq!(refused.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(refused.code, Some("context_length_exceeded"));
+        assert_eq!(refused.param.as_deref(), Some(param));
+        let accepts = format!("{limit} this daemon accepts (--max-prompt-tokens)");
+        assert!(
+            refused.message.contains(says) && refused.message.contains(&accepts),
+            "{}",
+            refused.message
+        );
+    }
+
     #[test]
     fn a_conversation_is_refused_as_soon_as_it_has_more_messages_than_the_limit_can_hold() {
         // 70 tokens hold at most 10 messages of at least 7 ids each.
@@ -876,22 +907,69 @@ mod tests {
         let refused = chat(&Fields::parse(&body, limit).expect("fields"))
             .err()
             .expect("refused");
-        assert_eq!(refused.status, axum::http::StatusCode::BAD_REQUEST);
-        assert_eq!(refused.code, Some("context_length_exceeded"));
-        assert_eq!(refused.param.as_deref(), Some("messages"));
-        assert!(
-            refused.message.contains("at least 11 messages")
-                && refused
-                    .message
-                    .contains("70 this daemon accepts (--max-prompt-tokens)"),
-            "{}",
-            refused.message
-        );
+        over_the_prompt_limit(&refused, "messages", "at least 11 messages", limit);
         // Within the limit, the broken item is read and refused for what it is.
         let refused = chat(&Fields::parse(&body, 100 * limit).expect("fields"))
             .err()
             .expect("refused");
         assert_eq!(refused.param.as_deref(), Some("messages[11].role"));
+    }
+
+    #[test]
+    fn a_request_is_refused_as_soon_as_it_declares_more_tools_than_the_limit_can_hold() {
+        // 40 tokens hold at most 10 tools of at least 4 ids each.
+        let limit = 10 * chat::LEAST_IDS_PER_TOOL;
+        // Each API: the rest of a body, its tool's shape (`#` numbers it) and its reader.
+        type Read = fn(&Fields) -> Result<(), ApiError>;
+        let apis: [(&str, &str, Read); 3] = [
+            (
+                r#""messages":[{"role":"user","content":"a"}]"#,
+                r#"{"type":"function","function":{"name":"t#"}}"#,
+                |f| chat(f).map(drop),
+            ),
+            (
+                r#""max_tokens":1,"messages":[{"role":"user","content":"a"}]"#,
+                r#"{"name":"t#","input_schema":{}}"#,
+                |f| crate::http::anthropic::request::messages(f).map(drop),
+            ),
+            (
+                r#""input":"a""#,
+                r#"{"type":"function","name":"t#"}"#,
+                |f| crate::http::responses::request::responses(f).map(drop),
+            ),
+        ];
+        for (rest, tool, read) in apis {
+            let body = |count: usize, after: &str| {
+                let tools: Vec<String> = (0..count)
+                    .map(|i| tool.replace('#', &i.to_string()))
+                    .collect();
+                let tools = tools.join(",");
+                format!(r#"{{"model":"k3",{rest},"tools":[{tools}{after}]}}"#).into_bytes()
+            };
+            read(&Fields::parse(&body(10, ""), limit).expect("fields")).expect("10 tools");
+            // The 11th is refused before anything after it is read: the broken item that
+            // follows is never looked at.
+            let broken = body(11, r#",{"name":5}"#);
+            let refused =
+                read(&Fields::parse(&broken, limit).expect("fields")).expect_err("11 tools");
+            over_the_prompt_limit(&refused, "tools", "at least 11 tools", limit);
+            let anthropic = refused.anthropic_message.as_deref().unwrap_or_default();
+            assert!(
+                anthropic.starts_with("prompt is too long: 11 tools or more"),
+                "{anthropic}"
+            );
+            // Within a larger limit, the broken item is read and refused for what it is.
+            let refused = read(&Fields::parse(&broken, 100 * limit).expect("fields"))
+                .expect_err("a broken tool");
+            assert!(
+                refused
+                    .param
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("tools[11]")),
+                "{:?}",
+                refused.param
+            );
+        }
     }
 
     #[test]

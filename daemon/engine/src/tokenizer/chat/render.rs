@@ -176,6 +176,8 @@ impl Segments {
 /// The function list of the tool-declare message, in OpenAI's `tools` shape.
 fn tool_list(tools: &[Tool]) -> Result<String, ChatError> {
     let mut list = Vec::with_capacity(tools.len());
+    // The names seen so far: a set, so that many tools cost linear time, not quadratic.
+    let mut names = std::collections::HashSet::with_capacity(tools.len());
     for (index, tool) in tools.iter().enumerate() {
         if tool.name.is_empty() {
             return Err(ChatError::Tool {
@@ -184,7 +186,7 @@ fn tool_list(tools: &[Tool]) -> Result<String, ChatError> {
                 reason: "is empty".into(),
             });
         }
-        if tools[..index].iter().any(|t| t.name == tool.name) {
+        if !names.insert(tool.name.as_str()) {
             return Err(ChatError::Tool {
                 index,
                 field: "name",
@@ -435,6 +437,24 @@ pub const LEAST_IDS_PER_MESSAGE: usize = 7;
 /// The most messages a conversation rendering to at most `limit` ids can have.
 pub fn most_messages(limit: usize) -> usize {
     limit / LEAST_IDS_PER_MESSAGE
+}
+
+/// The fewest ids a declared tool adds to the prompt (spec §8.2): each is an object
+/// `{"function":{"name":…},"type":"function"}` (keys sorted; a description and parameters
+/// only add to it) in the tool-declare message's one text segment. Its four fixed words —
+/// `function`, `name`, `type`, `function` — are runs of lowercase letters each between `"`s,
+/// and a piece of the pre-tokenisation (§7.3) holds at most one run of letters (the letter
+/// alternatives take an optional non-letter, then letters; the others take no letter), so
+/// the four are in four different pieces whatever the name; every piece encodes to at least
+/// one id (§7.4), and the long-run guard only cuts pieces further. A conversation declaring
+/// `n` tools so renders to at least `n` times this many ids: one declaring more than a
+/// limit allows this way is over it without being rendered, and its readers can refuse it
+/// while they read its tools.
+pub const LEAST_IDS_PER_TOOL: usize = 4;
+
+/// The most tools a conversation rendering to at most `limit` ids can declare.
+pub fn most_tools(limit: usize) -> usize {
+    limit / LEAST_IDS_PER_TOOL
 }
 
 /// A rendering held to a length limit ([`render_limited`]).

@@ -637,6 +637,7 @@ impl ToolInputs {
 /// tools, which have another `type`, run on Anthropic's side and are refused).
 fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
     f.list("tools", |i, t| {
+        f.within_tool_limit(i + 1)?;
         let at = format!("tools[{i}]");
         let t = object(&at, t)?;
         only(

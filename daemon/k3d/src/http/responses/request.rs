@@ -382,6 +382,9 @@ fn tools(f: &Fields) -> Result<Declared, ApiError> {
         namespaces: Vec::new(),
     };
     f.items("tools", |i, t: Value| {
+        // Every entry counts, hosted ones too (a client sends a handful), and each function of
+        // a namespace (below).
+        f.within_tool_limit(i + 1)?;
         let t = &t;
         let at = format!("tools[{i}]");
         let object = object(&at, t)?;
@@ -403,6 +406,7 @@ fn tools(f: &Fields) -> Result<Declared, ApiError> {
                             "k3 declares a namespace's function tools only",
                         ));
                     }
+                    f.within_tool_limit(declared.tools.len() + 1)?;
                     let mut function = function_tool(&tool_at, tool)?;
                     let qualified = format!("{namespace}.{}", function.name);
                     declared
