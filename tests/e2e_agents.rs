@@ -183,6 +183,36 @@ impl Served {
         cmd
     }
 
+    /// The recipe's first `lang` block, pointed at this test's relay and model, written to `to`
+    /// (its directory made).
+    fn recipe_file(&self, blocks: &[(String, String)], lang: &str, to: &Path) {
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).expect("the config's directory");
+        }
+        std::fs::write(to, placed(&block(blocks, lang, 0), &self.tap.url))
+            .unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
+    }
+
+    /// The recipe's `n`th shell command pointed at this test's relay and model, as
+    /// (assignments, argv): checked to start with `program`'s words, which it runs as the
+    /// installed `executable`.
+    fn recipe_command(
+        &self,
+        blocks: &[(String, String)],
+        n: usize,
+        program: &[&str],
+        executable: &Path,
+    ) -> (Vec<(String, String)>, Vec<String>) {
+        let (env, mut argv) = command_line(&placed(&block(blocks, "sh", n), &self.tap.url));
+        assert!(
+            argv.starts_with(&program.iter().map(|w| w.to_string()).collect::<Vec<_>>()),
+            "the recipe runs {}: {argv:?}",
+            program.join(" ")
+        );
+        argv[0] = executable.display().to_string();
+        (env, argv)
+    }
+
     /// Runs an agent to its end (killed past [`AGENT_LIMIT`]); fails the test unless it exits
     /// 0, quoting what it printed and the daemon's log.
     fn run(&self, what: &str, mut cmd: Command) -> Output {
@@ -343,12 +373,7 @@ fn claude_code_answers_and_its_continued_turn_reuses_the_first() {
     let served = serve("agents-claude");
     let blocks = recipe("Claude Code");
     let (env, _) = command_line(&placed(&block(&blocks, "sh", 0), &served.tap.url));
-    let (_, mut first) = command_line(&block(&blocks, "sh", 1));
-    assert_eq!(
-        first[0], "claude",
-        "the non-interactive recipe runs claude: {first:?}"
-    );
-    first[0] = claude.display().to_string();
+    let (_, first) = served.recipe_command(&blocks, 1, &["claude", "-p"], &claude);
     let out = served.run("claude -p", served.command(&first, &env));
     let answer = served.printed_the_answer("claude -p", &out, Shown::Alone);
     let turn_one = served.all_answered();
@@ -363,9 +388,7 @@ fn claude_code_answers_and_its_continued_turn_reuses_the_first() {
     eprintln!("claude -p: {prompt_one} prompt tokens, answered {answer:?}");
 
     // A second turn continuing the first, its usage printed as JSON.
-    let (_, mut second) = command_line(&block(&blocks, "sh", 2));
-    assert!(second.contains(&"--continue".to_string()), "{second:?}");
-    second[0] = claude.display().to_string();
+    let (_, second) = served.recipe_command(&blocks, 2, &["claude", "-p", "--continue"], &claude);
     let out = served.run("claude -p --continue", served.command(&second, &env));
     served.printed_the_answer("claude -p --continue", &out, Shown::JsonField("result"));
     let turns = served.all_answered();
@@ -398,31 +421,14 @@ fn claude_code_answers_and_its_continued_turn_reuses_the_first() {
     );
 }
 
-/// The recipe's `config.toml` in the agent's `~/.codex`.
-fn codex_config(served: &Served, blocks: &[(String, String)]) {
-    let codex_home = served.home().join(".codex");
-    std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        placed(&block(blocks, "toml", 0), &served.tap.url),
-    )
-    .expect("write config.toml");
-}
-
 #[test]
 fn codex_exec_answers() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let codex = agent("agents-npm/node_modules/.bin/codex");
     let served = serve("agents-codex");
     let blocks = recipe("Codex CLI");
-    codex_config(&served, &blocks);
-    let (env, mut argv) = command_line(&block(&blocks, "sh", 0));
-    assert_eq!(
-        argv[..2],
-        ["codex", "exec"],
-        "the recipe runs codex exec: {argv:?}"
-    );
-    argv[0] = codex.display().to_string();
+    served.recipe_file(&blocks, "toml", &served.home().join(".codex/config.toml"));
+    let (env, argv) = served.recipe_command(&blocks, 0, &["codex", "exec"], &codex);
     let out = served.run("codex exec", served.command(&argv, &env));
     let answer = served.printed_the_answer("codex exec", &out, Shown::Alone);
     eprintln!("codex exec answered {answer:?}");
@@ -434,15 +440,13 @@ fn aider_answers() {
     let aider = agent("venv-aider/bin/aider");
     let served = serve("agents-aider");
     let blocks = recipe("aider");
-    std::fs::write(
-        served.work().join(".aider.model.metadata.json"),
-        placed(&block(&blocks, "json", 0), &served.tap.url),
-    )
-    .expect("write the model metadata");
-    let (env, mut argv) = command_line(&placed(&block(&blocks, "sh", 1), &served.tap.url));
-    assert_eq!(argv[0], "aider", "the recipe runs aider: {argv:?}");
+    served.recipe_file(
+        &blocks,
+        "json",
+        &served.work().join(".aider.model.metadata.json"),
+    );
+    let (env, argv) = served.recipe_command(&blocks, 1, &["aider"], &aider);
     assert!(argv.contains(&"--message".to_string()), "{argv:?}");
-    argv[0] = aider.display().to_string();
     let out = served.run("aider --message", served.command(&argv, &env));
     let answer = served.printed_the_answer("aider --message", &out, Shown::After("ANSWER"));
     eprintln!("aider answered {answer:?}");
@@ -454,18 +458,8 @@ fn opencode_run_answers() {
     let opencode = agent("agents-npm/node_modules/.bin/opencode");
     let served = serve("agents-opencode");
     let blocks = recipe("opencode");
-    std::fs::write(
-        served.work().join("opencode.json"),
-        placed(&block(&blocks, "json", 0), &served.tap.url),
-    )
-    .expect("write opencode.json");
-    let (env, mut argv) = command_line(&block(&blocks, "sh", 0));
-    assert_eq!(
-        argv[..2],
-        ["opencode", "run"],
-        "the recipe runs opencode run: {argv:?}"
-    );
-    argv[0] = opencode.display().to_string();
+    served.recipe_file(&blocks, "json", &served.work().join("opencode.json"));
+    let (env, argv) = served.recipe_command(&blocks, 0, &["opencode", "run"], &opencode);
     let out = served.run("opencode run", served.command(&argv, &env));
     // Two requests go at once (the session's title, then the turn with its tools) and may end
     // in either order: the turn's answer is the one printed.
@@ -548,8 +542,7 @@ fn claude_code_completes_a_tool_round_trip() {
     let served = serve("agents-claude-tool");
     let blocks = recipe("Claude Code");
     let (env, _) = command_line(&placed(&block(&blocks, "sh", 0), &served.tap.url));
-    let (_, mut argv) = command_line(&block(&blocks, "sh", 1));
-    argv[0] = claude.display().to_string();
+    let (_, mut argv) = served.recipe_command(&blocks, 1, &["claude", "-p"], &claude);
     // Reading a file of the working directory needs no permission in `-p` mode.
     *argv.last_mut().expect("a prompt") =
         format!("Read the file {ROUND_TRIP_FILE} and tell me what it says.");
@@ -564,9 +557,8 @@ fn codex_exec_completes_a_tool_round_trip() {
     let codex = agent("agents-npm/node_modules/.bin/codex");
     let served = serve("agents-codex-tool");
     let blocks = recipe("Codex CLI");
-    codex_config(&served, &blocks);
-    let (env, mut argv) = command_line(&block(&blocks, "sh", 0));
-    argv[0] = codex.display().to_string();
+    served.recipe_file(&blocks, "toml", &served.home().join(".codex/config.toml"));
+    let (env, mut argv) = served.recipe_command(&blocks, 0, &["codex", "exec"], &codex);
     *argv.last_mut().expect("a prompt") =
         format!("Run `cat {ROUND_TRIP_FILE}` and tell me what it says.");
     round_trip(&served, "codex exec (tool)", served.command(&argv, &env));
