@@ -15,6 +15,13 @@
 //! while they actually hold a core — the figure that says whether a kernel keeps up with memory
 //! when it is not descheduled. Each ratio compares a kernel with the bandwidth measured on the
 //! same clock, same thread count, same run.
+//!
+//! The arithmetic roof, measured in the same run: the GEMM probe (`system::gemm_probe`, a
+//! BLAS-style DGEMM free to sum in any order) on the same pool gives the f64 multiply-add rate
+//! the cores deliver. Under the reduction contract (spec §6.1 rules 2–3) every weight costs at
+//! least one f64 multiply-add into its tree lane, so an MXFP4 matvec cannot consume more than
+//! `rate` weights per second, i.e. `rate × 17/32` bytes (4.25 bits per weight with the scale
+//! byte): the `mxfp4 roof (f64 FMA)` line, as a ratio of the stream bandwidth like the kernels.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -23,6 +30,7 @@ use k3_engine::kernels::{
     Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with,
 };
 use k3_engine::rng::splitmix64;
+use k3_engine::system::gemm_probe;
 
 /// splitmix64 steps, to fill buffers quickly and reproducibly.
 struct Rng(u64);
@@ -39,6 +47,8 @@ impl Rng {
 }
 
 const EXPERTS: usize = 8;
+/// Stored bytes per MXFP4 weight: half a byte of nibble plus one scale byte per 32.
+const MXFP4_BYTES_PER_WEIGHT: f64 = 0.5 + 1.0 / 32.0;
 const BANDWIDTH_BYTES: usize = 512 << 20;
 
 struct BenchExpert {
@@ -161,6 +171,21 @@ fn main() {
         println!(
             "{threads:>7}  {:<23} {:<8} {:>8} | {bw_wall:>8.2} {bw_wall:>8.2} {:>6} | {bw_cpu:>8.2} {bw_cpu:>8.2} {:>6}",
             "stream read 512 MB", "-", "-", "1.00", "1.00"
+        );
+        // One f64 multiply-add per weight is the contract's floor: the probe's FMA rate bounds
+        // the weights/s of any exact MXFP4 matvec (both clocks: the probe is timed by wall
+        // clock on an otherwise idle pool).
+        let probe = pool.install(|| gemm_probe::measure(std::time::Duration::from_secs(1)));
+        let fma_per_s = probe.flops_per_second / 2.0;
+        let roof = fma_per_s * MXFP4_BYTES_PER_WEIGHT / 1e9;
+        println!(
+            "{threads:>7}  {:<23} {:<8} {:>8} | {roof:>8.2} {bw_wall:>8.2} {:>6.2} | {roof:>8.2} {bw_cpu:>8.2} {:>6.2}   ({:.1} GFLOP/s dgemm probe)",
+            "mxfp4 roof (f64 FMA)",
+            probe.isa,
+            "-",
+            roof / bw_wall,
+            roof / bw_cpu,
+            probe.flops_per_second / 1e9
         );
         for &isa in &paths {
             let report = |name: &str, bytes: usize, (wall, cpu): (f64, f64)| {

@@ -6,7 +6,10 @@
 
 use std::arch::x86_64::*;
 
-use super::{Acc, PREFETCH_BYTES, Positions, Simd, Tile, drive, fold_natural, tile_forwarders};
+use super::{
+    Acc, MXFP4_PREFETCH_BYTES, PREFETCH_BYTES, Positions, SCALED_E2M1, Simd, Tile, drive,
+    fold_natural, tile_forwarders,
+};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -17,23 +20,6 @@ const POSITIONS: Positions = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 
 const TILE_ROWS: usize = 4;
 /// Tokens per tile (prefill): each decoded weight register feeds this many tokens.
 const TILE_TOKENS: usize = 2;
-
-/// E2M1 codes 0–7 and 8–15 as f64 (spec §3.5; code 8 is −0).
-const E2M1_POS: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-const E2M1_NEG: [f64; 8] = [-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
-/// Table entries 1–7 (entry 0 is ±0).
-const NONZERO_ENTRIES: __mmask8 = 0xfe;
-/// `(s − 127) << 52` for every scale byte: the f64 exponent-field increment of ×2^(s−127),
-/// broadcast from memory (a load, not a shuffle).
-static EXPONENT_STEPS: [i64; 256] = {
-    let mut t = [0i64; 256];
-    let mut s = 0;
-    while s < 256 {
-        t[s] = (s as i64 - 127) << 52;
-        s += 1;
-    }
-    t
-};
 
 /// Proof that the running CPU supports AVX-512F, AVX2 and FMA.
 #[derive(Clone, Copy, Debug)]
@@ -97,9 +83,16 @@ fn bf16_tile<const R: usize, const TC: usize>(
     store(&a, acc);
 }
 
-/// Lane accumulators of `R` MXFP4 rows against `TC` widened token rows. Per group of 32 the
-/// sixteen possible values `E2M1(code)·2^(s−127)` form a two-register table; a two-source
-/// permute indexed by the nibble (bit 3 picks the negative half) decodes eight weights at once.
+/// Lane accumulators of `R` MXFP4 rows against `TC` widened token rows.
+///
+/// Decoding costs three vector operations per eight weights besides the multiply-add, all of
+/// them off the load path: for each row and group of 32 the sixteen values
+/// `E2M1(code)·2^(s−127)` are two registers read from [`SCALED_E2M1`] (no arithmetic); per
+/// eight packed bytes one broadcast load, two variable shifts that put each byte's low and high
+/// nibble in the low bits of its own lane, and two two-source permutes indexed by the nibble
+/// (bits 0–2 pick the magnitude, bit 3 the negative half; the permute ignores the other bits).
+/// The shuffle that widened bytes to lanes before (`vpmovzxbq`) shared its pipe with the
+/// permutes; the shifts and the broadcast do not (measured in `docs/model.md`).
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn mxfp4_tile<const R: usize, const TC: usize>(
     packed: &[u8],
@@ -113,42 +106,53 @@ fn mxfp4_tile<const R: usize, const TC: usize>(
         packed.len() >= R * half && scales.len() >= R * groups && xw.len() >= TC * cols,
         "mxfp4 tile bounds"
     );
-    // SAFETY: both arrays hold exactly 8 f64 (512 bits); loadu has no alignment requirement.
-    let (pos, neg) = unsafe {
-        (
-            _mm512_loadu_pd(E2M1_POS.as_ptr()),
-            _mm512_loadu_pd(E2M1_NEG.as_ptr()),
-        )
-    };
+    // Right shifts that bring byte `l` of a broadcast u64 of packed weights to the low bits of
+    // lane `l`: its low nibble (the even element 2l, spec §3.5), then its high nibble (2l + 1).
+    // Built with `setr` so the compiler sees constants below 64 (it guards a shift vector it
+    // cannot see with a compare and a masked shift, which cost registers and spills).
+    let even_shifts = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
+    let odd_shifts = _mm512_setr_epi64(4, 12, 20, 28, 36, 44, 52, 60);
     let mut a = [[[_mm512_setzero_pd(); 2]; TC]; R];
     for g in 0..groups {
         let mut table = [[_mm512_setzero_pd(); 2]; R];
         for (r, tr) in table.iter_mut().enumerate() {
-            // ×2^(s−127) is exact; for the non-zero entries (exponents −1 … 2) it is the same as
-            // adding s − 127 to the f64 exponent field, which stays normal for every byte s;
-            // entries 0 (±0) are left alone. Integer adds can issue on every vector pipe,
-            // leaving the multiply pipes to the FMAs.
-            let k = _mm512_set1_epi64(EXPONENT_STEPS[scales[r * groups + g] as usize]);
-            *tr = [pos, neg].map(|v| {
-                let v = _mm512_castpd_si512(v);
-                _mm512_castsi512_pd(_mm512_mask_add_epi64(v, NONZERO_ENTRIES, v, k))
-            });
+            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
+            // past the end of the slice.
+            _mm_prefetch::<_MM_HINT_T0>(
+                packed
+                    .as_ptr()
+                    .wrapping_add(r * half + 16 * g + MXFP4_PREFETCH_BYTES)
+                    .cast(),
+            );
+            let values = &SCALED_E2M1[scales[r * groups + g] as usize];
+            // SAFETY: `values` is 16 f64; the loads read elements 0–7 and 8–15.
+            *tr = unsafe {
+                [
+                    _mm512_loadu_pd(values.as_ptr()),
+                    _mm512_loadu_pd(values.as_ptr().add(8)),
+                ]
+            };
         }
         for h in 0..2 {
             let b = 2 * g + h;
             let mut wv = [[_mm512_setzero_pd(); 2]; R];
             for (r, wr) in wv.iter_mut().enumerate() {
                 // SAFETY: r < R, g < cols/32, h < 2: the 8 bytes at r·half + 16g + 8h end at
-                // most at R·half ≤ packed.len() (asserted); the load is unaligned-safe.
+                // most at R·half ≤ packed.len() (asserted); read_unaligned has no alignment
+                // requirement. Byte l of the u64 is packed byte l (x86 is little-endian).
                 let bytes = unsafe {
-                    _mm_loadl_epi64(packed.as_ptr().add(r * half + 16 * g + 8 * h).cast())
+                    packed
+                        .as_ptr()
+                        .add(r * half + 16 * g + 8 * h)
+                        .cast::<i64>()
+                        .read_unaligned()
                 };
-                // One byte per u64: its low nibble is the even element (spec §3.5); the
-                // permute reads only index bits 0–3.
-                let lo = _mm512_cvtepu8_epi64(bytes);
-                let hi = _mm512_srli_epi64::<4>(lo);
-                wr[0] = _mm512_permutex2var_pd(table[r][0], lo, table[r][1]);
-                wr[1] = _mm512_permutex2var_pd(table[r][0], hi, table[r][1]);
+                // Broadcast straight from memory: a load, no shuffle.
+                let q = _mm512_set1_epi64(bytes);
+                let even = _mm512_srlv_epi64(q, even_shifts);
+                let odd = _mm512_srlv_epi64(q, odd_shifts);
+                wr[0] = _mm512_permutex2var_pd(table[r][0], even, table[r][1]);
+                wr[1] = _mm512_permutex2var_pd(table[r][0], odd, table[r][1]);
             }
             accumulate(&mut a, &wv, xw, cols, b);
         }
@@ -229,23 +233,4 @@ pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f64 {
         _mm512_storeu_pd(lanes.as_mut_ptr().add(8), l1);
     }
     fold_natural(&lanes, full, n, |i| a[i] as f64 * b[i] as f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tables_are_the_e2m1_codes() {
-        for c in 0..8u8 {
-            assert_eq!(
-                E2M1_POS[c as usize].to_bits(),
-                (mxfp4::e2m1(c) as f64).to_bits()
-            );
-            assert_eq!(
-                E2M1_NEG[c as usize].to_bits(),
-                (mxfp4::e2m1(c | 8) as f64).to_bits()
-            );
-        }
-    }
 }

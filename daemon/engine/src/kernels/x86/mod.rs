@@ -41,11 +41,40 @@ pub(crate) static SCALES: [f64; 256] = {
     t
 };
 
+/// `E2M1(code) · 2^(s − 127)` for every scale byte `s` (row) and code 0–15 (column), exactly as
+/// [`super::mxfp4::element`] computes it (spec §3.5; code 8 is −0): a 32 KiB table from which a
+/// kernel reads the two 8-entry permute tables of a group instead of building them. Only the
+/// rows of the scale bytes a checkpoint uses are ever touched (a few hundred bytes for real
+/// experts, whose scales span a handful of values). Every entry is exact: magnitudes of at
+/// most two significant bits times a power of two within f64's normal range.
+pub(crate) static SCALED_E2M1: [[f64; 16]; 256] = {
+    let mut t = [[0.0f64; 16]; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut c = 0;
+        while c < 8 {
+            let v = mxfp4::E2M1_MAGNITUDE[c] as f64 * scale_f64(s as u8);
+            t[s][c] = v;
+            t[s][c + 8] = -v;
+            c += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
 /// Software prefetch distance in weight bytes, per row: each tile streams several rows at
 /// once, more streams than the hardware prefetcher follows well; measured ~10 % faster on the
-/// BF16 matvec than no prefetch (and than 1 KiB) on the development machine. Not used for
-/// MXFP4, which is bound by decoding, not by memory (prefetching measured no gain there).
+/// BF16 matvec than no prefetch (and than 1 KiB) on the development machine.
 pub(crate) const PREFETCH_BYTES: usize = 2048;
+
+/// Software prefetch distance of the MXFP4 tile kernels, in packed bytes ahead of each row's
+/// read position: about two 4-row tiles of an expert matrix (rows of 1,536–1,792 bytes), so
+/// a line arrives well before its tile starts. Once decoding became cheaper the kernel was
+/// memory-latency bound on one thread: from DRAM it ran at 0.72 of its cache-resident rate
+/// without prefetch, 0.85 at 4 KiB ahead, 0.95–1.0 from 7 KiB to 28 KiB ahead (flat; measured
+/// on the development machine, `docs/model.md`).
+pub(crate) const MXFP4_PREFETCH_BYTES: usize = 12 << 10;
 
 /// Tree lane of each register position: position `p` of a block of sixteen holds element
 /// `POSITIONS[p]` of that block, i.e. it accumulates tree lane `POSITIONS[p]`.
@@ -311,6 +340,21 @@ mod tests {
                 super::super::mxfp4::scale(s).to_bits(),
                 "s = {s}"
             );
+        }
+    }
+
+    #[test]
+    fn scaled_table_is_the_reference_decoding_for_every_scale_and_code() {
+        for s in 0..=255u8 {
+            for code in 0..16u8 {
+                // Element 0 of a one-byte row is its low nibble.
+                let want = super::super::mxfp4::element(&[code], &[s], 0);
+                assert_eq!(
+                    SCALED_E2M1[s as usize][code as usize].to_bits(),
+                    want.to_bits(),
+                    "s = {s}, code = {code}"
+                );
+            }
         }
     }
 
