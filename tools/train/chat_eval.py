@@ -11,7 +11,8 @@ converted to chat completions here), each also continued by a round trip (the ex
 a tool result) so the answer to a result is measured too. Per reply it records what k3d made
 of it: well-formed or `k3_malformed`, `finish_reason`, the calls (name, arguments) and the
 content. The summary counts, per kind of scene, the replies that are well-formed and that do
-what the scene expects: a call of the expected tool with the expected argument keys, or an
+what the scene expects: a call of the expected tool with the expected argument keys and the
+values it copies from the request (a command, a file, a city; `description` is free), or an
 answer with text and no call; in a held-out scene with thinking on, also thinking that opens
 with the expected reply's first three words (which say what kind of reply it decided on).
 """
@@ -73,7 +74,10 @@ def chat_body(scene):
 def expectation(reply):
     calls = reply.get("calls")
     if calls:
-        return {"call": calls[0][0], "keys": sorted(calls[0][1])}
+        # The values copied from the request (a command, a file, a city) must be right too; a
+        # `description` argument is free text.
+        values = {k: v for k, v in calls[0][1].items() if k != "description"}
+        return {"call": calls[0][0], "keys": sorted(calls[0][1]), "values": values}
     return {"answer": True}
 
 
@@ -223,7 +227,10 @@ def judge(answer, want):
         return False, False, f"malformed: {choice['k3_malformed']['error']}; raw " + repr(
             choice["k3_malformed"]["raw"][:300])
     calls = message.get("tool_calls") or []
-    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    try:
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+    except json.JSONDecodeError:
+        return False, False, f"arguments are not JSON: {calls}"
     finish = choice["finish_reason"]
     thinking = message.get("reasoning_content") or ""
     summary = (f"{finish}; calls {got}; thinking {thinking!r:.60}; "
@@ -231,7 +238,8 @@ def judge(answer, want):
     if finish == "length":
         return False, False, "truncated: " + summary
     if "call" in want:
-        ok = bool(got) and got[0][0] == want["call"] and sorted(got[0][1]) == want["keys"]
+        ok = bool(got) and got[0][0] == want["call"] and sorted(got[0][1]) == want["keys"] and all(
+            got[0][1].get(k) == v for k, v in want.get("values", {}).items())
     else:
         ok = not got and bool((message.get("content") or "").strip())
     if "opening" in want:

@@ -164,14 +164,21 @@ def segments(scene):
 def render(tok, scene, decisions=False):
     """(ids, mask) of a scene, each segment encoded on its own (spec §8). The mask is 1 on the
     reply, 0 on the prompt; with `decisions`, 2 on the reply's ids that decide what kind of
-    reply it is (`decision_segments`)."""
+    reply it is (`decision_segments`: the first id of each) and on every id the reply copies
+    from the conversation (`copied_segments`)."""
     ids, mask = [], []
     parts = segments(scene)
     marked = decision_segments(parts) if decisions else set()
+    copied = copied_segments(parts) if decisions else set()
     for i, (value, taught) in enumerate(parts):
         got = [tok.added(value)] if isinstance(value, int) else tok.encode(value)
         ids += got
-        mask += ([2] + [taught] * (len(got) - 1)) if i in marked and got else [taught] * len(got)
+        if i in copied:
+            mask += [2] * len(got)
+        elif i in marked and got:
+            mask += [2] + [taught] * (len(got) - 1)
+        else:
+            mask += [taught] * len(got)
     return ids, mask
 
 
@@ -188,6 +195,23 @@ def decision_segments(parts):
                 parts[i][0] == SEP) and i + 1 < len(parts):
             marked.add(i + 1)
     return marked
+
+
+def copied_segments(parts):
+    """Indices of the reply's call segments that copy the conversation: the tool's name
+    (` tool="NAME"`), each argument's key (` key="KEY"`) and value (a command or a file named
+    in the request). A wrong id there is a wrong call however right the rest is, and they are
+    a few ids of a reply's ~60, so the loss weighs them with the decision ids."""
+    out = set()
+    for i, (value, taught) in enumerate(parts):
+        if not taught or not isinstance(value, str):
+            continue
+        if value.startswith((' tool="', ' key="')):
+            out.add(i)
+        elif i >= 3 and parts[i - 1][0] == SEP and parts[i - 3][0] == "argument" or (
+                i >= 4 and parts[i - 1][0] == SEP and parts[i - 4][0] == "argument"):
+            out.add(i)  # the value after `<|open|>argument key=… type=…<|sep|>`
+    return out
 
 
 def texts(scene):
@@ -789,22 +813,92 @@ def code_answer(rng, task):
         f"```python\n{task.code}```")
 
 
+# ---- session 5: names copied from the declaration, files and commands from the request -----
+# The r6 model decided the reply's kind right but named whatever shell it had seen most (six
+# names in all, so guessing beat copying). Here the shell and the file reader are often named
+# at random, with random argument keys, so the only way to the right call is to copy the name
+# and key from the tool list; the file or command in the request is copied into the argument.
+
+REAL_SHELLS = [("Bash", "command", True), ("exec_command", "cmd", False), ("bash", "command", False),
+               ("run_command", "command", False), ("run_shell_command", "command", False),
+               ("execute_command", "command", False), ("shell", "command", False)]
+REAL_READERS = [("Read", "file_path"), ("read", "filePath"), ("read_file", "path"),
+                ("view_file", "path")]
+SHELL_WORDS = (["run", "exec", "execute", "shell", "terminal", "bash", "sh", "cmd", "console",
+                "system", "process", "cli", "invoke", "launch", "zsh", "sandbox", "host"],
+               ["command", "shell", "cmd", "exec", "run", "script", "terminal", "process", "line",
+                "task", "program"])
+READER_WORDS = (["read", "view", "open", "cat", "get", "load", "show", "fetch", "inspect"],
+                ["file", "text", "document", "contents", "path", "source"])
+COMMAND_KEYS = ["command", "cmd", "script", "command_line", "commandLine", "shell_command", "line",
+                "input", "program"]
+PATH_KEYS = ["file_path", "filePath", "path", "file", "filename", "target", "name"]
+SHELL_DESCRIPTIONS = ["Runs a shell command and returns its output.", "Executes a bash command.",
+                      "Runs a command in a PTY, returning its output.",
+                      "Execute a command in the terminal.", "Run a program in the shell.",
+                      "Executes the given shell command in a persistent session."]
+READER_DESCRIPTIONS = ["Reads a file from the local filesystem.", "Returns the text of a file.",
+                       "Read a file or directory.", "Reads a file.",
+                       "Shows the contents of a file."]
+FILE_WORDS = ["notes", "data", "round", "trip", "config", "todo", "report", "hello", "main", "setup",
+              "log", "output", "result", "story", "plan", "list", "draft", "message", "secret",
+              "answer", "info", "test", "sample", "greeting", "fixture", "words", "numbers"]
+FILE_EXTS = [".txt", ".txt", ".md", ".py", ".json", ".csv", ".log", ".yaml", ".toml", ""]
+READ_ASKS = ["Read the file {f} and tell me what it says.", "What does {f} say?",
+             "Show me the contents of {f}.", "Read {f}.", "Open {f} and tell me what is in it.",
+             "What is in the file {f}?", "Print {f}.", "read {f}"]
+RUN_ASKS = ["Run `{c}` and tell me what it says.", "Run `{c}`.",
+            "Please run `{c}` and show me the output.", "Execute `{c}` for me.",
+            "What does `{c}` print?", "run {c}"]
+QUOTES = ["It says: {o}", "The file says: {o}", "The output is:\n\n{o}", "Here is what it says:\n\n{o}"]
+
+
+def styled(rng, words):
+    """One name from two word lists, in one of the cases tool names come in."""
+    first, second = rng.choice(words[0]), rng.choice(words[1])
+    if rng.random() < 0.15:
+        second = ""
+    return rng.choice([f"{first}_{second}", first + second.capitalize(),
+                       first.capitalize() + second.capitalize(), f"{first}-{second}"]).strip("_-")
+
+
+def file_name(rng):
+    words = rng.sample(FILE_WORDS, rng.choice([1, 1, 2]))
+    name = rng.choice(["-", "_"]).join(words) + (str(rng.randint(1, 99)) if rng.random() < 0.2 else "")
+    return rng.choice(["", "", "", "docs/", "src/", "./"]) + name + rng.choice(FILE_EXTS)
+
+
+def file_text(rng):
+    w = lambda: rng.choice(FILE_WORDS)
+    return rng.choice([
+        lambda: f"{w()}-{w()}-{rng.randrange(16**4):04x}",
+        lambda: f"{w().capitalize()} {w()} {w()}.",
+        lambda: f"hello {w()}",
+        lambda: f"{rng.randint(1, 999)}",
+        lambda: f"x = {rng.randint(1, 99)}\nprint(x)",
+    ])()
+
+
 class SimpleScenes(Scenes):
-    """The r4 curriculum: bare scenes only, where the reply depends on three salient
+    """The r4 curriculum: bare scenes only, where the reply depends on a few salient
     features and says which one it read in its first ids.
 
-    * tools declared and the request last → think "I will call SHELL to run `CMD`.", plan
-      "Let me run `CMD`.", one call of the declared shell tool (its name is in the declaration:
-      the model learns to copy it);
-    * a tool's result last → think "The command finished. I can answer now.", an answer;
+    * tools declared and the request last → think "I will call TOOL to run `CMD`." (or "to
+      read FILE."), plan "Let me run `CMD`." / "Let me read FILE.", one call of the declared
+      shell tool (or file reader) — the name and the argument key copied from the declaration
+      (half the names are random), a named file or a quoted command copied from the request:
+      "Read the file X …" reads X with a declared reader, else runs `cat X`;
+    * a tool's result last → think "The command finished. I can answer now." (after a reader:
+      "The tool returned the file. …"), an answer — quoting the output for a file or a quoted
+      command;
     * no tools → think "The user wants …", an answer (a function, a greeting, a refusal to run
       commands), aider's file listing under aider's system prompt.
 
-    Bare means: at most an intro as the system prompt, the shell tool and at most one other
-    (plain or with descriptions), no earlier turns; with thinking on the effort note is always
-    there (k3d's chat completions always name an effort). Session 2's richer scenes (long agent
-    prompts, reminders, earlier rounds) made the ~100-step run r3 learn the reply formats but
-    not to read the conversation: every reply was the same text.
+    Bare means: at most an intro as the system prompt, up to four tools (plain or with
+    descriptions), no earlier turns; with thinking on the effort note is always there (k3d's
+    chat completions always name an effort). Session 2's richer scenes (long agent prompts,
+    reminders, earlier rounds) made the ~100-step run r3 learn the reply formats but not to
+    read the conversation: every reply was the same text.
     """
 
     def make(self, short=True):
@@ -818,22 +912,83 @@ class SimpleScenes(Scenes):
         scene["effort"] = rng.choice(["low", "high", "max"]) if scene["thinking"] else None
         return scene
 
+    def shell(self):
+        """(name, command key, whether a `description` argument goes with it, description)."""
+        rng = self.rng
+        if rng.random() < 0.5:
+            name, key, describe = rng.choice(REAL_SHELLS)
+        else:
+            name, key, describe = styled(rng, SHELL_WORDS), rng.choice(COMMAND_KEYS), rng.random() < 0.2
+        return name, key, describe, rng.choice(SHELL_DESCRIPTIONS)
+
+    def reader(self):
+        rng = self.rng
+        name, key = rng.choice(REAL_READERS) if rng.random() < 0.5 else (
+            styled(rng, READER_WORDS), rng.choice(PATH_KEYS))
+        return name, key, rng.choice(READER_DESCRIPTIONS)
+
+    def task(self, reader):
+        """(ask, the call (name, arguments), thinking, plan, output, answer) of a request the
+        declared shell (or reader) serves."""
+        rng = self.rng
+        shell, key, describe, _ = self.shell_tool
+        r = rng.random()
+        if r < 0.3:  # a named file
+            f = file_name(rng)
+            output = file_text(rng)
+            ask = rng.choice(READ_ASKS).format(f=f)
+            answer = rng.choice(QUOTES).format(o=output)
+            if reader:
+                return (ask, (reader[0], {reader[1]: f}), f"I will call {reader[0]} to read {f}.",
+                        f"Let me read {f}.", output, answer)
+            command, description = f"cat {f}", f"Show {f}"
+        elif r < 0.55:  # a quoted command
+            f = file_name(rng)
+            command = rng.choice([f"cat {f}", f"cat {f}", f"wc -l {f}", f"head -n 5 {f}",
+                                  f"ls {rng.choice(['src', 'docs', 'tests', '.', '..'])}",
+                                  f"echo {rng.choice(FILE_WORDS)}", f"python3 {f}",
+                                  f"grep {rng.choice(FILE_WORDS)} {f}"])
+            ask = rng.choice(RUN_ASKS).format(c=command)
+            output = file_text(rng)
+            answer = rng.choice(QUOTES).format(o=output)
+            description = f"Run {command}"
+        else:  # a request a command serves (the files, the date, the tests, ...)
+            ask, command, description, _, _, answer, output = self.shell_request()
+            if rng.random() < 0.5:
+                answer = rng.choice(QUOTES).format(o=output)
+        arguments = {key: command}
+        if describe:
+            arguments["description"] = description
+        return (ask, (shell, arguments), f"I will call {shell} to run `{command}`.",
+                f"Let me run `{command}`.", output, answer)
+
     def simple_agent(self, after_result):
         rng = self.rng
-        family = rng.choice(FAMILIES)
-        ask, command, description, _, _, answer, output = self.shell_request()
+        self.shell_tool = self.shell()
+        name, key, describe, description = self.shell_tool
         bare = rng.random() < 0.5
-        chosen = [t for t in family.tools if t[0] == family.shell]
-        chosen += rng.sample([t for t in family.tools if t[0] != family.shell], rng.randint(0, 1))
+        props = [(key, S, "The command to run")]
+        if describe:
+            props.append(("description", S, "What this command does, in a few words"))
+        chosen = [(name, description, props)]
+        reader = self.reader() if rng.random() < 0.5 else None
+        if reader:
+            chosen.append((reader[0], reader[2], [(reader[1], S, "The file to read")]))
+        taken = {name, reader[0] if reader else None}
+        others = [t for f in FAMILIES for t in f.tools if t[0] not in taken and t[2] and not (
+            t[2][0][0] in ("command", "cmd", "file_path", "filePath", "path"))]
+        others += [t for t in WEATHER_TOOLS if t[0] not in taken]
+        for n, d, p in rng.sample(others, rng.choice([0, 1, 1, 2])):
+            if n not in taken:
+                taken.add(n)
+                chosen.append((n, d, p[:rng.randint(1, 2)]))
         rng.shuffle(chosen)
-        tools = [tool(n, d, [p for p in props if p[0] in (family.command_key, "description")]
-                      or props[:1], bare=bare) for n, d, props in chosen]
-        messages = [{"role": "system", "content": rng.choice(AGENT_INTRO[family.name])}] if (
-            rng.random() < 0.5) else []
+        tools = [tool(n, d, p, bare=bare) for n, d, p in chosen]
+        messages = [{"role": "system", "content": rng.choice(
+            AGENT_INTRO[rng.choice(list(AGENT_INTRO))])}] if rng.random() < 0.5 else []
+        ask, (tool_name, arguments), thinking, plan, output, answer = self.task(reader)
         messages.append({"role": "user", "content": ask})
-        call = {"reasoning": f"I will call {family.shell} to run `{command}`.",
-                "content": f"Let me run `{command}`.",
-                "calls": [family.call(command, description)]}
+        call = {"reasoning": thinking, "content": plan, "calls": [(tool_name, arguments)]}
         if not after_result:
             return {"tools": tools, "messages": messages, "reply": call}
         past = dict(call, role="assistant")
@@ -841,6 +996,10 @@ class SimpleScenes(Scenes):
             past["reasoning"] = ""  # agents often drop past thinking
         if rng.random() < 0.3:
             past["content"] = ""
-        result = {"role": "tool", "tool": family.shell, "index": 1, "content": output}
-        return {"tools": tools, "messages": messages + [past, result],
-                "reply": reply("The command finished. I can answer now.", answer)}
+        if name == "exec_command" and tool_name == name and rng.random() < 0.5:
+            output = (f"Chunk ID: {rng.randrange(16**6):06x}\nWall time: 0.0{rng.randint(1, 9)} "
+                      f"seconds\nProcess exited with code 0\nOutput:\n{output}")
+        result = {"role": "tool", "tool": tool_name, "index": 1, "content": output}
+        done = ("The command finished. I can answer now." if tool_name == name
+                else "The tool returned the file. I can answer now.")
+        return {"tools": tools, "messages": messages + [past, result], "reply": reply(done, answer)}

@@ -74,7 +74,7 @@ EXIT_RESUMABLE = 75  # a segment ended, the run goes on (EX_TEMPFAIL)
 # and the replies weighted up, so that the step is spent on what the reply depends on.
 SIMPLE_BATCH = 2
 SIMPLE_ROWS = 12
-SIMPLE_SEQ = 448
+SIMPLE_SEQ = 512  # session 5 (448 before): the scenes declare up to four tools
 SIMPLE_REPLY_WEIGHT = 2.0
 # ... and the ids where a reply's kind is decided (mask 2: `conversations.decision_segments`),
 # a mean of their own: ~3 of a reply's ~60 ids, where the reply reads the conversation. Without
@@ -152,6 +152,9 @@ def main():
     ap.add_argument("--peak-lr", type=float, default=PEAK_LR,
                     help="the held learning rate (a run from --init weights diverged at 4e-3 "
                     "with a fresh optimiser)")
+    ap.add_argument("--source-after", action="store_true",
+                    help="--data simple: the source text after each conversation carries the "
+                    "source loss too (session 5)")
     ap.add_argument("--freeze-attn-res", action="store_true",
                     help="keep every AttnRes pseudo-query at zero (uniform mixing of the block "
                     "sources): learned, they collapsed onto the embedding and the first block, "
@@ -265,22 +268,37 @@ def main():
     counter = RoutingCounter(tc["num_experts"])
     train_experts_quantisation_aware()
 
-    def chat_losses(m, *pairs):
-        """Cross-entropy of the conversations' replies (mask 1) and of the rest of their
-        conversations (mask 0), each a mean over its ids; (rows, mask) pairs."""
-        sums = mx.zeros(6)
+    def chat_sums(m, *pairs):
+        """Sums and counts of the cross-entropy of the conversations' replies (mask ≥ 1), the
+        rest of their conversations (mask 0), the decision ids (mask 2) and the source text
+        after a conversation (mask -1); (rows, mask) pairs."""
+        sums = mx.zeros(8)
         for rows, mask in zip(pairs[::2], pairs[1::2]):
             ce = nn.losses.cross_entropy(m(rows[:, :-1]), rows[:, 1:])
-            rest, taught, decided = mask == 0, mask >= 1, mask == 2
+            rest, taught, decided, after = mask == 0, mask >= 1, mask == 2, mask == -1
             sums = sums + mx.stack([(ce * taught).sum(), taught.sum(), (ce * rest).sum(),
-                                    rest.sum(), (ce * decided).sum(), decided.sum()])
+                                    rest.sum(), (ce * decided).sum(), decided.sum(),
+                                    (ce * after).sum(), after.sum()])
+        return sums
+
+    def chat_losses(m, *pairs):
+        """Mean cross-entropy of the replies, the rest of the conversations, the decision ids."""
+        sums = chat_sums(m, *pairs)
         return sums[0] / sums[1], sums[2] / sums[3], sums[4] / mx.maximum(sums[5], 1)
 
     def losses(m, code, *chats):
-        """Cross-entropy of the source rows, then `chat_losses`."""
+        """Cross-entropy of the source: the source rows and, with --source-after, the source
+        after each conversation of --data simple (its logits are computed anyway; session 5:
+        r6's 2 source rows × 128 ids per step left the fixture a poor Python model), then the
+        conversations' means as `chat_losses`."""
         counter.loads = []
-        code_loss = nn.losses.cross_entropy(m(code[:, :-1]), code[:, 1:]).mean()
-        return (code_loss, *chat_losses(m, *chats))
+        code_ce = nn.losses.cross_entropy(m(code[:, :-1]), code[:, 1:])
+        sums = chat_sums(m, *chats)
+        if a.source_after:
+            code_loss = (code_ce.sum() + sums[6]) / (code_ce.size + sums[7])
+        else:
+            code_loss = code_ce.mean()
+        return code_loss, sums[0] / sums[1], sums[2] / sums[3], sums[4] / mx.maximum(sums[5], 1)
 
     def loss_fn(m, *rows):
         code_loss, reply_loss, context_loss, decision_loss = losses(m, *rows)
@@ -395,6 +413,7 @@ def main():
         "decay_from": DECAY_FROM,
         "bias_rate": BIAS_RATE,
         "freeze_attn_res": a.freeze_attn_res,
+        "source_after": a.source_after,
     }
     (a.work / "corpus.json").write_text(json.dumps(meta, indent=1) + "\n")
 
