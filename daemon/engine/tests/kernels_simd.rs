@@ -288,6 +288,40 @@ fn t_token_call_equals_t_one_token_calls() {
     }
 }
 
+/// A call large enough (rows × T ≥ 2^16) that its `[rows][T]` → `[T][rows]` transposition is
+/// split among threads, with T not a multiple of the 16-token pieces: every token's row equals
+/// its one-token call (which has nothing to transpose), on 1 and 2 threads and every path.
+#[test]
+fn a_large_call_is_transposed_exactly_on_every_thread_count() {
+    let mut rng = Rng(8);
+    let (rows, cols, t) = (301usize, 48usize, 250usize);
+    let w = rng.bf16_bytes(rows * cols);
+    let bf = Bf16Matrix::new(&w, rows, cols);
+    let xs = rng.f32s(t * cols);
+    for isa in Isa::all_supported() {
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            let batched = pool.install(|| {
+                let mut y = vec![0.0f32; t * rows];
+                matmul_bf16_with(isa, bf, &xs, &mut y);
+                y
+            });
+            for tok in 0..t {
+                let mut one = vec![0.0f32; rows];
+                matmul_bf16_with(isa, bf, &xs[tok * cols..(tok + 1) * cols], &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&batched[tok * rows..(tok + 1) * rows]),
+                    "{isa} {threads} threads tok={tok}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn one_and_two_threads_give_the_same_bits() {
     let mut rng = Rng(7);
