@@ -34,13 +34,14 @@ use super::super::mxfp4;
 use super::super::reduce::{LANES, combine_lanes};
 use super::Positions;
 
-/// Blocks of sixteen inputs per weight panel: 64 blocks = 1,024 inputs, so a panel of four rows
-/// is 32 KiB of f64 and the activations one panel meets (64 tokens × 1,024 × 8 B = 512 KiB)
-/// stay in a core's L2 cache while every row tile of the task passes over them. Measured on
+/// Blocks of sixteen inputs per weight panel: 128 blocks = 2,048 inputs, so a panel of four
+/// rows is 64 KiB of f64 (in a core's L2 cache while every token tile of the call passes over
+/// it) and each lane's running sum is stored and reloaded once per 2,048 inputs. Measured on
 /// the development machine (AMD EPYC, AVX-512, one thread, 3072 × 7168 BF16 × 96 tokens):
-/// 16 blocks 46, 32 blocks 47, 64 blocks 48, 128 blocks 49 GFLOP/s. Even, so a panel never
-/// splits an MXFP4 scale group of 32 inputs.
-pub(crate) const K_BLOCKS: usize = 64;
+/// 16 blocks 46, 32 blocks 47, 64 blocks 48, 128 blocks 49 GFLOP/s; a 256-token prefill on
+/// `bench` (13 GiB, 2 threads) took 0.97× the time of 64 blocks (3 interleaved pairs, issue 30).
+/// Even, so a panel never splits an MXFP4 scale group of 32 inputs.
+pub(crate) const K_BLOCKS: usize = 128;
 
 /// Packed values from which [`PackedTokens::new`] packs its tiles in parallel.
 const PARALLEL_MIN_VALUES: usize = 1 << 16;
