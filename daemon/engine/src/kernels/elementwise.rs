@@ -147,6 +147,7 @@ fn situ_steps(gate: &[f32], up: &[f32], beta1: f64, beta2: f64, out: &mut [f32])
 
 #[cfg(test)]
 mod tests {
+    use super::super::exp::xorshift;
     use super::*;
 
     /// Every path against [`situ_glu`] element by element, bit for bit.
@@ -165,14 +166,10 @@ mod tests {
         }
     }
 
+    /// The high halves of an xorshift stream.
     fn stream(seed: u64) -> impl FnMut() -> u32 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 32) as u32
-        }
+        let mut next = xorshift(seed);
+        move || (next() >> 32) as u32
     }
 
     #[test]
