@@ -250,6 +250,26 @@ fn gemm_tiles_and_panels_match_portable_bits() {
     }
 }
 
+/// Each token's row of a T-token BF16 call `batched` equals the one-token call on its row.
+fn each_token_is_its_one_token_call(
+    isa: Isa,
+    bf: Bf16Matrix<'_>,
+    xs: &[f32],
+    batched: &[f32],
+    what: &str,
+) {
+    let (rows, cols) = (bf.rows, bf.cols);
+    for tok in 0..xs.len() / cols {
+        let mut one = vec![0.0f32; rows];
+        matmul_bf16_with(isa, bf, &xs[tok * cols..(tok + 1) * cols], &mut one);
+        assert_eq!(
+            bits(&one),
+            bits(&batched[tok * rows..(tok + 1) * rows]),
+            "{isa} bf16 {what} tok={tok}"
+        );
+    }
+}
+
 #[test]
 fn t_token_call_equals_t_one_token_calls() {
     let mut rng = Rng(6);
@@ -268,14 +288,8 @@ fn t_token_call_equals_t_one_token_calls() {
             let xm = rng.f32s(t * mcols);
             let mut mbatched = vec![0.0f32; t * mrows];
             matmul_mxfp4_with(isa, mx, &xm, &mut mbatched);
+            each_token_is_its_one_token_call(isa, bf, &xs, &batched, &format!("T={t}"));
             for tok in 0..t {
-                let mut one = vec![0.0f32; rows];
-                matmul_bf16_with(isa, bf, &xs[tok * cols..(tok + 1) * cols], &mut one);
-                assert_eq!(
-                    bits(&one),
-                    bits(&batched[tok * rows..(tok + 1) * rows]),
-                    "{isa} bf16 T={t} tok={tok}"
-                );
                 let mut mone = vec![0.0f32; mrows];
                 matmul_mxfp4_with(isa, mx, &xm[tok * mcols..(tok + 1) * mcols], &mut mone);
                 assert_eq!(
@@ -284,6 +298,32 @@ fn t_token_call_equals_t_one_token_calls() {
                     "{isa} mxfp4 T={t} tok={tok}"
                 );
             }
+        }
+    }
+}
+
+/// A call large enough (rows × T ≥ 2^16) that its `[rows][T]` → `[T][rows]` transposition is
+/// split among threads, with T not a multiple of the 16-token pieces: every token's row equals
+/// its one-token call (which has nothing to transpose), on 1 and 2 threads and every path.
+#[test]
+fn a_large_call_is_transposed_exactly_on_every_thread_count() {
+    let mut rng = Rng(8);
+    let (rows, cols, t) = (301usize, 48usize, 250usize);
+    let w = rng.bf16_bytes(rows * cols);
+    let bf = Bf16Matrix::new(&w, rows, cols);
+    let xs = rng.f32s(t * cols);
+    for isa in Isa::all_supported() {
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("thread pool");
+            let batched = pool.install(|| {
+                let mut y = vec![0.0f32; t * rows];
+                matmul_bf16_with(isa, bf, &xs, &mut y);
+                y
+            });
+            each_token_is_its_one_token_call(isa, bf, &xs, &batched, &format!("{threads} threads"));
         }
     }
 }

@@ -16,23 +16,25 @@
 //!   libm's values for that branch, and `y·2⁰ = y`;
 //! * `|x| ≤ 2⁻²⁸`: `1 + x`.
 //!
-//! `2^k` is built from its bits for `−1022 ≤ k`, where libm's `scalbn` is that one
-//! multiplication too. Only `x ∈ [−708, 0]` takes the lanes (the softmax's `s − max` lies
-//! there; `k ≥ −1022` holds); anything else — NaN, ±∞, positive or huge arguments, libm's
-//! overflow and underflow paths — goes through `libm::exp` itself. `tests` compares every
-//! path with `libm::exp` on millions of arguments and the branch boundaries.
+//! `2^k` is built from its bits for `−1022 ≤ k ≤ 1021`, where libm's `scalbn` is that one
+//! multiplication too. Only `x ∈ [−708, 708]` takes the lanes (the softmax's `s − max` lies
+//! there, and so does the `−g` of a sigmoid of any gate an MLP meets; `|k| ≤ 1022` holds);
+//! anything else — NaN, ±∞, huge arguments, libm's overflow and underflow paths — goes
+//! through `libm::exp` itself. `tests` compares every path with `libm::exp` on millions of
+//! arguments and the branch boundaries.
 
 use super::isa::{Isa, IsaKind};
 
 /// Lanes of one vector step (eight f64: one AVX-512 register, two AVX2 ones).
-const LANES: usize = 8;
-/// The lanes' domain: `[LOW, 0]`.
-const LOW: f64 = -708.0;
+pub(super) const LANES: usize = 8;
+/// The lanes' domain: `[LOW, HIGH]`.
+pub(super) const LOW: f64 = -708.0;
+pub(super) const HIGH: f64 = 708.0;
 
 // libm's constants, by their bits (its source gives each bit pattern beside the decimal).
-const LN2HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-const LN2LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-const INVLN2: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
+pub(super) const LN2HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+pub(super) const LN2LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+pub(super) const INVLN2: f64 = f64::from_bits(0x3ff7_1547_652b_82fe);
 const P1: f64 = f64::from_bits(0x3fc5_5555_5555_553e);
 const P2: f64 = f64::from_bits(0xbf66_c16c_16be_bd93);
 const P3: f64 = f64::from_bits(0x3f11_566a_af25_de2c);
@@ -40,7 +42,7 @@ const P4: f64 = f64::from_bits(0xbebb_bd41_c5d2_6bf1);
 const P5: f64 = f64::from_bits(0x3e66_3769_72be_a4d0);
 /// 1.5·2⁵²: adding it to an integer-valued f64 of magnitude below 2⁵¹ puts the integer in
 /// the low bits of the sum's encoding, exactly.
-const MAGIC: f64 = 6_755_399_441_055_744.0;
+pub(super) const MAGIC: f64 = 6_755_399_441_055_744.0;
 
 /// `xs[i] = exp(xs[i])` for every element, with the bits of `libm::exp`.
 pub fn exp_in_place(xs: &mut [f64]) {
@@ -86,7 +88,7 @@ fn exp_steps(xs: &mut [f64]) {
     let mut steps = xs.chunks_exact_mut(LANES);
     for step in &mut steps {
         let x: &mut [f64; LANES] = step.try_into().expect("chunks_exact");
-        if x.iter().all(|&v| (LOW..=0.0).contains(&v)) {
+        if x.iter().all(|&v| (LOW..=HIGH).contains(&v)) {
             *x = lanes(*x);
         } else {
             for v in x.iter_mut() {
@@ -99,9 +101,9 @@ fn exp_steps(xs: &mut [f64]) {
     }
 }
 
-/// `libm::exp` of arguments in `[LOW, 0]`, branch-free (the module doc).
+/// `libm::exp` of arguments in `[LOW, HIGH]`, branch-free (the module doc).
 #[inline(always)]
-fn lanes(x: [f64; LANES]) -> [f64; LANES] {
+pub(super) fn lanes(x: [f64; LANES]) -> [f64; LANES] {
     let mut out = [0.0; LANES];
     for (o, &x) in out.iter_mut().zip(&x) {
         let bits = x.to_bits();
@@ -121,12 +123,25 @@ fn lanes(x: [f64; LANES]) -> [f64; LANES] {
         let rr = r * r;
         let c = r - rr * (P1 + rr * (P2 + rr * (P3 + rr * (P4 + rr * P5))));
         let y = 1.0 + (r * c / (2.0 - c) - lo + hi);
-        // k ∈ [−1022, 0] here: 2^k is a normal number with biased exponent 1023 + k.
+        // k ∈ [−1022, 1021] here: 2^k is a normal number with biased exponent 1023 + k.
         let k_int = (k + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as i64;
         let scale = f64::from_bits(((1023 + k_int) as u64) << 52);
         *o = if hx > 0x3e30_0000 { y * scale } else { 1.0 + x };
     }
     out
+}
+
+/// A fixed xorshift stream: reproducible test arguments without a dependency (the exp, tanh
+/// and SiTU lane tests).
+#[cfg(test)]
+pub(super) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
 }
 
 #[cfg(test)]
@@ -149,20 +164,9 @@ mod tests {
         }
     }
 
-    /// A fixed xorshift stream: reproducible arguments without a dependency.
-    fn stream(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
-
     #[test]
     fn uniform_arguments_over_the_domain_and_beyond_match_libm() {
-        let mut next = stream(0x9e37_79b9_7f4a_7c15);
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let xs: Vec<f64> = (0..2_000_000)
             .map(|_| -760.0 * (next() >> 11) as f64 / (1u64 << 53) as f64)
             .collect();
@@ -170,11 +174,23 @@ mod tests {
     }
 
     #[test]
-    fn arguments_of_every_magnitude_match_libm() {
-        // Random bit patterns of negative numbers: every exponent, hence every branch.
-        let mut next = stream(0x2545_f491_4f6c_dd1d);
+    fn positive_arguments_over_the_domain_and_beyond_match_libm() {
+        let mut next = xorshift(0x6a09_e667_f3bc_c908);
         let xs: Vec<f64> = (0..2_000_000)
-            .map(|_| -f64::from_bits(next() >> 1))
+            .map(|_| 760.0 * (next() >> 11) as f64 / (1u64 << 53) as f64)
+            .collect();
+        check(&xs);
+    }
+
+    #[test]
+    fn arguments_of_every_magnitude_match_libm() {
+        // Random bit patterns of both signs: every exponent, hence every branch.
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+        let xs: Vec<f64> = (0..4_000_000)
+            .map(|i| {
+                let x = f64::from_bits(next() >> 1);
+                if i % 2 == 0 { -x } else { x }
+            })
             .collect();
         check(&xs);
     }
@@ -188,6 +204,9 @@ mod tests {
             f64::INFINITY,
             f64::NEG_INFINITY,
             LOW,
+            HIGH,
+            f64::from_bits(HIGH.to_bits() + 1),
+            709.782_712_893_384,
             -708.396_418_532_264_1,
             -745.133_219_101_941_1,
             -800.0,
@@ -195,9 +214,12 @@ mod tests {
             709.0,
             f64::MIN_POSITIVE,
         ];
-        // Each threshold of libm's high word, and the neighbours of each.
-        for hx in [0x3e30_0000u64, 0x3fd6_2e42, 0x3ff0_a2b2, 0x4086_232b] {
-            let at = -f64::from_bits(hx << 32);
+        // Each threshold of libm's high word, and the neighbours of each, of both signs.
+        for (hx, sign) in [0x3e30_0000u64, 0x3fd6_2e42, 0x3ff0_a2b2, 0x4086_232b]
+            .into_iter()
+            .flat_map(|hx| [(hx, -1.0), (hx, 1.0)])
+        {
+            let at = sign * f64::from_bits(hx << 32);
             let mut v = at;
             for _ in 0..64 {
                 xs.push(v);
@@ -208,11 +230,11 @@ mod tests {
                 xs.push(v);
                 v = f64::from_bits(v.to_bits() - 1);
             }
-            xs.push(-f64::from_bits((hx << 32) | 0xffff_ffff));
+            xs.push(sign * f64::from_bits((hx << 32) | 0xffff_ffff));
         }
         // Where x/ln2 ± ½ crosses an integer (k's rounding), for every k of the domain.
-        for k in -1022..=0 {
-            let at = (k as f64 - 0.5) / INVLN2;
+        for k in -1022..=1022 {
+            let at = (k as f64 - 0.5f64.copysign(k as f64)) / INVLN2;
             let mut v = at;
             for _ in 0..8 {
                 xs.push(v);

@@ -12,6 +12,7 @@
 
 use rayon::prelude::*;
 
+use super::aligned::zeroed;
 use super::isa::{Isa, IsaKind};
 use super::mxfp4;
 use super::reduce::{dot_f32_with, tree_sum};
@@ -168,13 +169,33 @@ fn for_row_blocks(
         // [1][rows] and [rows][1] are the same layout.
         run(ys);
     } else {
-        let mut by_row = vec![0.0f32; rows * t];
+        let mut by_row = zeroed(rows * t);
         run(&mut by_row);
+        transpose_into(&by_row, rows, t, ys);
+    }
+}
+
+/// Tokens per piece of [`transpose_into`]: one 64-byte line of a `[rows][t]` row.
+const TRANSPOSE_TOKENS: usize = 16;
+
+/// `ys[tok][r] = by_row[r][tok]`, in pieces of [`TRANSPOSE_TOKENS`] tokens split among the
+/// pool's threads when the call is large (a prefill's: a copy, so the split changes no bit).
+/// On one thread it was a serial stretch of every prefill matmul while the other core waited.
+fn transpose_into(by_row: &[f32], rows: usize, t: usize, ys: &mut [f32]) {
+    let piece = |(p, ys): (usize, &mut [f32])| {
+        let first = p * TRANSPOSE_TOKENS;
+        let tokens = ys.len() / rows;
         for r in 0..rows {
-            for tok in 0..t {
-                ys[tok * rows + r] = by_row[r * t + tok];
+            for (k, &v) in by_row[r * t + first..][..tokens].iter().enumerate() {
+                ys[k * rows + r] = v;
             }
         }
+    };
+    let piece_len = TRANSPOSE_TOKENS * rows;
+    if rayon::current_num_threads() <= 1 || rows * t < PARALLEL_MIN_WORK {
+        ys.chunks_mut(piece_len).enumerate().for_each(piece);
+    } else {
+        ys.par_chunks_mut(piece_len).enumerate().for_each(piece);
     }
 }
 

@@ -15,6 +15,7 @@ pub mod mxfp4;
 pub mod norm;
 pub mod reduce;
 pub mod softmax;
+mod tanh;
 pub mod transposed;
 #[cfg(target_arch = "x86_64")]
 mod x86;

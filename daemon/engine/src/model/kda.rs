@@ -330,9 +330,17 @@ impl KdaProjections {
             }
         }
         let [hq, hk, hv] = &mut state.history;
-        short_conv(&p.conv[0], dims.conv, hq, q);
-        short_conv(&p.conv[1], dims.conv, hk, k);
-        short_conv(&p.conv[2], dims.conv, hv, v);
+        // Three independent convolutions (their own taps, history and rows): run side by side
+        // so a prefill's serial token loop occupies both cores (the bits are per element).
+        rayon::join(
+            || short_conv(&p.conv[0], dims.conv, hq, q),
+            || {
+                rayon::join(
+                    || short_conv(&p.conv[1], dims.conv, hk, k),
+                    || short_conv(&p.conv[2], dims.conv, hv, v),
+                )
+            },
+        );
         if let Some(j) = &mut state.journal {
             j.k.extend_from_slice(k);
             j.v.extend_from_slice(v);

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use super::ModelError;
+use crate::kernels::aligned::zeroed;
 use crate::kernels::elementwise::situ_glu_into;
 use crate::kernels::{Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_mxfp4};
 use crate::store::WeightStore;
@@ -137,7 +138,7 @@ impl Linear for Matrix<'_> {
 /// Applies `w` to `xs` (T rows) into a fresh buffer.
 pub fn apply<W: Linear>(w: &W, xs: &[f32]) -> Result<Vec<f32>, ModelError> {
     let t = xs.len() / w.cols();
-    let mut ys = vec![0.0f32; t * w.rows()];
+    let mut ys = zeroed(t * w.rows());
     w.apply(xs, &mut ys)?;
     Ok(ys)
 }
@@ -161,7 +162,7 @@ impl<W: Linear> Mlp<W> {
     pub fn forward(&self, act: Situ, xs: &[f32], out: &mut [f32]) -> Result<(), ModelError> {
         let g = apply(&self.gate, xs)?;
         let u = apply(&self.up, xs)?;
-        let mut a = vec![0.0f32; g.len()];
+        let mut a = zeroed(g.len());
         situ_glu_into(&g, &u, act.beta1, act.beta2, &mut a);
         self.down.apply(&a, out)
     }

@@ -26,19 +26,25 @@
 //! as [`crate::kernels::reduce::tree_sum`] does. The tests in `tests/kernels_simd.rs` compare
 //! every shape and path with the portable reference bit for bit.
 
+use rayon::prelude::*;
+
 use super::super::aligned::AlignedF64;
 use super::super::matmul::{Bf16Matrix, Mxfp4Matrix};
 use super::super::mxfp4;
 use super::super::reduce::{LANES, combine_lanes};
 use super::Positions;
 
-/// Blocks of sixteen inputs per weight panel: 64 blocks = 1,024 inputs, so a panel of four rows
-/// is 32 KiB of f64 and the activations one panel meets (64 tokens × 1,024 × 8 B = 512 KiB)
-/// stay in a core's L2 cache while every row tile of the task passes over them. Measured on
+/// Blocks of sixteen inputs per weight panel: 128 blocks = 2,048 inputs, so a panel of four
+/// rows is 64 KiB of f64 (in a core's L2 cache while every token tile of the call passes over
+/// it) and each lane's running sum is stored and reloaded once per 2,048 inputs. Measured on
 /// the development machine (AMD EPYC, AVX-512, one thread, 3072 × 7168 BF16 × 96 tokens):
-/// 16 blocks 46, 32 blocks 47, 64 blocks 48, 128 blocks 49 GFLOP/s. Even, so a panel never
-/// splits an MXFP4 scale group of 32 inputs.
-pub(crate) const K_BLOCKS: usize = 64;
+/// 16 blocks 46, 32 blocks 47, 64 blocks 48, 128 blocks 49 GFLOP/s; a 256-token prefill on
+/// `bench` (13 GiB, 2 threads) took 0.97× the time of 64 blocks (3 interleaved pairs, issue 30).
+/// Even, so a panel never splits an MXFP4 scale group of 32 inputs.
+pub(crate) const K_BLOCKS: usize = 128;
+
+/// Packed values from which [`PackedTokens::new`] packs its tiles in parallel.
+const PARALLEL_MIN_VALUES: usize = 1 << 16;
 
 /// One instruction set's GEMM pieces. A value exists only on a CPU that supports the
 /// instruction set (as for [`super::Simd`]), so calling its `#[target_feature]` code is sound.
@@ -180,17 +186,31 @@ impl PackedTokens {
             first += count;
         }
         let mut data = AlignedF64::zeros(tokens * full);
-        let out = data.as_mut_slice();
+        // Each tile's values are one contiguous run: tiles are packed in parallel when the call
+        // is large, so a prefill's packing (and the first touch of the fresh buffer's pages)
+        // is not a stretch where one core works and the other waits (issue 30).
+        let mut runs = Vec::with_capacity(tiles.len());
+        let mut rest = data.as_mut_slice();
         for t in &tiles {
+            let (run, after) = rest.split_at_mut(t.count * full);
+            runs.push((t, run));
+            rest = after;
+        }
+        let pack = |(t, run): &mut (&TokenTile, &mut [f64])| {
             for b in 0..blocks {
                 for j in 0..t.count {
                     let src = &xs[(t.first + j) * cols + b * LANES..][..LANES];
-                    let dst = &mut out[t.offset + (b * t.count + j) * LANES..][..LANES];
+                    let dst = &mut run[(b * t.count + j) * LANES..][..LANES];
                     for (d, &lane) in dst.iter_mut().zip(positions) {
                         *d = src[lane] as f64;
                     }
                 }
             }
+        };
+        if tokens * full >= PARALLEL_MIN_VALUES {
+            runs.par_iter_mut().for_each(pack);
+        } else {
+            runs.iter_mut().for_each(pack);
         }
         let tails = xs
             .chunks_exact(cols)
