@@ -218,7 +218,7 @@ async fn every_error_has_its_exit_code_and_an_actionable_message() {
     let out = Command::new(bin("k3"))
         .arg("status")
         .env_remove("K3_SOCKET")
-        .env("XDG_RUNTIME_DIR", &dir)
+        .env("XDG_RUNTIME_DIR", dir)
         .output()
         .expect("k3");
     assert_eq!(out.status.code(), Some(3));

@@ -52,7 +52,7 @@ fn last_line(log: &str) -> &str {
 fn a_corrupt_shard_ends_the_daemon_with_exit_3_and_one_line() {
     let tmp = scratch("life-corrupt");
     let dir = tmp.path();
-    let model = broken_model(&dir);
+    let model = broken_model(dir);
     let socket = dir.join("k3d.sock");
     let (code, log) = serve_until_exit(&model, &socket, &[]);
     assert_eq!(code, Some(3), "a checkpoint error exits 3:\n{log}");

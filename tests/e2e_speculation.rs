@@ -70,7 +70,7 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
     // may ask for fewer drafts.
     let spec_on = scratch("spec-on");
     let on = Daemon::start(
-        &model,
+        model,
         &spec_on.path().join("k3d.sock"),
         &["--speculate", "6"],
     );
@@ -114,7 +114,7 @@ async fn speculation_on_request_and_by_default_gives_plain_greedy_ids() {
     let config = dir.join("k3d.toml");
     std::fs::write(&config, "speculate = 6\nthreads = 1\n").expect("write config");
     let from_file = Daemon::start(
-        &model,
+        model,
         &dir.join("k3d.sock"),
         &["--config", path_str(&config)],
     );
