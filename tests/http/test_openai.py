@@ -130,7 +130,7 @@ def test_content_as_a_list_of_text_parts_equals_the_string():
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
              max_tokens=2)
-    assert e.value.body["param"] == "messages[0].content[0]"
+    assert e.value.body["param"] == "messages[0].content[0].type"
 
 
 def plain_stop(full):

@@ -301,33 +301,19 @@ pub struct Submission {
 }
 
 impl Common {
-    /// What every OpenAI route reads alike: `model`, `stream`, the output limit (the first of
-    /// `max_tokens_fields` given, in the order the endpoint's documentation ranks them; at
-    /// least 1), `temperature` and `top_p` ([`temperature_and_top_p`] with OpenAI's maximum),
-    /// `prompt_cache_key` and k3's `prefix_reuse`. The rest keeps its default (seed 0, no logit
-    /// transform, no stop strings, the daemon's thinking budget, no usage chunk) for the
-    /// route's own fields to set.
-    pub fn read(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
+    /// What every route of both APIs reads alike: `model`, `stream`, `temperature` (0 to
+    /// `temperature_max`, the API's own maximum) and `top_p` ([`temperature_and_top_p`]), and
+    /// k3's `prefix_reuse`. The rest keeps its default (the daemon's output limit, top-k off,
+    /// seed 0, no logit transform, no stop strings, the daemon's thinking budget, no usage
+    /// chunk, no cache scope) for the route's own fields to set.
+    pub fn shared(f: &Fields, temperature_max: f32) -> Result<Common, ApiError> {
         let model: String = f.require("model")?;
-        let mut max_tokens = None;
-        for name in max_tokens_fields {
-            if let Some(n) = f.get::<usize>(name)? {
-                if n == 0 {
-                    return Err(ApiError::invalid(
-                        *name,
-                        format!("`{name}` must be at least 1"),
-                    ));
-                }
-                max_tokens = Some(n);
-                break;
-            }
-        }
-        let (temperature, top_p) = temperature_and_top_p(f, 2.0)?;
+        let (temperature, top_p) = temperature_and_top_p(f, temperature_max)?;
         Ok(Common {
             model,
             stream: f.get::<bool>("stream")?.unwrap_or(false),
             include_usage: false,
-            max_tokens,
+            max_tokens: None,
             sampling: Sampling {
                 temperature,
                 top_p,
@@ -338,8 +324,29 @@ impl Common {
             stop_strings: Vec::new(),
             prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
             thinking_budget: None,
-            cache_scope: f.get::<String>("prompt_cache_key")?,
+            cache_scope: None,
         })
+    }
+
+    /// What every OpenAI route reads alike: [`Common::shared`] with OpenAI's temperature
+    /// maximum (2), the output limit (the first of `max_tokens_fields` given, in the order the
+    /// endpoint's documentation ranks them; at least 1) and `prompt_cache_key`.
+    pub fn read(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
+        let mut common = Common::shared(f, 2.0)?;
+        for name in max_tokens_fields {
+            if let Some(n) = f.get::<usize>(name)? {
+                if n == 0 {
+                    return Err(ApiError::invalid(
+                        *name,
+                        format!("`{name}` must be at least 1"),
+                    ));
+                }
+                common.max_tokens = Some(n);
+                break;
+            }
+        }
+        common.cache_scope = f.get::<String>("prompt_cache_key")?;
+        Ok(common)
     }
 
     /// These options with the core's request for `prompt`.
@@ -458,7 +465,7 @@ fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
 
 /// `temperature` (from 0 to `max`: OpenAI's 2, Anthropic's 1; default 0 = greedy, k3's exact
 /// mode) and `top_p` (default 1).
-pub fn temperature_and_top_p(f: &Fields, max: f32) -> Result<(f32, f32), ApiError> {
+fn temperature_and_top_p(f: &Fields, max: f32) -> Result<(f32, f32), ApiError> {
     let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
     if !(temperature.is_finite() && (0.0..=max).contains(&temperature)) {
         return Err(ApiError::invalid(
@@ -731,7 +738,7 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
             ));
         }
     };
-    let content = content(&at("content"), m.get("content"))?;
+    let content = text_parts(&at("content"), m.get("content"), CHAT_TEXT_PARTS)?;
     let text = |field: &str| -> Result<Option<String>, ApiError> {
         Ok(value::<String>(&at(field), m.get(field))?.filter(|s| !s.is_empty()))
     };
@@ -778,30 +785,45 @@ fn tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
     })
 }
 
-/// `content`: a string, a list of `{"type": "text", "text": ...}` parts (joined in order), or
-/// absent/null (an assistant turn that only called tools).
-pub fn content(param: &str, v: Option<&Value>) -> Result<String, ApiError> {
+/// The text parts chat completions reads in a message's `content`.
+const CHAT_TEXT_PARTS: &[&str] = &["text"];
+
+/// A message's `content`: a string, a list of text parts (`{"type": K, "text": ...}` with `K`
+/// one of `kinds`, joined in order), or absent/null (an assistant turn that only called tools).
+/// Chat completions and the Responses API read the same shape with their own part types.
+pub fn text_parts(at: &str, v: Option<&Value>, kinds: &[&str]) -> Result<String, ApiError> {
     match v {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, part) in parts.iter().enumerate() {
-                let at = format!("{param}[{j}]");
+                let part_at = format!("{at}[{j}]");
                 let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some("text"), None) => {
-                        return Err(ApiError::invalid(at, "a text part needs `text`"));
+                if !kind.is_some_and(|k| kinds.contains(&k)) {
+                    return Err(ApiError::invalid(
+                        format!("{part_at}.type"),
+                        format!(
+                            "content part type {}: k3 reads text parts only",
+                            Echo(kind.unwrap_or("(none)"))
+                        ),
+                    ));
+                }
+                match part.get("text").and_then(Value::as_str) {
+                    Some(t) => text.push_str(t),
+                    None => {
+                        return Err(ApiError::invalid(
+                            format!("{part_at}.text"),
+                            "a text part needs `text` (a string)",
+                        ));
                     }
-                    (other, _) => return Err(not_a_text_part(at, other)),
                 }
             }
             Ok(text)
         }
         Some(_) => Err(ApiError::invalid(
-            param,
-            "`content` must be a string or a list of text parts",
+            at,
+            "must be a string or a list of text parts",
         )),
     }
 }
@@ -853,17 +875,6 @@ pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
         }
     }
     Ok(common.submission(prompt))
-}
-
-/// A content part other than text, at `param` (every API's readers refuse it the same way).
-pub fn not_a_text_part(param: impl Into<String>, kind: Option<&str>) -> ApiError {
-    ApiError::invalid(
-        param,
-        format!(
-            "content part type {}: k3 reads text parts only",
-            Echo(kind.unwrap_or("(none)"))
-        ),
-    )
 }
 
 #[cfg(test)]

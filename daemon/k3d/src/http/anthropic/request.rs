@@ -11,10 +11,9 @@
 use crate::http::error::ApiError;
 use crate::http::request::{
     Budget, Common, Fields, Submission, known_function, no_empty_stop, not_empty, schema_format,
-    temperature_and_top_p, value,
+    value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::engine::{LogitTransform, Sampling};
 use k3_engine::serve::Prompt;
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
@@ -74,28 +73,16 @@ pub fn messages(f: &Fields) -> Result<Parsed, ApiError> {
             "`max_tokens` must be at least 1",
         ));
     }
-    let (temperature, top_p) = temperature_and_top_p(f, 1.0)?;
     let stop_strings: Vec<String> = f.get("stop_sequences")?.unwrap_or_default();
     no_empty_stop("stop_sequences", &stop_strings)?;
-    let common = Common {
-        model: f.require("model")?,
-        stream: f.get::<bool>("stream")?.unwrap_or(false),
-        include_usage: false,
-        max_tokens: Some(max_tokens),
-        sampling: Sampling {
-            temperature,
-            top_p,
-            // 0 (absent) samples from every token, as the OpenAI routes do.
-            top_k: f.get::<usize>("top_k")?.unwrap_or(0),
-            seed: 0,
-        },
-        // The Messages API has no logit bias or penalties.
-        transform: LogitTransform::default(),
-        stop_strings,
-        prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
-        thinking_budget: asked.thinking_budget,
-        cache_scope: f.get::<Metadata>("metadata")?.and_then(|m| m.user_id),
-    };
+    // The Messages API has no logit bias or penalties: the transform stays the identity.
+    let mut common = Common::shared(f, 1.0)?;
+    common.max_tokens = Some(max_tokens);
+    // 0 (absent) samples from every token, as the OpenAI routes do.
+    common.sampling.top_k = f.get::<usize>("top_k")?.unwrap_or(0);
+    common.stop_strings = stop_strings;
+    common.thinking_budget = asked.thinking_budget;
+    common.cache_scope = f.get::<Metadata>("metadata")?.and_then(|m| m.user_id);
     Ok(Parsed {
         submission: common.submission(Prompt::Chat(asked.conversation)),
         show_thinking: asked.show_thinking,

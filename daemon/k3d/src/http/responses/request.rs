@@ -24,7 +24,7 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, JsonKind, Submission, function_tool, not_a_text_part, schema_format,
+    Budget, Common, Fields, JsonKind, Submission, function_tool, schema_format, text_parts,
     tool_choice, value,
 };
 use k3_engine::echo::Echo;
@@ -220,7 +220,7 @@ fn read_item(
     match kind {
         "message" => {
             let role: String = text_field(&at, item, "role")?;
-            let content = content(&format!("{at}.content"), item.get("content"))?;
+            let content = text_parts(&format!("{at}.content"), item.get("content"), TEXT_PARTS)?;
             match role.as_str() {
                 "assistant" => {
                     let message = assistant(turn, out);
@@ -269,7 +269,7 @@ fn read_item(
             let id = text_field(&at, item, "call_id")?;
             let output = match item.get("output") {
                 Some(Value::String(s)) => s.clone(),
-                other => content(&format!("{at}.output"), other)?,
+                other => text_parts(&format!("{at}.output"), other, TEXT_PARTS)?,
             };
             out.push(Message::tool(id, output));
             turn.at = None;
@@ -325,31 +325,8 @@ fn reasoning_text(at: &str, item: &Map<String, Value>) -> Result<String, ApiErro
     })
 }
 
-/// A message's `content` (or a tool output's): a string, or text parts joined in order.
-fn content(at: &str, v: Option<&Value>) -> Result<String, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                let part_at = format!("{at}[{j}]");
-                let part = object(&part_at, part)?;
-                match part.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => {
-                        text.push_str(&text_field(&part_at, part, "text")?)
-                    }
-                    other => return Err(not_a_text_part(format!("{part_at}.type"), other)),
-                }
-            }
-            Ok(text)
-        }
-        Some(_) => Err(ApiError::invalid(
-            at,
-            "must be a string or a list of text parts",
-        )),
-    }
-}
+/// The text parts a Responses message's `content` (or a tool output) may hold.
+const TEXT_PARTS: &[&str] = &["input_text", "output_text", "text"];
 
 /// The tools as declared to the model, as echoed, and what was left out.
 struct Declared {
