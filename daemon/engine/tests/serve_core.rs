@@ -168,7 +168,7 @@ fn concurrent_jobs_batched_equal_their_solo_outputs() {
         })
         .collect();
     assert_eq!(got, alone, "batched jobs equal their solo runs");
-    let stats = core.status().stats;
+    let stats = core.status().admission.stats;
     assert!(stats.widest_batch >= 2, "the jobs shared passes: {stats:?}");
     let m = core.metrics();
     assert_eq!(m.counters.completed, 3);
@@ -570,7 +570,11 @@ fn a_prompt_over_max_prompt_tokens_is_refused_after_rendering_naming_the_limit()
         matches!(count, Err(ServeError::Invalid(Invalid::PromptTooLong { tokens: t, .. })) if t == tokens),
         "{count:?}"
     );
-    assert_eq!(core.status().queued, 0, "count_tokens gave its place back");
+    assert_eq!(
+        core.status().admission.queued,
+        0,
+        "count_tokens gave its place back"
+    );
 
     // More tools than the limit holds at their fewest ids each: refused by their count before
     // anything is rendered, on every transport (the HTTP readers refuse while reading them).
@@ -635,7 +639,11 @@ fn a_stalled_reader_gives_its_slot_back_and_later_gets_its_whole_reply() {
         started.elapsed()
     );
     let status = core.status();
-    assert_eq!(status.counters.stalled, 1, "{:?}", status.counters);
+    assert_eq!(
+        status.admission.counters.stalled, 1,
+        "{:?}",
+        status.admission.counters
+    );
     let (got, end) = drain(&unread);
     assert!(end.is_ok(), "{end:?}");
     let alone = solo(
@@ -671,7 +679,7 @@ fn a_stalled_reader_without_room_to_park_is_cancelled_with_a_clear_error() {
         }
         other => panic!("{other:?}"),
     }
-    let counters = core.status().counters;
+    let counters = core.status().admission.counters;
     assert_eq!(
         (counters.stalled, counters.cancelled),
         (1, 1),

@@ -278,8 +278,8 @@ async fn serve(
     match &ended {
         Ended::Signal(name) => log!(
             "{name}: shutting down ({} running, {} queued; grace {:.1}s)",
-            status.active,
-            status.queued,
+            status.admission.active,
+            status.admission.queued,
             grace.as_secs_f64()
         ),
         Ended::LoadFailed(_) => log_err!("the model failed to load: shutting down"),

@@ -348,7 +348,8 @@ impl State {
     }
 }
 
-/// A consistent copy of the admission figures.
+/// A consistent copy of the admission figures: health, the loaded model, engine figures and
+/// the jobs queued, running and parked ([`super::Status::admission`]).
 #[derive(Debug, Clone)]
 pub struct AdmissionFigures {
     pub health: Health,

@@ -106,7 +106,7 @@ mod scheduler;
 pub mod sessions;
 pub mod validate;
 
-pub use admission::{Canceller, Capacity, Counters, UidLimits, UidLoad};
+pub use admission::{AdmissionFigures, Canceller, Capacity, Counters, UidLimits, UidLoad};
 pub use batch::{Batch, Member};
 pub use caller::Caller;
 pub use error::{QueueState, STORAGE_FAILED, ServeError, UidQueueState};
@@ -128,7 +128,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::config::{ConfigError, ModelConfig};
-use crate::engine::{EngineError, EngineInfo, EngineOptions, EngineStats, PassProgress, Summary};
+use crate::engine::{EngineError, EngineOptions, EngineStats, PassProgress, Summary};
 use crate::tokenizer::chat::{Conversation, ToolCall};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use admission::{Admission, Job};
@@ -272,17 +272,9 @@ pub struct Turn {
 /// Everything [`Core::status`] reports.
 #[derive(Debug, Clone)]
 pub struct Status {
-    pub health: Health,
-    /// False once shutdown began.
-    pub accepting: bool,
-    /// The loaded model (name, fingerprint, plan), once ready.
-    pub info: Option<EngineInfo>,
-    pub stats: EngineStats,
-    pub active: usize,
-    pub queued: usize,
-    /// Jobs parked because their reader stalled (issue 35 point 4).
-    pub parked: usize,
-    pub counters: Counters,
+    /// Health, the loaded model, engine figures and the jobs queued, running and parked: one
+    /// consistent copy.
+    pub admission: AdmissionFigures,
     pub capacity: Capacity,
     pub limits: Limits,
     pub stall_timeout: Duration,
@@ -630,16 +622,8 @@ impl Core {
     }
 
     pub fn status(&self) -> Status {
-        let snap = self.admission.snapshot();
         Status {
-            health: snap.health,
-            accepting: snap.accepting,
-            info: snap.info,
-            stats: snap.stats,
-            active: snap.active,
-            queued: snap.queued,
-            parked: snap.parked,
-            counters: snap.counters,
+            admission: self.admission.snapshot(),
             capacity: self.admission.capacity,
             limits: self.limits,
             stall_timeout: self.stall_timeout,

@@ -404,7 +404,7 @@ fn model_entry(app: &App) -> serde_json::Value {
         // The longest prompt a request may have, after rendering (--max-prompt-tokens).
         "max_prompt_tokens": app.core.limits().max_prompt_tokens,
     });
-    if let Some(info) = app.core.status().info {
+    if let Some(info) = app.core.status().admission.info {
         entry["fingerprint"] = info.fingerprint.into();
     }
     entry
@@ -438,7 +438,7 @@ async fn root() -> Response {
 /// `{"status": "failed", "error"}` (503), `{"status": "shutting_down"}` (503).
 async fn health(State(app): State<Arc<App>>) -> Response {
     let status = app.core.status();
-    let (status, body) = match (&status.health, status.accepting) {
+    let (status, body) = match (&status.admission.health, status.admission.accepting) {
         (_, false) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "shutting_down"}),
