@@ -30,7 +30,7 @@ use k3_engine::kernels::{
     Bf16Matrix, Isa, IsaKind, Mxfp4Matrix, matmul_bf16_with, matmul_mxfp4_with,
 };
 use k3_engine::rng::splitmix64;
-use k3_engine::system::gemm_probe;
+use k3_engine::system::{gemm_probe, stream_probe};
 
 /// splitmix64 steps, to fill buffers quickly and reproducibly.
 struct Rng(u64);
@@ -104,26 +104,11 @@ fn time(runs: usize, threads: usize, mut f: impl FnMut(usize)) -> (f64, f64) {
     (median(wall), median(cpu))
 }
 
-/// Streaming read of `buf` split across the pool's threads: (wall, cpu) seconds.
+/// Streaming read of `buf` split across the pool's threads ([`stream_probe::pass`], the pass
+/// `k3d bench` measures decode against): (wall, cpu) seconds.
 fn bandwidth(pool: &rayon::ThreadPool, buf: &[u64], runs: usize) -> (f64, f64) {
-    use rayon::prelude::*;
-    let threads = pool.current_num_threads();
-    time(runs, threads, |_| {
-        let total: u64 = pool.install(|| {
-            buf.par_chunks(buf.len().div_ceil(threads))
-                .map(|part| {
-                    // Eight independent sums so the loop is load-bound, not add-latency-bound.
-                    let mut s = [0u64; 8];
-                    for c in part.chunks_exact(8) {
-                        for k in 0..8 {
-                            s[k] = s[k].wrapping_add(c[k]);
-                        }
-                    }
-                    s.iter().fold(0u64, |a, &b| a.wrapping_add(b))
-                })
-                .reduce(|| 0, u64::wrapping_add)
-        });
-        black_box(total);
+    time(runs, pool.current_num_threads(), |_| {
+        black_box(pool.install(|| stream_probe::pass(buf)));
     })
 }
 
@@ -141,7 +126,7 @@ fn main() {
     let x_big: Vec<f32> = (0..big_c.max(big_r)).map(|_| rng.unit()).collect();
     let experts: Vec<BenchExpert> = (0..EXPERTS).map(|_| expert(&mut rng)).collect();
     let x_exp: Vec<f32> = (0..3584).map(|_| rng.unit()).collect();
-    let stream: Vec<u64> = (0..BANDWIDTH_BYTES / 8).map(|_| rng.next()).collect();
+    let stream = stream_probe::buffer(BANDWIDTH_BYTES);
 
     let only: Option<IsaKind> = std::env::args().nth(2).map(|a| match a.parse() {
         Ok(kind) => kind,

@@ -111,6 +111,27 @@ fn check_budget(b: &serde_json::Value) {
     ] {
         assert!(f(&m[key]) > 0.0, "median {key} = {}", m[key]);
     }
+    // Decode against its floor (issue 31): the memory probe ran, the compute part is the BF16
+    // and MXFP4 parts together (medians of two runs are means, so the sum holds), the floor is
+    // at least the compute part, and the ratio is floor ÷ s/token.
+    let floor = &b["decode_floor"];
+    let probe = &floor["memory_probe"];
+    assert_eq!(u(&probe["bytes"]), 256 << 20, "the memory probe's buffer");
+    assert!(f(&probe["bytes_per_second"]) > 0.0 && u(&probe["passes"]) >= 2);
+    let (compute, bf16, mxfp4) = (
+        f(&floor["compute_seconds"]),
+        f(&floor["bf16_seconds"]),
+        f(&floor["mxfp4_seconds"]),
+    );
+    assert!(bf16 > 0.0 && mxfp4 > 0.0, "{floor}");
+    assert!(
+        (compute - (bf16 + mxfp4)).abs() <= 1e-9 * compute,
+        "{floor}"
+    );
+    let seconds = f(&floor["seconds_per_token"]);
+    assert!(seconds >= compute * (1.0 - 1e-12), "{floor}");
+    assert!(f(&floor["touched_bytes"]) > 0.0);
+    assert!(f(&floor["of_limit"]) > 0.0, "{floor}");
     let device = &b["device"];
     assert!(f(&device["read_gbps"]) > 0.0, "drive probe measured");
     assert_eq!(u(&device["request_bytes"]), 17_547_264);
@@ -148,6 +169,17 @@ fn bench_reports_plan_exact_bytes_and_identical_ids() {
     assert!(f(&tight["median"]["io_seconds_per_token"]) > 0.0);
     let full = &budgets[1];
     assert_eq!(u(&full["bytes_per_token"]["total"]["predicted"]), 0);
+    // A token reads the same weights at every budget; only what streams from the drive differs.
+    assert_eq!(
+        tight["decode_floor"]["touched_bytes"],
+        full["decode_floor"]["touched_bytes"]
+    );
+    assert!(f(&tight["decode_floor"]["drive_seconds"]) > 0.0);
+    assert_eq!(
+        f(&full["decode_floor"]["drive_seconds"]),
+        0.0,
+        "nothing streams"
+    );
 }
 
 /// `--prompt-tokens K` (issue 16 item 4): the prefill phase is one forward of K tokens, the

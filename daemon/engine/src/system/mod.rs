@@ -1,10 +1,12 @@
 //! Facts about the machine that decide how a model can run on it: CPU features the kernels
 //! use, cores, RAM (and the cgroup limit that may cap it), free disk, and the measured read rate
-//! of the model's drive ([`read_probe`]), and this process's resident memory
+//! of the model's drive ([`read_probe`]), the machine's f64 GEMM rate ([`gemm_probe`]) and
+//! memory read bandwidth ([`stream_probe`]), and this process's resident memory
 //! ([`ProcessMemory`]). `k3d doctor` reports them; nothing here changes state.
 
 pub mod gemm_probe;
 pub mod read_probe;
+pub mod stream_probe;
 
 use std::path::{Path, PathBuf};
 

@@ -16,9 +16,17 @@
 //! arithmetic rate against the machine's f64 GEMM rate, measured by
 //! [`k3_engine::system::gemm_probe`] (a BLAS-style register-blocked DGEMM on the same compute
 //! threads, for `--gemm-seconds` just before the prefill). Prefill FLOPs are counted from the
-//! checkpoint's census ([`PrefillWork`]). `--prompt-tokens` takes long prompts: a prompt longer
+//! checkpoint's census ([`Work`]). `--prompt-tokens` takes long prompts: a prompt longer
 //! than a chunk runs as layer-major passes of up to the plan's `prefill_tokens`
 //! (`--prefill-tokens`), each reading every weight once.
+//!
+//! Decode (issue 31) is reported against its **floor** from limits measured in the same run
+//! ([`summary::DecodeFloor`]): the memory read bandwidth ([`stream_probe`], measured by this
+//! process on the runs' thread count just after the drive probe), the GEMM probe's f64 FMA rate
+//! (one multiply-add per weight is the exactness contract's least work) and the drive probe:
+//! a token must read its weights once and stream what the plan streams, so
+//! `floor = max(trunk+head and routed experts at memory or FMA speed, bytes read ÷ drive rate)`,
+//! and `floor ÷ s/token` says how close decode is to the machine's limit.
 //!
 //! Greedy decoding is exact at every budget (spec §6), so every run of every budget must
 //! generate the same ids: a difference is reported and fails the command (exit 4).
@@ -40,12 +48,13 @@ use k3_engine::store::expert_cache::{PolicyKind, replay, replay_per_layer};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3_engine::system::ProcessMemory;
 use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
+use k3_engine::system::stream_probe::{self, StreamProbe};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::budget::{BudgetArgs, PlanArgs};
 use crate::exit::{CliError, CliResult, Exit};
-use summary::{BudgetResult, PrefillFigures, bytes, per_token, print_table};
+use summary::{BudgetResult, DecodeFloor, PrefillFigures, bytes, per_token, print_table};
 
 /// The benchmark prompt's first eight ids, valid in every `k3d synth` vocabulary (≥ 512 ids)
 /// and in K3's. `--prompt-tokens K` truncates or extends it ([`prompt`]).
@@ -72,33 +81,45 @@ pub fn prompt(k: usize) -> Vec<u32> {
 /// must also hold it (the child refuses a prompt it cannot).
 pub const MAX_PROMPT_TOKENS: usize = 65_536;
 
-/// Floating-point operations of a prefill, from the checkpoint's census: 2 per weight element
-/// each prompt token multiplies by — every trunk matrix of every layer and the `top_k` routed
-/// experts of each MoE layer (an MXFP4 expert's bytes are 17 per 32 elements: 16 of nibbles,
-/// one scale) — plus the last position's `lm_head`. Attention's score and value products (which
-/// grow with the prompt) are not counted, so the figure slightly undercounts a long prompt.
+/// The work of a token, from the checkpoint's census: every trunk matrix of every layer, the
+/// `top_k` routed experts of each MoE layer (an MXFP4 expert's bytes are 17 per 32 elements:
+/// 16 of nibbles, one scale) and, for the last position, the `lm_head`.
+///
+/// Prefill FLOPs are 2 per weight element each prompt token multiplies by, plus the last
+/// position's head; attention's score and value products (which grow with the prompt) are not
+/// counted, so the figure slightly undercounts a long prompt. A decoded token reads each of
+/// these weights once ([`summary::DecodeFloor`] sets them against the memory and FMA rates).
 #[derive(Clone, Copy)]
-struct PrefillWork {
-    flops_per_token: f64,
-    head_flops: f64,
+struct Work {
+    /// BF16 bytes of the trunk's matrices.
+    trunk_bytes: u64,
+    /// BF16 bytes of the LM head.
+    head_bytes: u64,
     /// One routed expert's bytes.
     expert_bytes: u64,
+    /// MXFP4 bytes of the experts one token routes to (`top_k` per MoE layer).
+    routed_bytes: u64,
 }
 
-impl PrefillWork {
+/// Weight elements in `bytes` of MXFP4 (17 bytes per 32 elements).
+fn mxfp4_elements(bytes: u64) -> f64 {
+    bytes as f64 * 32.0 / 17.0
+}
+
+impl Work {
     fn of(census: &Census) -> Self {
-        let trunk: u64 = census.trunk_matrix_bytes.iter().sum();
-        let expert_elements = census.expert_bytes as f64 * 32.0 / 17.0;
-        let routed = (census.moe_layers * census.top_k) as f64 * expert_elements;
-        PrefillWork {
-            flops_per_token: 2.0 * (trunk as f64 / 2.0 + routed),
-            head_flops: census.lm_head_bytes as f64,
+        Work {
+            trunk_bytes: census.trunk_matrix_bytes.iter().sum(),
+            head_bytes: census.lm_head_bytes,
             expert_bytes: census.expert_bytes,
+            routed_bytes: (census.moe_layers * census.top_k) as u64 * census.expert_bytes,
         }
     }
 
+    /// FLOPs of a prefill of `tokens`.
     fn flops(&self, tokens: usize) -> f64 {
-        tokens as f64 * self.flops_per_token + self.head_flops
+        let per_token = 2.0 * (self.trunk_bytes as f64 / 2.0 + mxfp4_elements(self.routed_bytes));
+        tokens as f64 * per_token + self.head_bytes as f64
     }
 }
 
@@ -172,7 +193,8 @@ pub struct Args {
     /// counts (comma-separated) and report the bytes each avoids.
     #[arg(long, value_delimiter = ',', value_name = "SLOTS,...")]
     policy_slots: Vec<usize>,
-    /// Seconds of the drive probe before each budget.
+    /// Seconds of the drive probe, and then of the memory probe (a stream read on the runs'
+    /// compute threads), before each budget.
     #[arg(long, default_value_t = 3.0)]
     probe_seconds: f64,
     /// Internal: measure one run of the first budget in this process, print one JSON line.
@@ -322,7 +344,7 @@ pub fn run(args: Args) -> CliResult {
     // What a verify step of K fed ids copies besides its forward (spec §5.2).
     let journal_bytes = (args.prompt_tokens <= PREFILL_CHUNK)
         .then(|| StateShape::of(&checkpoint.config).journal_bytes(args.prompt_tokens as u64));
-    let work = PrefillWork::of(
+    let work = Work::of(
         &Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
             .map_err(|e| CliError::new(Exit::Checkpoint, e))?,
     );
@@ -367,10 +389,21 @@ pub fn run(args: Args) -> CliResult {
             probe.in_flight,
             if probe.direct { "O_DIRECT" } else { "BUFFERED" }
         );
+        let threads = args.engine_options(ram)?.threads;
+        let stream = stream_probe::measure(threads, Duration::from_secs_f64(args.probe_seconds))
+            .context("the memory probe's thread pool")?;
+        eprintln!(
+            "k3d bench:   memory: {:.2} GB/s stream read ({} passes over {} MiB, {} threads)",
+            stream.bytes_per_second / 1e9,
+            stream.passes,
+            stream.bytes >> 20,
+            stream.threads
+        );
         let mut runs = Vec::new();
         for r in 0..args.runs {
             let run = one_child(&args, &exe, ram, plan, r)?;
             let pre = PrefillFigures::of(&run.report, &work);
+            let floor = DecodeFloor::of(&run.report, &work, &stream, &probe);
             eprintln!(
                 "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s ({:.1} tokens/s, \
                  experts {:.2}× the union, {:.1} GFLOP/s = {:.2}× the GEMM probe's {:.1}), \
@@ -386,6 +419,7 @@ pub fn run(args: Args) -> CliResult {
                 run.report.gemm.flops_per_second / 1e9,
                 per_token(bytes(&run.report.decode), run.report.decode.tokens) / 1e9
             );
+            eprintln!("k3d bench:     decode floor: {floor}");
             let d = &run.report.decode;
             if d.pack_bytes > 0 {
                 eprintln!(
@@ -415,6 +449,7 @@ pub fn run(args: Args) -> CliResult {
             ram: ram.clone(),
             plan,
             probe,
+            stream,
             runs,
             work,
         });

@@ -7,8 +7,10 @@ pub(super) struct BudgetResult {
     pub(super) ram: String,
     pub(super) plan: Plan,
     pub(super) probe: ProbeResult,
+    /// The memory probe measured just before this budget's runs.
+    pub(super) stream: StreamProbe,
     pub(super) runs: Vec<RunResult>,
-    pub(super) work: PrefillWork,
+    pub(super) work: Work,
 }
 
 /// One run's prefill against its limits (issue 30.4).
@@ -27,7 +29,7 @@ pub(super) struct PrefillFigures {
 }
 
 impl PrefillFigures {
-    pub(super) fn of(r: &ChildReport, work: &PrefillWork) -> Self {
+    pub(super) fn of(r: &ChildReport, work: &Work) -> Self {
         let p = &r.prefill;
         let flops = work.flops(p.tokens);
         let rate = |seconds: f64| if seconds > 0.0 { flops / seconds } else { 0.0 };
@@ -52,6 +54,100 @@ impl PrefillFigures {
             compute_vs_gemm: vs(rate(p.compute_seconds)),
             wall_vs_gemm: vs(rate(p.seconds)),
         }
+    }
+}
+
+/// One run's decode against the least time a token can take on this machine (issue 31), from
+/// limits measured in the same run: a token's compute reads every trunk matrix, the head and
+/// its routed experts once, from RAM at best at the memory probe's rate, and spends at least
+/// one f64 multiply-add per weight (spec §6.1: each weight's product is added, rounded, in its
+/// lane; the GEMM probe's rate ÷ 2); what the plan streams arrives at best at the drive probe's
+/// rate, and streaming overlaps compute. So the floor is
+/// `max(Σ_class max(bytes ÷ stream, weights ÷ FMA rate), bytes read ÷ drive rate)`.
+pub(super) struct DecodeFloor {
+    pub(super) seconds_per_token: f64,
+    /// The floor, seconds per token.
+    pub(super) floor: f64,
+    /// Its compute part: BF16 (trunk + head) and MXFP4 (routed experts), each the slower of
+    /// memory and arithmetic.
+    pub(super) compute: f64,
+    pub(super) bf16: f64,
+    pub(super) mxfp4: f64,
+    /// Bytes the compute reads per token, and the drive part: bytes read ÷ the drive's rate.
+    pub(super) touched_bytes: f64,
+    pub(super) drive: f64,
+    /// floor ÷ seconds per token: 1 at the limit.
+    pub(super) of_limit: f64,
+    stream_gbps: f64,
+    drive_gbps: f64,
+}
+
+impl DecodeFloor {
+    pub(super) fn of(
+        r: &ChildReport,
+        work: &Work,
+        stream: &StreamProbe,
+        drive: &ProbeResult,
+    ) -> Self {
+        let d = &r.decode;
+        let seconds_per_token = d.seconds / d.tokens.max(1) as f64;
+        let fma = r.gemm.flops_per_second / 2.0;
+        let over = |amount: f64, rate: f64| if rate > 0.0 { amount / rate } else { 0.0 };
+        let bf16_bytes = (work.trunk_bytes + work.head_bytes) as f64;
+        let bf16 = over(bf16_bytes, stream.bytes_per_second).max(over(bf16_bytes / 2.0, fma));
+        let mxfp4_bytes = work.routed_bytes as f64;
+        let mxfp4 = over(mxfp4_bytes, stream.bytes_per_second)
+            .max(over(mxfp4_elements(work.routed_bytes), fma));
+        let compute = bf16 + mxfp4;
+        let drive_part = over(per_token(routed_bytes(d), d.tokens), drive.rate());
+        let floor = compute.max(drive_part);
+        DecodeFloor {
+            seconds_per_token,
+            floor,
+            compute,
+            bf16,
+            mxfp4,
+            touched_bytes: bf16_bytes + mxfp4_bytes,
+            drive: drive_part,
+            of_limit: over(floor, seconds_per_token),
+            stream_gbps: stream.bytes_per_second / 1e9,
+            drive_gbps: drive.rate() / 1e9,
+        }
+    }
+
+    /// Which limit the floor is: the drive's, or the compute's (memory or arithmetic).
+    pub(super) fn bound(&self) -> &'static str {
+        if self.drive > self.compute {
+            "drive"
+        } else {
+            "memory/FMA"
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.3} s/token = {:.2}× the floor's {:.3} s ({} bound: compute {:.3} s = BF16 {:.3} + \
+             MXFP4 {:.3} for {:.3} GB at {:.2} GB/s stream or one FMA a weight; drive {:.3} s at \
+             {:.3} GB/s)",
+            self.seconds_per_token,
+            if self.floor > 0.0 {
+                self.seconds_per_token / self.floor
+            } else {
+                0.0
+            },
+            self.floor,
+            self.bound(),
+            self.compute,
+            self.bf16,
+            self.mxfp4,
+            self.touched_bytes / 1e9,
+            self.stream_gbps,
+            self.drive,
+            self.drive_gbps
+        )
     }
 }
 
@@ -129,6 +225,30 @@ impl BudgetResult {
         self.med(|r| f(&PrefillFigures::of(&r.report, &self.work)))
     }
 
+    fn floor_median(&self, f: impl Fn(&DecodeFloor) -> f64) -> f64 {
+        self.med(|r| {
+            f(&DecodeFloor::of(
+                &r.report,
+                &self.work,
+                &self.stream,
+                &self.probe,
+            ))
+        })
+    }
+
+    fn decode_floor_json(&self) -> serde_json::Value {
+        json!({
+            "seconds_per_token": self.floor_median(|f| f.floor),
+            "of_limit": self.floor_median(|f| f.of_limit),
+            "compute_seconds": self.floor_median(|f| f.compute),
+            "bf16_seconds": self.floor_median(|f| f.bf16),
+            "mxfp4_seconds": self.floor_median(|f| f.mxfp4),
+            "drive_seconds": self.floor_median(|f| f.drive),
+            "touched_bytes": self.floor_median(|f| f.touched_bytes),
+            "memory_probe": &self.stream,
+        })
+    }
+
     fn prefill_json(&self) -> serde_json::Value {
         json!({
             "tokens_per_second": self.prefill_median(|p| p.tokens_per_second),
@@ -199,6 +319,7 @@ impl BudgetResult {
                     .then(|| self.med(|r| r.cgroup_peak_bytes.unwrap_or(0) as f64)),
             },
             "prefill": self.prefill_json(),
+            "decode_floor": self.decode_floor_json(),
             "bytes_per_token": {
                 "trunk": self.class(|d| d.trunk_bytes, p.reads.trunk),
                 "experts": self.class(
@@ -296,6 +417,43 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
             );
         }
     }
+    println!(
+        "\n{:>10} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "budget",
+        "s/token",
+        "floor",
+        "limit",
+        "bound",
+        "BF16",
+        "MXFP4",
+        "drive",
+        "stream",
+        "GB/token"
+    );
+    for b in budgets {
+        let bound = b.runs.first().map_or("-", |r| {
+            DecodeFloor::of(&r.report, &b.work, &b.stream, &b.probe).bound()
+        });
+        println!(
+            "{:>10} {:>9.3} {:>9.3} {:>7.2} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>8.2}G {:>9.3}",
+            format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
+            b.derived_median(|d| d.seconds_per_token),
+            b.floor_median(|f| f.floor),
+            b.floor_median(|f| f.of_limit),
+            bound,
+            b.floor_median(|f| f.bf16),
+            b.floor_median(|f| f.mxfp4),
+            b.floor_median(|f| f.drive),
+            b.stream.bytes_per_second / 1e9,
+            b.floor_median(|f| f.touched_bytes) / 1e9,
+        );
+    }
+    println!(
+        "(decode against its floor, medians: floor = max(BF16 + MXFP4, drive) s/token, each \
+         compute class the slower of its bytes ÷ the stream probe and one f64 FMA per weight at \
+         the GEMM probe's rate; drive = bytes read ÷ the drive probe; limit = floor ÷ s/token, \
+         1 at the limit; GB/token = weight bytes the compute reads)"
+    );
     println!(
         "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",
         "budget",
