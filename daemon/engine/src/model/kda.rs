@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::mlp::{Linear, Matrix, apply};
 use super::{ModelError, grain};
-use crate::kernels::elementwise::{sigmoid, silu};
+use crate::kernels::elementwise::{sigmoid, silu_in_place};
 use crate::kernels::exp::exp_in_place;
 use crate::kernels::matvec_f32_transposed;
 use crate::kernels::norm::{l2_norm, rms_norm};
@@ -548,8 +548,10 @@ fn short_conv(taps: &[f32], kernel: usize, hist: &mut [f32], xs: &mut [f32]) {
                 };
                 w[j] as f64 * x as f64
             });
-            *y = silu(sum as f32);
+            *y = sum as f32;
         }
+        // SiLU over the row at once: its exps on vector lanes, the same bits (issue 30).
+        silu_in_place(row);
         push_history(hist, &pre);
     }
 }
