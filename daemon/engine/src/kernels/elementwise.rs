@@ -31,6 +31,16 @@ pub fn silu(x: f32) -> f32 {
     (x * sigmoid(x)) as f32
 }
 
+/// Applies [`silu`] to every element in place, with its bits: the sigmoid's `exp` runs on
+/// vector lanes ([`exp::exp_in_place`]: libm's bits), the rest as [`silu`] writes it.
+pub fn silu_in_place(xs: &mut [f32]) {
+    let mut e: Vec<f64> = xs.iter().map(|&x| -(x as f64)).collect();
+    exp::exp_in_place(&mut e);
+    for (x, &e) in xs.iter_mut().zip(&e) {
+        *x = (*x as f64 * (1.0 / (1.0 + e))) as f32;
+    }
+}
+
 /// SiTU-GLU(g, u) = β₁·tanh(g/β₁)·σ(g) · β₂·tanh(u/β₂) (spec §4.1): σ takes the **uncapped**
 /// gate; one rounding at the end.
 #[inline]
@@ -199,6 +209,29 @@ mod tests {
         for (beta1, beta2) in [(4.0, 25.0), (1.0, 1.0), (0.3, 1e6)] {
             check(&bits[..n], &bits[n..], beta1, beta2);
             check(&near[..n], &near[n..], beta1, beta2);
+        }
+    }
+
+    #[test]
+    fn silu_in_place_matches_the_scalar_function() {
+        // Random f32 bit patterns (every exponent, ±∞, NaN), values where a short conv's sums
+        // lie, and exp's lane bounds ±708 with their neighbours.
+        let mut next = stream(0xbb67_ae85_84ca_a73b);
+        let mut unit = stream(0x3c6e_f372_fe94_f82b);
+        let mut xs: Vec<f32> = (0..1_000_003).map(|_| f32::from_bits(next())).collect();
+        xs.extend((0..1_000_003).map(|_| (unit() as f64 / u32::MAX as f64 * 60.0 - 30.0) as f32));
+        for at in [708.0f32, -708.0] {
+            xs.extend((0..16).map(|k| f32::from_bits(at.to_bits() - 8 + k)));
+        }
+        let mut ys = xs.clone();
+        silu_in_place(&mut ys);
+        for (&x, &y) in xs.iter().zip(&ys) {
+            assert_eq!(
+                y.to_bits(),
+                silu(x).to_bits(),
+                "silu({x:e}) = {y:e}, scalar {:e}",
+                silu(x)
+            );
         }
     }
 

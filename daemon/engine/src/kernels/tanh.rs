@@ -13,13 +13,19 @@
 //! * `2⁻¹⁰²² ≤ a ≤ log(5/3)/2`: `−t/(t + 2)` with `t = expm1(−2a)`;
 //! * subnormal or zero: `a`;
 //!
-//! then the sign of `x`. The `expm1` arguments this leaves are in `[−0.52, 40]`, where libm's
-//! `expm1` has no special case but its tiny-argument return: its reduction `x = k·ln2 + r`
+//! then the sign of `x`. The lanes take the first arm as 1 (`a > 20` is neither 0 nor NaN, so
+//! `0/a = 0`). The three middle arms share their divisor, and each lane takes one of them:
+//! `−t/(t + 2)` is `−(t/(t + 2))` (round-to-nearest is symmetric in sign) and `1 − 2/(t + 2)`
+//! divides `2` where the others divide `t`, so one division per lane — the numerator picked
+//! first — gives all three. The `expm1` arguments this leaves are in `[−0.52, 40]`, where
+//! libm's `expm1` has no special case but its tiny-argument return: its reduction `x = k·ln2 + r`
 //! (`k = 0`, `±1`, or `trunc(x/ln2 ± ½)`) is one formula for all three (`x − 0·ln2hi = x`,
 //! `x − (−1)·ln2hi = x + ln2hi` exactly), and its result is one of five expressions chosen by
 //! `k` (0, −1, 1, 2 … 56 split at 20, 57 and 58), each copied here operation for operation.
 //! NaN takes libm itself; every other `f64` (±∞ included) takes the lanes. `tests` compares
 //! the lanes with `libm::tanh` on millions of arguments and at every threshold.
+
+use std::array::from_fn;
 
 use super::exp::{INVLN2, LANES, LN2HI as LN2_HI, LN2LO as LN2_LO, MAGIC};
 
@@ -37,100 +43,108 @@ pub(super) fn in_domain(x: f64) -> bool {
     !x.is_nan()
 }
 
+/// Eight lanes of f64.
+type V = [f64; LANES];
+/// Eight lanes' conditions.
+type Mask = [bool; LANES];
+
+/// Lane by lane `if c { a } else { b }`, both already computed.
+///
+/// Why every step below is a whole-lane array (`from_fn` over the eight lanes) rather than one
+/// loop body per lane: with a lane's branches in one body the compiler kept them as branches —
+/// a division computed only on its branch's side — and the body stayed scalar (perf annotate
+/// of a 256-token prefill: 2,594 scalar instructions against 166 vector ones, 13 ns per
+/// `tanh`). Step by step each operation is eight independent lanes, which the instruction set
+/// of the calling `#[target_feature]` function vectorises (5.5 ns per `tanh` on AVX-512).
+#[inline(always)]
+fn pick(c: Mask, a: V, b: V) -> V {
+    from_fn(|i| if c[i] { a[i] } else { b[i] })
+}
+
 /// `libm::tanh` of eight arguments in the domain, branch-free (the module doc).
 #[inline(always)]
-pub(super) fn lanes(x: [f64; LANES]) -> [f64; LANES] {
-    let mut out = [0.0; LANES];
-    for (o, &x) in out.iter_mut().zip(&x) {
-        let bits = x.to_bits();
-        let a = f64::from_bits(bits & (u64::MAX >> 1));
-        let w = (bits >> 32) as u32 & 0x7fff_ffff;
-        let saturated = w > 0x4034_0000;
-        let above_mid = w > 0x3fd0_58ae;
-        // Saturated lanes use 1 whatever expm1 says: give it a harmless argument.
-        let arg = if saturated {
-            0.0
-        } else if above_mid {
-            2.0 * a
-        } else {
-            -2.0 * a
-        };
-        let t = expm1(arg);
-        let big = 1.0 - 2.0 / (t + 2.0);
-        let mid = t / (t + 2.0);
-        let small = -t / (t + 2.0);
-        let r = if saturated {
-            1.0 - 0.0 / a
-        } else if w > 0x3fe1_93ea {
-            big
-        } else if above_mid {
-            mid
-        } else if w >= 0x0010_0000 {
-            small
-        } else {
-            a
-        };
-        *o = if bits >> 63 == 1 { -r } else { r };
-    }
-    out
+pub(super) fn lanes(x: V) -> V {
+    let bits: [u64; LANES] = from_fn(|i| x[i].to_bits());
+    let a: V = from_fn(|i| f64::from_bits(bits[i] & (u64::MAX >> 1)));
+    let w: [u32; LANES] = from_fn(|i| (bits[i] >> 32) as u32 & 0x7fff_ffff);
+    let saturated: Mask = from_fn(|i| w[i] > 0x4034_0000);
+    let above_mid: Mask = from_fn(|i| w[i] > 0x3fd0_58ae);
+    let above_big: Mask = from_fn(|i| w[i] > 0x3fe1_93ea);
+    let normal: Mask = from_fn(|i| w[i] >= 0x0010_0000);
+    // Saturated lanes use 1 whatever expm1 says: give it a harmless argument.
+    let twice: V = from_fn(|i| 2.0 * a[i]);
+    let minus_twice: V = from_fn(|i| -2.0 * a[i]);
+    let arg = pick(saturated, [0.0; LANES], pick(above_mid, twice, minus_twice));
+    let t = expm1(arg);
+    // One division per lane for the three arms (the module doc): 2/(t+2) or t/(t+2).
+    let q: V = {
+        let num = pick(above_big, [2.0; LANES], t);
+        from_fn(|i| num[i] / (t[i] + 2.0))
+    };
+    let big: V = from_fn(|i| 1.0 - q[i]);
+    let small: V = from_fn(|i| -q[i]);
+    let r = pick(
+        saturated,
+        [1.0; LANES],
+        pick(above_big, big, pick(above_mid, q, pick(normal, small, a))),
+    );
+    from_fn(|i| f64::from_bits(r[i].to_bits() ^ (bits[i] & (1 << 63))))
 }
 
 /// libm's `expm1` for `x ∈ [−0.52, 40]`, branch-free (the module doc).
 #[inline(always)]
-fn expm1(x: f64) -> f64 {
-    let bits = x.to_bits();
-    let hx = (bits >> 32) as u32 & 0x7fff_ffff;
-    let negative = bits >> 63 == 1;
-    let (half, one) = if negative { (-0.5, -1.0) } else { (0.5, 1.0) };
-    let k = if hx > 0x3fd6_2e42 {
-        if hx < 0x3ff0_a2b2 {
-            one
-        } else {
-            (INVLN2 * x + half).trunc()
-        }
-    } else {
-        0.0
-    };
-    let hi = x - k * LN2_HI;
-    let lo = k * LN2_LO;
-    let x = hi - lo;
-    let c = (hi - x) - lo;
-    let hfx = 0.5 * x;
-    let hxs = x * hfx;
-    let r1 = 1.0 + hxs * (Q1 + hxs * (Q2 + hxs * (Q3 + hxs * (Q4 + hxs * Q5))));
-    let t = 3.0 - r1 * hfx;
-    let e = hxs * ((r1 - t) / (6.0 - x * t));
-    let at_zero = x - (x * e - hxs);
-    let e = x * (e - c) - c;
-    let e = e - hxs;
-    let at_minus_one = 0.5 * (x - e) - 0.5;
-    let at_one = if x < -0.25 {
-        -2.0 * (e - (x + 0.5))
-    } else {
-        1.0 + 2.0 * (x - e)
-    };
+fn expm1(x: V) -> V {
+    let bits: [u64; LANES] = from_fn(|i| x[i].to_bits());
+    let hx: [u32; LANES] = from_fn(|i| (bits[i] >> 32) as u32 & 0x7fff_ffff);
+    let negative: Mask = from_fn(|i| bits[i] >> 63 == 1);
+    let half = pick(negative, [-0.5; LANES], [0.5; LANES]);
+    let one = pick(negative, [-1.0; LANES], [1.0; LANES]);
+    let rounded: V = from_fn(|i| (INVLN2 * x[i] + half[i]).trunc());
+    let reduces: Mask = from_fn(|i| hx[i] > 0x3fd6_2e42);
+    let near: Mask = from_fn(|i| hx[i] < 0x3ff0_a2b2);
+    let k = pick(reduces, pick(near, one, rounded), [0.0; LANES]);
+    let hi: V = from_fn(|i| x[i] - k[i] * LN2_HI);
+    let lo: V = from_fn(|i| k[i] * LN2_LO);
+    let x: V = from_fn(|i| hi[i] - lo[i]);
+    let c: V = from_fn(|i| (hi[i] - x[i]) - lo[i]);
+    let hfx: V = from_fn(|i| 0.5 * x[i]);
+    let hxs: V = from_fn(|i| x[i] * hfx[i]);
+    let r1: V = from_fn(|i| {
+        let h = hxs[i];
+        1.0 + h * (Q1 + h * (Q2 + h * (Q3 + h * (Q4 + h * Q5))))
+    });
+    let t: V = from_fn(|i| 3.0 - r1[i] * hfx[i]);
+    let e: V = from_fn(|i| hxs[i] * ((r1[i] - t[i]) / (6.0 - x[i] * t[i])));
+    let at_zero: V = from_fn(|i| x[i] - (x[i] * e[i] - hxs[i]));
+    let e: V = from_fn(|i| (x[i] * (e[i] - c[i]) - c[i]) - hxs[i]);
+    let at_minus_one: V = from_fn(|i| 0.5 * (x[i] - e[i]) - 0.5);
+    let at_one = pick(
+        from_fn(|i| x[i] < -0.25),
+        from_fn(|i| -2.0 * (e[i] - (x[i] + 0.5))),
+        from_fn(|i| 1.0 + 2.0 * (x[i] - e[i])),
+    );
     // k ∈ [−1, 58] here, so 2^k and 2^−k are normal numbers built from their bits.
-    let k_int = (k + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as i64;
-    let twopk = f64::from_bits((0x3ff_i64.wrapping_add(k_int) as u64) << 52);
-    let uf = f64::from_bits((0x3ff_i64.wrapping_sub(k_int) as u64) << 52);
-    let above_56 = (x - e + 1.0) * twopk - 1.0;
-    let below_20 = (x - e + (1.0 - uf)) * twopk;
-    let from_20 = (x - (e + uf) + 1.0) * twopk;
-    if hx < 0x3c90_0000 {
-        f64::from_bits(bits)
-    } else if k_int == 0 {
-        at_zero
-    } else if k_int == -1 {
-        at_minus_one
-    } else if k_int == 1 {
-        at_one
-    } else if k_int > 56 {
-        above_56
-    } else if k_int < 20 {
-        below_20
-    } else {
-        from_20
-    }
+    let k_int: [i64; LANES] =
+        from_fn(|i| (k[i] + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as i64);
+    let twopk: V = from_fn(|i| f64::from_bits((0x3ff_i64.wrapping_add(k_int[i]) as u64) << 52));
+    let uf: V = from_fn(|i| f64::from_bits((0x3ff_i64.wrapping_sub(k_int[i]) as u64) << 52));
+    let above_56: V = from_fn(|i| (x[i] - e[i] + 1.0) * twopk[i] - 1.0);
+    let below_20: V = from_fn(|i| (x[i] - e[i] + (1.0 - uf[i])) * twopk[i]);
+    let from_20: V = from_fn(|i| (x[i] - (e[i] + uf[i]) + 1.0) * twopk[i]);
+    let r = pick(
+        from_fn(|i| k_int[i] > 56),
+        above_56,
+        pick(from_fn(|i| k_int[i] < 20), below_20, from_20),
+    );
+    let r = pick(from_fn(|i| k_int[i] == 1), at_one, r);
+    let r = pick(from_fn(|i| k_int[i] == -1), at_minus_one, r);
+    let r = pick(from_fn(|i| k_int[i] == 0), at_zero, r);
+    // The tiny-argument return is the argument itself.
+    pick(
+        from_fn(|i| hx[i] < 0x3c90_0000),
+        from_fn(|i| f64::from_bits(bits[i])),
+        r,
+    )
 }
 
 #[cfg(test)]

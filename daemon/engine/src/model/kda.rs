@@ -12,7 +12,8 @@ use rayon::prelude::*;
 
 use super::mlp::{Linear, Matrix, apply};
 use super::{ModelError, grain};
-use crate::kernels::elementwise::{sigmoid, silu};
+use crate::kernels::elementwise::{sigmoid, silu_in_place};
+use crate::kernels::exp::exp_in_place;
 use crate::kernels::matvec_f32_transposed;
 use crate::kernels::norm::{l2_norm, rms_norm};
 use crate::kernels::reduce::tree_sum;
@@ -271,6 +272,46 @@ struct KdaProjections {
     gate: Vec<f32>,
 }
 
+/// Decay elements per parallel piece of [`decay_factors`] (a decode token's few
+/// thousand stay one piece, on the calling thread).
+const ALPHA_PIECE: usize = 1 << 13;
+
+/// The decay factors α of every decay-projection element `z` (`[rows][P]`):
+/// α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))), one f64 evaluation, one rounding (spec §4.5).
+fn decay_factors(dims: &KdaDims, p: &KdaParams, decay_proj: &[f32]) -> Vec<f32> {
+    let pw = dims.width();
+    // Both exponentials run on vector lanes with libm's bits (`kernels::exp`), in pieces
+    // split among the threads (elements are independent: the split changes no bit); one
+    // by one on one thread they were a serial stretch of a long prompt's KDA layers while
+    // the other core waited (issue 30).
+    let mut alpha = vec![0.0f32; decay_proj.len()];
+    alpha
+        .par_chunks_mut(ALPHA_PIECE)
+        .zip(decay_proj.par_chunks(ALPHA_PIECE))
+        .enumerate()
+        .for_each(|(piece, (alpha, z))| {
+            let first = piece * ALPHA_PIECE;
+            // e^(−y) with y = exp(A_log[h]) · (z + dt_bias), as `sigmoid(y)` takes it.
+            let mut g: Vec<f64> = z
+                .iter()
+                .enumerate()
+                .map(|(j, &z)| {
+                    let c = (first + j) % pw;
+                    -(p.decay_rate[c / dims.head_dim] * (z as f64 + p.dt_bias[c] as f64))
+                })
+                .collect();
+            exp_in_place(&mut g);
+            for e in g.iter_mut() {
+                *e = dims.lower_bound * (1.0 / (1.0 + *e));
+            }
+            exp_in_place(&mut g);
+            for (a, &e) in alpha.iter_mut().zip(&g) {
+                *a = e as f32;
+            }
+        });
+    alpha
+}
+
 impl KdaProjections {
     /// The projections in [`LayerLayout::stream_order`](crate::checkpoint::layout::LayerLayout::stream_order)'s order.
     fn new(
@@ -279,20 +320,9 @@ impl KdaProjections {
         p: &KdaParams,
         xs: &[f32],
     ) -> Result<Self, ModelError> {
-        let pw = dims.width();
         // One low-rank pair shared by all heads, no activation in between.
         let decay_proj = apply(&m.f_b_proj, &apply(&m.f_a_proj, xs)?)?;
-        // α = exp(lb · σ(exp(A_log[h]) · (z + dt_bias))): one f64 evaluation, one rounding.
-        let alpha = decay_proj
-            .iter()
-            .enumerate()
-            .map(|(idx, &z)| {
-                let c = idx % pw;
-                let x = z as f64 + p.dt_bias[c] as f64;
-                let g = dims.lower_bound * sigmoid(p.decay_rate[c / dims.head_dim] * x);
-                libm::exp(g) as f32
-            })
-            .collect();
+        let alpha = decay_factors(dims, p, &decay_proj);
         let beta = apply(&m.b_proj, xs)?
             .iter()
             .map(|&b| sigmoid(b as f64) as f32)
@@ -518,8 +548,10 @@ fn short_conv(taps: &[f32], kernel: usize, hist: &mut [f32], xs: &mut [f32]) {
                 };
                 w[j] as f64 * x as f64
             });
-            *y = silu(sum as f32);
+            *y = sum as f32;
         }
+        // SiLU over the row at once: its exps on vector lanes, the same bits (issue 30).
+        silu_in_place(row);
         push_history(hist, &pre);
     }
 }
@@ -531,5 +563,53 @@ fn push_history(hist: &mut [f32], row: &[f32]) {
         hist.copy_within(pw.., 0);
         let last = hist.len() - pw;
         hist[last..].copy_from_slice(row);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::elementwise::sigmoid;
+    use crate::rng::Rng;
+
+    #[test]
+    fn decay_factors_have_the_scalar_formulas_bits() {
+        let dims = KdaDims {
+            hidden: 64,
+            heads: 3,
+            head_dim: 40,
+            conv: 4,
+            rank: 8,
+            lower_bound: -5.0,
+            eps: 1e-6,
+        };
+        let pw = dims.width();
+        let mut rng = Rng::new(7);
+        let p = KdaParams {
+            conv: [vec![], vec![], vec![]],
+            decay_rate: (0..dims.heads)
+                .map(|_| (4.0 * rng.next_f64() - 2.0).exp())
+                .collect(),
+            dt_bias: (0..pw)
+                .map(|_| (2.0 * rng.next_f64() - 1.0) as f32)
+                .collect(),
+            o_norm: vec![],
+        };
+        // 300 rows (several parallel pieces and a partial one); projections of every size,
+        // including ones that saturate the sigmoid both ways.
+        let z: Vec<f32> = (0..300 * pw)
+            .map(|i| {
+                let u = 2.0 * rng.next_f64() - 1.0;
+                (u * [1.0, 10.0, 100.0, 1e4][i % 4]) as f32
+            })
+            .collect();
+        let alpha = decay_factors(&dims, &p, &z);
+        for (i, (&a, &z)) in alpha.iter().zip(&z).enumerate() {
+            let c = i % pw;
+            let x = z as f64 + p.dt_bias[c] as f64;
+            let g = dims.lower_bound * sigmoid(p.decay_rate[c / dims.head_dim] * x);
+            let want = libm::exp(g) as f32;
+            assert_eq!(a.to_bits(), want.to_bits(), "element {i}: z {z}");
+        }
     }
 }

@@ -189,32 +189,45 @@ pub fn combine(
     let t = plan.routes.len();
     let k = dims.router.top_k;
     let lw = dims.latent;
-    let mut slots = vec![0.0f32; t * k * lw];
-    for o in outputs {
-        for (&(tok, j), y) in o.users.iter().zip(o.ys.chunks_exact(lw)) {
-            slots[(tok * k + j) * lw..(tok * k + j + 1) * lw].copy_from_slice(y);
+    // Where token `tok`'s j-th expert output is: (output, row). The outputs are read in place:
+    // copying them into one `[t][k][latent]` buffer (59 MB at 256 tokens of `bench`) was a
+    // serial stretch of every MoE layer of a long prompt, mostly the kernel zeroing its fresh
+    // pages (issue 30). A slot no output fills reads zeros, as that buffer's did.
+    let mut at: Vec<Option<(usize, usize)>> = vec![None; t * k];
+    for (i, o) in outputs.iter().enumerate() {
+        for (row, &(tok, j)) in o.users.iter().enumerate() {
+            at[tok * k + j] = Some((i, row));
         }
     }
-    // acc = Σ_j w_j · y_j in f64, in top-k order, rounded once; then the aggregate norm.
+    let zeros = vec![0.0f32; lw];
+    // acc = Σ_j w_j · y_j in f64, in top-k order, rounded once; then the aggregate norm. Each
+    // token is independent, so tokens are split among the threads with the same bits.
     let mut agg = vec![0.0f32; t * lw];
-    let mut acc = vec![0.0f64; lw];
-    for (tok, r) in plan.routes.iter().enumerate() {
-        acc.fill(0.0);
-        for (j, &w) in r.weights.iter().enumerate() {
-            let y = &slots[(tok * k + j) * lw..(tok * k + j + 1) * lw];
-            for (a, &yi) in acc.iter_mut().zip(y) {
-                *a += w as f64 * yi as f64;
-            }
-        }
-        let dst = &mut agg[tok * lw..(tok + 1) * lw];
-        for (d, &a) in dst.iter_mut().zip(&acc) {
-            *d = a as f32;
-        }
-        if let Some(gain) = &p.routed_norm {
-            let raw = dst.to_vec();
-            rms_norm(&raw, gain, dims.eps, dst);
-        }
-    }
+    agg.par_chunks_mut(lw)
+        .enumerate()
+        .with_min_len(grain(k * lw))
+        .for_each_init(
+            || vec![0.0f64; lw],
+            |acc, (tok, dst)| {
+                acc.fill(0.0);
+                for (j, &w) in plan.routes[tok].weights.iter().enumerate() {
+                    let y = match at[tok * k + j] {
+                        Some((i, row)) => &outputs[i].ys[row * lw..(row + 1) * lw],
+                        None => &zeros,
+                    };
+                    for (a, &yi) in acc.iter_mut().zip(y) {
+                        *a += w as f64 * yi as f64;
+                    }
+                }
+                for (d, &a) in dst.iter_mut().zip(acc.iter()) {
+                    *d = a as f32;
+                }
+                if let Some(gain) = &p.routed_norm {
+                    let raw = dst.to_vec();
+                    rms_norm(&raw, gain, dims.eps, dst);
+                }
+            },
+        );
     let routed = apply(&m.latent_up, &agg)?;
     let mut out = shared;
     for (o, &r) in out.iter_mut().zip(&routed) {

@@ -21,17 +21,22 @@
 //! FMA rounds exactly like the scalar `lane += w·x`. Lane `p` of output (r, t) receives the
 //! terms `i ≡ p (mod 16)` in increasing `i` — blocks are visited in increasing order, and
 //! between two k-blocks the lane's running sum is stored and reloaded unchanged. Register groups
-//! and row / token tiles are independent accumulators. The lanes are then folded with
-//! [`combine_lanes`] and the `cols mod 16` tail added one term at a time in index order, exactly
-//! as [`crate::kernels::reduce::tree_sum`] does. The tests in `tests/kernels_simd.rs` compare
+//! and row / token tiles are independent accumulators. The lanes are then folded by
+//! [`Gemm::fold`] (the additions of [`combine_lanes`], on registers) and the `cols mod 16` tail
+//! added one term at a time in index order, exactly as [`crate::kernels::reduce::tree_sum`]
+//! does. The tests in `tests/kernels_simd.rs` compare
 //! every shape and path with the portable reference bit for bit.
+//!
+//! [`combine_lanes`]: crate::kernels::reduce::combine_lanes
+
+use std::arch::x86_64::*;
 
 use rayon::prelude::*;
 
 use super::super::aligned::AlignedF64;
 use super::super::matmul::{Bf16Matrix, Mxfp4Matrix};
 use super::super::mxfp4;
-use super::super::reduce::{LANES, combine_lanes};
+use super::super::reduce::LANES;
 use super::Positions;
 
 /// Blocks of sixteen inputs per weight panel: 128 blocks = 2,048 inputs, so a panel of four
@@ -88,6 +93,12 @@ pub(crate) trait Gemm: Copy + Sync {
         nb: usize,
         acc: &mut [f64],
     );
+
+    /// [`combine_lanes`] of one accumulator's sixteen lanes, stored in register-position order
+    /// (`acc.len() ≥ 16`): the same additions of the same pairs, on registers.
+    ///
+    /// [`combine_lanes`]: crate::kernels::reduce::combine_lanes
+    fn fold(self, acc: &[f64]) -> f64;
 }
 
 /// A weight matrix in one of the stored formats, as the GEMM driver sees it.
@@ -268,11 +279,7 @@ pub(crate) fn rows<S: Gemm>(
             for i in 0..rr {
                 for j in 0..tile.count {
                     let at = (tile.first * rr + i * tile.count + j) * LANES;
-                    let mut lanes = [0.0f64; LANES];
-                    for (p, &v) in acc[at..at + LANES].iter().enumerate() {
-                        lanes[S::POSITIONS[p]] = v;
-                    }
-                    let mut sum = combine_lanes(&lanes);
+                    let mut sum = s.fold(&acc[at..at + LANES]);
                     let tok = tile.first + j;
                     for (c, &xc) in x.tails[tok * tail..(tok + 1) * tail].iter().enumerate() {
                         sum += w.term(r + i, full + c, xc);
@@ -339,6 +346,28 @@ fn micro_any<S: Gemm>(
         4 => with_rows::<S, 4>(s, tc, panel, x, nb, acc),
         _ => unreachable!("tile rows are 1 to 4"),
     }
+}
+
+/// The last three levels of [`combine_lanes`], from its first level's sums in two registers:
+/// `t_even = (t0, t2, t4, t6)` and `t_odd = (t1, t3, t5, t7)` with `t_k = l_k + l_(k+8)`.
+/// `u_k = t_k + t_(k+4)` is the sum of a register's two halves — `(u0, u2)` and `(u1, u3)` —
+/// then `(u0 + u2) + (u1 + u3)`.
+///
+/// [`combine_lanes`]: crate::kernels::reduce::combine_lanes
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn fold_quarters(t_even: __m256d, t_odd: __m256d) -> f64 {
+    let u_even = _mm_add_pd(
+        _mm256_castpd256_pd128(t_even),
+        _mm256_extractf128_pd::<1>(t_even),
+    );
+    let u_odd = _mm_add_pd(
+        _mm256_castpd256_pd128(t_odd),
+        _mm256_extractf128_pd::<1>(t_odd),
+    );
+    let v0 = _mm_cvtsd_f64(u_even) + _mm_cvtsd_f64(_mm_unpackhi_pd(u_even, u_even));
+    let v1 = _mm_cvtsd_f64(u_odd) + _mm_cvtsd_f64(_mm_unpackhi_pd(u_odd, u_odd));
+    v0 + v1
 }
 
 /// The bounds every instruction set's [`Gemm::decode_bf16`] relies on for its unchecked loads
@@ -483,6 +512,11 @@ macro_rules! gemm_forwarders {
         ) {
             // SAFETY: as for `decode_bf16`.
             unsafe { micro::<R, TC>(panel, x, nb, acc) }
+        }
+
+        fn fold(self, acc: &[f64]) -> f64 {
+            // SAFETY: as for `decode_bf16`.
+            unsafe { fold(acc) }
         }
     };
 }

@@ -6,7 +6,9 @@ use std::arch::x86_64::*;
 
 use super::Positions;
 use super::avx2::Avx2;
-use super::gemm::{Gemm, check_bf16_panel, check_mxfp4_panel, gemm_forwarders, micro_kernel};
+use super::gemm::{
+    Gemm, check_bf16_panel, check_mxfp4_panel, fold_quarters, gemm_forwarders, micro_kernel,
+};
 use crate::kernels::mxfp4;
 use crate::kernels::reduce::LANES;
 
@@ -104,6 +106,17 @@ fn decode_mxfp4<const R: usize>(
             }
         }
     }
+}
+
+/// [`Gemm::fold`]: the four groups hold tree lanes {0,2,4,6}, {1,3,5,7}, {8,10,12,14} and
+/// {9,11,13,15}, so the first level `t_k = l_k + l_(k+8)` adds groups 0 and 2, 1 and 3.
+#[target_feature(enable = "avx2,fma")]
+fn fold(acc: &[f64]) -> f64 {
+    assert!(acc.len() >= LANES, "fold bounds");
+    // SAFETY: called with k < 4, so the 4 f64 at 4k are within the 16 of `acc` (asserted);
+    // loadu has no alignment requirement.
+    let g = |k: usize| unsafe { _mm256_loadu_pd(acc.as_ptr().add(k * WIDTH)) };
+    fold_quarters(_mm256_add_pd(g(0), g(2)), _mm256_add_pd(g(1), g(3)))
 }
 
 micro_kernel!(

@@ -6,7 +6,9 @@ use std::arch::x86_64::*;
 
 use super::Positions;
 use super::avx512::Avx512;
-use super::gemm::{Gemm, check_bf16_panel, check_mxfp4_panel, gemm_forwarders, micro_kernel};
+use super::gemm::{
+    Gemm, check_bf16_panel, check_mxfp4_panel, fold_quarters, gemm_forwarders, micro_kernel,
+};
 use crate::kernels::reduce::LANES;
 
 /// Group 0 holds elements 0, 2, …, 14 of a block, group 1 elements 1, 3, …, 15.
@@ -102,6 +104,23 @@ fn decode_mxfp4<const R: usize>(
             }
         }
     }
+}
+
+/// [`Gemm::fold`]: group 0 holds tree lanes 0, 2, …, 14 and group 1 lanes 1, 3, …, 15, so the
+/// first level `t_k = l_k + l_(k+8)` adds each group's two halves.
+#[target_feature(enable = "avx512f,avx2")]
+fn fold(acc: &[f64]) -> f64 {
+    assert!(acc.len() >= LANES, "fold bounds");
+    // SAFETY: the 16 f64 are within `acc` (asserted); loadu has no alignment requirement.
+    let (g0, g1) = unsafe {
+        (
+            _mm512_loadu_pd(acc.as_ptr()),
+            _mm512_loadu_pd(acc.as_ptr().add(WIDTH)),
+        )
+    };
+    let halves =
+        |g: __m512d| _mm256_add_pd(_mm512_castpd512_pd256(g), _mm512_extractf64x4_pd::<1>(g));
+    fold_quarters(halves(g0), halves(g1))
 }
 
 micro_kernel!(
