@@ -21,14 +21,26 @@ const PIECE: usize = 1 << 12;
 /// σ(x) = 1 / (1 + e^(−x)), in f64.
 #[inline]
 pub fn sigmoid(x: f64) -> f64 {
-    1.0 / (1.0 + libm::exp(-x))
+    sigmoid_of(libm::exp(-x))
+}
+
+/// σ from its exponential e^(−x): the one formula the scalar functions and the callers that
+/// compute their exponentials on vector lanes ([`exp::exp_in_place`]) round alike.
+#[inline(always)]
+pub fn sigmoid_of(exp_minus_x: f64) -> f64 {
+    1.0 / (1.0 + exp_minus_x)
 }
 
 /// SiLU(x) = x·σ(x), rounded to f32.
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    let x = x as f64;
-    (x * sigmoid(x)) as f32
+    silu_of(x, libm::exp(-(x as f64)))
+}
+
+/// SiLU from x and e^(−x) (what [`silu`] and [`silu_in_place`] share).
+#[inline(always)]
+fn silu_of(x: f32, exp_minus_x: f64) -> f32 {
+    (x as f64 * sigmoid_of(exp_minus_x)) as f32
 }
 
 /// Applies [`silu`] to every element in place, with its bits: the sigmoid's `exp` runs on
@@ -37,7 +49,7 @@ pub fn silu_in_place(xs: &mut [f32]) {
     let mut e: Vec<f64> = xs.iter().map(|&x| -(x as f64)).collect();
     exp::exp_in_place(&mut e);
     for (x, &e) in xs.iter_mut().zip(&e) {
-        *x = (*x as f64 * (1.0 / (1.0 + e))) as f32;
+        *x = silu_of(*x, e);
     }
 }
 
@@ -57,11 +69,10 @@ pub fn situ_glu(g: f32, u: f32, beta1: f64, beta2: f64) -> f32 {
 }
 
 /// SiTU-GLU from its three transcendental parts, tanh(g/β₁), e^(−g) and tanh(u/β₂): the one
-/// formula both the scalar function and the lanes round, so they cannot drift apart
-/// (σ(g) = 1/(1 + e^(−g)) as in [`sigmoid`]).
+/// formula both the scalar function and the lanes round, so they cannot drift apart.
 #[inline(always)]
 fn situ_glu_of(tanh_g: f64, exp_minus_g: f64, tanh_u: f64, beta1: f64, beta2: f64) -> f32 {
-    let a = beta1 * tanh_g * (1.0 / (1.0 + exp_minus_g));
+    let a = beta1 * tanh_g * sigmoid_of(exp_minus_g);
     let c = beta2 * tanh_u;
     (a * c) as f32
 }

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::mlp::{Linear, Matrix, apply};
 use super::{ModelError, grain};
-use crate::kernels::elementwise::{sigmoid, silu_in_place};
+use crate::kernels::elementwise::{sigmoid, sigmoid_of, silu_in_place};
 use crate::kernels::exp::exp_in_place;
 use crate::kernels::matvec_f32_transposed;
 use crate::kernels::norm::{l2_norm, rms_norm};
@@ -302,7 +302,7 @@ fn decay_factors(dims: &KdaDims, p: &KdaParams, decay_proj: &[f32]) -> Vec<f32> 
                 .collect();
             exp_in_place(&mut g);
             for e in g.iter_mut() {
-                *e = dims.lower_bound * (1.0 / (1.0 + *e));
+                *e = dims.lower_bound * sigmoid_of(*e);
             }
             exp_in_place(&mut g);
             for (a, &e) in alpha.iter_mut().zip(&g) {
