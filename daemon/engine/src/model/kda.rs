@@ -550,10 +550,11 @@ fn short_conv(taps: &[f32], kernel: usize, hist: &mut [f32], xs: &mut [f32]) {
             });
             *y = sum as f32;
         }
-        // SiLU over the row at once: its exps on vector lanes, the same bits (issue 30).
-        silu_in_place(row);
         push_history(hist, &pre);
     }
+    // SiLU over all rows at once (the history keeps pre-conv rows, so no row reads another's
+    // output): its exps on vector lanes, the same bits, one scratch per call (issue 30).
+    silu_in_place(xs);
 }
 
 /// Appends one PRE-conv row to a `[K−1][P]` history, dropping the oldest (nothing when K = 1).
