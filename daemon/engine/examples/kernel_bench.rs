@@ -16,12 +16,13 @@
 //! when it is not descheduled. Each ratio compares a kernel with the bandwidth measured on the
 //! same clock, same thread count, same run.
 //!
-//! The arithmetic roof, measured in the same run: the GEMM probe (`system::gemm_probe`, a
-//! BLAS-style DGEMM free to sum in any order) on the same pool gives the f64 multiply-add rate
-//! the cores deliver. Under the reduction contract (spec §6.1 rules 2–3) every weight costs at
-//! least one f64 multiply-add into its tree lane, so an MXFP4 matvec cannot consume more than
-//! `rate` weights per second, i.e. `rate × 17/32` bytes (4.25 bits per weight with the scale
-//! byte): the `mxfp4 roof (f64 FMA)` line, as a ratio of the stream bandwidth like the kernels.
+//! The arithmetic roof, measured in the same run: the f32 GEMM probe (`system::gemm_probe`, a
+//! BLAS-style SGEMM free to sum in any order) on the same pool gives the f32 multiply-add rate
+//! the cores deliver. Under the weight-product contract (spec §6.1 rule 2) every weight costs
+//! at least one f32 fused multiply-add into its tree lane, so an MXFP4 matvec cannot consume
+//! more than `rate` weights per second, i.e. `rate × 17/32` bytes (4.25 bits per weight with the
+//! scale byte): the `mxfp4 roof (f32 FMA)` line, as a ratio of the stream bandwidth like the
+//! kernels.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -157,15 +158,15 @@ fn main() {
             "{threads:>7}  {:<23} {:<8} {:>8} | {bw_wall:>8.2} {bw_wall:>8.2} {:>6} | {bw_cpu:>8.2} {bw_cpu:>8.2} {:>6}",
             "stream read 512 MB", "-", "-", "1.00", "1.00"
         );
-        // One f64 multiply-add per weight is the contract's floor: the probe's FMA rate bounds
-        // the weights/s of any exact MXFP4 matvec (both clocks: the probe is timed by wall
-        // clock on an otherwise idle pool).
-        let probe = pool.install(|| gemm_probe::measure(std::time::Duration::from_secs(1)));
+        // One f32 fused multiply-add per weight is the contract's floor: the probe's FMA rate
+        // bounds the weights/s of any exact MXFP4 matvec (both clocks: the probe is timed by
+        // wall clock on an otherwise idle pool).
+        let probe = pool.install(|| gemm_probe::measure_f32(std::time::Duration::from_secs(1)));
         let fma_per_s = probe.flops_per_second / 2.0;
         let roof = fma_per_s * MXFP4_BYTES_PER_WEIGHT / 1e9;
         println!(
-            "{threads:>7}  {:<23} {:<8} {:>8} | {roof:>8.2} {bw_wall:>8.2} {:>6.2} | {roof:>8.2} {bw_cpu:>8.2} {:>6.2}   ({:.1} GFLOP/s dgemm probe)",
-            "mxfp4 roof (f64 FMA)",
+            "{threads:>7}  {:<23} {:<8} {:>8} | {roof:>8.2} {bw_wall:>8.2} {:>6.2} | {roof:>8.2} {bw_cpu:>8.2} {:>6.2}   ({:.1} GFLOP/s sgemm probe)",
+            "mxfp4 roof (f32 FMA)",
             probe.isa,
             "-",
             roof / bw_wall,

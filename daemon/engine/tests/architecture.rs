@@ -388,3 +388,175 @@ fn a_module_cycle_is_found() {
         "the cycle is gone"
     );
 }
+
+/// The kernels' files as modules (`kernels`, `kernels::matmul`, `kernels::x86`,
+/// `kernels::x86::gemm`, …), each with its source up to its tests (`#[cfg(test)]`: a test
+/// module's `super` is its own file).
+fn kernel_modules(kernels: &Path) -> BTreeMap<String, String> {
+    let mut files = Vec::new();
+    rust_files(kernels, &mut files);
+    files
+        .into_iter()
+        .map(|file| {
+            let rel = file.strip_prefix(kernels).expect("under kernels");
+            let mut path: Vec<String> = vec!["kernels".into()];
+            path.extend(
+                rel.with_extension("")
+                    .iter()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            );
+            if path.last().is_some_and(|p| p == "mod") {
+                path.pop();
+            }
+            let text = std::fs::read_to_string(&file).expect("read source");
+            let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
+            (path.join("::"), code)
+        })
+        .collect()
+}
+
+/// The file-level import graph of the kernels: `super::`, `super::super::`,
+/// `crate::kernels::` (and a macro's `$crate::kernels::`) paths and a `mod.rs`'s paths into its
+/// own children, each resolved to the deepest module it names (an item of a module is an
+/// import of that module). A `mod x;` declaration is not an import.
+fn kernel_graph(kernels: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let modules = kernel_modules(kernels);
+    let resolve = |base: &[String], rest: &str| -> Option<String> {
+        let mut at = base.to_vec();
+        for segment in rest.split("::") {
+            let name = ident(segment);
+            let mut deeper = at.clone();
+            deeper.push(name);
+            if modules.contains_key(&deeper.join("::")) {
+                at = deeper;
+            } else {
+                break;
+            }
+        }
+        Some(at.join("::"))
+    };
+    let mut graph = BTreeMap::new();
+    for (module, code) in &modules {
+        let me: Vec<String> = module.split("::").map(String::from).collect();
+        let is_dir = modules
+            .keys()
+            .any(|m| m.starts_with(&format!("{module}::")));
+        // `super` names the parent of the module (of a directory's `mod.rs`, the directory's).
+        let parent = me[..me.len() - 1].to_vec();
+        let grandparent = parent[..parent.len().saturating_sub(1)].to_vec();
+        let mut edges = BTreeMap::new();
+        for (n, line) in code.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let mut targets = Vec::new();
+            let mut bases = vec![
+                ("super::super::", grandparent.clone()),
+                ("crate::kernels::", vec!["kernels".to_string()]),
+            ];
+            if !code.contains("super::super::") {
+                bases.push(("super::", parent.clone()));
+            }
+            for (prefix, base) in &bases {
+                let mut rest = code;
+                while let Some(at) = rest.find(prefix) {
+                    rest = &rest[at + prefix.len()..];
+                    let items = match rest.strip_prefix('{') {
+                        Some(group) => top_paths(group),
+                        None => vec![rest.to_string()],
+                    };
+                    targets.extend(items.iter().filter_map(|item| resolve(base, item)));
+                }
+            }
+            // A directory module's `use child::…` (any visibility).
+            let statement = code.trim_start();
+            let statement = statement
+                .strip_prefix("pub(crate) ")
+                .or_else(|| statement.strip_prefix("pub "))
+                .unwrap_or(statement);
+            if let Some(path) = statement.strip_prefix("use ")
+                && is_dir
+                && !path.starts_with("super::")
+                && !path.starts_with("crate::")
+            {
+                targets.extend(resolve(&me, path));
+            }
+            for target in targets.into_iter().filter(|t| t != module) {
+                edges
+                    .entry(target)
+                    .or_insert_with(|| format!("{module}:{}", n + 1));
+            }
+        }
+        graph.insert(module.clone(), edges);
+    }
+    graph
+}
+
+/// Each comma-separated item of a `{..}` group (after its `{`) as a path, nested groups cut.
+fn top_paths(group: &str) -> Vec<String> {
+    let mut items = vec![String::new()];
+    let mut depth = 0;
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => items.push(String::new()),
+            _ if depth == 0 => items.last_mut().expect("an item").push(c),
+            _ => {}
+        }
+    }
+    items.into_iter().map(|i| i.trim().to_string()).collect()
+}
+
+/// The graph of `graph` seen at `depth` path segments: each module merged into its ancestor
+/// of that depth (`kernels::x86::gemm` → `kernels::x86` at depth 2), keeping only edges
+/// between different merged modules, and only the modules under `within`.
+fn merged(
+    graph: &BTreeMap<String, BTreeMap<String, String>>,
+    depth: usize,
+    within: &str,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let cut = |m: &str| m.split("::").take(depth).collect::<Vec<_>>().join("::");
+    let inside = |m: &str| m == within || m.starts_with(&format!("{within}::"));
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (module, edges) in graph.iter().filter(|(m, _)| inside(m)) {
+        let from = cut(module);
+        let entry = out.entry(from.clone()).or_default();
+        for (target, at) in edges.iter().filter(|(t, _)| inside(t)) {
+            let to = cut(target);
+            if to != from {
+                entry.entry(to).or_insert_with(|| at.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Issue 41.7: the kernels form layers, no import circle: the matrix types, trees and lane
+/// constants sit below the instruction-set code that uses them, and that below the matmuls.
+/// Checked twice: between the kernels' modules with `x86/` as one (a path like
+/// `x86::avx2::Avx2` reaches into it), and between the files of `x86/`.
+#[test]
+fn the_kernels_files_form_no_cycle() {
+    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
+    let graph = kernel_graph(&kernels);
+    for (from, to) in [
+        ("kernels::matmul", "kernels::x86"),
+        ("kernels::x86::avx2", "kernels::tree"),
+        ("kernels::x86::gemm", "kernels::x86::packed"),
+        ("kernels::reduce", "kernels::x86"),
+        ("kernels::x86", "kernels::x86::packed"),
+    ] {
+        assert!(
+            graph.get(from).is_some_and(|e| e.contains_key(to)),
+            "the graph misses {from} → {to}: {graph:?}"
+        );
+    }
+    for (depth, within) in [(2, "kernels"), (3, "kernels::x86")] {
+        if let Some(cycle) = find_cycle(&merged(&graph, depth, within)) {
+            panic!(
+                "the kernels import each other in a cycle:\n{}",
+                cycle.join("\n")
+            );
+        }
+    }
+}

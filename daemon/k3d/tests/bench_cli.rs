@@ -271,26 +271,31 @@ fn bench_long_prompt_reports_union_and_gemm_ratio() {
         "compute_gflops",
         "wall_gflops",
         "gemm_gflops",
+        "gemm_f32_gflops",
     ] {
         assert!(f(&p[key]) > 0.0, "prefill {key} = {}", p[key]);
     }
-    // The ratio is taken run by run (probe and prefill of the same process), then the median.
+    // Each ratio is taken run by run (probe and prefill of the same process), then the median:
+    // against the f32 probe (the weight products' precision) and the f64 one.
     let flops = f(&doc["prefill_flops"]);
-    let ratios: Vec<f64> = b["runs"]
-        .as_array()
-        .expect("runs")
-        .iter()
-        .map(|r| flops / f(&r["prefill"]["compute_seconds"]) / f(&r["gemm"]["flops_per_second"]))
-        .collect();
-    let (lo, hi) = ratios
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
-    let median = f(&p["compute_vs_gemm"]);
-    assert!(
-        median >= lo * 0.999 && median <= hi * 1.001,
-        "{median} outside {ratios:?}"
-    );
+    for (probe, key) in [("gemm_f32", "compute_vs_f32"), ("gemm", "compute_vs_f64")] {
+        let ratios: Vec<f64> = b["runs"]
+            .as_array()
+            .expect("runs")
+            .iter()
+            .map(|r| flops / f(&r["prefill"]["compute_seconds"]) / f(&r[probe]["flops_per_second"]))
+            .collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        let median = f(&p[key]);
+        assert!(
+            median >= lo * 0.999 && median <= hi * 1.001,
+            "{key}: {median} outside {ratios:?}"
+        );
+    }
     assert!(p["gemm_probe"]["isa"].is_string());
+    assert!(p["gemm_f32_probe"]["isa"].is_string());
     for run in b["runs"].as_array().expect("runs") {
         assert_eq!(u(&run["prefill"]["tokens"]), k);
     }

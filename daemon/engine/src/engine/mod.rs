@@ -237,15 +237,17 @@ impl Engine {
         EngineStats::new(self.model.store_stats(), &self.batches)
     }
 
-    /// The machine's f64 GEMM rate measured for `duration` on this engine's compute threads
-    /// ([`crate::system::gemm_probe`]): the yardstick `k3d bench` sets prefill arithmetic
-    /// against, measured in the same process as the prefill it compares.
-    pub fn gemm_probe(
+    /// The machine's f32 and f64 GEMM rates, each measured for `duration` on this engine's
+    /// compute threads ([`crate::system::gemm_probe`]): the yardsticks `k3d bench` sets prefill
+    /// arithmetic against (weight products run in f32, spec §6.1 rule 2), measured in the same
+    /// process as the prefill it compares.
+    pub fn gemm_probes(
         &self,
         duration: std::time::Duration,
-    ) -> crate::system::gemm_probe::GemmProbe {
+    ) -> [crate::system::gemm_probe::GemmProbe; 2] {
+        use crate::system::gemm_probe::{measure, measure_f32};
         self.pool
-            .install(|| crate::system::gemm_probe::measure(duration))
+            .install(|| [measure_f32(duration), measure(duration)])
     }
 
     /// Prompt tokens one layer-major prefill pass may feed: what the memory plan holds the

@@ -1,4 +1,4 @@
-//! f64 scratch buffers that start on a cache-line boundary.
+//! Scratch buffers that start on a cache-line boundary.
 //!
 //! A full AVX-512 register is one 64-byte cache line: a load that straddles two lines costs
 //! two. The prefill GEMM's panels and packed activations are read this way in its innermost
@@ -22,33 +22,34 @@ pub(crate) fn zeroed<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
     v
 }
 
-/// A zeroed f64 buffer whose usable part starts on a 64-byte boundary.
-pub(crate) struct AlignedF64 {
-    buf: Vec<f64>,
+/// Bytes of a cache line.
+const LINE_BYTES: usize = 64;
+
+/// A zeroed buffer of `T` (f32 or f64) whose usable part starts on a 64-byte boundary.
+pub(crate) struct Aligned<T> {
+    buf: Vec<T>,
     start: usize,
     len: usize,
 }
 
-impl AlignedF64 {
-    /// Values per cache line.
-    const LINE: usize = 8;
-
-    pub(crate) fn zeros(len: usize) -> AlignedF64 {
-        let buf: Vec<f64> = zeroed(len + Self::LINE);
+impl<T: Copy + Default + Send + Sync> Aligned<T> {
+    pub(crate) fn zeros(len: usize) -> Aligned<T> {
+        let line = LINE_BYTES / std::mem::size_of::<T>().max(1);
+        let buf: Vec<T> = zeroed(len + line);
         // `align_offset` may in principle decline (usize::MAX); the buffer is then used
         // unaligned, which is slower but computes the same.
-        let start = match buf.as_ptr().align_offset(64) {
-            s if s < Self::LINE => s,
+        let start = match buf.as_ptr().align_offset(LINE_BYTES) {
+            s if s < line => s,
             _ => 0,
         };
-        AlignedF64 { buf, start, len }
+        Aligned { buf, start, len }
     }
 
-    pub(crate) fn as_slice(&self) -> &[f64] {
+    pub(crate) fn as_slice(&self) -> &[T] {
         &self.buf[self.start..self.start + self.len]
     }
 
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [f64] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
         &mut self.buf[self.start..self.start + self.len]
     }
 }
@@ -60,9 +61,12 @@ mod tests {
     #[test]
     fn the_usable_part_is_line_aligned_and_zeroed() {
         for len in [0, 1, 7, 8, 1000, 1 << 17] {
-            let mut b = AlignedF64::zeros(len);
+            let mut b = Aligned::<f64>::zeros(len);
             assert_eq!(b.as_slice().len(), len);
             assert!(b.as_slice().iter().all(|&v| v == 0.0));
+            assert_eq!(b.as_mut_slice().as_ptr().align_offset(64), 0);
+            let mut b = Aligned::<f32>::zeros(len);
+            assert_eq!(b.as_slice().len(), len);
             assert_eq!(b.as_mut_slice().as_ptr().align_offset(64), 0);
         }
     }

@@ -1,100 +1,24 @@
-//! Matrix × activations: `ys[t][r] = round_f32(Σ_i W[r][i] · xs[t][i])` for T token rows.
+//! Matrix × activations: `ys[t][r] = Σ_i W[r][i] · xs[t][i]` for T token rows.
 //!
-//! Each output element is reduced over `i` with the one tree of [`super::reduce`], whatever
-//! the path, so a T-token call equals T one-token calls bit for bit (spec §6.1 rule 5). Threads
-//! split only the rows (rule 4). On x86-64 a one-token call (decode) runs the tile kernels of
-//! [`super::x86`], which decode each weight register on the fly; two or more tokens (prefill,
-//! speculative verification) run the GEMM of [`super::x86::gemm`], which decodes each weight
-//! once per call into an f64 panel and reuses it for every token.
-//!
-//! Weights stay in their stored form: BF16 bytes (little-endian, unaligned is fine) or MXFP4
-//! packed nibbles + scale bytes, decoded on the fly — never widened into a copy.
+//! A BF16 or MXFP4 weight row times an activation row is a *weight product*: it accumulates in
+//! f32 by fused multiply-add with the weight tree of [`super::tree`] (spec §6.1 rule 2 as
+//! amended), whatever the path, so a T-token call equals T one-token calls bit for bit (rule 5).
+//! Threads split only the rows (rule 4). On x86-64 a one-token call (decode) runs the kernels
+//! of [`super::x86`], which decode each weight register on the fly; two or more tokens
+//! (prefill, speculative verification) run the GEMM of [`super::x86::gemm`], which decodes each
+//! weight once per call into an f32 panel and reuses it for every token. An f32 weight
+//! ([`matmul_f32`]) is not a stored weight: its products use the f64 tree of [`super::reduce`].
 
 use rayon::prelude::*;
 
 use super::aligned::zeroed;
 use super::isa::{Isa, IsaKind};
+use super::matrix::{Bf16Matrix, Mxfp4Matrix};
 use super::mxfp4;
-use super::reduce::{dot_f32_with, tree_sum};
+use super::reduce::dot_f32_with;
+use super::tree::weight_dot;
 #[cfg(target_arch = "x86_64")]
-use super::x86;
-#[cfg(target_arch = "x86_64")]
-use super::x86::gemm::Weights;
-
-/// A row-major BF16 matrix `[rows, cols]` viewed in its stored bytes.
-#[derive(Clone, Copy, Debug)]
-pub struct Bf16Matrix<'a> {
-    pub bytes: &'a [u8],
-    pub rows: usize,
-    pub cols: usize,
-}
-
-impl<'a> Bf16Matrix<'a> {
-    pub fn new(bytes: &'a [u8], rows: usize, cols: usize) -> Self {
-        assert_eq!(bytes.len(), rows * cols * 2, "bf16 matrix byte length");
-        Bf16Matrix { bytes, rows, cols }
-    }
-
-    /// Element (r, i) widened exactly to f32.
-    #[inline]
-    pub fn get(&self, r: usize, i: usize) -> f32 {
-        let p = 2 * (r * self.cols + i);
-        bf16_to_f32(self.bytes[p], self.bytes[p + 1])
-    }
-}
-
-/// Widens one little-endian BF16 value exactly.
-#[inline]
-pub fn bf16_to_f32(lo: u8, hi: u8) -> f32 {
-    f32::from_bits((u16::from_le_bytes([lo, hi]) as u32) << 16)
-}
-
-/// Widens a BF16 byte vector to f32 (small vectors only: gains, pseudo-queries).
-pub fn bf16_vector(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| bf16_to_f32(b[0], b[1]))
-        .collect()
-}
-
-/// Reads an F32 little-endian byte vector.
-pub fn f32_vector(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-/// A row-major MXFP4 matrix `[rows, cols]`: `packed` is `[rows, cols/2]`, `scales` `[rows, cols/32]`.
-#[derive(Clone, Copy, Debug)]
-pub struct Mxfp4Matrix<'a> {
-    pub packed: &'a [u8],
-    pub scales: &'a [u8],
-    pub rows: usize,
-    pub cols: usize,
-}
-
-impl<'a> Mxfp4Matrix<'a> {
-    pub fn new(packed: &'a [u8], scales: &'a [u8], rows: usize, cols: usize) -> Self {
-        assert_eq!(
-            cols % mxfp4::GROUP,
-            0,
-            "MXFP4 input width must be a multiple of 32"
-        );
-        assert_eq!(packed.len(), rows * cols / 2, "MXFP4 packed byte length");
-        assert_eq!(
-            scales.len(),
-            rows * cols / mxfp4::GROUP,
-            "MXFP4 scale byte length"
-        );
-        Mxfp4Matrix {
-            packed,
-            scales,
-            rows,
-            cols,
-        }
-    }
-}
+use super::x86::{self, Weights, packed::PackedTokens};
 
 /// Below this many multiply-adds a call stays on the calling thread (results are identical
 /// either way; this only avoids scheduling overhead on tiny matrices).
@@ -109,13 +33,10 @@ const TASKS_PER_THREAD: usize = 4;
 /// of a call runs remainder tiles.
 const ROW_ALIGN: usize = 12;
 
-/// Tokens widened and multiplied per pass of a SIMD matmul: bounds the f64 activation copy
-/// (64 × 7168 × 8 B = 3.7 MB) while each weight row is still read once per 64 tokens.
-const TOKEN_CHUNK: usize = 64;
-
-/// Token rows from which a SIMD matmul runs the GEMM instead of the tile kernels.
+/// Tokens packed and multiplied per pass of a SIMD GEMM: bounds the packed activation copy
+/// (64 × 7168 × 4 B = 1.8 MB) while each weight row is still read once per 64 tokens.
 #[cfg(target_arch = "x86_64")]
-const GEMM_MIN_TOKENS: usize = 2;
+const TOKEN_CHUNK: usize = 64;
 
 /// Checks the shapes of a matmul call and returns the token count T.
 fn token_count(rows: usize, cols: usize, xs: &[f32], ys: &[f32]) -> usize {
@@ -204,25 +125,26 @@ fn transpose_into(by_row: &[f32], rows: usize, t: usize, ys: &mut [f32]) {
     }
 }
 
-/// The portable reference: `row_dot(r, x)` is the exact f64 tree dot of row r with token row x.
+/// The portable reference: `row_dot(r, x)` is row r's product with token row x.
 fn matmul_rows(
     rows: usize,
     cols: usize,
     xs: &[f32],
     ys: &mut [f32],
-    row_dot: impl Fn(usize, &[f32]) -> f64 + Sync,
+    row_dot: impl Fn(usize, &[f32]) -> f32 + Sync,
 ) {
     let t = token_count(rows, cols, xs, ys);
     for_row_blocks(rows, cols, t, ys, |r0, out| {
         for (k, out_row) in out.chunks_mut(t).enumerate() {
             for (tok, y) in out_row.iter_mut().enumerate() {
-                *y = row_dot(r0 + k, &xs[tok * cols..(tok + 1) * cols]) as f32;
+                *y = row_dot(r0 + k, &xs[tok * cols..(tok + 1) * cols]);
             }
         }
     });
 }
 
-/// A SIMD matmul on instruction set `S`: the GEMM for two or more tokens, else the tiles.
+/// A SIMD matmul on instruction set `S`: the GEMM for two or more tokens, else the one-token
+/// kernels on the activation row packed once.
 #[cfg(target_arch = "x86_64")]
 fn matmul_simd<S: x86::Simd + x86::gemm::Gemm>(
     simd: S,
@@ -230,55 +152,21 @@ fn matmul_simd<S: x86::Simd + x86::gemm::Gemm>(
     xs: &[f32],
     ys: &mut [f32],
 ) {
-    let (rows, cols) = match w {
-        Weights::Bf16(m) => (m.rows, m.cols),
-        Weights::Mxfp4(m) => (m.rows, m.cols),
-    };
-    if token_count(rows, cols, xs, ys) >= GEMM_MIN_TOKENS {
-        return matmul_gemm(simd, w, rows, cols, xs, ys);
-    }
-    match w {
-        Weights::Bf16(w) => matmul_tiled(&x86::Bf16 { w, simd }, rows, xs, ys),
-        Weights::Mxfp4(w) => matmul_tiled(&x86::Mxfp4 { w, simd }, rows, xs, ys),
-    }
-}
-
-/// The GEMM path: activations packed once per token chunk, each weight decoded once per chunk
-/// and task into the panels the micro-kernel reuses for every token.
-#[cfg(target_arch = "x86_64")]
-fn matmul_gemm<S: x86::gemm::Gemm>(
-    s: S,
-    w: Weights<'_>,
-    rows: usize,
-    cols: usize,
-    xs: &[f32],
-    ys: &mut [f32],
-) {
-    for (xc, yc) in xs
-        .chunks(TOKEN_CHUNK * cols)
-        .zip(ys.chunks_mut(TOKEN_CHUNK * rows))
-    {
-        let packed = x86::gemm::PackedTokens::new(xc, cols, &S::POSITIONS, S::TOKENS);
-        let t = packed.tokens();
-        for_row_blocks(rows, cols, t, yc, |r0, out| {
-            x86::gemm::rows(s, w, &packed, r0, out.len() / t, out)
+    let (rows, cols) = (w.rows(), w.cols());
+    if token_count(rows, cols, xs, ys) == 1 {
+        let packed = PackedTokens::new(xs, cols, &<S as x86::Simd>::POSITIONS, 1);
+        return for_row_blocks(rows, cols, 1, ys, |r0, out| {
+            x86::one_token(simd, &w, &packed, r0, out)
         });
     }
-}
-
-/// A SIMD matmul: activations widened once per token chunk, weights decoded per tile.
-#[cfg(target_arch = "x86_64")]
-fn matmul_tiled<K: x86::Tile>(k: &K, rows: usize, xs: &[f32], ys: &mut [f32]) {
-    let cols = k.cols();
-    token_count(rows, cols, xs, ys);
     for (xc, yc) in xs
         .chunks(TOKEN_CHUNK * cols)
         .zip(ys.chunks_mut(TOKEN_CHUNK * rows))
     {
-        let t = xc.len() / cols;
-        let xw = x86::widen(xc, cols, &<K::Simd as x86::Simd>::POSITIONS);
+        let packed = PackedTokens::new(xc, cols, &<S as x86::gemm::Gemm>::POSITIONS, S::TOKENS);
+        let t = packed.tokens();
         for_row_blocks(rows, cols, t, yc, |r0, out| {
-            <K::Simd as x86::Simd>::rows(k, r0, out.len() / t, t, &xw, out)
+            x86::gemm::rows(simd, w, &packed, r0, out.len() / t, out)
         });
     }
 }
@@ -306,10 +194,7 @@ pub fn matmul_bf16_with(isa: Isa, w: Bf16Matrix<'_>, xs: &[f32], ys: &mut [f32])
             matmul_simd(simd, Weights::Bf16(w), xs, ys);
         }
         _ => matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
-            let row = &w.bytes[2 * r * w.cols..2 * (r + 1) * w.cols];
-            tree_sum(w.cols, |i| {
-                bf16_to_f32(row[2 * i], row[2 * i + 1]) as f64 * x[i] as f64
-            })
+            weight_dot(x, |i| w.get(r, i))
         }),
     }
 }
@@ -323,7 +208,7 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, xs: &[f32], ys: &mut [f32
 pub fn matmul_f32_with(isa: Isa, w: &[f32], rows: usize, cols: usize, xs: &[f32], ys: &mut [f32]) {
     assert_eq!(w.len(), rows * cols, "f32 matrix length");
     matmul_rows(rows, cols, xs, ys, |r, x| {
-        dot_f32_with(isa, &w[r * cols..(r + 1) * cols], x)
+        dot_f32_with(isa, &w[r * cols..(r + 1) * cols], x) as f32
     });
 }
 
@@ -355,7 +240,7 @@ pub fn matmul_mxfp4_with(isa: Isa, w: Mxfp4Matrix<'_>, xs: &[f32], ys: &mut [f32
             matmul_rows(w.rows, w.cols, xs, ys, |r, x| {
                 let packed = &w.packed[r * half..(r + 1) * half];
                 let scales = &w.scales[r * groups..(r + 1) * groups];
-                tree_sum(w.cols, |i| mxfp4::element(packed, scales, i) * x[i] as f64)
+                weight_dot(x, |i| mxfp4::weight(packed, scales, i))
             })
         }
     }

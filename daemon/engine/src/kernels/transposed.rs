@@ -2,12 +2,17 @@
 //! `W = [rows, cols]` read in its stored row-major bytes — the column access MLA weight
 //! absorption needs (`q̃ = W_kbᵀ · q_nope`, spec §4.6) without a transposed copy of the weight.
 //!
-//! Each output element is reduced over `r` with the one tree of [`super::reduce`]: term `r` in
+//! Each output element is reduced over `r` with the f64 tree of [`super::tree`]: term `r` in
 //! lane `r mod 16` over the full groups of sixteen, lanes folded by
 //! [`combine_lanes`], then the tail rows one by one (spec §6.1 rule 3). The sixteen lanes are
 //! kept for a block of adjacent columns at once, so the weight is still streamed row by row and
 //! the inner loop runs over contiguous columns. A T-token call equals T one-token calls bit for
 //! bit (rule 5); threads split only column blocks (rule 4).
+//!
+//! Why the f64 tree and not the f32 weight tree of `super::matmul`: spec §6.1 rule 2 makes an
+//! exception of *rows* of a weight matrix times an activation; this is a column product whose
+//! result q̃ is one factor of the MLA scores, which stay f64 (`docs/model.md`). It is under
+//! 0.5 % of an MLA layer's multiply-adds (64 heads × 128 × 128 per token against ~232 M).
 //!
 //! SIMD: the same Rust loop compiled a second time with AVX2 enabled, so the compiler can use
 //! wider registers. Rust never contracts or reassociates float operations, whatever the target
@@ -17,8 +22,8 @@
 use rayon::prelude::*;
 
 use super::isa::{Isa, IsaKind};
-use super::matmul::{Bf16Matrix, bf16_to_f32};
-use super::reduce::{LANES, combine_lanes};
+use super::matrix::{Bf16Matrix, bf16_to_f32};
+use super::tree::{LANES, combine_lanes};
 
 /// Columns whose sixteen f64 lanes are kept at once: 16 × 64 × 8 B = 8 KB, L1-resident.
 const COL_BLOCK: usize = 64;
@@ -162,7 +167,7 @@ fn f32_columns(s: &[f32], x: &[f32], c0: usize, out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::reduce::tree_sum;
+    use crate::kernels::tree::tree_sum;
 
     /// Deterministic bf16 bytes and f32 activations with mixed signs and magnitudes.
     fn data(rows: usize, cols: usize, t: usize) -> (Vec<u8>, Vec<f32>) {

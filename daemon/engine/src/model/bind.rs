@@ -20,7 +20,7 @@ use crate::checkpoint::layout::{
     MoeLayout, Slice,
 };
 use crate::checkpoint::safetensors::Dtype;
-use crate::kernels::matmul::{bf16_vector, f32_vector};
+use crate::kernels::matrix::{bf16_vector, f32_vector};
 use crate::kernels::{Bf16Matrix, Mxfp4Matrix, mxfp4};
 use crate::store::{ExpertView, ModelTensorId, TrunkView, WeightStore};
 

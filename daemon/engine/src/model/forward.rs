@@ -40,7 +40,7 @@ use crate::checkpoint::config::{MixerKind, ModelConfig};
 use crate::checkpoint::inventory::names;
 use crate::checkpoint::layout::{FfnLayout, LayerLayout, ModelLayout, Slice};
 use crate::checkpoint::safetensors::Dtype;
-use crate::kernels::matmul::bf16_vector;
+use crate::kernels::matrix::bf16_vector;
 use crate::kernels::norm::rms_norm;
 use crate::pack::PackFile;
 use crate::plan::{DenseLookahead, Plan, PlanInputs};

@@ -16,7 +16,7 @@ use crate::kernels::elementwise::{sigmoid, sigmoid_of, silu_in_place};
 use crate::kernels::exp::exp_in_place;
 use crate::kernels::matvec_f32_transposed;
 use crate::kernels::norm::{l2_norm, rms_norm};
-use crate::kernels::reduce::tree_sum;
+use crate::kernels::tree::tree_sum;
 
 /// Dimensions and constants of a KDA layer.
 #[derive(Debug, Clone, Copy, PartialEq)]

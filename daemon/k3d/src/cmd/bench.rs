@@ -13,9 +13,10 @@
 //! Prefill (issue 30.4) is reported against two limits measured in the same child process: the
 //! expert bytes it read against the **union** of experts its tokens routed to (the store's
 //! expert trace; reading each needed expert once is the floor without a warm cache), and its
-//! arithmetic rate against the machine's f64 GEMM rate, measured by
-//! [`k3_engine::system::gemm_probe`] (a BLAS-style register-blocked DGEMM on the same compute
-//! threads, for `--gemm-seconds` just before the prefill). Prefill FLOPs are counted from the
+//! arithmetic rate against the machine's f32 GEMM rate (weight products run in f32, spec §6.1
+//! rule 2), and beside it the f64 rate, measured by [`k3_engine::system::gemm_probe`] (a
+//! BLAS-style register-blocked SGEMM and DGEMM on the same compute threads, each for
+//! `--gemm-seconds` just before the prefill). Prefill FLOPs are counted from the
 //! checkpoint's census ([`Work`]). `--prompt-tokens` takes long prompts: a prompt longer
 //! than a chunk runs as layer-major passes of up to the plan's `prefill_tokens`
 //! (`--prefill-tokens`), each reading every weight once.
@@ -218,8 +219,10 @@ struct ChildReport {
     policies: Vec<PolicyReplay>,
     /// Distinct (layer, expert) pairs the prefill's routing asked for.
     prefill_experts: u64,
-    /// The GEMM probe measured in the same process just before the prefill.
+    /// The f64 GEMM probe measured in the same process just before the prefill.
     gemm: GemmRate,
+    /// The f32 GEMM probe, likewise: the prefill's yardstick.
+    gemm_f32: GemmRate,
 }
 
 /// [`k3_engine::system::gemm_probe::GemmProbe`] on the wire between child and parent.
@@ -229,6 +232,17 @@ struct GemmRate {
     isa: String,
     shape: [usize; 3],
     threads: usize,
+}
+
+impl GemmRate {
+    fn of(p: &k3_engine::system::gemm_probe::GemmProbe) -> Self {
+        GemmRate {
+            flops_per_second: p.flops_per_second,
+            isa: p.isa.to_string(),
+            shape: p.shape,
+            threads: p.threads,
+        }
+    }
 }
 
 /// Expert bytes one cache size and policy reads and avoids over a run's trace.
@@ -406,8 +420,8 @@ pub fn run(args: Args) -> CliResult {
             let floor = DecodeFloor::of(&run.report, &work, &stream, &probe);
             eprintln!(
                 "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s ({:.1} tokens/s, \
-                 experts {:.2}× the union, {:.1} GFLOP/s = {:.2}× the GEMM probe's {:.1}), \
-                 {:.3} GB read per token",
+                 experts {:.2}× the union, {:.1} GFLOP/s = {:.2}× the f32 GEMM probe's {:.1}, \
+                 {:.2}× the f64 probe's {:.1}), {:.3} GB read per token",
                 r + 1,
                 args.runs,
                 run.report.decode.seconds / run.report.decode.tokens.max(1) as f64,
@@ -415,7 +429,9 @@ pub fn run(args: Args) -> CliResult {
                 pre.tokens_per_second,
                 pre.read_vs_union,
                 pre.compute_gflops,
-                pre.compute_vs_gemm,
+                pre.compute_vs_f32,
+                run.report.gemm_f32.flops_per_second / 1e9,
+                pre.compute_vs_f64,
                 run.report.gemm.flops_per_second / 1e9,
                 per_token(bytes(&run.report.decode), run.report.decode.tokens) / 1e9
             );
@@ -526,7 +542,7 @@ fn child(args: &Args) -> CliResult {
     // The union of experts the prefill routes to comes from the trace.
     options.model.store.record_trace = true;
     let engine = Engine::open(&args.model_dir, options, &mut |_| {})?;
-    let probe = engine.gemm_probe(Duration::from_secs_f64(args.gemm_seconds));
+    let [probe_f32, probe] = engine.gemm_probes(Duration::from_secs_f64(args.gemm_seconds));
     let measured: Measured = measure(&engine, &prompt(args.prompt_tokens), args.tokens)?;
     let prefill_experts = measured
         .prefill_experts
@@ -541,12 +557,8 @@ fn child(args: &Args) -> CliResult {
         threads: engine.options().threads,
         policies,
         prefill_experts,
-        gemm: GemmRate {
-            flops_per_second: probe.flops_per_second,
-            isa: probe.isa.to_string(),
-            shape: probe.shape,
-            threads: probe.threads,
-        },
+        gemm: GemmRate::of(&probe),
+        gemm_f32: GemmRate::of(&probe_f32),
     };
     println!(
         "{}",

@@ -1,23 +1,21 @@
-//! AVX2 + FMA kernels: 4 f64 lanes per register, four registers per tree of sixteen.
+//! AVX2 + FMA kernels: 8 f32 lanes per register, two register groups per weight tree (lanes
+//! 0–7 and 8–15), and the f64 dot of the f64 tree (4 f64 lanes per register).
 //!
-//! Register layout of a block of sixteen elements (both weight formats): elements
-//! {0,2,4,6}, {1,3,5,7}, {8,10,12,14}, {9,11,13,15} — the even/odd split that BF16 pairs and
-//! MXFP4 bytes give without shuffling (see the parent module).
+//! A block of 32 inputs is packed as [`POSITIONS`]: the even inputs 0, 2, …, 14, the odd ones
+//! 1, 3, …, 15, then the same for 16–31 — what sixteen BF16 values (one ymm load) and eight
+//! MXFP4 bytes decode to without a shuffle (see the parent module).
 
 use std::arch::x86_64::*;
 
-use super::{
-    Acc, PREFETCH_BYTES, Positions, SCALES, Simd, Tile, drive, fold_natural, tile_forwarders,
-};
-use crate::kernels::mxfp4;
-use crate::kernels::reduce::LANES;
+use super::packed::{Positions, pair_positions};
+use super::{MXFP4_PREFETCH_BYTES, PREFETCH_BYTES, Simd, fold_natural, simd_forwarders};
+use crate::kernels::mxfp4::{self, SCALED_E2M1_F32};
+use crate::kernels::tree::{LANES, PAIR_BLOCK};
 
-const POSITIONS: Positions = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+/// f32 per register.
+pub(super) const WIDTH: usize = 8;
 
-/// Decode (one token): 2 rows × 4 registers = 8 accumulator chains in the 16 ymm registers.
-const DECODE_ROWS: usize = 2;
-/// Prefill: 1 row × 2 tokens, each decoded weight register feeding both tokens.
-const PREFILL_TOKENS: usize = 2;
+pub(super) const POSITIONS: Positions = pair_positions(WIDTH);
 
 /// Proof that the running CPU supports AVX2 and FMA.
 #[derive(Clone, Copy, Debug)]
@@ -34,158 +32,142 @@ impl Avx2 {
 impl Simd for Avx2 {
     const POSITIONS: Positions = POSITIONS;
 
-    tile_forwarders!();
+    simd_forwarders!();
+}
 
-    fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
-        if t == 1 {
-            drive::<K, DECODE_ROWS, 1>(k, r0, n, t, xw, out);
-        } else {
-            drive::<K, 1, PREFILL_TOKENS>(k, r0, n, t, xw, out);
+/// The even and odd inputs of sixteen BF16 values (32 bytes): a BF16 is the top half of an
+/// f32, so shifting each 32-bit pair up gives the even input, masking it the odd one — exact.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn bf16_pairs(v: __m256i) -> [__m256; 2] {
+    let high_half = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    [
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+        _mm256_castsi256_ps(_mm256_and_si256(v, high_half)),
+    ]
+}
+
+/// The eight positive values `E2M1(c)·2^(s−127)`, c = 0–7, of scale byte `s` (f32, exact up to
+/// s = 252; spec §3.5).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn mxfp4_magnitudes(s: u8) -> __m256 {
+    // SAFETY: each row of the table holds 16 f32; the load reads its first 8.
+    unsafe { _mm256_loadu_ps(SCALED_E2M1_F32[s as usize].as_ptr()) }
+}
+
+/// The even and odd inputs of eight MXFP4 bytes (sixteen inputs): each byte widened to a
+/// 32-bit lane, its low nibble (the even input, spec §3.5) indexes the eight magnitudes (the
+/// permute reads index bits 0–2) and its bit 3 becomes the f32 sign; the high nibble likewise
+/// after a shift.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn mxfp4_pairs(magnitudes: __m256, bytes: __m128i) -> [__m256; 2] {
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let code = _mm256_cvtepu8_epi32(bytes);
+    let value = |code: __m256i, sign_bit: __m256i| {
+        let m = _mm256_permutevar8x32_ps(magnitudes, code);
+        _mm256_or_ps(m, _mm256_castsi256_ps(_mm256_and_si256(sign_bit, sign)))
+    };
+    [
+        value(code, _mm256_slli_epi32::<28>(code)),
+        value(_mm256_srli_epi32::<4>(code), _mm256_slli_epi32::<24>(code)),
+    ]
+}
+
+/// The four packed activation registers of block `b`: even and odd inputs of lanes 0–7, then
+/// of lanes 8–15.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn x_block(x: &[f32], b: usize) -> [__m256; 4] {
+    assert!(x.len() >= PAIR_BLOCK * (b + 1), "x block bounds");
+    // SAFETY: the 32 f32 at 32b are within `x` (asserted); loads are unaligned-safe.
+    std::array::from_fn(|k| unsafe { _mm256_loadu_ps(x.as_ptr().add(PAIR_BLOCK * b + WIDTH * k)) })
+}
+
+/// Stores the two lane registers of each row in lane order.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn store_lanes<const R: usize>(a: &[[__m256; 2]; R], lanes: &mut [[f32; LANES]; R]) {
+    for (ar, lr) in a.iter().zip(lanes.iter_mut()) {
+        // SAFETY: `lr` holds 16 f32; the stores write elements 0–7 and 8–15.
+        unsafe {
+            _mm256_storeu_ps(lr.as_mut_ptr(), ar[0]);
+            _mm256_storeu_ps(lr.as_mut_ptr().add(WIDTH), ar[1]);
         }
     }
 }
 
+/// Weight-tree lanes of `R` BF16 rows against one packed activation row.
 #[target_feature(enable = "avx2,fma")]
-fn bf16_tile<const R: usize, const TC: usize>(
-    w: &[u8],
-    cols: usize,
-    xw: &[f64],
-    acc: &mut Acc<R, TC>,
-) {
+fn bf16_lanes<const R: usize>(w: &[u8], cols: usize, x: &[f32], lanes: &mut [[f32; LANES]; R]) {
+    let blocks = cols / PAIR_BLOCK;
     assert!(
-        w.len() >= 2 * R * cols && xw.len() >= TC * cols,
+        w.len() >= 2 * R * cols && x.len() >= PAIR_BLOCK * blocks,
         "bf16 tile bounds"
     );
-    let blocks = cols / LANES;
-    let high_half = _mm_set1_epi32(0xffff_0000u32 as i32);
-    let mut a = [[[_mm256_setzero_pd(); 4]; TC]; R];
+    let mut a = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..blocks {
-        let mut wv = [[_mm256_setzero_pd(); 4]; R];
-        for (r, wr) in wv.iter_mut().enumerate() {
-            // SAFETY: r < R and b < cols/16, so the 32 bytes at 2·(r·cols + 16b) end at most at
-            // 2·R·cols ≤ w.len() (asserted); loadu has no alignment requirement.
-            let (v0, v1) = unsafe {
-                let p = w.as_ptr().add(2 * (r * cols + LANES * b));
-                (_mm_loadu_si128(p.cast()), _mm_loadu_si128(p.add(16).cast()))
-            };
+        let xb = x_block(x, b);
+        for (r, ar) in a.iter_mut().enumerate() {
+            let at = 2 * (r * cols + PAIR_BLOCK * b);
             // A prefetch never faults, and `wrapping_add` keeps the address computation defined
             // past the end of the slice.
-            _mm_prefetch::<_MM_HINT_T0>(
-                w.as_ptr()
-                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
-                    .cast(),
-            );
-            // A BF16 is the top half of an f32: shift the even element up, mask the odd one.
-            for (k, v) in [v0, v1].into_iter().enumerate() {
-                wr[2 * k] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32::<16>(v)));
-                wr[2 * k + 1] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(v, high_half)));
+            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(at + PREFETCH_BYTES).cast());
+            for (g, lane) in ar.iter_mut().enumerate() {
+                // SAFETY: r < R, b < cols/32, g < 2: the 32 bytes at at + 32g end within
+                // 2·R·cols ≤ w.len() (asserted); loadu has no alignment requirement.
+                let v = unsafe { _mm256_loadu_si256(w.as_ptr().add(at + 32 * g).cast()) };
+                let [even, odd] = bf16_pairs(v);
+                *lane = _mm256_fmadd_ps(even, xb[2 * g], *lane);
+                *lane = _mm256_fmadd_ps(odd, xb[2 * g + 1], *lane);
             }
         }
-        accumulate(&mut a, &wv, xw, cols, b);
     }
-    store(&a, acc);
+    store_lanes(&a, lanes);
 }
 
-/// MXFP4 rows: each nibble indexes an 8-entry f32 magnitude table (the permute reads index
-/// bits 0–2), bit 3 becomes the f32 sign; the exact E2M1 value is widened to f64 and multiplied
-/// by the group's power of two (exact).
+/// Weight-tree lanes of `R` MXFP4 rows against one packed activation row (a block of 32 inputs
+/// is one scale group).
 #[target_feature(enable = "avx2,fma")]
-fn mxfp4_tile<const R: usize, const TC: usize>(
+fn mxfp4_lanes<const R: usize>(
     packed: &[u8],
     scales: &[u8],
     cols: usize,
-    xw: &[f64],
-    acc: &mut Acc<R, TC>,
+    x: &[f32],
+    lanes: &mut [[f32; LANES]; R],
 ) {
     let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
     assert!(
-        packed.len() >= R * half && scales.len() >= R * groups && xw.len() >= TC * cols,
+        packed.len() >= R * half && scales.len() >= R * groups && x.len() >= PAIR_BLOCK * groups,
         "mxfp4 tile bounds"
     );
-    // SAFETY: E2M1_MAGNITUDE holds exactly 8 f32 (256 bits); loadu is unaligned-safe.
-    let magnitude = unsafe { _mm256_loadu_ps(mxfp4::E2M1_MAGNITUDE.as_ptr()) };
-    let sign = _mm256_set1_epi32(i32::MIN);
-    let decode = |code: __m256i| {
-        let m = _mm256_permutevar8x32_ps(magnitude, code);
-        let s = _mm256_and_si256(_mm256_slli_epi32::<28>(code), sign);
-        _mm256_or_ps(m, _mm256_castsi256_ps(s))
-    };
-    let mut a = [[[_mm256_setzero_pd(); 4]; TC]; R];
+    let mut a = [[_mm256_setzero_ps(); 2]; R];
     for g in 0..groups {
-        for h in 0..2 {
-            let b = 2 * g + h;
-            let mut wv = [[_mm256_setzero_pd(); 4]; R];
-            for (r, wr) in wv.iter_mut().enumerate() {
-                let s = _mm256_set1_pd(SCALES[scales[r * groups + g] as usize]);
-                // SAFETY: r < R, g < cols/32, h < 2: the 8 bytes at r·half + 16g + 8h end at
-                // most at R·half ≤ packed.len() (asserted); the load is unaligned-safe.
-                let bytes = unsafe {
-                    _mm_loadl_epi64(packed.as_ptr().add(r * half + 16 * g + 8 * h).cast())
-                };
-                // One byte per u32: the low nibble is the even element (spec §3.5).
-                let lo_code = _mm256_cvtepu8_epi32(bytes);
-                let even = decode(lo_code);
-                let odd = decode(_mm256_srli_epi32::<4>(lo_code));
-                let halves = [
-                    _mm256_castps256_ps128(even),
-                    _mm256_castps256_ps128(odd),
-                    _mm256_extractf128_ps::<1>(even),
-                    _mm256_extractf128_ps::<1>(odd),
-                ];
-                for (w, q) in wr.iter_mut().zip(halves) {
-                    *w = _mm256_mul_pd(_mm256_cvtps_pd(q), s);
-                }
-            }
-            accumulate(&mut a, &wv, xw, cols, b);
-        }
-    }
-    store(&a, acc);
-}
-
-/// `a[r][t] += wv[r] · x_t` over block `b` for every row and token of the tile.
-// `t` indexes the token dimension of `a` (inner) and the rows of `xw` together.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn accumulate<const R: usize, const TC: usize>(
-    a: &mut [[[__m256d; 4]; TC]; R],
-    wv: &[[__m256d; 4]; R],
-    xw: &[f64],
-    cols: usize,
-    b: usize,
-) {
-    assert!(
-        xw.len() >= TC * cols && LANES * (b + 1) <= cols,
-        "x tile bounds"
-    );
-    for t in 0..TC {
-        let mut x = [_mm256_setzero_pd(); 4];
-        for (k, xk) in x.iter_mut().enumerate() {
-            // SAFETY: t < TC, 16(b+1) ≤ cols (asserted) and k < 4, so the 4 f64 at
-            // t·cols + 16b + 4k end within TC·cols ≤ xw.len().
-            *xk = unsafe { _mm256_loadu_pd(xw.as_ptr().add(t * cols + LANES * b + 4 * k)) };
-        }
-        for r in 0..R {
-            for k in 0..4 {
-                a[r][t][k] = _mm256_fmadd_pd(wv[r][k], x[k], a[r][t][k]);
+        let xb = x_block(x, g);
+        for (r, ar) in a.iter_mut().enumerate() {
+            let at = r * half + 16 * g;
+            _mm_prefetch::<_MM_HINT_T0>(
+                packed
+                    .as_ptr()
+                    .wrapping_add(at + MXFP4_PREFETCH_BYTES)
+                    .cast(),
+            );
+            let magnitudes = mxfp4_magnitudes(scales[r * groups + g]);
+            for (q, lane) in ar.iter_mut().enumerate() {
+                // SAFETY: r < R, g < cols/32, q < 2: the 8 bytes at at + 8q end within
+                // R·half ≤ packed.len() (asserted); the load is unaligned-safe.
+                let bytes = unsafe { _mm_loadl_epi64(packed.as_ptr().add(at + 8 * q).cast()) };
+                let [even, odd] = mxfp4_pairs(magnitudes, bytes);
+                *lane = _mm256_fmadd_ps(even, xb[2 * q], *lane);
+                *lane = _mm256_fmadd_ps(odd, xb[2 * q + 1], *lane);
             }
         }
     }
+    store_lanes(&a, lanes);
 }
 
-#[target_feature(enable = "avx2,fma")]
-fn store<const R: usize, const TC: usize>(a: &[[[__m256d; 4]; TC]; R], acc: &mut Acc<R, TC>) {
-    for (ar, accr) in a.iter().zip(acc.iter_mut()) {
-        for (at, acct) in ar.iter().zip(accr.iter_mut()) {
-            for (k, &v) in at.iter().enumerate() {
-                // SAFETY: `acct` is 16 f64 and k < 4: the store writes elements 4k … 4k+3.
-                unsafe { _mm256_storeu_pd(acct.as_mut_ptr().add(4 * k), v) };
-            }
-        }
-    }
-}
-
-/// `Σ a_i·b_i` with the fixed tree (natural lane order: register k = lanes 4k … 4k+3).
+/// `Σ a_i·b_i` with the f64 tree (natural lane order: register k = lanes 4k … 4k+3).
 ///
 /// # Safety
 /// The running CPU must support AVX2 and FMA.

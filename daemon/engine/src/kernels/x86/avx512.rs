@@ -1,25 +1,21 @@
-//! AVX-512F kernels: 8 f64 lanes per register, two registers per tree of sixteen.
+//! AVX-512F kernels: 16 f32 lanes per register, one register per weight tree, and the f64 dot
+//! of the f64 tree (8 f64 lanes per register).
 //!
-//! Register layout of a block of sixteen elements (both weight formats): register 0 holds the
-//! even elements 0, 2, …, 14, register 1 the odd ones — what BF16 pairs and MXFP4 bytes give
-//! without shuffling (see the parent module for why only the activation row is permuted).
+//! A block of 32 inputs is packed as [`POSITIONS`]: the even inputs 0, 2, …, 30, then the odd
+//! ones 1, 3, …, 31 — what 32 BF16 values (one zmm load) and sixteen MXFP4 bytes decode to
+//! without a shuffle of the weights (see the parent module).
 
 use std::arch::x86_64::*;
 
-use super::{
-    Acc, MXFP4_PREFETCH_BYTES, PREFETCH_BYTES, Positions, SCALED_E2M1, Simd, Tile, drive,
-    fold_natural, tile_forwarders,
-};
-use crate::kernels::mxfp4;
-use crate::kernels::reduce::LANES;
+use super::packed::{Positions, pair_positions};
+use super::{MXFP4_PREFETCH_BYTES, PREFETCH_BYTES, Simd, fold_natural, simd_forwarders};
+use crate::kernels::mxfp4::{self, SCALED_E2M1_F32};
+use crate::kernels::tree::{LANES, PAIR_BLOCK};
 
-const POSITIONS: Positions = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
+/// f32 per register.
+pub(super) const WIDTH: usize = 16;
 
-/// Rows per tile: 4 rows × 2 tokens × 2 registers = 16 independent accumulator chains, enough to
-/// hide the FMA latency, and 28 of the 32 zmm registers with the decoded weights and x.
-const TILE_ROWS: usize = 4;
-/// Tokens per tile (prefill): each decoded weight register feeds this many tokens.
-const TILE_TOKENS: usize = 2;
+pub(super) const POSITIONS: Positions = pair_positions(WIDTH);
 
 /// Proof that the running CPU supports AVX-512F, AVX2 and FMA.
 #[derive(Clone, Copy, Debug)]
@@ -36,174 +32,127 @@ impl Avx512 {
 impl Simd for Avx512 {
     const POSITIONS: Positions = POSITIONS;
 
-    tile_forwarders!();
+    simd_forwarders!();
+}
 
-    fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]) {
-        drive::<K, TILE_ROWS, TILE_TOKENS>(k, r0, n, t, xw, out);
+/// The even and odd inputs of 32 BF16 values (64 bytes): a BF16 is the top half of an f32, so
+/// shifting each 32-bit pair up gives the even input, masking it the odd one — exact.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) fn bf16_pairs(v: __m512i) -> [__m512; 2] {
+    let high_half = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    [
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+        _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
+    ]
+}
+
+/// The sixteen values `E2M1(c)·2^(s−127)`, c = 0–15, of scale byte `s` (f32, exact up to
+/// s = 252; spec §3.5): one register a permute indexes by nibble.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) fn mxfp4_table(s: u8) -> __m512 {
+    // SAFETY: each row of the table holds exactly 16 f32 (512 bits).
+    unsafe { _mm512_loadu_ps(SCALED_E2M1_F32[s as usize].as_ptr()) }
+}
+
+/// The even and odd inputs of sixteen MXFP4 bytes (one group of 32 inputs): each byte widened
+/// to a 32-bit lane; the permute reads index bits 0–3, which are the low nibble (the even
+/// input, spec §3.5), and after a shift the high nibble.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(super) fn mxfp4_pairs(table: __m512, bytes: __m128i) -> [__m512; 2] {
+    let code = _mm512_cvtepu8_epi32(bytes);
+    [
+        _mm512_permutexvar_ps(code, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(code), table),
+    ]
+}
+
+/// The two packed activation registers of block `b`: its even inputs, then its odd ones.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn x_block(x: &[f32], b: usize) -> [__m512; 2] {
+    assert!(x.len() >= PAIR_BLOCK * (b + 1), "x block bounds");
+    // SAFETY: the 32 f32 at 32b are within `x` (asserted); loads are unaligned-safe.
+    std::array::from_fn(|h| unsafe { _mm512_loadu_ps(x.as_ptr().add(PAIR_BLOCK * b + WIDTH * h)) })
+}
+
+/// Stores each row's lane register in lane order.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn store_lanes<const R: usize>(a: &[__m512; R], lanes: &mut [[f32; LANES]; R]) {
+    for (ar, lr) in a.iter().zip(lanes.iter_mut()) {
+        // SAFETY: `lr` holds exactly 16 f32.
+        unsafe { _mm512_storeu_ps(lr.as_mut_ptr(), *ar) };
     }
 }
 
-/// Lane accumulators of `R` BF16 rows (`w`, row-major, `cols` wide) against `TC` widened
-/// token rows (`xw`).
+/// Weight-tree lanes of `R` BF16 rows against one packed activation row.
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn bf16_tile<const R: usize, const TC: usize>(
-    w: &[u8],
-    cols: usize,
-    xw: &[f64],
-    acc: &mut Acc<R, TC>,
-) {
+fn bf16_lanes<const R: usize>(w: &[u8], cols: usize, x: &[f32], lanes: &mut [[f32; LANES]; R]) {
+    let blocks = cols / PAIR_BLOCK;
     assert!(
-        w.len() >= 2 * R * cols && xw.len() >= TC * cols,
+        w.len() >= 2 * R * cols && x.len() >= PAIR_BLOCK * blocks,
         "bf16 tile bounds"
     );
-    let blocks = cols / LANES;
-    let high_half = _mm256_set1_epi32(0xffff_0000u32 as i32);
-    let mut a = [[[_mm512_setzero_pd(); 2]; TC]; R];
+    let mut a = [_mm512_setzero_ps(); R];
     for b in 0..blocks {
-        let mut wv = [[_mm512_setzero_pd(); 2]; R];
-        for (r, wr) in wv.iter_mut().enumerate() {
-            // SAFETY: r < R and b < cols/16, so the 32 bytes at 2·(r·cols + 16b) end at most at
-            // 2·R·cols ≤ w.len() (asserted); loadu has no alignment requirement.
-            let v =
-                unsafe { _mm256_loadu_si256(w.as_ptr().add(2 * (r * cols + LANES * b)).cast()) };
+        let [x_even, x_odd] = x_block(x, b);
+        for (r, lane) in a.iter_mut().enumerate() {
+            let at = 2 * (r * cols + PAIR_BLOCK * b);
             // A prefetch never faults, and `wrapping_add` keeps the address computation defined
             // past the end of the slice.
-            _mm_prefetch::<_MM_HINT_T0>(
-                w.as_ptr()
-                    .wrapping_add(2 * (r * cols + LANES * b) + PREFETCH_BYTES)
-                    .cast(),
-            );
-            // Each u32 holds BF16 element 2j (low half) and 2j+1 (high half); a BF16 is the top
-            // half of an f32, so a shift / a mask widens them exactly.
-            wr[0] = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
-            wr[1] = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_and_si256(v, high_half)));
+            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(at + PREFETCH_BYTES).cast());
+            // SAFETY: r < R and b < cols/32: the 64 bytes at `at` end within 2·R·cols ≤
+            // w.len() (asserted); loadu has no alignment requirement.
+            let v = unsafe { _mm512_loadu_si512(w.as_ptr().add(at).cast()) };
+            let [even, odd] = bf16_pairs(v);
+            *lane = _mm512_fmadd_ps(even, x_even, *lane);
+            *lane = _mm512_fmadd_ps(odd, x_odd, *lane);
         }
-        accumulate(&mut a, &wv, xw, cols, b);
     }
-    store(&a, acc);
+    store_lanes(&a, lanes);
 }
 
-/// Lane accumulators of `R` MXFP4 rows against `TC` widened token rows.
-///
-/// Decoding costs three vector operations per eight weights besides the multiply-add, all of
-/// them off the load path: for each row and group of 32 the sixteen values
-/// `E2M1(code)·2^(s−127)` are two registers read from [`SCALED_E2M1`] (no arithmetic); per
-/// eight packed bytes one broadcast load, two variable shifts that put each byte's low and high
-/// nibble in the low bits of its own lane, and two two-source permutes indexed by the nibble
-/// (bits 0–2 pick the magnitude, bit 3 the negative half; the permute ignores the other bits).
-/// The shuffle that widened bytes to lanes before (`vpmovzxbq`) shared its pipe with the
-/// permutes; the shifts and the broadcast do not (measured in `docs/model.md`).
+/// Weight-tree lanes of `R` MXFP4 rows against one packed activation row (a block of 32 inputs
+/// is one scale group).
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn mxfp4_tile<const R: usize, const TC: usize>(
+fn mxfp4_lanes<const R: usize>(
     packed: &[u8],
     scales: &[u8],
     cols: usize,
-    xw: &[f64],
-    acc: &mut Acc<R, TC>,
+    x: &[f32],
+    lanes: &mut [[f32; LANES]; R],
 ) {
     let (half, groups) = (cols / 2, cols / mxfp4::GROUP);
     assert!(
-        packed.len() >= R * half && scales.len() >= R * groups && xw.len() >= TC * cols,
+        packed.len() >= R * half && scales.len() >= R * groups && x.len() >= PAIR_BLOCK * groups,
         "mxfp4 tile bounds"
     );
-    // Right shifts that bring byte `l` of a broadcast u64 of packed weights to the low bits of
-    // lane `l`: its low nibble (the even element 2l, spec §3.5), then its high nibble (2l + 1).
-    // Built with `setr` so the compiler sees constants below 64 (it guards a shift vector it
-    // cannot see with a compare and a masked shift, which cost registers and spills).
-    let even_shifts = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
-    let odd_shifts = _mm512_setr_epi64(4, 12, 20, 28, 36, 44, 52, 60);
-    let mut a = [[[_mm512_setzero_pd(); 2]; TC]; R];
+    let mut a = [_mm512_setzero_ps(); R];
     for g in 0..groups {
-        let mut table = [[_mm512_setzero_pd(); 2]; R];
-        for (r, tr) in table.iter_mut().enumerate() {
-            // A prefetch never faults, and `wrapping_add` keeps the address computation defined
-            // past the end of the slice.
+        let [x_even, x_odd] = x_block(x, g);
+        for (r, lane) in a.iter_mut().enumerate() {
+            let at = r * half + 16 * g;
             _mm_prefetch::<_MM_HINT_T0>(
                 packed
                     .as_ptr()
-                    .wrapping_add(r * half + 16 * g + MXFP4_PREFETCH_BYTES)
+                    .wrapping_add(at + MXFP4_PREFETCH_BYTES)
                     .cast(),
             );
-            let values = &SCALED_E2M1[scales[r * groups + g] as usize];
-            // SAFETY: `values` is 16 f64; the loads read elements 0–7 and 8–15.
-            *tr = unsafe {
-                [
-                    _mm512_loadu_pd(values.as_ptr()),
-                    _mm512_loadu_pd(values.as_ptr().add(8)),
-                ]
-            };
-        }
-        for h in 0..2 {
-            let b = 2 * g + h;
-            let mut wv = [[_mm512_setzero_pd(); 2]; R];
-            for (r, wr) in wv.iter_mut().enumerate() {
-                // SAFETY: r < R, g < cols/32, h < 2: the 8 bytes at r·half + 16g + 8h end at
-                // most at R·half ≤ packed.len() (asserted); read_unaligned has no alignment
-                // requirement. Byte l of the u64 is packed byte l (x86 is little-endian).
-                let bytes = unsafe {
-                    packed
-                        .as_ptr()
-                        .add(r * half + 16 * g + 8 * h)
-                        .cast::<i64>()
-                        .read_unaligned()
-                };
-                // Broadcast straight from memory: a load, no shuffle.
-                let q = _mm512_set1_epi64(bytes);
-                let even = _mm512_srlv_epi64(q, even_shifts);
-                let odd = _mm512_srlv_epi64(q, odd_shifts);
-                wr[0] = _mm512_permutex2var_pd(table[r][0], even, table[r][1]);
-                wr[1] = _mm512_permutex2var_pd(table[r][0], odd, table[r][1]);
-            }
-            accumulate(&mut a, &wv, xw, cols, b);
+            // SAFETY: r < R and g < cols/32: the 16 bytes at `at` end within R·half ≤
+            // packed.len() (asserted); the load is unaligned-safe.
+            let bytes = unsafe { _mm_loadu_si128(packed.as_ptr().add(at).cast()) };
+            let [even, odd] = mxfp4_pairs(mxfp4_table(scales[r * groups + g]), bytes);
+            *lane = _mm512_fmadd_ps(even, x_even, *lane);
+            *lane = _mm512_fmadd_ps(odd, x_odd, *lane);
         }
     }
-    store(&a, acc);
+    store_lanes(&a, lanes);
 }
 
-/// `a[r][t] += wv[r] · x_t` over block `b` for every row and token of the tile.
-// `t` indexes the token dimension of `a` (inner) and the rows of `xw` together.
-#[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[inline]
-fn accumulate<const R: usize, const TC: usize>(
-    a: &mut [[[__m512d; 2]; TC]; R],
-    wv: &[[__m512d; 2]; R],
-    xw: &[f64],
-    cols: usize,
-    b: usize,
-) {
-    assert!(
-        xw.len() >= TC * cols && LANES * (b + 1) <= cols,
-        "x tile bounds"
-    );
-    for t in 0..TC {
-        // SAFETY: t < TC and 16(b+1) ≤ cols (asserted), so the 16 f64 at t·cols + 16b end
-        // within TC·cols ≤ xw.len(); loads are unaligned-safe.
-        let (x0, x1) = unsafe {
-            let p = xw.as_ptr().add(t * cols + LANES * b);
-            (_mm512_loadu_pd(p), _mm512_loadu_pd(p.add(8)))
-        };
-        for r in 0..R {
-            a[r][t][0] = _mm512_fmadd_pd(wv[r][0], x0, a[r][t][0]);
-            a[r][t][1] = _mm512_fmadd_pd(wv[r][1], x1, a[r][t][1]);
-        }
-    }
-}
-
-#[target_feature(enable = "avx512f,avx2,fma")]
-fn store<const R: usize, const TC: usize>(a: &[[[__m512d; 2]; TC]; R], acc: &mut Acc<R, TC>) {
-    for (ar, accr) in a.iter().zip(acc.iter_mut()) {
-        for (at, acct) in ar.iter().zip(accr.iter_mut()) {
-            // SAFETY: `acct` is 16 f64; the two stores write elements 0–7 and 8–15.
-            unsafe {
-                _mm512_storeu_pd(acct.as_mut_ptr(), at[0]);
-                _mm512_storeu_pd(acct.as_mut_ptr().add(8), at[1]);
-            }
-        }
-    }
-}
-
-/// `Σ a_i·b_i` with the fixed tree (natural lane order: register 0 = lanes 0–7).
+/// `Σ a_i·b_i` with the f64 tree (natural lane order: register 0 = lanes 0–7).
 ///
 /// # Safety
 /// The running CPU must support AVX-512F, AVX2 and FMA.

@@ -1,67 +1,32 @@
 //! x86-64 SIMD paths of the hot kernels, bit-identical to the portable ones.
 //!
-//! Why they can be identical (spec §6.1 rules 2–3): every product — BF16×f32, E2M1·2^k×f32,
-//! f32×f32 — is exact in f64, so a fused multiply-add rounds exactly like the scalar
-//! `lane += w·x`; only the additions round, and each of the sixteen tree lanes receives the
-//! same terms in the same order as in [`super::reduce::tree_sum`].
+//! Why they can be identical (spec §6.1 rules 2–3): a weight product is one fused multiply-add
+//! per term into the lane [`super::tree::weight_lane`] names, in increasing input order, on every path, and
+//! a fused multiply-add rounds once whatever the register width; the f64 reductions add exact
+//! products, so their FMAs round like the scalar `lane += a·b`. Only *which register position
+//! holds which lane* is free. Both weight formats give the even and the odd inputs of a block
+//! of 32 in separate registers without a shuffle — the low and high halves of each 32-bit BF16
+//! pair, the low and high nibbles of each MXFP4 byte — and those are exactly the two inputs
+//! the weight tree puts in one lane. So the weights are used as they decode, and only the
+//! activation row is laid out once per call in the matching order ([`packed`]).
 //!
-//! The one liberty taken is *which register position holds which tree lane*. Decoding BF16 or
-//! MXFP4 naturally yields the even elements of a block of sixteen in one register and the odd
-//! ones in another, so instead of shuffling every weight into lane order the activation row is
-//! widened to f64 once per call in the same permuted order ([`widen`]); the sixteen position
-//! accumulators are mapped back to tree lanes before [`combine_lanes`] folds them. The
-//! `n mod 16` tail is added one by one in index order, exactly as in the portable tree.
+//! * [`Simd`]: the one-token kernels (decode), weights decoded in registers as they stream in;
+//! * [`gemm`]: two or more tokens (prefill, speculative verification), weights decoded once per
+//!   call into panels reused by every token.
 
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod gemm;
 mod gemm_avx2;
 mod gemm_avx512;
+pub(crate) mod packed;
 
-use super::matmul::{Bf16Matrix, Mxfp4Matrix};
+use std::arch::x86_64::*;
+
+use super::matrix::{Bf16Matrix, Mxfp4Matrix};
 use super::mxfp4;
-use super::reduce::{LANES, combine_lanes};
-
-/// `2^(s − 127)` built in the f64 exponent field; exact for every byte 0–255 (f64's exponent
-/// range covers 2^−127 … 2^128 as normals), equal to [`super::mxfp4::scale`].
-#[inline]
-pub(crate) const fn scale_f64(s: u8) -> f64 {
-    f64::from_bits((s as u64 + (1023 - 127)) << 52)
-}
-
-/// [`scale_f64`] of every byte, so a kernel can broadcast a scale straight from memory (a
-/// load, where building it in a general register and broadcasting that costs a shuffle).
-pub(crate) static SCALES: [f64; 256] = {
-    let mut t = [0.0f64; 256];
-    let mut s = 0;
-    while s < 256 {
-        t[s] = scale_f64(s as u8);
-        s += 1;
-    }
-    t
-};
-
-/// `E2M1(code) · 2^(s − 127)` for every scale byte `s` (row) and code 0–15 (column), exactly as
-/// [`super::mxfp4::element`] computes it (spec §3.5; code 8 is −0): a 32 KiB table from which a
-/// kernel reads the two 8-entry permute tables of a group instead of building them. Only the
-/// rows of the scale bytes a checkpoint uses are ever touched (a few hundred bytes for real
-/// experts, whose scales span a handful of values). Every entry is exact: magnitudes of at
-/// most two significant bits times a power of two within f64's normal range.
-pub(crate) static SCALED_E2M1: [[f64; 16]; 256] = {
-    let mut t = [[0.0f64; 16]; 256];
-    let mut s = 0;
-    while s < 256 {
-        let mut c = 0;
-        while c < 8 {
-            let v = mxfp4::E2M1_MAGNITUDE[c] as f64 * scale_f64(s as u8);
-            t[s][c] = v;
-            t[s][c + 8] = -v;
-            c += 1;
-        }
-        s += 1;
-    }
-    t
-};
+use super::tree::{LANES, PAIR_BLOCK, combine_lanes, fuse_in_order};
+use packed::{PackedTokens, Positions};
 
 /// Software prefetch distance in weight bytes, per row: each tile streams several rows at
 /// once, more streams than the hardware prefetcher follows well; measured ~10 % faster on the
@@ -70,250 +35,190 @@ pub(crate) const PREFETCH_BYTES: usize = 2048;
 
 /// Software prefetch distance of the MXFP4 tile kernels, in packed bytes ahead of each row's
 /// read position: about two 4-row tiles of an expert matrix (rows of 1,536–1,792 bytes), so
-/// a line arrives well before its tile starts. Once decoding became cheaper the kernel was
-/// memory-latency bound on one thread: from DRAM it ran at 0.72 of its cache-resident rate
-/// without prefetch, 0.85 at 4 KiB ahead, 0.95–1.0 from 7 KiB to 28 KiB ahead (flat; measured
-/// on the development machine, `docs/model.md`).
+/// a line arrives well before its tile starts. From DRAM the kernel ran at 0.72 of its
+/// cache-resident rate without prefetch, 0.85 at 4 KiB ahead, 0.95–1.0 from 7 KiB to 28 KiB
+/// ahead (flat; measured on the development machine, `docs/model.md`).
 pub(crate) const MXFP4_PREFETCH_BYTES: usize = 12 << 10;
 
-/// Tree lane of each register position: position `p` of a block of sixteen holds element
-/// `POSITIONS[p]` of that block, i.e. it accumulates tree lane `POSITIONS[p]`.
-pub(crate) type Positions = [usize; LANES];
+/// Rows per one-token tile: four independent accumulator chains (two dependent FMAs per block
+/// each) and one load of the activation block shared by four rows.
+const ONE_TOKEN_ROWS: usize = 4;
 
-/// Position-ordered lane accumulators of a tile: `[row][token][position]`.
-pub(crate) type Acc<const R: usize, const TC: usize> = [[[f64; LANES]; TC]; R];
-
-/// One instruction set's tile kernels. A value of an implementing type exists only on a CPU
-/// that supports the instruction set (each type's only constructor is an `unsafe fn` with that
-/// contract), so holding one makes calling its `#[target_feature]` code sound.
+/// One instruction set's one-token kernels. A value of an implementing type exists only on a
+/// CPU that supports the instruction set (each type's only constructor is an `unsafe fn` with
+/// that contract), so holding one makes calling its `#[target_feature]` code sound.
 pub(crate) trait Simd: Copy + Sync {
-    /// Register-position → tree-lane map of this instruction set's kernels.
+    /// Where each input of a block sits in the packed activation row.
     const POSITIONS: Positions;
 
-    /// Position-ordered lane accumulators over the full blocks of sixteen of the `R` BF16 rows
-    /// of `w` against the `TC` widened token rows in `xw`.
-    fn bf16_tile<const R: usize, const TC: usize>(
+    /// The sixteen weight-tree lanes (in lane order) of each of the `R` BF16 rows in `rows`
+    /// (row-major, `cols` wide) against one packed activation row `x`, over the full blocks.
+    fn bf16_lanes<const R: usize>(
         self,
-        w: Bf16Matrix<'_>,
-        xw: &[f64],
-        acc: &mut Acc<R, TC>,
+        rows: &[u8],
+        cols: usize,
+        x: &[f32],
+        lanes: &mut [[f32; LANES]; R],
     );
 
-    /// As [`Simd::bf16_tile`] for the `R` MXFP4 rows of `w`.
-    fn mxfp4_tile<const R: usize, const TC: usize>(
+    /// As [`Simd::bf16_lanes`] for `R` MXFP4 rows.
+    fn mxfp4_lanes<const R: usize>(
         self,
-        w: Mxfp4Matrix<'_>,
-        xw: &[f64],
-        acc: &mut Acc<R, TC>,
+        packed: &[u8],
+        scales: &[u8],
+        cols: usize,
+        x: &[f32],
+        lanes: &mut [[f32; LANES]; R],
     );
-
-    /// Runs `k` over rows `r0 .. r0 + n` (all `t` tokens) with this instruction set's tile shape.
-    fn rows<K: Tile>(k: &K, r0: usize, n: usize, t: usize, xw: &[f64], out: &mut [f32]);
 }
 
-/// The two tile methods of a [`Simd`] implementation, each forwarding to the `#[target_feature]`
-/// function of the same name in the invoking module (taking the raw row bytes). A macro rather
-/// than a default method because the callees are per-module free functions compiled for
-/// different target features, which a generic cannot name; the forwarding and its safety
-/// argument are the same for every instruction set.
-macro_rules! tile_forwarders {
+/// The forwarding methods of a [`Simd`] implementation, each calling the `#[target_feature]`
+/// function of the same name in the invoking module. A macro rather than a default method
+/// because the callees are per-module free functions compiled for different target features,
+/// which a generic cannot name; the forwarding and its safety argument are the same for every
+/// instruction set.
+macro_rules! simd_forwarders {
     () => {
-        fn bf16_tile<const R: usize, const TC: usize>(
+        fn bf16_lanes<const R: usize>(
             self,
-            w: $crate::kernels::matmul::Bf16Matrix<'_>,
-            xw: &[f64],
-            acc: &mut $crate::kernels::x86::Acc<R, TC>,
+            rows: &[u8],
+            cols: usize,
+            x: &[f32],
+            lanes: &mut [[f32; $crate::kernels::tree::LANES]; R],
         ) {
             // SAFETY: a value of this type exists only on a CPU with the target features of
-            // `bf16_tile` (the type's only constructor is an `unsafe fn` with that contract).
-            unsafe { bf16_tile::<R, TC>(w.bytes, w.cols, xw, acc) }
+            // `bf16_lanes` (the type's only constructor is an `unsafe fn` with that contract).
+            unsafe { bf16_lanes::<R>(rows, cols, x, lanes) }
         }
 
-        fn mxfp4_tile<const R: usize, const TC: usize>(
+        fn mxfp4_lanes<const R: usize>(
             self,
-            w: $crate::kernels::matmul::Mxfp4Matrix<'_>,
-            xw: &[f64],
-            acc: &mut $crate::kernels::x86::Acc<R, TC>,
+            packed: &[u8],
+            scales: &[u8],
+            cols: usize,
+            x: &[f32],
+            lanes: &mut [[f32; $crate::kernels::tree::LANES]; R],
         ) {
-            // SAFETY: as for `bf16_tile`.
-            unsafe { mxfp4_tile::<R, TC>(w.packed, w.scales, w.cols, xw, acc) }
+            // SAFETY: as for `bf16_lanes`.
+            unsafe { mxfp4_lanes::<R>(packed, scales, cols, x, lanes) }
         }
     };
 }
-pub(crate) use tile_forwarders;
+pub(crate) use simd_forwarders;
 
-/// A matrix in one weight format on one instruction set, as seen by the tile driver.
-pub(crate) trait Tile: Sync {
-    /// The instruction set that runs it: its register-position map and tile shape.
-    type Simd: Simd;
-
-    /// Input width.
-    fn cols(&self) -> usize;
-
-    /// Position-ordered lane accumulators over the full blocks of sixteen of rows
-    /// `r0 .. r0 + R`, for the `TC` widened token rows in `xw` (each `cols` long).
-    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>);
-
-    /// The exact f64 product of weight (r, i) and `x` (for the tail terms).
-    fn term(&self, r: usize, i: usize, x: f64) -> f64;
+/// A weight matrix in one of the stored formats, as the SIMD drivers see it.
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    Bf16(Bf16Matrix<'a>),
+    Mxfp4(Mxfp4Matrix<'a>),
 }
 
-/// A BF16 matrix on instruction set `S`.
-pub(crate) struct Bf16<'a, S> {
-    pub(crate) w: Bf16Matrix<'a>,
-    pub(crate) simd: S,
-}
-
-impl<S: Simd> Tile for Bf16<'_, S> {
-    type Simd = S;
-
-    fn cols(&self) -> usize {
-        self.w.cols
-    }
-
-    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>) {
-        let cols = self.w.cols;
-        let bytes = &self.w.bytes[2 * r0 * cols..2 * (r0 + R) * cols];
-        let rows = Bf16Matrix {
-            bytes,
-            rows: R,
-            cols,
-        };
-        self.simd.bf16_tile::<R, TC>(rows, xw, acc);
-    }
-
-    fn term(&self, r: usize, i: usize, x: f64) -> f64 {
-        self.w.get(r, i) as f64 * x
-    }
-}
-
-/// An MXFP4 matrix on instruction set `S`.
-pub(crate) struct Mxfp4<'a, S> {
-    pub(crate) w: Mxfp4Matrix<'a>,
-    pub(crate) simd: S,
-}
-
-impl<S: Simd> Mxfp4<'_, S> {
-    /// Rows `r0 .. r1` as a matrix of their own.
-    fn rows(&self, r0: usize, r1: usize) -> Mxfp4Matrix<'_> {
-        let (cols, half, groups) = (self.w.cols, self.w.cols / 2, self.w.cols / mxfp4::GROUP);
-        Mxfp4Matrix {
-            packed: &self.w.packed[r0 * half..r1 * half],
-            scales: &self.w.scales[r0 * groups..r1 * groups],
-            rows: r1 - r0,
-            cols,
+impl Weights<'_> {
+    pub(crate) fn rows(&self) -> usize {
+        match self {
+            Weights::Bf16(w) => w.rows,
+            Weights::Mxfp4(w) => w.rows,
         }
     }
-}
 
-impl<S: Simd> Tile for Mxfp4<'_, S> {
-    type Simd = S;
-
-    fn cols(&self) -> usize {
-        self.w.cols
-    }
-
-    fn tile<const R: usize, const TC: usize>(&self, r0: usize, xw: &[f64], acc: &mut Acc<R, TC>) {
-        self.simd
-            .mxfp4_tile::<R, TC>(self.rows(r0, r0 + R), xw, acc);
-    }
-
-    fn term(&self, r: usize, i: usize, x: f64) -> f64 {
-        let row = self.rows(r, r + 1);
-        mxfp4::element(row.packed, row.scales, i) * x
-    }
-}
-
-/// Widens `T` token rows of `cols` f32 values to f64, each full block of sixteen permuted into
-/// register-position order, the tail left in index order.
-pub(crate) fn widen(xs: &[f32], cols: usize, positions: &Positions) -> Vec<f64> {
-    let full = cols - cols % LANES;
-    let mut out = Vec::with_capacity(xs.len());
-    for x in xs.chunks_exact(cols) {
-        for block in x[..full].chunks_exact(LANES) {
-            out.extend(positions.iter().map(|&lane| block[lane] as f64));
-        }
-        out.extend(x[full..].iter().map(|&v| v as f64));
-    }
-    out
-}
-
-/// Runs `k` over rows `r0 .. r0 + n` in tiles of `R` rows × `TC` tokens (weights loaded once per
-/// tile and shared by its tokens), with 1-row / 1-token tiles for the remainders.
-pub(crate) fn drive<K: Tile, const R: usize, const TC: usize>(
-    k: &K,
-    r0: usize,
-    n: usize,
-    t: usize,
-    xw: &[f64],
-    out: &mut [f32],
-) {
-    let cols = k.cols();
-    let mut r = r0;
-    while r < r0 + n {
-        if r + R <= r0 + n {
-            drive_tokens::<K, R, TC>(k, cols, r, r0, t, xw, out);
-            r += R;
-        } else {
-            drive_tokens::<K, 1, TC>(k, cols, r, r0, t, xw, out);
-            r += 1;
+    pub(crate) fn cols(&self) -> usize {
+        match self {
+            Weights::Bf16(w) => w.cols,
+            Weights::Mxfp4(w) => w.cols,
         }
     }
-}
 
-fn drive_tokens<K: Tile, const R: usize, const TC: usize>(
-    k: &K,
-    cols: usize,
-    r: usize,
-    r0: usize,
-    t: usize,
-    xw: &[f64],
-    out: &mut [f32],
-) {
-    let mut tok = 0;
-    while tok < t {
-        if tok + TC <= t {
-            finish_tile::<K, R, TC>(k, cols, r, r0, tok, t, xw, out);
-            tok += TC;
-        } else {
-            finish_tile::<K, R, 1>(k, cols, r, r0, tok, t, xw, out);
-            tok += 1;
-        }
-    }
-}
-
-/// One tile: SIMD lanes, then the fixed lane fold and the tail in index order, rounded once.
-#[allow(clippy::too_many_arguments)]
-fn finish_tile<K: Tile, const R: usize, const TC: usize>(
-    k: &K,
-    cols: usize,
-    r: usize,
-    r0: usize,
-    tok: usize,
-    t: usize,
-    xw: &[f64],
-    out: &mut [f32],
-) {
-    let mut acc: Acc<R, TC> = [[[0.0f64; LANES]; TC]; R];
-    k.tile::<R, TC>(r, &xw[tok * cols..(tok + TC) * cols], &mut acc);
-    let full = cols - cols % LANES;
-    for (i, acc_row) in acc.iter().enumerate() {
-        for (j, positions) in acc_row.iter().enumerate() {
-            let mut lanes = [0.0f64; LANES];
-            for (p, &v) in positions.iter().enumerate() {
-                lanes[K::Simd::POSITIONS[p]] = v;
+    /// Weight (r, i) as the f32 the product multiplies (the tail terms).
+    pub(crate) fn weight(&self, r: usize, i: usize) -> f32 {
+        match self {
+            Weights::Bf16(w) => w.get(r, i),
+            Weights::Mxfp4(w) => {
+                let (half, groups) = (w.cols / 2, w.cols / mxfp4::GROUP);
+                let packed = &w.packed[r * half..(r + 1) * half];
+                let scales = &w.scales[r * groups..(r + 1) * groups];
+                mxfp4::weight(packed, scales, i)
             }
-            let mut sum = combine_lanes(&lanes);
-            let x = &xw[(tok + j) * cols..(tok + j + 1) * cols];
-            for (c, &xc) in x.iter().enumerate().skip(full) {
-                sum += k.term(r + i, c, xc);
+        }
+    }
+
+    /// The stored bytes of rows `r0 .. r0 + n`: BF16 bytes, or MXFP4 packed bytes and scales
+    /// (empty for BF16).
+    pub(crate) fn row_bytes(&self, r0: usize, n: usize) -> (&[u8], &[u8]) {
+        match self {
+            Weights::Bf16(w) => (&w.bytes[2 * r0 * w.cols..2 * (r0 + n) * w.cols], &[]),
+            Weights::Mxfp4(w) => {
+                let (half, groups) = (w.cols / 2, w.cols / mxfp4::GROUP);
+                (
+                    &w.packed[r0 * half..(r0 + n) * half],
+                    &w.scales[r0 * groups..(r0 + n) * groups],
+                )
             }
-            out[(r + i - r0) * t + tok + j] = sum as f32;
+        }
+    }
+
+    /// The weight tree of rows `r .. r + out.len()` against the one packed token of `x`: the
+    /// lanes from `s`, the fold, the tail fused in index order.
+    fn finish<S: Simd, const R: usize>(&self, s: S, r: usize, x: &PackedTokens, out: &mut [f32]) {
+        let cols = self.cols();
+        let mut lanes = [[0.0f32; LANES]; R];
+        let (bytes, scales) = self.row_bytes(r, R);
+        match self {
+            Weights::Bf16(_) => s.bf16_lanes::<R>(bytes, cols, x.data(), &mut lanes),
+            Weights::Mxfp4(_) => s.mxfp4_lanes::<R>(bytes, scales, cols, x.data(), &mut lanes),
+        }
+        let full = cols - cols % PAIR_BLOCK;
+        for (i, (lanes, y)) in lanes.iter().zip(out.iter_mut()).enumerate() {
+            let tail = x.tail(0).iter().enumerate();
+            *y = fuse_in_order(
+                combine_lanes(lanes),
+                tail.map(|(c, &xc)| (self.weight(r + i, full + c), xc)),
+            );
         }
     }
 }
 
-/// Maps a position-ordered accumulator set of a natural-order kernel (dot, sum of squares)
+/// Rows `r0 .. r0 + out.len()` of `w` against the one token of `x` (packed with
+/// `S::POSITIONS`), in tiles of [`ONE_TOKEN_ROWS`] rows and single rows for the remainder.
+pub(crate) fn one_token<S: Simd>(
+    s: S,
+    w: &Weights<'_>,
+    x: &PackedTokens,
+    r0: usize,
+    out: &mut [f32],
+) {
+    assert_eq!(x.tokens(), 1, "one-token kernels take one token");
+    let mut done = 0;
+    while done < out.len() {
+        let y = &mut out[done..];
+        if y.len() >= ONE_TOKEN_ROWS {
+            w.finish::<S, ONE_TOKEN_ROWS>(s, r0 + done, x, &mut y[..ONE_TOKEN_ROWS]);
+            done += ONE_TOKEN_ROWS;
+        } else {
+            w.finish::<S, 1>(s, r0 + done, x, &mut y[..1]);
+            done += 1;
+        }
+    }
+}
+
+/// [`combine_lanes`] of sixteen f32 lanes stored in lane order, on registers: the same
+/// additions of the same pairs (`t_k = l_k + l_(k+8)` adds the two halves, `u_k = t_k + t_(k+4)`
+/// the halves of `t`, `v_k = u_k + u_(k+2)` the halves of `u`, then `v_0 + v_1`).
+#[target_feature(enable = "avx")]
+pub(crate) fn fold_f32(lanes: &[f32]) -> f32 {
+    assert!(lanes.len() >= LANES, "fold bounds");
+    // SAFETY: the 16 f32 are within `lanes` (asserted); loadu has no alignment requirement.
+    let t = unsafe {
+        _mm256_add_ps(
+            _mm256_loadu_ps(lanes.as_ptr()),
+            _mm256_loadu_ps(lanes.as_ptr().add(8)),
+        )
+    };
+    let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+    let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    _mm_cvtss_f32(v) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v))
+}
+
+/// Maps a position-ordered accumulator set of a natural-order f64 kernel (dot, sum of squares)
 /// straight to the tree fold and adds the tail `tail(i)` for `i` in `full .. n`.
 pub(crate) fn fold_natural(
     acc: &[f64; LANES],
@@ -333,42 +238,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exponent_field_scale_equals_the_reference_for_every_byte() {
-        for s in 0..=255u8 {
-            assert_eq!(
-                scale_f64(s).to_bits(),
-                super::super::mxfp4::scale(s).to_bits(),
-                "s = {s}"
-            );
+    fn the_register_fold_is_combine_lanes() {
+        if !std::is_x86_feature_detected!("avx") {
+            return;
         }
-    }
-
-    #[test]
-    fn scaled_table_is_the_reference_decoding_for_every_scale_and_code() {
-        for s in 0..=255u8 {
-            for code in 0..16u8 {
-                // Element 0 of a one-byte row is its low nibble.
-                let want = super::super::mxfp4::element(&[code], &[s], 0);
-                assert_eq!(
-                    SCALED_E2M1[s as usize][code as usize].to_bits(),
-                    want.to_bits(),
-                    "s = {s}, code = {code}"
-                );
-            }
+        let big = 2.0f32.powi(30);
+        let mut l = [0.0f32; LANES];
+        (l[0], l[8], l[1], l[5], l[3]) = (big, -big, 1.0, big, -big);
+        for k in 0..LANES {
+            let mut m = l;
+            m[k] += 0.75;
+            // SAFETY: AVX was detected above.
+            let got = unsafe { fold_f32(&m) };
+            assert_eq!(got.to_bits(), combine_lanes(&m).to_bits(), "lane {k}");
         }
-    }
-
-    #[test]
-    fn widen_permutes_full_blocks_and_keeps_the_tail() {
-        let x: Vec<f32> = (0..35).map(|i| i as f32).collect();
-        let mut rev = [0usize; LANES];
-        for (p, lane) in rev.iter_mut().enumerate() {
-            *lane = LANES - 1 - p;
-        }
-        let w = widen(&x, 35, &rev);
-        assert_eq!(w[0], 15.0);
-        assert_eq!(w[15], 0.0);
-        assert_eq!(w[16], 31.0);
-        assert_eq!(&w[32..], &[32.0, 33.0, 34.0]);
     }
 }

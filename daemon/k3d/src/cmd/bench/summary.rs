@@ -23,9 +23,11 @@ pub(super) struct PrefillFigures {
     /// FLOPs ÷ the time not waiting for reads, and ÷ the wall time.
     pub(super) compute_gflops: f64,
     pub(super) wall_gflops: f64,
-    /// The two against the GEMM probe of the same run.
-    pub(super) compute_vs_gemm: f64,
-    pub(super) wall_vs_gemm: f64,
+    /// The two against the f32 GEMM probe of the same run (weight products run in f32), and
+    /// the compute rate against the f64 probe.
+    pub(super) compute_vs_f32: f64,
+    pub(super) wall_vs_f32: f64,
+    pub(super) compute_vs_f64: f64,
 }
 
 impl PrefillFigures {
@@ -35,8 +37,10 @@ impl PrefillFigures {
         let rate = |seconds: f64| if seconds > 0.0 { flops / seconds } else { 0.0 };
         let union_bytes = (r.prefill_experts * work.expert_bytes) as f64;
         let routed = (p.expert_bytes - p.lookahead_unused_bytes) as f64;
-        let gemm = r.gemm.flops_per_second;
-        let vs = |x: f64| if gemm > 0.0 { x / gemm } else { 0.0 };
+        let vs = |x: f64, gemm: &GemmRate| {
+            let g = gemm.flops_per_second;
+            if g > 0.0 { x / g } else { 0.0 }
+        };
         PrefillFigures {
             tokens_per_second: if p.seconds > 0.0 {
                 p.tokens as f64 / p.seconds
@@ -51,8 +55,9 @@ impl PrefillFigures {
             },
             compute_gflops: rate(p.compute_seconds) / 1e9,
             wall_gflops: rate(p.seconds) / 1e9,
-            compute_vs_gemm: vs(rate(p.compute_seconds)),
-            wall_vs_gemm: vs(rate(p.seconds)),
+            compute_vs_f32: vs(rate(p.compute_seconds), &r.gemm_f32),
+            wall_vs_f32: vs(rate(p.seconds), &r.gemm_f32),
+            compute_vs_f64: vs(rate(p.compute_seconds), &r.gemm),
         }
     }
 }
@@ -60,8 +65,8 @@ impl PrefillFigures {
 /// One run's decode against the least time a token can take on this machine (issue 31), from
 /// limits measured in the same run: a token's compute reads every trunk matrix, the head and
 /// its routed experts once, from RAM at best at the memory probe's rate, and spends at least
-/// one f64 multiply-add per weight (spec §6.1: each weight's product is added, rounded, in its
-/// lane; the GEMM probe's rate ÷ 2); what the plan streams arrives at best at the drive probe's
+/// one f32 fused multiply-add per weight (spec §6.1 rule 2: each weight's product is fused into
+/// its lane; the f32 GEMM probe's rate ÷ 2); what the plan streams arrives at best at the drive probe's
 /// rate, and streaming overlaps compute. So the floor is
 /// `max(Σ_class max(bytes ÷ stream, weights ÷ FMA rate), bytes read ÷ drive rate)`.
 pub(super) struct DecodeFloor {
@@ -91,7 +96,7 @@ impl DecodeFloor {
     ) -> Self {
         let d = &r.decode;
         let seconds_per_token = d.seconds / d.tokens.max(1) as f64;
-        let fma = r.gemm.flops_per_second / 2.0;
+        let fma = r.gemm_f32.flops_per_second / 2.0;
         let over = |amount: f64, rate: f64| if rate > 0.0 { amount / rate } else { 0.0 };
         let bf16_bytes = (work.trunk_bytes + work.head_bytes) as f64;
         let bf16 = over(bf16_bytes, stream.bytes_per_second).max(over(bf16_bytes / 2.0, fma));
@@ -258,9 +263,12 @@ impl BudgetResult {
             "read_vs_union": self.prefill_median(|p| p.read_vs_union),
             "compute_gflops": self.prefill_median(|p| p.compute_gflops),
             "wall_gflops": self.prefill_median(|p| p.wall_gflops),
+            "gemm_f32_gflops": self.med(|r| r.report.gemm_f32.flops_per_second / 1e9),
             "gemm_gflops": self.med(|r| r.report.gemm.flops_per_second / 1e9),
-            "compute_vs_gemm": self.prefill_median(|p| p.compute_vs_gemm),
-            "wall_vs_gemm": self.prefill_median(|p| p.wall_vs_gemm),
+            "compute_vs_f32": self.prefill_median(|p| p.compute_vs_f32),
+            "wall_vs_f32": self.prefill_median(|p| p.wall_vs_f32),
+            "compute_vs_f64": self.prefill_median(|p| p.compute_vs_f64),
+            "gemm_f32_probe": self.runs.first().map(|r| &r.report.gemm_f32),
             "gemm_probe": self.runs.first().map(|r| &r.report.gemm),
         })
     }
@@ -345,6 +353,7 @@ impl BudgetResult {
                 "policies": r.report.policies,
                 "prefill_experts": r.report.prefill_experts,
                 "gemm": r.report.gemm,
+                "gemm_f32": r.report.gemm_f32,
             })).collect::<Vec<_>>(),
         })
     }
@@ -450,12 +459,12 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
     }
     println!(
         "(decode against its floor, medians: floor = max(BF16 + MXFP4, drive) s/token, each \
-         compute class the slower of its bytes ÷ the stream probe and one f64 FMA per weight at \
-         the GEMM probe's rate; drive = bytes read ÷ the drive probe; limit = floor ÷ s/token, \
+         compute class the slower of its bytes ÷ the stream probe and one f32 FMA per weight at \
+         the f32 GEMM probe's rate; drive = bytes read ÷ the drive probe; limit = floor ÷ s/token, \
          1 at the limit; GB/token = weight bytes the compute reads)"
     );
     println!(
-        "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7}",
         "budget",
         "tokens",
         "seconds",
@@ -464,14 +473,17 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
         "/union",
         "GFLOP/s",
         "wall",
-        "GEMM",
+        "f32 GEMM",
         "ratio",
-        "wall"
+        "wall",
+        "f64 GEMM",
+        "ratio"
     );
     for b in budgets {
         let tokens = b.runs.first().map_or(0, |r| r.report.prefill.tokens);
         println!(
-            "{:>10} {:>7} {:>9.2} {:>9.1} {:>8.2}G {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
+            "{:>10} {:>7} {:>9.2} {:>9.1} {:>8.2}G {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2} \
+             {:>9.1} {:>7.2}",
             format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
             tokens,
             b.med(|r| r.report.prefill.seconds),
@@ -483,16 +495,19 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
             b.prefill_median(|p| p.read_vs_union),
             b.prefill_median(|p| p.compute_gflops),
             b.prefill_median(|p| p.wall_gflops),
+            b.med(|r| r.report.gemm_f32.flops_per_second / 1e9),
+            b.prefill_median(|p| p.compute_vs_f32),
+            b.prefill_median(|p| p.wall_vs_f32),
             b.med(|r| r.report.gemm.flops_per_second / 1e9),
-            b.prefill_median(|p| p.compute_vs_gemm),
-            b.prefill_median(|p| p.wall_vs_gemm),
+            b.prefill_median(|p| p.compute_vs_f64),
         );
     }
     println!(
         "(prefill medians; experts = routed expert bytes read, /union = that ÷ the bytes of the \
          experts its tokens route to, each once; GFLOP/s = census FLOPs ÷ compute time (wall: \
-         ÷ wall time); GEMM = the f64 DGEMM probe on the same threads in the same run; ratio = \
-         GFLOP/s ÷ GEMM)"
+         ÷ wall time); f32 GEMM = the SGEMM probe on the same threads in the same run (weight \
+         products run in f32); ratio = GFLOP/s ÷ f32 GEMM; f64 GEMM and f64 ratio likewise for the \
+         DGEMM probe)"
     );
     println!(
         "(medians; s/token = decode wall per token; unused = GB/token the routing lookahead \
