@@ -156,7 +156,7 @@ fn matmul_simd<S: x86::Simd + x86::gemm::Gemm>(
     if token_count(rows, cols, xs, ys) == 1 {
         let packed = PackedTokens::new(xs, cols, &<S as x86::Simd>::POSITIONS, 1);
         return for_row_blocks(rows, cols, 1, ys, |r0, out| {
-            x86::one_token(simd, &w, &packed, r0, out)
+            x86::Simd::one_token(simd, &w, &packed, r0, out)
         });
     }
     for (xc, yc) in xs

@@ -32,7 +32,10 @@ impl Avx2 {
 impl Simd for Avx2 {
     const POSITIONS: Positions = POSITIONS;
 
-    simd_forwarders!();
+    // Two rows: 4 accumulators, 4 activation registers, the table and the decoding temporaries
+    // fit the 16 ymm registers; with four rows the MXFP4 kernel spilled its accumulators to the
+    // stack and ran at a fifth of the stream bandwidth (kernel_bench, issue 41).
+    simd_forwarders!(2);
 }
 
 /// The even and odd inputs of sixteen BF16 values (32 bytes): a BF16 is the top half of an

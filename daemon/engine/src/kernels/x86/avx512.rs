@@ -32,7 +32,9 @@ impl Avx512 {
 impl Simd for Avx512 {
     const POSITIONS: Positions = POSITIONS;
 
-    simd_forwarders!();
+    // Four rows: 4 accumulators and 2 activation registers of the 32 zmm, four independent
+    // FMA chains per block.
+    simd_forwarders!(4);
 }
 
 /// The even and odd inputs of 32 BF16 values (64 bytes): a BF16 is the top half of an f32, so

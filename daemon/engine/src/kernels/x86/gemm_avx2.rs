@@ -1,6 +1,6 @@
 //! AVX2 + FMA GEMM pieces (see [`super::gemm`]): two register groups of eight f32 lanes per
 //! block of 32 inputs (lanes 0–7: even inputs 0–14, odd inputs 1–15; lanes 8–15 likewise for
-//! 16–31: the one-token kernels' [`super::avx2`] layout), a 3-row × 4-token micro-kernel.
+//! 16–31: the one-token kernels' [`super::avx2`] layout), a 3-row × 3-token micro-kernel.
 
 use std::arch::x86_64::*;
 
@@ -11,10 +11,12 @@ use crate::kernels::tree::PAIR_BLOCK;
 
 impl Gemm for Avx2 {
     const POSITIONS: Positions = POSITIONS;
-    /// 3 rows × 4 tokens = 12 accumulators, 3 weight registers and one activation register: all
-    /// 16 ymm registers.
+    /// 3 rows × 3 tokens = 9 accumulators, 3 weight registers and one activation register of
+    /// the 16 ymm registers, 6 loads per 9 FMAs. 3 × 4 used all 16, and the compiler spilled
+    /// accumulators to the stack in the inner loop (a store and a reload in each FMA chain):
+    /// prefill ran at half the rate of numpy's SGEMM (issue 41).
     const ROWS: usize = 3;
-    const TOKENS: usize = 4;
+    const TOKENS: usize = 3;
 
     gemm_forwarders!();
 }

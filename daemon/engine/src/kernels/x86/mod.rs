@@ -40,10 +40,6 @@ pub(crate) const PREFETCH_BYTES: usize = 2048;
 /// ahead (flat; measured on the development machine, `docs/model.md`).
 pub(crate) const MXFP4_PREFETCH_BYTES: usize = 12 << 10;
 
-/// Rows per one-token tile: four independent accumulator chains (two dependent FMAs per block
-/// each) and one load of the activation block shared by four rows.
-const ONE_TOKEN_ROWS: usize = 4;
-
 /// One instruction set's one-token kernels. A value of an implementing type exists only on a
 /// CPU that supports the instruction set (each type's only constructor is an `unsafe fn` with
 /// that contract), so holding one makes calling its `#[target_feature]` code sound.
@@ -70,6 +66,10 @@ pub(crate) trait Simd: Copy + Sync {
         x: &[f32],
         lanes: &mut [[f32; LANES]; R],
     );
+
+    /// Rows `r0 .. r0 + out.len()` of `w` against the one packed token of `x`
+    /// ([`one_token_rows`] with this instruction set's tile height).
+    fn one_token(self, w: &Weights<'_>, x: &PackedTokens, r0: usize, out: &mut [f32]);
 }
 
 /// The forwarding methods of a [`Simd`] implementation, each calling the `#[target_feature]`
@@ -77,8 +77,22 @@ pub(crate) trait Simd: Copy + Sync {
 /// because the callees are per-module free functions compiled for different target features,
 /// which a generic cannot name; the forwarding and its safety argument are the same for every
 /// instruction set.
+///
+/// `$rows` is the one-token tile height: as many rows as keep every accumulator, the activation
+/// block and the decoding temporaries in registers (a spilled accumulator puts a store and a
+/// reload into each FMA chain).
 macro_rules! simd_forwarders {
-    () => {
+    ($rows:expr) => {
+        fn one_token(
+            self,
+            w: &$crate::kernels::x86::Weights<'_>,
+            x: &$crate::kernels::x86::packed::PackedTokens,
+            r0: usize,
+            out: &mut [f32],
+        ) {
+            $crate::kernels::x86::one_token_rows::<Self, { $rows }>(self, w, x, r0, out)
+        }
+
         fn bf16_lanes<const R: usize>(
             self,
             rows: &[u8],
@@ -178,8 +192,8 @@ impl Weights<'_> {
 }
 
 /// Rows `r0 .. r0 + out.len()` of `w` against the one token of `x` (packed with
-/// `S::POSITIONS`), in tiles of [`ONE_TOKEN_ROWS`] rows and single rows for the remainder.
-pub(crate) fn one_token<S: Simd>(
+/// `S::POSITIONS`), in tiles of `R` rows and single rows for the remainder.
+pub(crate) fn one_token_rows<S: Simd, const R: usize>(
     s: S,
     w: &Weights<'_>,
     x: &PackedTokens,
@@ -190,9 +204,9 @@ pub(crate) fn one_token<S: Simd>(
     let mut done = 0;
     while done < out.len() {
         let y = &mut out[done..];
-        if y.len() >= ONE_TOKEN_ROWS {
-            w.finish::<S, ONE_TOKEN_ROWS>(s, r0 + done, x, &mut y[..ONE_TOKEN_ROWS]);
-            done += ONE_TOKEN_ROWS;
+        if y.len() >= R {
+            w.finish::<S, R>(s, r0 + done, x, &mut y[..R]);
+            done += R;
         } else {
             w.finish::<S, 1>(s, r0 + done, x, &mut y[..1]);
             done += 1;
