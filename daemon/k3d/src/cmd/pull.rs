@@ -1,0 +1,61 @@
+//! `k3d pull REPO DIR`: a checkpoint from the Hugging Face Hub (src/pull), then the next step.
+use crate::exit::{CliError, CliResult};
+use crate::pull::{self, Request};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Repository on the Hub, OWNER/NAME (e.g. moonshotai/Kimi-K3).
+    repo: String,
+    /// Directory to pull into (created if missing). A re-run continues where it stopped.
+    dir: PathBuf,
+    /// Branch, tag or commit (default: the commit recorded in DIR by an earlier pull, else
+    /// main). Resolved to a commit once and recorded in DIR/.k3d-pull.json.
+    #[arg(long)]
+    revision: Option<String>,
+    /// Only files whose path matches this shell pattern (`*` spans `/`); repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = pattern)]
+    include: Vec<glob::Pattern>,
+    /// Skip files whose path matches this shell pattern; repeatable, wins over --include.
+    #[arg(long, value_name = "GLOB", value_parser = pattern)]
+    exclude: Vec<glob::Pattern>,
+    /// Files fetched at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: u16,
+    /// Hub token (default: HF_TOKEN, else the file `huggingface-cli login` writes).
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+}
+
+fn pattern(text: &str) -> Result<glob::Pattern, String> {
+    glob::Pattern::new(text).map_err(|e| format!("{text:?} is not a shell pattern: {e}"))
+}
+
+pub fn run(args: Args) -> CliResult {
+    let dir = args.dir.clone();
+    let summary = pull::pull(Request {
+        repo: args.repo.clone(),
+        dir: args.dir,
+        revision: args.revision,
+        include: args.include,
+        exclude: args.exclude,
+        jobs: usize::from(args.jobs),
+        token: args.token,
+    })
+    .map_err(|e| CliError::new(e.exit(), e))?;
+    eprintln!(
+        "k3d pull: {} files of {}@{} checked in {}: {} fetched ({:.2} GB in {:.1} s, {:.1} MB/s), {} kept from an earlier run; manifest {}",
+        summary.files,
+        args.repo,
+        summary.commit,
+        dir.display(),
+        summary.fetched_files,
+        summary.fetched_bytes as f64 / 1e9,
+        summary.seconds,
+        summary.fetched_bytes as f64 / summary.seconds.max(1e-9) / 1e6,
+        summary.kept_files,
+        dir.join(k3_engine::checkpoint::manifest::DEFAULT_NAME).display()
+    );
+    eprintln!("next: k3d verify {}", dir.display());
+    Ok(())
+}
