@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -295,6 +296,15 @@ def make_handler(repo, faults, args, cdn_base, log_lock):
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that goes away mid-request (the SIGKILL test) is expected, not news.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 def url_path(path):
     return urllib.parse.urlsplit(path).path
 
@@ -317,14 +327,13 @@ def main():
     repo = Repo(args.root, args.repo)
     faults = Faults(args)
     log_lock = threading.Lock()
-    cdn = ThreadingHTTPServer((args.cdn_host, 0), BaseHTTPRequestHandler)
+    cdn = Server((args.cdn_host, 0), BaseHTTPRequestHandler)
     cdn_base = f"http://{args.cdn_host}:{cdn.server_address[1]}"
     cdn.RequestHandlerClass = make_handler(repo, faults, args, cdn_base, log_lock)
     cdn.is_cdn = True
-    hub = ThreadingHTTPServer((args.host, 0), make_handler(repo, faults, args, cdn_base, log_lock))
+    hub = Server((args.host, 0), make_handler(repo, faults, args, cdn_base, log_lock))
     hub.is_cdn = False
     for server in (cdn, hub):
-        server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
     tmp = args.url_file + ".tmp"
     with open(tmp, "w") as f:

@@ -154,14 +154,23 @@ impl Case {
             .env_remove("HF_TOKEN")
             .env_remove("HF_TOKEN_PATH")
             .stdin(Stdio::null());
-        for proxy in ["http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        for proxy in [
+            "http_proxy",
+            "https_proxy",
+            "all_proxy",
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "ALL_PROXY",
+        ] {
             cmd.env_remove(proxy);
         }
         cmd
     }
 
     fn pull(&self, hub: &Hub, dir: &Path, args: &[&str]) -> Output {
-        self.pull_command(hub, dir, args).output().expect("run k3d pull")
+        self.pull_command(hub, dir, args)
+            .output()
+            .expect("run k3d pull")
     }
 
     /// With the network gone (the lookalike stopped): every source file is in `dir` byte for
@@ -169,7 +178,10 @@ impl Case {
     fn assert_pulled(&self, dir: &Path) {
         let pulled = files(dir);
         for (name, bytes) in files(&self.source) {
-            assert!(pulled.get(&name) == Some(&bytes), "{name} differs from the source");
+            assert!(
+                pulled.get(&name) == Some(&bytes),
+                "{name} differs from the source"
+            );
         }
         let leftovers: Vec<_> = pulled
             .keys()
@@ -182,7 +194,12 @@ impl Case {
                 .arg(dir)
                 .env("XDG_STATE_HOME", self.work.path().join("state")),
         );
-        assert_eq!(generated_ids(dir), self.ids, "{} generates other ids", dir.display());
+        assert_eq!(
+            generated_ids(dir),
+            self.ids,
+            "{} generates other ids",
+            dir.display()
+        );
     }
 }
 
@@ -205,7 +222,11 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             if path.is_dir() {
                 walk(base, &path, out);
             } else {
-                let name = path.strip_prefix(base).unwrap().to_string_lossy().into_owned();
+                let name = path
+                    .strip_prefix(base)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
                 out.insert(name, std::fs::read(&path).expect("read"));
             }
         }
@@ -221,7 +242,11 @@ fn stderr(out: &Output) -> String {
 
 fn assert_ok(out: &Output) -> String {
     let err = stderr(out);
-    assert!(out.status.success(), "k3d pull failed ({}): {err}", out.status);
+    assert!(
+        out.status.success(),
+        "k3d pull failed ({}): {err}",
+        out.status
+    );
     err
 }
 
@@ -240,11 +265,22 @@ fn pulls_what_the_official_client_downloads_and_a_rerun_fetches_nothing() {
     let hub = case.hub(&[]);
     let dir = case.dir("pulled");
     let err = assert_ok(&case.pull(&hub, &dir, &["--jobs", "3"]));
-    assert!(err.contains(&format!("next: k3d verify {}", dir.display())), "{err}");
+    assert!(
+        err.contains(&format!("next: k3d verify {}", dir.display())),
+        "{err}"
+    );
     // The listing was read in pages (the lookalike pages by 3), and every LFS file came from
     // the CDN on the other loopback address.
-    assert!(hub.log().iter().any(|l| l.contains("cursor=")), "{:?}", hub.log());
-    assert!(hub.data_requests("").iter().any(|l| l.contains(" 127.0.0.2 ")));
+    assert!(
+        hub.log().iter().any(|l| l.contains("cursor=")),
+        "{:?}",
+        hub.log()
+    );
+    assert!(
+        hub.data_requests("")
+            .iter()
+            .any(|l| l.contains(" 127.0.0.2 "))
+    );
 
     // The official client, pointed at the same lookalike, gets the same bytes.
     let official = case.dir("official");
@@ -261,7 +297,10 @@ fn pulls_what_the_official_client_downloads_and_a_rerun_fetches_nothing() {
     );
     let theirs = files(&official);
     for (name, bytes) in files(&case.source) {
-        assert!(theirs.get(&name) == Some(&bytes), "huggingface_hub's {name} differs");
+        assert!(
+            theirs.get(&name) == Some(&bytes),
+            "huggingface_hub's {name} differs"
+        );
     }
 
     // A re-run checks the listing and fetches nothing.
@@ -286,7 +325,9 @@ fn a_cut_connection_and_503s_are_retried_from_the_bytes_on_disk() {
     // After the cut, the shard was asked for from the first byte it lacked.
     let resumed = format!("bytes={cut}-");
     assert!(
-        hub.data_requests(&shard).iter().any(|l| l.contains(&resumed)),
+        hub.data_requests(&shard)
+            .iter()
+            .any(|l| l.contains(&resumed)),
         "no request for {resumed}: {:?}",
         hub.log()
     );
@@ -318,7 +359,11 @@ fn tokens_refusals_and_unusable_directories_are_named_with_their_exit_codes() {
     let hub = case.hub(&["--token", "hf_right"]);
     let dir = case.dir("pulled");
     // No token, then a wrong one: 7, naming the token's source and the licence page.
-    assert_exit(&case.pull(&hub, &dir, &[]), 7, &["401", "no token was sent", "gated"]);
+    assert_exit(
+        &case.pull(&hub, &dir, &[]),
+        7,
+        &["401", "no token was sent", "gated"],
+    );
     let licence = format!("{}/{REPO}", hub.url);
     assert_exit(
         &case.pull(&hub, &dir, &["--token", "hf_wrong"]),
@@ -357,25 +402,40 @@ fn tokens_refusals_and_unusable_directories_are_named_with_their_exit_codes() {
     case.assert_pulled(&dir);
 }
 
+/// A tmpfs of `bytes` at `dir`, unmounted on drop (the tests run as root: tests/run.sh).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: PathBuf, bytes: u64) -> Tmpfs {
+        std::fs::create_dir_all(&dir).unwrap();
+        let size = format!("size={}k", (bytes / 1024).max(64));
+        run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
+                .arg(&dir),
+        );
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 #[test]
 fn a_disk_too_small_is_refused_before_the_first_byte_with_both_numbers() {
     let case = Case::new();
     let total: u64 = files(&case.source).values().map(|b| b.len() as u64).sum();
-    let mount = case.dir("small");
-    std::fs::create_dir_all(&mount).unwrap();
-    let size = format!("size={}k", (total / 2 / 1024).max(64));
-    run_ok(Command::new("mount").args(["-t", "tmpfs", "-o", &size, "tmpfs"]).arg(&mount));
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mount.clone());
+    let mount = Tmpfs::mount(case.dir("small"), total / 2);
     let hub = case.hub(&[]);
-    let out = case.pull(&hub, &mount.join("model"), &[]);
+    let out = case.pull(&hub, &mount.0.join("model"), &[]);
     let err = assert_exit(&out, 5, &["bytes free", "are left to fetch"]);
-    assert!(err.contains(&total.to_string()), "the need {total} is not named: {err}");
+    assert!(
+        err.contains(&total.to_string()),
+        "the need {total} is not named: {err}"
+    );
     assert!(hub.data_requests("").is_empty(), "{:?}", hub.log());
 }
 
@@ -393,7 +453,10 @@ fn sigkill_midway_then_a_rerun_continues_from_the_partial_file() {
     let partial = dir.join(format!("{shard}.k3d-partial"));
     let deadline = Instant::now() + Duration::from_secs(60);
     while std::fs::metadata(&partial).map_or(0, |m| m.len()) < size / 8 {
-        assert!(Instant::now() < deadline, "no partial bytes of {shard} appeared");
+        assert!(
+            Instant::now() < deadline,
+            "no partial bytes of {shard} appeared"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap();
@@ -401,7 +464,10 @@ fn sigkill_midway_then_a_rerun_continues_from_the_partial_file() {
     slow.stop();
     let have = std::fs::metadata(&partial).unwrap().len();
     assert!(have > 0 && have < size, "{have} of {size}");
-    assert!(!dir.join(&shard).exists(), "a partial shard under its final name");
+    assert!(
+        !dir.join(&shard).exists(),
+        "a partial shard under its final name"
+    );
 
     let hub = case.hub(&[]);
     assert_ok(&case.pull(&hub, &dir, &[]));
@@ -414,6 +480,109 @@ fn sigkill_midway_then_a_rerun_continues_from_the_partial_file() {
         .and_then(|n| n.parse().ok())
         .expect("a range");
     assert_eq!(start, have, "re-fetched from {start}, had {have}");
+    hub.stop();
+    case.assert_pulled(&dir);
+}
+
+#[test]
+fn a_disk_that_fills_up_midway_stops_with_5_and_a_rerun_continues() {
+    let case = Case::new();
+    let total: u64 = files(&case.source).values().map(|b| b.len() as u64).sum();
+    let mount = Tmpfs::mount(case.dir("filling"), total * 2);
+    let dir = mount.0.join("model");
+    let (shard, size) = case.largest();
+    let slow = case.hub(&["--rate", &(size / 4).to_string()]);
+    let child = case
+        .pull_command(&slow, &dir, &["--jobs", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let partial = dir.join(format!("{shard}.k3d-partial"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no partial bytes of {shard} appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Something else takes the rest of the filesystem while the pull runs.
+    let filler = mount.0.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let block = vec![1u8; 4096];
+    while std::io::Write::write_all(&mut f, &block).is_ok() {}
+    drop(f);
+    let out = child.wait_with_output().unwrap();
+    slow.stop();
+    assert_exit(&out, 5, &["the disk is full", "run the same command again"]);
+
+    std::fs::remove_file(&filler).unwrap();
+    let hub = case.hub(&[]);
+    assert_ok(&case.pull(&hub, &dir, &[]));
+    hub.stop();
+    case.assert_pulled(&dir);
+}
+
+#[test]
+fn large_files_come_in_parallel_pieces_and_a_rerun_fetches_only_the_missing_ones() {
+    let case = Case::new();
+    let (shard, size) = case.largest();
+    let piece: u64 = 16384; // --piece-mib 1/64
+    let dir = case.dir("pulled");
+    // Slowly, with a cut and 503s, killed once some pieces are recorded.
+    let slow = case.hub(&[
+        "--rate",
+        &(size / 2).to_string(),
+        "--fail-503",
+        "2",
+        "--cut",
+        &format!("{shard}:{}", piece + piece / 2),
+    ]);
+    let args = ["--jobs", "4", "--piece-mib", "0.015625"];
+    let mut child = case
+        .pull_command(&slow, &dir, &args)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let record = dir.join(format!("{shard}.k3d-partial.pieces"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let recorded = |text: &str| text.lines().skip(1).count();
+    while recorded(&std::fs::read_to_string(&record).unwrap_or_default()) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no piece of {shard} was recorded"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Several ranges of the shard were asked for at once, each with its end.
+    let asked = slow.data_requests(&shard);
+    slow.stop();
+    let closed = |l: &&String| {
+        l.split("bytes=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|r| r.split_once('-'))
+            .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
+    };
+    assert!(asked.iter().filter(closed).count() >= 2, "{asked:?}");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let done: Vec<u64> = text.lines().skip(1).map(|l| l.parse().unwrap()).collect();
+    assert!(!dir.join(&shard).exists());
+
+    let hub = case.hub(&[]);
+    assert_ok(&case.pull(&hub, &dir, &args));
+    let again = hub.data_requests(&shard);
+    for i in &done {
+        let range = format!("bytes={}-", i * piece);
+        assert!(
+            !again.iter().any(|l| l.contains(&range)),
+            "piece {i} was recorded, yet fetched again: {again:?}"
+        );
+    }
+    assert!(!record.exists());
     hub.stop();
     case.assert_pulled(&dir);
 }

@@ -19,9 +19,13 @@ pub struct Args {
     /// Skip files whose path matches this shell pattern; repeatable, wins over --include.
     #[arg(long, value_name = "GLOB", value_parser = pattern)]
     exclude: Vec<glob::Pattern>,
-    /// Files fetched at once.
+    /// Connections at once, across files and the pieces of large files.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     jobs: u16,
+    /// Files larger than this many MiB are fetched in pieces of this size, in parallel (1/64
+    /// to 65536).
+    #[arg(long, default_value_t = 256.0, value_name = "MIB", value_parser = piece_mib)]
+    piece_mib: f64,
     /// Hub token (default: HF_TOKEN, else the file `huggingface-cli login` writes).
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
@@ -29,6 +33,15 @@ pub struct Args {
 
 fn pattern(text: &str) -> Result<glob::Pattern, String> {
     glob::Pattern::new(text).map_err(|e| format!("{text:?} is not a shell pattern: {e}"))
+}
+
+fn piece_mib(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(mib) if (1.0 / 64.0..=65536.0).contains(&mib) => Ok(mib),
+        _ => Err(format!(
+            "{text:?} is not a piece size from 1/64 to 65536 MiB"
+        )),
+    }
 }
 
 pub fn run(args: Args) -> CliResult {
@@ -40,6 +53,7 @@ pub fn run(args: Args) -> CliResult {
         include: args.include,
         exclude: args.exclude,
         jobs: usize::from(args.jobs),
+        piece: (args.piece_mib * 1048576.0) as u64,
         token: args.token,
     })
     .map_err(|e| CliError::new(e.exit(), e))?;
@@ -54,7 +68,8 @@ pub fn run(args: Args) -> CliResult {
         summary.seconds,
         summary.fetched_bytes as f64 / summary.seconds.max(1e-9) / 1e6,
         summary.kept_files,
-        dir.join(k3_engine::checkpoint::manifest::DEFAULT_NAME).display()
+        dir.join(k3_engine::checkpoint::manifest::DEFAULT_NAME)
+            .display()
     );
     eprintln!("next: k3d verify {}", dir.display());
     Ok(())

@@ -7,17 +7,16 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
     #[error(
-        "{endpoint} answered {status} for {repo}{detail}: {advice}; send a token that may read it \
-         with --token, HF_TOKEN or `huggingface-cli login`{token}, and if the repository is \
-         gated accept its licence at {endpoint}/{repo} first"
+        "{endpoint} answered {status} for {repo}: {why}; send a token that may read it with \
+         --token, HF_TOKEN or `huggingface-cli login`{token}, and if the repository is gated \
+         accept its licence at {endpoint}/{repo} first"
     )]
     Refused {
         endpoint: String,
         repo: String,
         status: u16,
-        /// The Hub's own `X-Error-Message`, when it sent one.
-        detail: String,
-        advice: &'static str,
+        /// What the refusal means, with the Hub's own `X-Error-Message` when it sent one.
+        why: String,
         /// ` (the token sent came from …)`, or ` (no token was sent)`.
         token: String,
     },
@@ -60,23 +59,29 @@ pub enum PullError {
         "{path}: the disk is full ({error}); the bytes written so far are kept: free space and \
          run the same command again, it continues where it stopped"
     )]
-    DiskFull { path: PathBuf, error: std::io::Error },
-    #[error("{dir} is not a directory this user can write ({error}): create it, fix its permissions or choose another")]
+    DiskFull {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "{dir} is not a directory this user can write ({error}): create it, fix its permissions or choose another"
+    )]
     Unwritable { dir: PathBuf, error: std::io::Error },
     #[error(
-        "{dir} holds commit {recorded} of {repo} (recorded in {record}) but revision {revision} is \
-         commit {resolved}: to finish {recorded}, run without --revision; to pull {resolved}, use \
-         another directory or delete {record}"
+        "{dir} holds commit {recorded} (recorded in {record}) but revision {revision} is commit \
+         {resolved}: to finish {recorded}, run without --revision; to pull {resolved}, use \
+         another directory or delete {record}",
+        record = dir.join(super::record::NAME).display()
     )]
     RevisionMoved {
         dir: PathBuf,
-        record: PathBuf,
-        repo: String,
         revision: String,
         recorded: String,
         resolved: String,
     },
-    #[error("{record} records repository {recorded}, not {repo}: pull {repo} into another directory")]
+    #[error(
+        "{record} records repository {recorded}, not {repo}: pull {repo} into another directory"
+    )]
     OtherRepo {
         record: PathBuf,
         recorded: String,
@@ -85,7 +90,10 @@ pub enum PullError {
     #[error("{0}")]
     Usage(String),
     #[error("{path}: {error}")]
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 impl PullError {

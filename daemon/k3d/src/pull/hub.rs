@@ -65,7 +65,9 @@ struct RevisionInfo {
 
 /// A commit id as the Hub writes it: 40 lower-case hex digits.
 pub fn is_commit(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn is_sha256(s: &str) -> bool {
@@ -77,14 +79,17 @@ impl Hub {
     /// URL is fetched separately, without the token.
     pub fn new(endpoint: &str, repo: &str, token: Option<Token>) -> Result<Hub, PullError> {
         let parts: Vec<&str> = repo.split('/').collect();
-        if parts.len() != 2 || parts.iter().any(|p| p.is_empty() || *p == "." || *p == "..") {
+        if parts.len() != 2
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || *p == "." || *p == "..")
+        {
             return Err(PullError::Usage(format!(
                 "{repo:?} is not a repository id: expected OWNER/NAME (e.g. moonshotai/Kimi-K3)"
             )));
         }
-        Url::parse(endpoint).map_err(|e| {
-            PullError::Usage(format!("HF_ENDPOINT {endpoint:?} is not a URL: {e}"))
-        })?;
+        Url::parse(endpoint)
+            .map_err(|e| PullError::Usage(format!("HF_ENDPOINT {endpoint:?} is not a URL: {e}")))?;
         let client = Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(30))
@@ -182,14 +187,16 @@ impl Hub {
                 endpoint: self.endpoint.clone(),
                 repo: repo.clone(),
                 status,
-                detail,
-                advice: if code == "GatedRepo" {
-                    "the repository is gated"
-                } else if status == 401 {
-                    "the token is missing, invalid or expired"
-                } else {
-                    "the token may not read this repository"
-                },
+                why: format!(
+                    "{}{detail}",
+                    if code == "GatedRepo" {
+                        "the repository is gated"
+                    } else if status == 401 {
+                        "the token is missing, invalid or expired"
+                    } else {
+                        "the token may not read this repository"
+                    }
+                ),
                 token: match &self.token {
                     Some(t) => format!(" (the token sent came from {})", t.source),
                     None => " (no token was sent)".to_string(),
@@ -197,10 +204,14 @@ impl Hub {
             },
             404 => {
                 let (what, advice) = match (code.as_str(), subject) {
-                    ("RepoNotFound", _) | (_, Subject::Listing(_)) if code != "RevisionNotFound" => (
-                        format!("repository {repo}"),
-                        "check its name; a private repository also answers 404 without a token that may read it",
-                    ),
+                    ("RepoNotFound", _) | (_, Subject::Listing(_))
+                        if code != "RevisionNotFound" =>
+                    {
+                        (
+                            format!("repository {repo}"),
+                            "check its name; a private repository also answers 404 without a token that may read it",
+                        )
+                    }
                     (_, Subject::Revision(rev)) | (_, Subject::Listing(rev)) => (
                         format!("revision {rev} of {repo}"),
                         "name an existing branch, tag or commit with --revision",
@@ -281,14 +292,23 @@ fn remote_file(entry: TreeEntry, url: &Url) -> Result<RemoteFile, PullError> {
             .split('/')
             .all(|c| !c.is_empty() && c != "." && c != "..");
     if !plain {
-        return Err(bad(format!("path {:?} is not inside the repository", entry.path)));
+        return Err(bad(format!(
+            "path {:?} is not inside the repository",
+            entry.path
+        )));
     }
     if entry.oid.len() != 40 || !entry.oid.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(bad(format!("{}: oid {:?} is not a git blob id", entry.path, entry.oid)));
+        return Err(bad(format!(
+            "{}: oid {:?} is not a git blob id",
+            entry.path, entry.oid
+        )));
     }
     let lfs_sha256 = match entry.lfs {
         Some(lfs) if !is_sha256(&lfs.oid) => {
-            return Err(bad(format!("{}: lfs.oid {:?} is not a sha256", entry.path, lfs.oid)));
+            return Err(bad(format!(
+                "{}: lfs.oid {:?} is not a sha256",
+                entry.path, lfs.oid
+            )));
         }
         Some(lfs) if lfs.size != entry.size => {
             return Err(bad(format!(
@@ -321,10 +341,13 @@ fn next_page(headers: &HeaderMap, base: &Url) -> Result<Option<Url>, PullError> 
             .any(|p| p.trim().replace(' ', "") == "rel=\"next\"");
         let target = target.trim().trim_start_matches('<').trim_end_matches('>');
         if is_next {
-            return base.join(target).map(Some).map_err(|e| PullError::Protocol {
-                url: base.to_string(),
-                detail: format!("Link header names {target:?}: {e}"),
-            });
+            return base
+                .join(target)
+                .map(Some)
+                .map_err(|e| PullError::Protocol {
+                    url: base.to_string(),
+                    detail: format!("Link header names {target:?}: {e}"),
+                });
         }
     }
     Ok(None)

@@ -2,15 +2,16 @@
 //!
 //! The revision is resolved to a commit once and recorded in the directory ([`record`]); the
 //! commit's listing ([`hub`]) gives every file's size and digest; free space is compared with
-//! what is left to fetch before the first byte; `--jobs` files are fetched at once
-//! ([`transfer`]), each checked ([`verify`]) before it takes its final name; at the end the
-//! `SHA256SUMS` manifest of every checked file is written, which `k3d verify DIR` checks
-//! offline. The Hub client is reqwest (rustls on ring); the `hf-hub` crate was evaluated and
-//! refused (docs/pulling.md).
+//! what is left to fetch before the first byte; `--jobs` connections fetch files at once
+//! ([`transfer`]) and the byte ranges of large ones ([`pieces`]), each file checked
+//! ([`verify`]) before it takes its final name; at the end the `SHA256SUMS` manifest of every
+//! checked file is written, which `k3d verify DIR` checks offline. The Hub client is reqwest
+//! (rustls on ring); the `hf-hub` crate was evaluated and refused (docs/pulling.md).
 
 pub mod auth;
 pub mod error;
 pub mod hub;
+pub mod pieces;
 pub mod progress;
 pub mod record;
 pub mod retry;
@@ -35,7 +36,10 @@ pub struct Request {
     pub revision: Option<String>,
     pub include: Vec<glob::Pattern>,
     pub exclude: Vec<glob::Pattern>,
+    /// Connections at once, across files and the pieces of large files.
     pub jobs: usize,
+    /// Files larger than this many bytes are fetched in pieces of this size.
+    pub piece: u64,
     pub token: Option<String>,
 }
 
@@ -89,12 +93,15 @@ fn writable(dir: &Path) -> Result<(), PullError> {
 
 /// The commit to pull: the one recorded in `dir` unless `--revision` names another (refused:
 /// a directory never mixes two commits), else the one the revision names now.
-async fn commit(hub: &Hub, request: &Request, recorded: Option<&Record>) -> Result<Record, PullError> {
-    let record_path = record::path(&request.dir);
+async fn commit(
+    hub: &Hub,
+    request: &Request,
+    recorded: Option<&Record>,
+) -> Result<Record, PullError> {
     if let Some(r) = recorded {
         if r.repo != request.repo {
             return Err(PullError::OtherRepo {
-                record: record_path,
+                record: record::path(&request.dir),
                 recorded: r.repo.clone(),
                 repo: request.repo.clone(),
             });
@@ -108,8 +115,6 @@ async fn commit(hub: &Hub, request: &Request, recorded: Option<&Record>) -> Resu
             if resolved != r.commit {
                 return Err(PullError::RevisionMoved {
                     dir: request.dir.clone(),
-                    record: record_path,
-                    repo: r.repo.clone(),
                     revision: rev.clone(),
                     recorded: r.commit.clone(),
                     resolved,
@@ -118,7 +123,10 @@ async fn commit(hub: &Hub, request: &Request, recorded: Option<&Record>) -> Resu
         }
         return Ok(r.clone());
     }
-    let revision = request.revision.clone().unwrap_or_else(|| "main".to_string());
+    let revision = request
+        .revision
+        .clone()
+        .unwrap_or_else(|| "main".to_string());
     let commit = hub.commit(&revision).await?;
     Ok(Record {
         repo: request.repo.clone(),
@@ -148,7 +156,11 @@ async fn run(request: Request) -> Result<Summary, PullError> {
     }
     record.save(&dir)?;
     let listing = hub.files(&record.commit).await?;
-    let files: Vec<RemoteFile> = listing.iter().filter(|f| selected(&request, f)).cloned().collect();
+    let files: Vec<RemoteFile> = listing
+        .iter()
+        .filter(|f| selected(&request, f))
+        .cloned()
+        .collect();
     if files.is_empty() {
         return Err(PullError::Usage(format!(
             "no file of {}@{} matches --include/--exclude ({} files listed)",
@@ -174,7 +186,12 @@ async fn run(request: Request) -> Result<Summary, PullError> {
             } else if target.exists() {
                 Plan::Recheck
             } else {
-                let have = std::fs::metadata(transfer::partial_path(&target)).map_or(0, |m| m.len());
+                let part = transfer::partial_path(&target);
+                let have = if f.size > request.piece {
+                    pieces::have(&part, f.size, request.piece)
+                } else {
+                    std::fs::metadata(&part).map_or(0, |m| m.len())
+                };
                 Plan::Fetch {
                     have: have.min(f.size),
                 }
@@ -201,7 +218,10 @@ async fn run(request: Request) -> Result<Summary, PullError> {
         });
     }
     let total: u64 = plans.iter().map(|(f, _)| f.size).sum();
-    let kept = plans.iter().filter(|(_, p)| matches!(p, Plan::Kept)).count();
+    let kept = plans
+        .iter()
+        .filter(|(_, p)| matches!(p, Plan::Kept))
+        .count();
     eprintln!(
         "k3d pull: {}@{} into {}: {} files, {:.2} GB; {} already checked; {:.2} GB to fetch ({:.2} GB free there), {} at once",
         request.repo,
@@ -222,16 +242,22 @@ async fn run(request: Request) -> Result<Summary, PullError> {
         .collect();
     // Largest last, so popping takes them first: the long files start early.
     queue.sort_by_key(|(f, _)| f.size);
-    let fetched = queue.iter().filter(|(_, p)| matches!(p, Plan::Fetch { .. })).count();
+    let fetched = queue
+        .iter()
+        .filter(|(_, p)| matches!(p, Plan::Fetch { .. }))
+        .count();
     let queue = Arc::new(Mutex::new(queue));
+    let connections = Arc::new(tokio::sync::Semaphore::new(request.jobs.max(1)));
+    let piece = request.piece;
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..request.jobs.max(1) {
-        let (queue, hub, progress, record, dir) = (
+        let (queue, hub, progress, record, dir, connections) = (
             queue.clone(),
             hub.clone(),
             progress.clone(),
             record.clone(),
             dir.clone(),
+            connections.clone(),
         );
         workers.spawn(async move {
             loop {
@@ -266,6 +292,8 @@ async fn run(request: Request) -> Result<Summary, PullError> {
                             file: &file,
                             dir: &dir,
                             progress: &progress,
+                            connections: &connections,
+                            piece,
                         };
                         let sha = fetch.run().await?;
                         progress.line(&format!("{}: {} bytes, checked", file.path, file.size));
@@ -302,7 +330,10 @@ async fn run(request: Request) -> Result<Summary, PullError> {
     write_manifest(&dir, &record, &listing)?;
     Ok(Summary {
         commit: record.commit.clone(),
-        files: listing.iter().filter(|f| record.files.contains_key(&f.path)).count(),
+        files: listing
+            .iter()
+            .filter(|f| record.files.contains_key(&f.path))
+            .count(),
         fetched_files: fetched,
         fetched_bytes,
         kept_files: kept,

@@ -38,6 +38,18 @@ impl std::fmt::Display for Transient {
     }
 }
 
+/// Why one attempt stopped short: worth another, or not.
+pub enum Stop {
+    Again(Transient),
+    Fatal(PullError),
+}
+
+impl From<PullError> for Stop {
+    fn from(e: PullError) -> Self {
+        Stop::Fatal(e)
+    }
+}
+
 /// Whether `status` is worth another attempt.
 pub fn transient_status(status: u16) -> bool {
     status >= 500 || status == 408 || status == 429
@@ -74,6 +86,26 @@ impl Backoff {
     /// An attempt brought bytes: the count of failures in a row starts again.
     pub fn progressed(&mut self) {
         self.failures = 0;
+    }
+
+    /// After an attempt that brought `got` of `want` bytes (`gained`: some of them this time):
+    /// a fatal error ends, a transient one or a body that ended short waits for the next.
+    pub async fn settle(
+        &mut self,
+        gained: bool,
+        outcome: Result<(), Stop>,
+        got: u64,
+        want: u64,
+    ) -> Result<(), PullError> {
+        if gained {
+            self.progressed();
+        }
+        match outcome {
+            Err(Stop::Fatal(e)) => Err(e),
+            Err(Stop::Again(cause)) => self.failed(cause).await,
+            Ok(()) if got < want => self.failed(Transient::Short { got, want }).await,
+            Ok(()) => Ok(()),
+        }
     }
 
     /// Counts a failed attempt and waits before the next one, or gives up past the limit.
@@ -145,6 +177,9 @@ mod tests {
             .await
             .unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("f.safetensors") && text.contains("byte 3 of 9"), "{text}");
+        assert!(
+            text.contains("f.safetensors") && text.contains("byte 3 of 9"),
+            "{text}"
+        );
     }
 }

@@ -7,7 +7,7 @@
 use super::error::PullError;
 use super::hub::{Hub, RemoteFile, Subject, describe};
 use super::progress::Progress;
-use super::retry::{self, Backoff, Transient};
+use super::retry::{self, Backoff, Stop, Transient};
 use super::verify::Digest;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, LOCATION, RANGE};
@@ -23,26 +23,30 @@ pub fn partial_path(final_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Why one attempt stopped short.
-enum Stop {
-    Again(Transient),
-    Fatal(PullError),
-}
-
-impl From<PullError> for Stop {
-    fn from(e: PullError) -> Self {
-        Stop::Fatal(e)
-    }
-}
-
-fn network(e: reqwest::Error) -> Stop {
+/// A failed send or body read: worth another attempt.
+pub fn network(e: reqwest::Error) -> Stop {
     Stop::Again(Transient::Network(describe(&e)))
 }
 
 /// An `ETag`-style header without quotes or the weak marker.
 fn etag(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
     let v = headers.get(name)?.to_str().ok()?.trim();
-    Some(v.trim_start_matches("W/").trim_matches('"').to_ascii_lowercase())
+    Some(
+        v.trim_start_matches("W/")
+            .trim_matches('"')
+            .to_ascii_lowercase(),
+    )
+}
+
+/// The first byte a 206 answer says it carries.
+pub fn content_range_start(response: &reqwest::Response) -> Option<u64> {
+    response
+        .headers()
+        .get(CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes "))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse::<u64>().ok())
 }
 
 /// What one file is fetched with.
@@ -52,6 +56,10 @@ pub struct Fetch<'a> {
     pub file: &'a RemoteFile,
     pub dir: &'a Path,
     pub progress: &'a Progress,
+    /// Connections open at once, across files and pieces (`--jobs`).
+    pub connections: &'a tokio::sync::Semaphore,
+    /// Files larger than this are fetched in pieces of this size ([`super::pieces`]).
+    pub piece: u64,
 }
 
 impl Fetch<'_> {
@@ -64,7 +72,11 @@ impl Fetch<'_> {
         }
         let mut second = false;
         loop {
-            let digest = self.download(&part).await?;
+            let digest = if self.file.size > self.piece {
+                self.download_pieces(&part, self.piece).await?
+            } else {
+                self.download(&part).await?
+            };
             match digest.check(self.file) {
                 Ok(sha256) => {
                     let out = std::fs::File::open(&part).map_err(|e| PullError::write(&part, e))?;
@@ -75,6 +87,7 @@ impl Fetch<'_> {
                 }
                 Err(m) => {
                     std::fs::remove_file(&part).map_err(|e| PullError::write(&part, e))?;
+                    super::pieces::forget(&part)?;
                     if second {
                         return Err(PullError::Corrupt {
                             file: self.file.path.clone(),
@@ -97,6 +110,10 @@ impl Fetch<'_> {
     /// Brings the partial file to the listed size; returns the digests of all its bytes.
     async fn download(&self, part: &Path) -> Result<Digest, PullError> {
         let size = self.file.size;
+        if super::pieces::forget(part)? {
+            // Left by a run with a smaller --piece-mib: its bytes are not a prefix.
+            std::fs::remove_file(part).map_err(|e| PullError::write(part, e))?;
+        }
         let mut out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -117,23 +134,12 @@ impl Fetch<'_> {
         let mut backoff = Backoff::new(&self.file.path);
         while len < size {
             let before = len;
-            let stop = self
-                .attempt(part, &mut out, &mut len, &mut digest)
-                .await
-                .err();
-            if len > before {
-                backoff.progressed();
+            let outcome = async {
+                let _permit = self.connections.acquire().await.expect("never closed");
+                self.attempt(part, &mut out, &mut len, &mut digest).await
             }
-            match stop {
-                Some(Stop::Fatal(e)) => return Err(e),
-                Some(Stop::Again(cause)) => backoff.failed(cause).await?,
-                None if len < size => {
-                    backoff
-                        .failed(Transient::Short { got: len, want: size })
-                        .await?
-                }
-                None => {}
-            }
+            .await;
+            backoff.settle(len > before, outcome, len, size).await?;
         }
         Ok(digest)
     }
@@ -147,33 +153,10 @@ impl Fetch<'_> {
         digest: &mut Digest,
     ) -> Result<(), Stop> {
         let range = format!("bytes={len}-");
-        let resolve = self.hub.resolve_url(self.commit, &self.file.path);
-        let mut response = self
-            .hub
-            .get(resolve.clone())
-            .header(RANGE, &range)
-            .send()
-            .await
-            .map_err(network)?;
-        self.again_on(&response)?;
-        if let Some(e) = self
-            .hub
-            .refusal(Subject::File(self.commit, &self.file.path), &response)
-        {
-            return Err(Stop::Fatal(e));
-        }
-        if response.status().is_redirection() {
-            response = self.follow(&resolve, &response, &range).await?;
-        }
+        let mut response = self.request(&range).await?;
         match response.status() {
             StatusCode::PARTIAL_CONTENT => {
-                let start = response
-                    .headers()
-                    .get(CONTENT_RANGE)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("bytes "))
-                    .and_then(|v| v.split('-').next())
-                    .and_then(|v| v.parse::<u64>().ok());
+                let start = content_range_start(&response);
                 if start != Some(*len) {
                     return Err(Stop::Fatal(PullError::Protocol {
                         url: response.url().to_string(),
@@ -211,6 +194,30 @@ impl Fetch<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A GET of `range` of the file from its `resolve` URL, following an LFS redirect to the
+    /// CDN; refusals are fatal, 5xx/408/429 worth another attempt.
+    pub async fn request(&self, range: &str) -> Result<reqwest::Response, Stop> {
+        let resolve = self.hub.resolve_url(self.commit, &self.file.path);
+        let response = self
+            .hub
+            .get(resolve.clone())
+            .header(RANGE, range)
+            .send()
+            .await
+            .map_err(network)?;
+        self.again_on(&response)?;
+        if let Some(e) = self
+            .hub
+            .refusal(Subject::File(self.commit, &self.file.path), &response)
+        {
+            return Err(Stop::Fatal(e));
+        }
+        if response.status().is_redirection() {
+            return self.follow(&resolve, &response, range).await;
+        }
+        Ok(response)
     }
 
     /// A 5xx, 408 or 429 is tried again, after its `Retry-After`.
