@@ -115,10 +115,7 @@ struct Case {
 
 impl Case {
     fn new() -> Case {
-        let work = tempfile::Builder::new()
-            .prefix("k3-pull-")
-            .tempdir()
-            .expect("temp dir");
+        let work = tempfile::tempdir().expect("temp dir");
         let source = work.path().join("source");
         synth("tiny", &source);
         let ids = generated_ids(&source);
@@ -173,9 +170,10 @@ impl Case {
             .expect("run k3d pull")
     }
 
-    /// With the network gone (the lookalike stopped): every source file is in `dir` byte for
-    /// byte, no partial file is left, `k3d verify` passes and `k3d run` gives the source's ids.
-    fn assert_pulled(&self, dir: &Path) {
+    /// Stops `hub`, then: every source file is in `dir` byte for byte, no partial file is
+    /// left, `k3d verify` passes and `k3d run` gives the source's ids, with the network gone.
+    fn finish(&self, hub: Hub, dir: &Path) {
+        hub.stop();
         let pulled = files(dir);
         for (name, bytes) in files(&self.source) {
             assert!(
@@ -185,15 +183,21 @@ impl Case {
         }
         let leftovers: Vec<_> = pulled
             .keys()
-            .filter(|n| n.ends_with(".k3d-partial") || n.ends_with(".tmp"))
+            .filter(|n| n.contains(".k3d-partial") || n.ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
-        run_ok(
+        // The first hour's next steps: verify (offline, from pull's manifest), then check.
+        let verified = run_ok(
             Command::new(K3D)
                 .arg("verify")
                 .arg(dir)
                 .env("XDG_STATE_HOME", self.work.path().join("state")),
         );
+        let next = format!("next: k3d check {}", dir.display());
+        assert!(String::from_utf8_lossy(&verified.stderr).contains(&next));
+        let checked = run_ok(Command::new(K3D).arg("check").arg(dir));
+        let next = format!("next: k3d doctor {}", dir.display());
+        assert!(String::from_utf8_lossy(&checked.stderr).contains(&next));
         assert_eq!(
             generated_ids(dir),
             self.ids,
@@ -234,6 +238,19 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut out = BTreeMap::new();
     walk(dir, dir, &mut out);
     out
+}
+
+/// Waits (60 s at most) until `path` holds more than `bytes` bytes.
+fn wait_for_bytes(path: &Path, bytes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::metadata(path).map_or(0, |m| m.len()) <= bytes {
+        assert!(
+            Instant::now() < deadline,
+            "{} never held {bytes} bytes",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn stderr(out: &Output) -> String {
@@ -308,8 +325,7 @@ fn pulls_what_the_official_client_downloads_and_a_rerun_fetches_nothing() {
     let err = assert_ok(&case.pull(&hub, &dir, &[]));
     assert!(err.contains("continuing commit"), "{err}");
     assert_eq!(hub.data_requests("").len(), before, "{:?}", hub.log());
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }
 
 #[test]
@@ -331,8 +347,7 @@ fn a_cut_connection_and_503s_are_retried_from_the_bytes_on_disk() {
         "no request for {resumed}: {:?}",
         hub.log()
     );
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }
 
 #[test]
@@ -343,8 +358,7 @@ fn a_flipped_byte_is_fetched_again_once_and_twice_fails_naming_the_file() {
     let dir = case.dir("pulled");
     let err = assert_ok(&case.pull(&hub, &dir, &[]));
     assert!(err.contains(&format!("{shard}: sha256 mismatch")), "{err}");
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 
     let hub = case.hub(&["--flip", &format!("{shard}:1000:2")]);
     let dir = case.dir("pulled-twice");
@@ -398,8 +412,7 @@ fn tokens_refusals_and_unusable_directories_are_named_with_their_exit_codes() {
         2,
         &["is not a directory this user can write"],
     );
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }
 
 /// A tmpfs of `bytes` at `dir`, unmounted on drop (the tests run as root: tests/run.sh).
@@ -451,14 +464,7 @@ fn sigkill_midway_then_a_rerun_continues_from_the_partial_file() {
         .spawn()
         .unwrap();
     let partial = dir.join(format!("{shard}.k3d-partial"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::metadata(&partial).map_or(0, |m| m.len()) < size / 8 {
-        assert!(
-            Instant::now() < deadline,
-            "no partial bytes of {shard} appeared"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_bytes(&partial, size / 8);
     child.kill().unwrap();
     child.wait().unwrap();
     slow.stop();
@@ -480,8 +486,7 @@ fn sigkill_midway_then_a_rerun_continues_from_the_partial_file() {
         .and_then(|n| n.parse().ok())
         .expect("a range");
     assert_eq!(start, have, "re-fetched from {start}, had {have}");
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }
 
 #[test]
@@ -499,14 +504,7 @@ fn a_disk_that_fills_up_midway_stops_with_5_and_a_rerun_continues() {
         .spawn()
         .unwrap();
     let partial = dir.join(format!("{shard}.k3d-partial"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::metadata(&partial).map_or(0, |m| m.len()) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no partial bytes of {shard} appeared"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_bytes(&partial, 0);
     // Something else takes the rest of the filesystem while the pull runs.
     let filler = mount.0.join("filler");
     let mut f = std::fs::File::create(&filler).unwrap();
@@ -520,8 +518,7 @@ fn a_disk_that_fills_up_midway_stops_with_5_and_a_rerun_continues() {
     std::fs::remove_file(&filler).unwrap();
     let hub = case.hub(&[]);
     assert_ok(&case.pull(&hub, &dir, &[]));
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }
 
 #[test]
@@ -546,15 +543,8 @@ fn large_files_come_in_parallel_pieces_and_a_rerun_fetches_only_the_missing_ones
         .spawn()
         .unwrap();
     let record = dir.join(format!("{shard}.k3d-partial.pieces"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let recorded = |text: &str| text.lines().skip(1).count();
-    while recorded(&std::fs::read_to_string(&record).unwrap_or_default()) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "no piece of {shard} was recorded"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // Its header line, then at least two recorded pieces (a digit and a newline each).
+    wait_for_bytes(&record, format!("piece {piece}\n").len() as u64 + 3);
     child.kill().unwrap();
     child.wait().unwrap();
     // Several ranges of the shard were asked for at once, each with its end.
@@ -583,6 +573,5 @@ fn large_files_come_in_parallel_pieces_and_a_rerun_fetches_only_the_missing_ones
         );
     }
     assert!(!record.exists());
-    hub.stop();
-    case.assert_pulled(&dir);
+    case.finish(hub, &dir);
 }

@@ -1,7 +1,11 @@
 //! `k3d pull REPO DIR`: a checkpoint from the Hugging Face Hub (src/pull), then the next step.
+use super::progress::Reporter;
 use crate::exit::{CliError, CliResult};
 use crate::pull::{self, Request};
+use k3_engine::checkpoint::verify::ByteProgress;
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -46,6 +50,10 @@ fn piece_mib(text: &str) -> Result<f64, String> {
 
 pub fn run(args: Args) -> CliResult {
     let dir = args.dir.clone();
+    let bytes = Arc::new(ByteProgress::default());
+    // A terminal gets pull's own bar; logs get a plain line every few seconds.
+    let reporter = (!std::io::stderr().is_terminal())
+        .then(|| Reporter::start(bytes.clone(), "k3d pull", "fetched"));
     let summary = pull::pull(Request {
         repo: args.repo.clone(),
         dir: args.dir,
@@ -55,8 +63,10 @@ pub fn run(args: Args) -> CliResult {
         jobs: usize::from(args.jobs),
         piece: (args.piece_mib * 1048576.0) as u64,
         token: args.token,
-    })
-    .map_err(|e| CliError::new(e.exit(), e))?;
+        bytes,
+    });
+    drop(reporter);
+    let summary = summary.map_err(|e| CliError::new(e.exit(), e))?;
     eprintln!(
         "k3d pull: {} files of {}@{} checked in {}: {} fetched ({:.2} GB in {:.1} s, {:.1} MB/s), {} kept from an earlier run; manifest {}",
         summary.files,

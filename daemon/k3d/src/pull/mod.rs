@@ -41,6 +41,8 @@ pub struct Request {
     /// Files larger than this many bytes are fetched in pieces of this size.
     pub piece: u64,
     pub token: Option<String>,
+    /// Bytes fetched and to fetch, for a progress report the caller runs.
+    pub bytes: Arc<k3_engine::checkpoint::verify::ByteProgress>,
 }
 
 /// What a pull did.
@@ -234,7 +236,7 @@ async fn run(request: Request) -> Result<Summary, PullError> {
         disk.free as f64 / 1e9,
         request.jobs
     );
-    let progress = Arc::new(Progress::start(need));
+    let progress = Arc::new(Progress::start(request.bytes.clone(), need));
     let record = Arc::new(Mutex::new(record));
     let mut queue: Vec<(RemoteFile, Plan)> = plans
         .into_iter()

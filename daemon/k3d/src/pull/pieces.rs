@@ -164,9 +164,9 @@ mod tests {
 
     #[test]
     fn a_record_counts_only_for_its_piece_size_and_a_whole_size_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let part = dir.path().join("m.safetensors.k3d-partial");
-        std::fs::write(&part, vec![0u8; 25]).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let part = super::super::transfer::partial_path(&scratch.path().join("m.safetensors"));
+        std::fs::write(&part, [0u8; 25]).unwrap();
         std::fs::write(sidecar(&part), "piece 10\n0\n2\n7\nx\n").unwrap();
         // Pieces 0 (10 bytes) and 2 (the last, 5 bytes); 7 is beyond the file.
         assert_eq!(have(&part, 25, 10), 15);

@@ -112,7 +112,12 @@ impl Fetch<'_> {
         let size = self.file.size;
         if super::pieces::forget(part)? {
             // Left by a run with a smaller --piece-mib: its bytes are not a prefix.
-            std::fs::remove_file(part).map_err(|e| PullError::write(part, e))?;
+            match std::fs::remove_file(part) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(PullError::write(part, e));
+                }
+                _ => {}
+            }
         }
         let mut out = std::fs::OpenOptions::new()
             .create(true)
