@@ -25,13 +25,13 @@ command -v cargo >/dev/null 2>&1 || { echo "tests: cargo not found; install Rust
 
 # The HTTP API is tested with the official `openai` and `anthropic` packages (tests/e2e_http.rs
 # runs pytest in this venv and fails, naming this script, when it is missing), constrained
-# replies checked against their schemas by `jsonschema` (an independent validator). Pinned: what
-# the tests judge.
+# replies checked against their schemas by `jsonschema` (an independent validator); `k3d pull`'s
+# Hub lookalike is proven against the official `huggingface_hub`. Pinned: what the tests judge.
 venv=target/venv-http
-if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import openai, anthropic, httpx2, pytest, jsonschema, huggingface_hub' >/dev/null 2>&1; then
     echo "tests: installing the openai and anthropic clients into $venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0'
+    "$venv/bin/pip" install -q 'openai==3.51.0' 'anthropic==2.10.0' 'httpx2==2.16.2' 'pytest==9.2.0' 'jsonschema==4.26.0' 'huggingface_hub==2.4.0'
 fi
 
 # The real coding agents (Claude Code, Codex, aider, opencode) that tests/e2e_agents.rs drives against

@@ -18,6 +18,10 @@ pub enum Exit {
     /// `serve` stopped, but sessions could not be written at shutdown (a full or unwritable
     /// session directory): their newest states are lost, each logged by name (issue 19.7).
     SessionsLost = 6,
+    /// `pull`: the Hub refused (401/403: token or licence; 404: repo, revision or file).
+    HubRefused = 7,
+    /// `pull`: the Hub stayed unreachable or failing past the retry limit: run it again later.
+    HubUnreachable = 8,
 }
 
 /// An error on its way out of `main`, with the exit class it maps to.

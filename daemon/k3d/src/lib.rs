@@ -5,7 +5,8 @@
 //! The modules, top down (a module uses only those below it; `tests/architecture.rs` fails on
 //! a cycle): `cmd` (the subcommands) → `daemon` (`k3d serve`'s lifecycle: start, load,
 //! signals, shutdown) → `grpc` and `http` (the two APIs, thin mappings onto the serve core) →
-//! `net` (sockets, accept loops, the connection gate, refusals) → `notify`, `logging`, `exit`.
+//! `net` (sockets, accept loops, the connection gate, refusals) → `notify`, `logging`, `exit`;
+//! `pull` (the Hub client of `k3d pull`) sits under `cmd` beside them and uses only `exit`.
 
 #[macro_use]
 pub mod logging;
@@ -16,3 +17,4 @@ pub mod grpc;
 pub mod http;
 pub mod net;
 pub mod notify;
+pub mod pull;

@@ -36,6 +36,9 @@ enum Command {
     Serve(Box<cmd::serve::Args>),
     /// Check this machine (and a model directory) and recommend a memory budget.
     Doctor(cmd::doctor::Args),
+    /// Download a checkpoint from the Hugging Face Hub: resumable, every file checked, the
+    /// manifest for `k3d verify` written.
+    Pull(cmd::pull::Args),
     /// SHA-256 every checkpoint file against a manifest (resumable).
     Verify(cmd::verify::Args),
     /// Write the trunk pack: a losslessly compressed copy of the BF16 trunk, read instead of the
@@ -59,6 +62,7 @@ fn main() {
         Command::Detokenize(args) => cmd::tokenize::detokenize(args),
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Doctor(args) => cmd::doctor::run(args),
+        Command::Pull(args) => cmd::pull::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Pack(args) => cmd::pack::run(args),
         Command::Bench(args) => cmd::bench::run(args),

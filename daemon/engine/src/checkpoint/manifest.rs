@@ -48,7 +48,8 @@ pub fn hex(digest: &[u8; 32]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn parse_hex(s: &str) -> Option<[u8; 32]> {
+/// The digest a 64-digit hex string spells (either case), if it is one.
+pub fn parse_hex(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 || !s.is_ascii() {
         return None;
     }

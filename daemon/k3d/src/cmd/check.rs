@@ -36,6 +36,8 @@ pub fn run(args: Args) -> CliResult {
     } else {
         print!("{}", report(&checkpoint, &fingerprint, &tokens, &variants));
     }
+    // The first hour (docs/running-k3.md): pull → verify → check → doctor → serve.
+    eprintln!("next: k3d doctor {}", args.model_dir.display());
     Ok(())
 }
 

@@ -237,6 +237,14 @@ pub fn run(args: Args) -> CliResult {
                 ),
             ));
         }
+        // The first hour (docs/running-k3.md): pull → verify → check → doctor → serve.
+        if let Some(a) = &m.advice {
+            eprintln!(
+                "next: k3d serve --model {} --ram-gb {:.1}",
+                m.dir.display(),
+                a.ram_gb
+            );
+        }
     }
     Ok(())
 }

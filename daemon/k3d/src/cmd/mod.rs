@@ -5,6 +5,7 @@ pub mod check;
 pub mod doctor;
 pub mod pack;
 pub mod progress;
+pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod synth;

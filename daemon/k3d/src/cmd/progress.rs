@@ -1,4 +1,4 @@
-//! Progress of long byte-counting work (`k3d verify`, `k3d pack`) on stderr.
+//! Progress of long byte-counting work (`k3d verify`, `k3d pack`, `k3d pull` in logs) on stderr.
 
 use std::io::IsTerminal;
 use std::sync::Arc;

@@ -130,7 +130,10 @@ pub fn run(args: Args) -> CliResult {
             ),
         ));
     }
-    pack_result
+    pack_result?;
+    // The first hour (docs/running-k3.md): pull → verify → check → doctor → serve.
+    eprintln!("next: k3d check {}", args.model_dir.display());
+    Ok(())
 }
 
 /// Checks the trunk pack at `pack` against the checkpoint in `model_dir`: exit 3 naming the
