@@ -50,6 +50,9 @@ pub(crate) struct Job {
     /// A chat job's conversation, kept with `reuse` so its next turn can be warmed
     /// ([`super::prefix::next_turn`]).
     pub conversation: Option<Conversation>,
+    /// With `reuse`, the prompt positions where its prelude ends ([`super::prefix::
+    /// prelude_points`]): the states kept there give way last and are written to disk.
+    pub prelude: Vec<usize>,
     pub admitted: Instant,
     /// Last queue position announced (0 = none yet).
     announced: u32,
@@ -75,6 +78,7 @@ impl Job {
             lease,
             reuse: None,
             conversation: None,
+            prelude: Vec::new(),
             admitted: Instant::now(),
             announced: 0,
         }
