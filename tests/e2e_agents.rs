@@ -658,7 +658,10 @@ fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
     session(&served, "Say thanks");
     reused_its_prelude(&served, "a claude -p session after a restart");
     assert!(
-        served.daemon.log_text().contains("from a kept state on disk"),
+        served
+            .daemon
+            .log_text()
+            .contains("from a kept state on disk"),
         "the state came from the disk:\n{}",
         served.daemon.log_text()
     );

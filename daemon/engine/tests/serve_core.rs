@@ -912,8 +912,8 @@ fn kept_states_are_never_shared_between_callers() {
 /// disk for a caller nobody vouches for.
 #[test]
 fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_restart() {
-    use std::os::unix::fs::PermissionsExt;
     use k3_engine::tokenizer::chat::Tool;
+    use std::os::unix::fs::PermissionsExt;
     let ck = synth("tiny", 15);
     let sessions = ck.dir.join("sessions");
     let one = Capacity {
@@ -922,7 +922,11 @@ fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_resta
         max_queue: 4,
         per_uid: UidLimits::default(),
     };
-    let start = || core_with(&ck.dir, &sessions, one, |c| c.session_bytes = Some(64 << 20));
+    let start = || {
+        core_with(&ck.dir, &sessions, one, |c| {
+            c.session_bytes = Some(64 << 20)
+        })
+    };
     let tools = vec![Tool {
         name: "read_file".into(),
         description: Some("Reads a file of the project.".into()),
@@ -955,10 +959,20 @@ fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_resta
     };
 
     let core = start();
-    assert_eq!(ask(&core, Caller::Uid(7), "Name a river.", true).1.reused_tokens, 0);
+    assert_eq!(
+        ask(&core, Caller::Uid(7), "Name a river.", true)
+            .1
+            .reused_tokens,
+        0
+    );
     let (_, second) = ask(&core, Caller::Uid(7), "Name a sea.", true);
     assert_eq!(second.reused_tokens, prelude.len(), "{second:?}");
-    assert_eq!(ask(&core, Caller::Uid(8), "Name a sea.", true).1.reused_tokens, 0);
+    assert_eq!(
+        ask(&core, Caller::Uid(8), "Name a sea.", true)
+            .1
+            .reused_tokens,
+        0
+    );
     ask(&core, Caller::Unknown, "Name a bay.", true);
     core.close();
     assert!(core.join(Duration::from_secs(60)));
@@ -971,8 +985,14 @@ fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_resta
             (e.file_name().to_string_lossy().into_owned(), mode)
         })
         .collect();
-    assert!(kept.iter().any(|(name, _)| name.starts_with("7@")), "{kept:?}");
-    assert!(kept.iter().any(|(name, _)| name.starts_with("8@")), "{kept:?}");
+    assert!(
+        kept.iter().any(|(name, _)| name.starts_with("7@")),
+        "{kept:?}"
+    );
+    assert!(
+        kept.iter().any(|(name, _)| name.starts_with("8@")),
+        "{kept:?}"
+    );
     for (name, mode) in &kept {
         assert!(name.starts_with("7@") || name.starts_with("8@"), "{name}");
         assert_eq!(*mode, 0o600, "{name}");
@@ -986,6 +1006,14 @@ fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_resta
     assert!(files.hits >= 1 && files.files >= kept.len(), "{files:?}");
     let (fresh_out, fresh) = ask(&core, Caller::Uid(7), "Name a lake.", false);
     assert_eq!(fresh.reused_tokens, 0);
-    assert_eq!(again_out, fresh_out, "continued from disk, it answers as computed afresh");
-    assert_eq!(ask(&core, Caller::Uid(9), "Name a lake.", true).1.reused_tokens, 0);
+    assert_eq!(
+        again_out, fresh_out,
+        "continued from disk, it answers as computed afresh"
+    );
+    assert_eq!(
+        ask(&core, Caller::Uid(9), "Name a lake.", true)
+            .1
+            .reused_tokens,
+        0
+    );
 }

@@ -12,9 +12,9 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Message,
-    Prelude, ResponseFormat, Role, Segment, Thinking, Tool, ToolCall, ToolChoice, parse_reply,
-    render, render_with_prelude, segments,
+    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Message, Prelude,
+    ResponseFormat, Role, Segment, Thinking, Tool, ToolCall, ToolChoice, parse_reply, render,
+    render_with_prelude, segments,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::{fixtures, gpt2_byte_order, k3_config, scratch, write_model};
@@ -1076,22 +1076,40 @@ fn the_prelude_ends_where_the_rendering_of_the_prelude_alone_ends() {
     };
     let tools_end = alone(0, true, false).len();
     let end = alone(2, true, true).len();
-    assert_eq!(prelude, Prelude { tools_end: Some(tools_end), end });
+    assert_eq!(
+        prelude,
+        Prelude {
+            tools_end: Some(tools_end),
+            end
+        }
+    );
     assert!(0 < tools_end && tools_end < end && end < ids.len());
     assert_eq!(ids[..end], alone(2, true, true)[..]);
     // No tools, no effort, a user message first: no prelude at all.
     let bare = Conversation {
-        messages: vec![Message::new(Role::User, "Hi"), Message::new(Role::System, "x")],
+        messages: vec![
+            Message::new(Role::User, "Hi"),
+            Message::new(Role::System, "x"),
+        ],
         thinking: Thinking::Off,
         ..Conversation::default()
     };
     assert_eq!(render_with_prelude(t, &bare).unwrap().1, Prelude::default());
     // Only system messages: the prelude is all of them.
     let systems = Conversation {
-        messages: vec![Message::new(Role::System, "a"), Message::new(Role::System, "b")],
+        messages: vec![
+            Message::new(Role::System, "a"),
+            Message::new(Role::System, "b"),
+        ],
         thinking: Thinking::Off,
         ..Conversation::default()
     };
     let (ids, prelude) = render_with_prelude(t, &systems).unwrap();
-    assert_eq!(prelude, Prelude { tools_end: None, end: ids.len() });
+    assert_eq!(
+        prelude,
+        Prelude {
+            tools_end: None,
+            end: ids.len()
+        }
+    );
 }

@@ -606,10 +606,10 @@ impl Core {
         }
         let prelude_points = prefix::prelude_points(request.prompt.len(), &prelude);
         let mut job = Job::new(id, caller, request, validated.kind, sender, lease);
-        job.conversation = validated.conversation.filter(|_| reuse.is_some());
-        if reuse.is_some() {
-            job.prelude = prelude_points;
-        }
+        job.conversation = validated
+            .conversation
+            .filter(|_| reuse.is_some())
+            .map(|c| (c, prelude_points));
         job.reuse = reuse;
         // From here the place is the job's: filled, or taken away with the job's refusal.
         reservation.filled = true;

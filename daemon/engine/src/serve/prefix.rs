@@ -388,7 +388,10 @@ mod tests {
         };
         // The last two message starts are 7 and 9: without the prelude's, nothing of a new
         // conversation with the same prelude would be kept.
-        assert_eq!(keep_points(&prompt, Some(EOM), &prelude), vec![3, 5, 7, 9, 10]);
+        assert_eq!(
+            keep_points(&prompt, Some(EOM), &prelude),
+            vec![3, 5, 7, 9, 10]
+        );
         assert_eq!(prelude_points(prompt.len(), &prelude), vec![3, 5]);
         // No tools, no system message: nothing more. The two ends in one place: one point.
         assert!(prelude_points(11, &chat::Prelude::default()).is_empty());
@@ -412,14 +415,25 @@ mod tests {
             cache.keep(&me, vec![snap(&(0..n).collect::<Vec<_>>())], &[], u64::MAX);
         }
         assert_eq!(cache.figures().states, PER_CALLER + 1);
-        assert!(cache.find(&me, &[7, 7, 1]).is_some(), "the prelude state stays");
+        assert!(
+            cache.find(&me, &[7, 7, 1]).is_some(),
+            "the prelude state stays"
+        );
         // Over the byte allowance, the caller's other states go before its prelude state,
         // although the prelude state is the older one.
         let before = cache.figures().bytes;
         let conversation = snap(&[1, 1, 1]);
-        cache.keep(&me, vec![conversation], &[], prelude.state.size_bytes() as u64 + 1);
+        cache.keep(
+            &me,
+            vec![conversation],
+            &[],
+            prelude.state.size_bytes() as u64 + 1,
+        );
         assert!(cache.figures().bytes < before);
-        assert!(cache.find(&me, &[7, 7, 1]).is_some(), "the prelude state stays");
+        assert!(
+            cache.find(&me, &[7, 7, 1]).is_some(),
+            "the prelude state stays"
+        );
         assert_eq!(cache.figures().states, 1);
         // Its own bound: the oldest prelude states beyond it go.
         for n in 0..PRELUDES_PER_CALLER as u32 + 1 {

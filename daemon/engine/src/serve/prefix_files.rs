@@ -89,8 +89,7 @@ impl PrefixFiles {
             snapshot,
             prelude,
         };
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) =
-            sender.try_send(pending)
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = sender.try_send(pending)
         {
             self.log.info(format_args!(
                 "prefix cache: the kept state of uid {owner} ({ids} ids) is not written: \

@@ -322,7 +322,7 @@ fn warm(
     caller: &Caller,
     reply: chat::Message,
 ) -> Option<Warm> {
-    let conversation = job.conversation.as_ref()?;
+    let (conversation, _) = job.conversation.as_ref()?;
     // With no room for kept states the result would be dropped at once.
     if prefix_room(shared) == 0 {
         return None;
@@ -334,7 +334,10 @@ fn warm(
         ..GenerateRequest::default()
     };
     let room = prefix_room(shared);
-    let started = match shared.files.find(&shared.prefix, caller, &request.prompt, room) {
+    let started = match shared
+        .files
+        .find(&shared.prefix, caller, &request.prompt, room)
+    {
         Some(state) => engine.start_from(request, state),
         None => engine.start(request),
     };
@@ -485,14 +488,16 @@ fn deliver<'e>(
                         })
                     })
                     .collect();
-                let prelude = &a.job.prelude;
+                let prelude = a.job.conversation.as_ref().map_or(&[][..], |(_, p)| p);
                 a.preludes.extend(
                     kept.iter()
                         .filter(|s| prelude.contains(&s.history.len()))
                         .cloned(),
                 );
                 if !kept.is_empty() {
-                    shared.prefix.keep(caller, kept, prelude, prefix_room(shared));
+                    shared
+                        .prefix
+                        .keep(caller, kept, prelude, prefix_room(shared));
                 }
             }
             a.job.events.send(Event::Prefill { done, total, pass });
@@ -548,7 +553,9 @@ fn deliver<'e>(
                 // take only what the named sessions leave of their allowance.
                 let end = Arc::new(snapshot(&a.generation));
                 let room = prefix_room(shared);
-                shared.prefix.keep(caller, vec![Arc::clone(&end)], &[], room);
+                shared
+                    .prefix
+                    .keep(caller, vec![Arc::clone(&end)], &[], room);
                 end_kept = Some(end);
             }
             if let Some(error) = unkept {

@@ -85,7 +85,10 @@ pub fn parse_file_name(name: &str) -> Option<(u32, &str)> {
         .strip_suffix(&format!(".{EXTENSION}"))?
         .split_once('@')?;
     let digits = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_digit());
-    let hex = digest.len() == 64 && digest.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let hex = digest.len() == 64
+        && digest
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     (digits && hex)
         .then(|| uid.parse().ok())
         .flatten()
@@ -205,7 +208,12 @@ impl KeptWrite {
     /// Writes `snapshot` (the one reserved) to its file atomically; the file's size.
     pub fn write(&self, snapshot: &Snapshot) -> Result<u64, FileError> {
         let name = file_name(self.owner, &self.digest);
-        file::save_as(&self.dir, &name, &self.header, std::slice::from_ref(snapshot))
+        file::save_as(
+            &self.dir,
+            &name,
+            &self.header,
+            std::slice::from_ref(snapshot),
+        )
     }
 }
 
@@ -286,7 +294,10 @@ impl SessionStore {
         }
         if used + needed > limit {
             let used = used + needed;
-            return refused(&mut self.kept.counts, KeptError::Quota { owner, used, limit });
+            return refused(
+                &mut self.kept.counts,
+                KeptError::Quota { owner, used, limit },
+            );
         }
         let available = match self.dir.available_bytes() {
             Ok(bytes) => bytes,
@@ -493,7 +504,10 @@ mod tests {
         let figures = s.kept_figures();
         assert_eq!((figures.files, figures.written), (2, 2));
         let name = file_name(10, &digest(&state_key("fp"), &[1, 2, 3]));
-        let mode = std::fs::metadata(dir.join(&name)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.join(&name))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         drop(s);
         let mut again = store(&dir, "fp");
@@ -573,7 +587,10 @@ mod tests {
         assert!(kept(&mut s, 10, &[4, 4, 4], false));
         assert_eq!(s.load_kept(10, &[1, 1, 1, 0], 0).0, None);
         assert!(s.load_kept(10, &[9, 9, 9, 0], 0).0.is_some());
-        assert!(s.load_kept(11, &[3, 3, 3, 0], 0).0.is_some(), "uid 11's stays");
+        assert!(
+            s.load_kept(11, &[3, 3, 3, 0], 0).0.is_some(),
+            "uid 11's stays"
+        );
         // A state that is not a prelude's never removes a prelude's: refused when only
         // preludes are left to go.
         s.set_quota(Quota {
@@ -583,7 +600,10 @@ mod tests {
         let refused = s.reserve_kept(10, &snap(&[5, 5, 5]), false);
         assert!(matches!(refused, Err(KeptError::Quota { owner: 10, .. })));
         assert!(s.load_kept(10, &[9, 9, 9, 0], 0).0.is_some());
-        assert!(s.load_kept(10, &[4, 4, 4, 0], 0).0.is_some(), "nothing removed for it");
+        assert!(
+            s.load_kept(10, &[4, 4, 4, 0], 0).0.is_some(),
+            "nothing removed for it"
+        );
         // A named session's write takes the room of its owner's kept states, preludes too.
         let key = s.reserve("work", Some(10), 1).unwrap();
         s.finish(&key, vec![snap(&[1, 2, 3])]);

@@ -686,7 +686,8 @@ impl SessionStore {
     /// sessions. Returns the file size, or 0 when there was nothing new to write.
     pub fn write(&mut self, key: &SessionKey) -> Result<u64, SessionStoreError> {
         let unwritten = self.sessions.get(key).filter(|e| !e.on_disk);
-        let Some(needed) = unwritten.and_then(|e| Some(bytes_of(e.snapshots.as_deref()?) + FRAMING))
+        let Some(needed) =
+            unwritten.and_then(|e| Some(bytes_of(e.snapshots.as_deref()?) + FRAMING))
         else {
             return Ok(0);
         };
