@@ -631,64 +631,94 @@ fn reused_its_prelude(served: &Served, what: &str) {
     );
 }
 
+/// Runs an agent's recipe command `argv` (with `env`) with `question` for its prompt (its last
+/// word); checks that it printed the daemon's answer.
+fn ask(
+    served: &Served,
+    agent: &str,
+    env: &[(String, String)],
+    mut argv: Vec<String>,
+    question: &str,
+) {
+    *argv.last_mut().expect("a prompt") = question.to_string();
+    let what = format!("{agent} {question:?}");
+    let out = served.run(&what, served.command(&argv, env));
+    served.printed_the_answer(&what, &out, Shown::Alone);
+}
+
+/// The recipe's blocks (language, text).
+type Blocks = [(String, String)];
+
+/// Three new sessions of an agent (installed at `installed`, its recipe `## TITLE` of
+/// docs/agents.md) that share its prelude: `session` runs one with a question (given the
+/// recipe, the executable and the question), `configure` writes the agent's configuration for
+/// the relay (at the start and after the restart, which changes the relay's URL). Two
+/// sessions, a daemon restart, the third: each after the first must reuse at least
+/// [`SESSION_REUSED_AT_LEAST`] of its prompt, the third from the state the first daemon wrote
+/// to disk.
+fn sessions_reuse_the_prelude(
+    installed: &str,
+    title: &str,
+    session: impl Fn(&Served, &Blocks, &Path, &str),
+    configure: impl Fn(&Served, &Blocks),
+) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let executable = agent(installed);
+    let blocks = recipe(title);
+    let mut served = serve("agents-sessions");
+    configure(&served, &blocks);
+    let run = |served: &Served, question: &str| session(served, &blocks, &executable, question);
+    run(&served, "Say hello");
+    let (first, _) = last_usage(&served);
+    assert!(first > 10_000, "not {title}'s prompt: {first} tokens");
+    run(&served, "Say goodbye");
+    reused_its_prelude(&served, &format!("a second {title} session"));
+    served.restart();
+    configure(&served, &blocks);
+    run(&served, "Say thanks");
+    reused_its_prelude(&served, &format!("a {title} session after a restart"));
+    let log = served.daemon.log_text();
+    assert!(
+        log.contains("from a kept state on disk"),
+        "the state came from the disk:\n{log}"
+    );
+}
+
 /// Issue 42 point 5: separate `claude -p` sessions (no `--continue`, another question each)
 /// share only Claude Code's prelude — its tools, effort and system prompt, ~40,000 tokens — and
 /// each after the first prefills at most its own conversation: ≥ 95 % of its prompt reused,
 /// also after the daemon restarted between them (the prelude's state came from the disk).
 #[test]
 fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let claude = agent("agents-npm/node_modules/.bin/claude");
-    let mut served = serve("agents-claude-sessions");
-    let blocks = recipe("Claude Code");
-    let session = |served: &Served, question: &str| {
-        let (env, _) = command_line(&placed(&block(&blocks, "sh", 0), &served.tap.url));
-        let (_, mut argv) = served.recipe_command(&blocks, 1, &["claude", "-p"], &claude);
-        *argv.last_mut().expect("a prompt") = question.to_string();
-        let what = format!("claude -p {question:?}");
-        let out = served.run(&what, served.command(&argv, &env));
-        served.printed_the_answer(&what, &out, Shown::Alone);
+    let session = |served: &Served, blocks: &Blocks, claude: &Path, question: &str| {
+        // The relay's URL goes into each run's environment.
+        let (env, _) = command_line(&placed(&block(blocks, "sh", 0), &served.tap.url));
+        let (_, argv) = served.recipe_command(blocks, 1, &["claude", "-p"], claude);
+        ask(served, "claude -p", &env, argv, question);
     };
-    session(&served, "Say hello");
-    let (first, _) = last_usage(&served);
-    assert!(first > 10_000, "not Claude Code's prompt: {first} tokens");
-    session(&served, "Say goodbye");
-    reused_its_prelude(&served, "a second claude -p session");
-    served.restart();
-    session(&served, "Say thanks");
-    reused_its_prelude(&served, "a claude -p session after a restart");
-    assert!(
-        served
-            .daemon
-            .log_text()
-            .contains("from a kept state on disk"),
-        "the state came from the disk:\n{}",
-        served.daemon.log_text()
+    sessions_reuse_the_prelude(
+        "agents-npm/node_modules/.bin/claude",
+        "Claude Code",
+        session,
+        |_, _| {},
     );
 }
 
-/// Issue 42 point 5: the same for two `codex exec` runs (each a new thread of Codex), the
-/// second after a daemon restart.
+/// Issue 42 point 5: the same for `codex exec` runs (each a new thread of Codex).
 #[test]
 fn separate_codex_exec_runs_reuse_the_prelude_even_after_a_restart() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let codex = agent("agents-npm/node_modules/.bin/codex");
-    let mut served = serve("agents-codex-sessions");
-    let blocks = recipe("Codex CLI");
-    served.recipe_file(&blocks, "toml", &served.home().join(".codex/config.toml"));
-    let run = |served: &Served, question: &str| {
-        let (env, mut argv) = served.recipe_command(&blocks, 0, &["codex", "exec"], &codex);
-        *argv.last_mut().expect("a prompt") = question.to_string();
-        let what = format!("codex exec {question:?}");
-        let out = served.run(&what, served.command(&argv, &env));
-        served.printed_the_answer(&what, &out, Shown::Alone);
+    let run = |served: &Served, blocks: &Blocks, codex: &Path, question: &str| {
+        let (env, argv) = served.recipe_command(blocks, 0, &["codex", "exec"], codex);
+        ask(served, "codex exec", &env, argv, question);
     };
-    run(&served, "Say hello");
-    run(&served, "Say goodbye");
-    reused_its_prelude(&served, "a second codex exec");
-    served.restart();
-    // The provider's URL is the relay's, which the restart changed.
-    served.recipe_file(&blocks, "toml", &served.home().join(".codex/config.toml"));
-    run(&served, "Say thanks");
-    reused_its_prelude(&served, "a codex exec after a restart");
+    // The provider's URL is the relay's.
+    let configure = |served: &Served, blocks: &Blocks| {
+        served.recipe_file(blocks, "toml", &served.home().join(".codex/config.toml"))
+    };
+    sessions_reuse_the_prelude(
+        "agents-npm/node_modules/.bin/codex",
+        "Codex CLI",
+        run,
+        configure,
+    );
 }

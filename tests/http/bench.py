@@ -234,12 +234,7 @@ def ttft_run(args, run):
         cold, reply, cold_usage = chat_turn(client, args, messages)
         # The reply was read before the next turn is typed: wait until the daemon has warmed
         # the conversation's history (or clearly will not), so the warm turn starts idle.
-        deadline = time.monotonic() + 120
-        while warmed_tokens(client) == 0:
-            if time.monotonic() > deadline:
-                print("bench: the daemon did not warm the history within 120 s", flush=True)
-                break
-            time.sleep(0.05)
+        wait_warmed(client)
         messages += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": "Thank you. Say it again in one sentence."}]
         warm, _, warm_usage = chat_turn(client, args, messages)

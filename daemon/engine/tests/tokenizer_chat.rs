@@ -1085,26 +1085,16 @@ fn the_prelude_ends_where_the_rendering_of_the_prelude_alone_ends() {
     );
     assert!(0 < tools_end && tools_end < end && end < ids.len());
     assert_eq!(ids[..end], alone(2, true, true)[..]);
-    // No tools, no effort, a user message first: no prelude at all.
-    let bare = Conversation {
-        messages: vec![
-            Message::new(Role::User, "Hi"),
-            Message::new(Role::System, "x"),
-        ],
+    let plain = |roles: [Role; 2]| Conversation {
+        messages: roles.map(|r| Message::new(r, "text")).to_vec(),
         thinking: Thinking::Off,
         ..Conversation::default()
     };
+    // No tools, no effort, a user message first: no prelude at all.
+    let bare = plain([Role::User, Role::System]);
     assert_eq!(render_with_prelude(t, &bare).unwrap().1, Prelude::default());
     // Only system messages: the prelude is all of them.
-    let systems = Conversation {
-        messages: vec![
-            Message::new(Role::System, "a"),
-            Message::new(Role::System, "b"),
-        ],
-        thinking: Thinking::Off,
-        ..Conversation::default()
-    };
-    let (ids, prelude) = render_with_prelude(t, &systems).unwrap();
+    let (ids, prelude) = render_with_prelude(t, &plain([Role::System; 2])).unwrap();
     assert_eq!(
         prelude,
         Prelude {
