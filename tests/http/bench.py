@@ -249,10 +249,11 @@ def ttft_run(args, run):
                      "cached_tokens": cached(warm_usage)}}
 
 
-def wait_warmed(client):
-    """Waits until the daemon has warmed the last reply's history (or clearly will not)."""
+def wait_warmed(client, before=0):
+    """Waits until the daemon has warmed the last reply's history — its count of warmed tokens
+    passed `before`, what it was before that reply — or clearly will not."""
     deadline = time.monotonic() + 120
-    while warmed_tokens(client) == 0:
+    while warmed_tokens(client) <= before:
         if time.monotonic() > deadline:
             print("bench: the daemon did not warm the history within 120 s", flush=True)
             return
@@ -280,8 +281,9 @@ def session_run(args, run):
                 break
             words = max(1, round(words * args.ttft_tokens / n))
         for side, question in zip(("cold", "memory"), SESSION_QUESTIONS):
+            before = warmed_tokens(client)
             sides[side] = chat_turn(client, args, session_conversation(words, question))
-            wait_warmed(client)
+            wait_warmed(client, before)
     finally:
         daemon.terminate()
         daemon.wait()
