@@ -4,7 +4,7 @@
 //! * **What is written**: a local account's ([`Caller::Uid`]) prelude states — what its next
 //!   session shares with this one ([`super::prefix::prelude_points`]) — and the state its
 //!   conversation's next turn continues from: the warmed next turn, or the end of the reply
-//!   when there is nothing to warm. The other kept states serve retries within a turn and
+//!   when there is nothing to warm or the warming is dropped. The other kept states serve retries within a turn and
 //!   stay in memory. An API key's callers keep theirs in memory only: a key is known by its
 //!   place in the key list, which a restart may give to another key. A caller nobody vouches
 //!   for keeps nothing anywhere.

@@ -120,6 +120,9 @@ struct Warm {
     generation: Generation,
     /// The request whose reply this warms (for the log).
     after: u64,
+    /// That reply's end state, written to disk in its stead if the warming is dropped
+    /// ([`PrefixFiles`]: what the next turn continues from after a restart).
+    end: Option<Arc<Snapshot>>,
 }
 
 impl Member for Warm {
@@ -274,12 +277,16 @@ fn run(shared: &Shared, engine: &Engine) {
             .iter()
             .any(|m| matches!(m, Running::Warm(w) if yields(w)))
         {
-            let kept: Vec<_> = batch
-                .drain()
-                .filter(|m| !matches!(m, Running::Warm(w) if yields(w)))
-                .collect();
-            for m in kept {
-                batch.push(m);
+            let members: Vec<_> = batch.drain().collect();
+            for m in members {
+                match m {
+                    Running::Warm(w) if yields(&w) => {
+                        if let Some(end) = w.end {
+                            shared.files.write(&w.caller, end, false);
+                        }
+                    }
+                    other => batch.push(other),
+                }
             }
             if !taken.waiting.is_empty() {
                 continue;
@@ -321,6 +328,7 @@ fn warm(
     job: &Job,
     caller: &Caller,
     reply: chat::Message,
+    end: Option<Arc<Snapshot>>,
 ) -> Option<Warm> {
     let (conversation, _) = job.conversation.as_ref()?;
     // With no room for kept states the result would be dropped at once.
@@ -346,6 +354,7 @@ fn warm(
             caller: caller.clone(),
             generation,
             after: job.id,
+            end,
         }),
         Err(e) => {
             shared.log.warn(format_args!(
@@ -596,7 +605,7 @@ fn deliver<'e>(
             }
             let warming = ending
                 .message
-                .and_then(|reply| warm(shared, engine, &a.job, caller, reply));
+                .and_then(|reply| warm(shared, engine, &a.job, caller, reply, end_kept.clone()));
             if let (None, Some(end)) = (&warming, end_kept) {
                 shared.files.write(caller, end, false);
             }
