@@ -11,6 +11,9 @@
 //! 4xx/5xx line, the agent must exit 0, and what it printed must contain the text the daemon
 //! answered (non-empty). Claude Code's second turn (`--continue`) must reuse at least 90 % of
 //! the first turn's prompt (issue 34 point 5), in the usage it was sent and in the daemon's log.
+//! A second *session* of Claude Code or Codex — no `--continue`, another question — shares only
+//! its prelude with the first and must reuse at least 95 % of its prompt, also when the daemon
+//! was restarted between them (issue 42 point 5: kept states outlive the daemon).
 
 #[path = "e2e_support.rs"]
 mod support;
@@ -36,6 +39,10 @@ const RECIPE_MODEL: &str = "Kimi-K3";
 const AGENT_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// The share of the first turn's prompt a continued turn must reuse (issue 34, "Done when").
 const REUSED_AT_LEAST: f64 = 0.9;
+
+/// The share of a new session's prompt that must be reused from an earlier session's prelude
+/// (issue 42, "Done when").
+const SESSION_REUSED_AT_LEAST: f64 = 0.95;
 
 /// One daemon at a time: each agent turn is a long prefill on the machine's two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -142,16 +149,21 @@ struct Served {
     dir: tempfile::TempDir,
 }
 
+/// The recipe's daemon (docs/agents.md) on the trained fixture: HTTP on loopback, no keys,
+/// default budget; both cores, as a user's machine would give it. Its sessions (and kept
+/// prefix states) live beside its socket, so a restart finds them.
+fn start_daemon(dir: &Path) -> Daemon {
+    let model = root().join("tests/fixtures/trained/model");
+    Daemon::start(
+        &model,
+        &dir.join("k3d.sock"),
+        &["--http", "127.0.0.1:0", "--threads", "2"],
+    )
+}
+
 fn serve(name: &str) -> Served {
     let dir = scratch(name);
-    let model = root().join("tests/fixtures/trained/model");
-    // The recipe's daemon (docs/agents.md): HTTP on loopback, no keys, default budget; both
-    // cores, as a user's machine would give it.
-    let daemon = Daemon::start(
-        &model,
-        &dir.path().join("k3d.sock"),
-        &["--http", "127.0.0.1:0", "--threads", "2"],
-    );
+    let daemon = start_daemon(dir.path());
     let tap = Tap::start(&daemon.tcp_url());
     for sub in ["home", "work"] {
         std::fs::create_dir_all(dir.path().join(sub)).expect("scratch dirs");
@@ -160,6 +172,21 @@ fn serve(name: &str) -> Served {
 }
 
 impl Served {
+    /// Stops the daemon as systemd does (SIGTERM: it finishes writing what it keeps, then
+    /// exits 0) and starts it again on the same session directory, behind a new relay.
+    fn restart(&mut self) {
+        self.daemon.signal(libc::SIGTERM);
+        let status = self.daemon.wait(Duration::from_secs(300));
+        assert!(
+            status.success(),
+            "k3d exited {status} at SIGTERM:\n{}",
+            self.daemon.log_text()
+        );
+        eprintln!("the daemon before its restart:\n{}", self.daemon.log_text());
+        self.daemon = start_daemon(self.dir.path());
+        self.tap = Tap::start(&self.daemon.tcp_url());
+    }
+
     fn home(&self) -> PathBuf {
         self.dir.path().join("home")
     }
@@ -562,4 +589,136 @@ fn codex_exec_completes_a_tool_round_trip() {
     *argv.last_mut().expect("a prompt") =
         format!("Run `cat {ROUND_TRIP_FILE}` and tell me what it says.");
     round_trip(&served, "codex exec (tool)", served.command(&argv, &env));
+}
+
+/// The last generated exchange's prompt and reused tokens (Messages or Responses usage).
+fn last_usage(served: &Served) -> (u64, u64) {
+    let generated = served.all_answered();
+    let last = generated.last().expect("a generated answer");
+    if last.path.starts_with("/v1/messages") {
+        let (input, cached) = messages_usage(last);
+        return (input + cached, cached);
+    }
+    let usage = last
+        .events()
+        .into_iter()
+        .rev()
+        .find(|ev| ev["type"] == "response.completed")
+        .map(|ev| ev["response"]["usage"].clone())
+        .unwrap_or_else(|| last.json()["usage"].clone());
+    let count = |v: &serde_json::Value| {
+        v.as_u64()
+            .unwrap_or_else(|| panic!("no token count in the usage {usage}"))
+    };
+    (
+        count(&usage["input_tokens"]),
+        count(&usage["input_tokens_details"]["cached_tokens"]),
+    )
+}
+
+/// Checks that a new session reused at least [`SESSION_REUSED_AT_LEAST`] of its prompt.
+fn reused_its_prelude(served: &Served, what: &str) {
+    let (prompt, reused) = last_usage(served);
+    let share = reused as f64 / prompt as f64;
+    eprintln!(
+        "{what}: {prompt} prompt tokens, {reused} reused ({:.1} %)",
+        100.0 * share
+    );
+    assert!(
+        share >= SESSION_REUSED_AT_LEAST,
+        "{what} reused {reused} of its {prompt} prompt tokens (< {SESSION_REUSED_AT_LEAST}):\n{}",
+        served.daemon.log_text()
+    );
+}
+
+/// Runs an agent's recipe command `argv` (with `env`) with `question` for its prompt (its last
+/// word); checks that it printed the daemon's answer.
+fn ask(
+    served: &Served,
+    agent: &str,
+    env: &[(String, String)],
+    mut argv: Vec<String>,
+    question: &str,
+) {
+    *argv.last_mut().expect("a prompt") = question.to_string();
+    let what = format!("{agent} {question:?}");
+    let out = served.run(&what, served.command(&argv, env));
+    served.printed_the_answer(&what, &out, Shown::Alone);
+}
+
+/// The recipe's blocks (language, text).
+type Blocks = [(String, String)];
+
+/// Three new sessions of an agent (installed at `installed`, its recipe `## TITLE` of
+/// docs/agents.md) that share its prelude: `session` runs one with a question (given the
+/// recipe, the executable and the question), `configure` writes the agent's configuration for
+/// the relay (at the start and after the restart, which changes the relay's URL). Two
+/// sessions, a daemon restart, the third: each after the first must reuse at least
+/// [`SESSION_REUSED_AT_LEAST`] of its prompt, the third from the state the first daemon wrote
+/// to disk.
+fn sessions_reuse_the_prelude(
+    installed: &str,
+    title: &str,
+    session: impl Fn(&Served, &Blocks, &Path, &str),
+    configure: impl Fn(&Served, &Blocks),
+) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let executable = agent(installed);
+    let blocks = recipe(title);
+    let mut served = serve("agents-sessions");
+    configure(&served, &blocks);
+    let run = |served: &Served, question: &str| session(served, &blocks, &executable, question);
+    run(&served, "Say hello");
+    let (first, _) = last_usage(&served);
+    assert!(first > 10_000, "not {title}'s prompt: {first} tokens");
+    run(&served, "Say goodbye");
+    reused_its_prelude(&served, &format!("a second {title} session"));
+    served.restart();
+    configure(&served, &blocks);
+    run(&served, "Say thanks");
+    reused_its_prelude(&served, &format!("a {title} session after a restart"));
+    let log = served.daemon.log_text();
+    assert!(
+        log.contains("from a kept state on disk"),
+        "the state came from the disk:\n{log}"
+    );
+}
+
+/// Issue 42 point 5: separate `claude -p` sessions (no `--continue`, another question each)
+/// share only Claude Code's prelude — its tools, effort and system prompt, ~40,000 tokens — and
+/// each after the first prefills at most its own conversation: ≥ 95 % of its prompt reused,
+/// also after the daemon restarted between them (the prelude's state came from the disk).
+#[test]
+fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
+    let session = |served: &Served, blocks: &Blocks, claude: &Path, question: &str| {
+        // The relay's URL goes into each run's environment.
+        let (env, _) = command_line(&placed(&block(blocks, "sh", 0), &served.tap.url));
+        let (_, argv) = served.recipe_command(blocks, 1, &["claude", "-p"], claude);
+        ask(served, "claude -p", &env, argv, question);
+    };
+    sessions_reuse_the_prelude(
+        "agents-npm/node_modules/.bin/claude",
+        "Claude Code",
+        session,
+        |_, _| {},
+    );
+}
+
+/// Issue 42 point 5: the same for `codex exec` runs (each a new thread of Codex).
+#[test]
+fn separate_codex_exec_runs_reuse_the_prelude_even_after_a_restart() {
+    let run = |served: &Served, blocks: &Blocks, codex: &Path, question: &str| {
+        let (env, argv) = served.recipe_command(blocks, 0, &["codex", "exec"], codex);
+        ask(served, "codex exec", &env, argv, question);
+    };
+    // The provider's URL is the relay's.
+    let configure = |served: &Served, blocks: &Blocks| {
+        served.recipe_file(blocks, "toml", &served.home().join(".codex/config.toml"))
+    };
+    sessions_reuse_the_prelude(
+        "agents-npm/node_modules/.bin/codex",
+        "Codex CLI",
+        run,
+        configure,
+    );
 }

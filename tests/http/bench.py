@@ -16,6 +16,13 @@
    (the same conversation + that reply + a short question), which continues the kept state.
    Medians of RUNS daemon starts, printed as a table; `--results FILE` appends each run to FILE
    and prints the table over every run in it, so runs may be taken in separate sittings.
+4. A new session's time to first token (`--only session`, issue 42): three conversations that
+   share a system prompt of about `--ttft-tokens` prompt tokens (an agent's prelude) and ask
+   different questions, each a new session: cold = the first, on a daemon just started;
+   warm in memory = the second, on the same daemon once the first reply's warming is done;
+   warm from disk = the third, on the daemon started again on the same session directory
+   (the prelude's state written to disk by the first daemon, which SIGTERM lets finish).
+   Medians of RUNS, as for `--only ttft` (and `--results` likewise).
 
 Figures are ratios measured in one run on a shared, noisy machine: compare them, not the
 absolute times, with other runs.
@@ -193,14 +200,14 @@ def chat_turn(client, args, messages):
     return first, "".join(text), usage
 
 
-def start_daemon(args, run):
-    """`k3d serve` on fresh sockets and session directory; returns (process, HTTP client,
-    seconds until /health said ready)."""
+def start_daemon(args, run, sessions=None):
+    """`k3d serve` on fresh sockets and session directory (or `sessions`); returns (process,
+    HTTP client, seconds until /health said ready)."""
     work = os.path.join(args.work, f"run{run}")
     os.makedirs(work)
     http = os.path.join(work, "http.sock")
     cmd = [args.k3d, "serve", "--model", args.model_dir, "--socket", os.path.join(work, "k3d.sock"),
-           "--http", f"unix:{http}", "--session-dir", os.path.join(work, "sessions"),
+           "--http", f"unix:{http}", "--session-dir", sessions or os.path.join(work, "sessions"),
            *shlex.split(args.serve_args)]
     log = open(os.path.join(work, "k3d.log"), "w")
     t = time.monotonic()
@@ -227,12 +234,7 @@ def ttft_run(args, run):
         cold, reply, cold_usage = chat_turn(client, args, messages)
         # The reply was read before the next turn is typed: wait until the daemon has warmed
         # the conversation's history (or clearly will not), so the warm turn starts idle.
-        deadline = time.monotonic() + 120
-        while warmed_tokens(client) == 0:
-            if time.monotonic() > deadline:
-                print("bench: the daemon did not warm the history within 120 s", flush=True)
-                break
-            time.sleep(0.05)
+        wait_warmed(client)
         messages += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": "Thank you. Say it again in one sentence."}]
         warm, _, warm_usage = chat_turn(client, args, messages)
@@ -247,10 +249,65 @@ def ttft_run(args, run):
                      "cached_tokens": cached(warm_usage)}}
 
 
-def ttft(args):
+def wait_warmed(client, before=0):
+    """Waits until the daemon has warmed the last reply's history — its count of warmed tokens
+    passed `before`, what it was before that reply — or clearly will not."""
+    deadline = time.monotonic() + 120
+    while warmed_tokens(client) <= before:
+        if time.monotonic() > deadline:
+            print("bench: the daemon did not warm the history within 120 s", flush=True)
+            return
+        time.sleep(0.05)
+
+
+def session_conversation(words, question):
+    system = "You are a careful coding agent. Follow these instructions:\n\n" + filler(words)
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+SESSION_QUESTIONS = ["What do the instructions say first?", "Name one rule you must follow.",
+                     "Summarise the instructions in one line."]
+
+
+def session_run(args, run):
+    daemon, client, ready = start_daemon(args, f"{run}a")
+    sessions = os.path.join(args.work, f"run{run}a", "sessions")
+    sides = {}
+    try:
+        words = args.ttft_tokens
+        for _ in range(8):
+            n = prompt_tokens(client, args, session_conversation(words, SESSION_QUESTIONS[0]))
+            if abs(n - args.ttft_tokens) <= args.ttft_tokens // 100:
+                break
+            words = max(1, round(words * args.ttft_tokens / n))
+        for side, question in zip(("cold", "memory"), SESSION_QUESTIONS):
+            before = warmed_tokens(client)
+            sides[side] = chat_turn(client, args, session_conversation(words, question))
+            wait_warmed(client, before)
+    finally:
+        daemon.terminate()
+        daemon.wait()
+    daemon, client, _ = start_daemon(args, f"{run}b", sessions)
+    try:
+        sides["disk"] = chat_turn(client, args, session_conversation(words, SESSION_QUESTIONS[2]))
+        written = [line for line in client.get("/metrics").text.splitlines()
+                   if line.startswith("k3d_prefix_disk_hits")]
+    finally:
+        daemon.terminate()
+        daemon.wait()
+    cached = lambda u: (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    files = sorted(os.path.getsize(os.path.join(sessions, f))
+                   for f in os.listdir(sessions) if f.endswith(".k3p"))
+    return {"model": args.model, "serve_args": args.serve_args, "ready_s": ready,
+            "kept_files_bytes": files, "disk_hits": written,
+            **{side: {"ttft_s": t, "prompt_tokens": u["prompt_tokens"], "cached_tokens": cached(u)}
+               for side, (t, _, u) in sides.items()}}
+
+
+def ttft(args, sides=("cold", "warm"), run_once=None):
     runs = []
     for run in range(args.runs):
-        r = ttft_run(args, run)
+        r = (run_once or ttft_run)(args, run)
         print(f"ttft run: {json.dumps(r)}", flush=True)
         runs.append(r)
         if args.results:
@@ -259,19 +316,21 @@ def ttft(args):
     if args.results:
         with open(args.results) as f:
             runs = [json.loads(line) for line in f if line.strip()]
-        runs = [r for r in runs if (r["model"], r["serve_args"]) == (args.model, args.serve_args)]
+        runs = [r for r in runs if (r["model"], r["serve_args"]) == (args.model, args.serve_args)
+                and all(side in r for side in sides)]
     med = lambda side, key: statistics.median(r[side][key] for r in runs)
-    cold, warm = med("cold", "ttft_s"), med("warm", "ttft_s")
+    cold = med("cold", "ttft_s")
     print(f"\nTime to first token, streamed /v1/chat/completions, k3d serve {args.serve_args}, "
           f"medians of {len(runs)} daemon starts:")
     print("| model | turn | prompt tokens | from kept state | TTFT s (runs) | median s |")
     print("|---|---|---|---|---|---|")
-    for side, m in (("cold", cold), ("warm", warm)):
+    for side in sides:
         each = " / ".join(f"{r[side]['ttft_s']:.2f}" for r in runs)
         print(f"| {args.model} | {side} | {med(side, 'prompt_tokens'):.0f} | "
-              f"{med(side, 'cached_tokens'):.0f} | {each} | {m:.2f} |")
-    print(f"warm/cold {warm / cold:.3f}x; daemon ready after "
-          f"{statistics.median(r['ready_s'] for r in runs):.1f} s (median)")
+              f"{med(side, 'cached_tokens'):.0f} | {each} | {med(side, 'ttft_s'):.2f} |")
+    for side in sides[1:]:
+        print(f"{side}/cold {med(side, 'ttft_s') / cold:.3f}x")
+    print(f"daemon ready after {statistics.median(r['ready_s'] for r in runs):.1f} s (median)")
 
 
 def main():
@@ -290,11 +349,13 @@ def main():
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--reply-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--only", choices=["overhead", "prefix", "ttft"])
+    p.add_argument("--only", choices=["overhead", "prefix", "ttft", "session"])
     args = p.parse_args()
-    if args.only == "ttft":
+    if args.only in ("ttft", "session"):
         if not (args.k3d and args.model_dir and args.work):
-            p.error("--only ttft needs --k3d, --model-dir and --work")
+            p.error(f"--only {args.only} needs --k3d, --model-dir and --work")
+        if args.only == "session":
+            return ttft(args, ("cold", "memory", "disk"), session_run)
         return ttft(args)
     if not (args.k3 and args.grpc_socket and args.http_socket):
         p.error("overhead and prefix need --k3, --grpc-socket and --http-socket")

@@ -4,7 +4,9 @@
 # tiny; `small` for the prefix-reuse figure the issue asks for), or of an existing checkpoint
 # when the first argument is a directory (the `bench` shape is 13.4 GB: synthesise it once).
 # `--only ttft` measures time to first token of a long chat, cold and warm, starting a daemon
-# per run itself (flags for it in K3_SERVE_ARGS, e.g. "--ram-gb 13 --threads 2").
+# per run itself (flags for it in K3_SERVE_ARGS, e.g. "--ram-gb 13 --threads 2"); `--only
+# session` likewise a new session's with a long shared prelude: cold, warm in memory, and warm
+# from disk after a restart.
 # Needs the venv tests/run.sh installs (target/venv-http). Binaries: debug, or release with
 # K3_BENCH_PROFILE=release.
 #
@@ -34,7 +36,7 @@ else
     model=$work/$shape
     $bin/k3d synth --shape "$shape" "$model" >/dev/null
 fi
-if [[ " $* " == *" --only ttft "* ]]; then
+if [[ " $* " == *" --only ttft "* || " $* " == *" --only session "* ]]; then
     "$python" tests/http/bench.py --k3d $bin/k3d --model-dir "$model" --work "$work" \
         --model "$shape" --serve-args "${K3_SERVE_ARGS:-}" "$@"
     exit

@@ -1,12 +1,17 @@
 //! States kept during a prefill (`GenerateRequest::keep_at`, issue 34 point 5): the prefill ends
 //! a chunk at each asked position, the state kept there is exactly a fresh prefill of those
 //! ids, continuing it gives the same logit bits as prefilling the whole prompt, and keeping
-//! states changes nothing the generation computes — at every prefill chunk size.
+//! states changes nothing the generation computes — at every prefill chunk size. A kept state
+//! written to the session directory and loaded by another store — a restarted daemon's —
+//! continues to the same logit bits as a fresh prefill, at two thread counts and two budgets
+//! (issue 42 point 4).
 
 mod model_support;
+mod synth_support;
 
 use k3_engine::engine::{Engine, EngineError, EngineOptions, GenerateRequest, Step};
-use k3_engine::model::{Logits, State};
+use k3_engine::model::{LoadOptions, Logits, State};
+use k3_engine::session::{SessionStore, Snapshot};
 use model_support::*;
 
 /// Runs `request` to its end; the generated ids and every state it kept, in order.
@@ -109,4 +114,80 @@ fn keep_points_outside_the_prompt_or_out_of_order_are_refused() {
             Ok(_) => panic!("{keep_at:?} was accepted"),
         }
     }
+}
+
+#[test]
+fn a_state_loaded_from_disk_continues_to_the_logit_bits_of_a_fresh_prefill() {
+    let ck = synth("tiny", 23);
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 53 + 11) % 250).collect();
+    let at = 29;
+    let scratch = tempfile::tempdir().expect("scratch");
+    let sessions = scratch.path().join("sessions");
+    let owner = 1000;
+    // Kept by one engine and written to disk as the serve core does.
+    let fingerprint = {
+        let options = EngineOptions {
+            threads: 1,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::open(&ck.dir, options, &mut |_| {}).expect("engine");
+        let request = GenerateRequest {
+            prompt: prompt.clone(),
+            max_tokens: 1,
+            keep_at: vec![at],
+            ..GenerateRequest::default()
+        };
+        let (_, mut kept) = run(&engine, request);
+        let snapshot = Snapshot {
+            history: prompt[..at].to_vec(),
+            state: kept.pop().expect("the kept state"),
+        };
+        let fingerprint = engine.info().fingerprint.clone();
+        let (mut store, _) = SessionStore::open(&sessions, &fingerprint, u64::MAX).expect("store");
+        let write = store
+            .reserve_kept(owner, &snapshot, true)
+            .expect("room")
+            .expect("not on disk yet");
+        let written = write.write(&snapshot);
+        store.commit_kept(&write, &written);
+        written.expect("written");
+        fingerprint
+    };
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(&ck.dir).expect("checkpoint");
+    let minimum = synth_support::minimum_budget(&checkpoint);
+    let mut continuations = Vec::new();
+    for threads in [1, 2] {
+        for model in [LoadOptions::default(), synth_support::ram_budget(minimum)] {
+            let options = EngineOptions {
+                threads,
+                model,
+                ..EngineOptions::default()
+            };
+            let engine = Engine::open(&ck.dir, options, &mut |_| {}).expect("engine");
+            let model = engine.model();
+            let vocab = model.config().vocab_size;
+            // A restarted daemon's store: it finds the state by the prompt's ids.
+            let (mut store, skipped) =
+                SessionStore::open(&sessions, &fingerprint, u64::MAX).expect("store");
+            assert!(skipped.is_empty(), "{skipped:?}");
+            let (loaded, damaged) = store.load_kept(owner, &prompt, 0);
+            assert!(damaged.is_empty(), "{damaged:?}");
+            let (snapshot, prelude) = loaded.expect("the state on disk");
+            assert!(prelude);
+            assert_eq!(snapshot.history, prompt[..at]);
+            let mut fresh = model.new_state();
+            let all = model
+                .forward(&mut fresh, &prompt, Logits::All, &no_cancel)
+                .expect("fresh prefill");
+            let mut continued = snapshot.state;
+            let rest = model
+                .forward(&mut continued, &prompt[at..], Logits::All, &no_cancel)
+                .expect("continued");
+            let at_threads = format!("{threads} threads, {:?}", engine.info().plan);
+            assert_eq!(bits(&rest), bits(&all[at * vocab..]), "{at_threads}");
+            assert_eq!(continued, fresh, "{at_threads}");
+            continuations.push(bits(&rest));
+        }
+    }
+    assert!(continuations.windows(2).all(|w| w[0] == w[1]));
 }

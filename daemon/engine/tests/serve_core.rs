@@ -902,3 +902,118 @@ fn kept_states_are_never_shared_between_callers() {
         "an unknown caller keeps nothing"
     );
 }
+
+/// Issue 42 points 1–3: a new conversation of the same caller with the same prelude — its
+/// tools and opening system message, and like Claude Code's a system message after the
+/// user's, so the last two message starts hold nothing a new conversation shares — prefills
+/// only its conversation: in the same daemon, and after a restart from the state written to
+/// the caller's namespace of the session directory (0600), loaded with the bits it was
+/// kept with (the answer is the fresh computation's). Nothing is kept for another uid, nor on
+/// disk for a caller nobody vouches for.
+#[test]
+fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_restart() {
+    use k3_engine::tokenizer::chat::Tool;
+    use std::os::unix::fs::PermissionsExt;
+    let ck = synth("tiny", 15);
+    let sessions = ck.dir.join("sessions");
+    let one = Capacity {
+        max_active: 1,
+        max_batch: 1,
+        max_queue: 4,
+        per_uid: UidLimits::default(),
+    };
+    let start = || {
+        core_with(&ck.dir, &sessions, one, |c| {
+            c.session_bytes = Some(64 << 20)
+        })
+    };
+    let tools = vec![Tool {
+        name: "read_file".into(),
+        description: Some("Reads a file of the project.".into()),
+        parameters: Some(serde_json::json!({
+            "type": "object",
+            "properties": {"path": {"type": "string"}}
+        })),
+    }];
+    let conversation = |question: &str| Conversation {
+        messages: vec![
+            Message::new(Role::System, "You are a careful coding agent."),
+            Message::new(Role::User, question),
+            Message::new(Role::System, "Reminder: answer briefly."),
+        ],
+        tools: tools.clone(),
+        thinking: Thinking::Off,
+        ..Conversation::default()
+    };
+    let chat = |question: &str, reuse: bool| Request {
+        max_tokens: Some(4),
+        reuse,
+        ..Request::new(Prompt::Chat(conversation(question)))
+    };
+    let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");
+    let mut prelude = conversation("");
+    prelude.messages.truncate(1);
+    let prelude = k3_engine::tokenizer::chat::render(&tokenizer, &prelude).expect("render");
+    let ask = |core: &Core, caller: Caller, question: &str, reuse: bool| {
+        completed(&core.submit(caller, chat(question, reuse)).expect("submit"))
+    };
+
+    let core = start();
+    assert_eq!(
+        ask(&core, Caller::Uid(7), "Name a river.", true)
+            .1
+            .reused_tokens,
+        0
+    );
+    let (_, second) = ask(&core, Caller::Uid(7), "Name a sea.", true);
+    assert_eq!(second.reused_tokens, prelude.len(), "{second:?}");
+    assert_eq!(
+        ask(&core, Caller::Uid(8), "Name a sea.", true)
+            .1
+            .reused_tokens,
+        0
+    );
+    ask(&core, Caller::Unknown, "Name a bay.", true);
+    core.close();
+    assert!(core.join(Duration::from_secs(60)));
+    let kept: Vec<(String, u32)> = std::fs::read_dir(&sessions)
+        .expect("the session directory")
+        .map(|e| e.expect("entry"))
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".k3p"))
+        .map(|e| {
+            let mode = e.metadata().expect("metadata").permissions().mode() & 0o777;
+            (e.file_name().to_string_lossy().into_owned(), mode)
+        })
+        .collect();
+    assert!(
+        kept.iter().any(|(name, _)| name.starts_with("7@")),
+        "{kept:?}"
+    );
+    assert!(
+        kept.iter().any(|(name, _)| name.starts_with("8@")),
+        "{kept:?}"
+    );
+    for (name, mode) in &kept {
+        assert!(name.starts_with("7@") || name.starts_with("8@"), "{name}");
+        assert_eq!(*mode, 0o600, "{name}");
+    }
+
+    // A restart: memory is empty, the disk is not.
+    let core = start();
+    let (again_out, again) = ask(&core, Caller::Uid(7), "Name a lake.", true);
+    assert_eq!(again.reused_tokens, prelude.len(), "{again:?}");
+    let files = core.metrics().prefix_files;
+    assert!(files.hits >= 1 && files.files >= kept.len(), "{files:?}");
+    let (fresh_out, fresh) = ask(&core, Caller::Uid(7), "Name a lake.", false);
+    assert_eq!(fresh.reused_tokens, 0);
+    assert_eq!(
+        again_out, fresh_out,
+        "continued from disk, it answers as computed afresh"
+    );
+    assert_eq!(
+        ask(&core, Caller::Uid(9), "Name a lake.", true)
+            .1
+            .reused_tokens,
+        0
+    );
+}

@@ -12,9 +12,9 @@ mod tokenizer_support;
 use std::sync::OnceLock;
 
 use k3_engine::tokenizer::chat::{
-    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Message,
+    ChatError, Conversation, Effort, LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Message, Prelude,
     ResponseFormat, Role, Segment, Thinking, Tool, ToolCall, ToolChoice, parse_reply, render,
-    segments,
+    render_with_prelude, segments,
 };
 use k3_engine::tokenizer::{Specials, Tokenizer};
 use tokenizer_support::{fixtures, gpt2_byte_order, k3_config, scratch, write_model};
@@ -1040,4 +1040,66 @@ fn every_tool_renders_to_at_least_the_least_ids_per_tool() {
             );
         }
     }
+}
+
+/// Issue 42 point 1: the renderer says where the prelude ends — after the tool declaration,
+/// and after the declaration, the effort note and the leading system messages — as offsets
+/// into the very ids it returns (each the length of the rendering of that much alone).
+#[test]
+fn the_prelude_ends_where_the_rendering_of_the_prelude_alone_ends() {
+    let t = anchored();
+    let full = Conversation {
+        messages: vec![
+            Message::new(Role::System, "You are terse."),
+            Message::new(Role::System, "Today is Monday."),
+            Message::new(Role::User, "Weather in Paris?"),
+            Message::new(Role::System, "A reminder after the user's message."),
+        ],
+        tools: vec![weather_tool()],
+        thinking: Thinking::On(Some(Effort::High)),
+        generation_prompt: true,
+        ..Conversation::default()
+    };
+    let (ids, prelude) = render_with_prelude(t, &full).unwrap();
+    assert_eq!(ids, render(t, &full).unwrap());
+    let alone = |messages: usize, tools: bool, effort: bool| {
+        let mut c = full.clone();
+        c.messages.truncate(messages);
+        c.generation_prompt = false;
+        if !tools {
+            c.tools.clear();
+        }
+        if !effort {
+            c.thinking = Thinking::On(None);
+        }
+        render(t, &c).unwrap()
+    };
+    let tools_end = alone(0, true, false).len();
+    let end = alone(2, true, true).len();
+    assert_eq!(
+        prelude,
+        Prelude {
+            tools_end: Some(tools_end),
+            end
+        }
+    );
+    assert!(0 < tools_end && tools_end < end && end < ids.len());
+    assert_eq!(ids[..end], alone(2, true, true)[..]);
+    let plain = |roles: [Role; 2]| Conversation {
+        messages: roles.map(|r| Message::new(r, "text")).to_vec(),
+        thinking: Thinking::Off,
+        ..Conversation::default()
+    };
+    // No tools, no effort, a user message first: no prelude at all.
+    let bare = plain([Role::User, Role::System]);
+    assert_eq!(render_with_prelude(t, &bare).unwrap().1, Prelude::default());
+    // Only system messages: the prelude is all of them.
+    let (ids, prelude) = render_with_prelude(t, &plain([Role::System; 2])).unwrap();
+    assert_eq!(
+        prelude,
+        Prelude {
+            tools_end: None,
+            end: ids.len()
+        }
+    );
 }

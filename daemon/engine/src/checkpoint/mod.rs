@@ -31,6 +31,14 @@ pub use config::{ConfigError, ModelConfig};
 pub use layout::{LayoutError, ModelLayout};
 pub use safetensors::{SafetensorsError, ShardFile, TensorIndex};
 
+/// The version of the numerics contract: what bits the forward pass computes from a
+/// checkpoint's bytes (spec §6: the kernels' order of operations and precisions). Bump it with
+/// any change that alters one output bit. A model state is the exact result of feeding its
+/// ids only under the contract it was computed with, so a state kept on disk is bound to it
+/// together with the model's [`Checkpoint::fingerprint`] (`session::kept`, issue 42): after a
+/// bump no earlier state is continued, whose continuation would differ from a fresh prefill.
+pub const NUMERICS_CONTRACT: u32 = 1;
+
 /// A validated checkpoint directory: config, shard files and the layout binding.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {

@@ -47,9 +47,9 @@ pub(crate) struct Job {
     pub lease: Option<SessionLease>,
     /// Whose kept states it may continue and adds to (without a session).
     pub reuse: Option<Caller>,
-    /// A chat job's conversation, kept with `reuse` so its next turn can be warmed
-    /// ([`super::prefix::next_turn`]).
-    pub conversation: Option<Conversation>,
+    /// With `reuse`, a chat's conversation, to warm its next turn ([`super::prefix::next_turn`]),
+    /// and where its prelude ends ([`super::prefix::prelude_points`]).
+    pub conversation: Option<(Conversation, Vec<usize>)>,
     pub admitted: Instant,
     /// Last queue position announced (0 = none yet).
     announced: u32,

@@ -26,7 +26,9 @@
 //! * [`reply`] — generated ids in, classified text pieces and tool-call deltas out, through
 //!   the chat layer's one reply reader (spec §8.4).
 //! * [`prefix`] — automatic prefix reuse: each caller's recent states, continued at the
-//!   longest exact prefix of a later prompt (OpenAI clients resend the whole conversation).
+//!   longest exact prefix of a later prompt (OpenAI clients resend the whole conversation);
+//!   [`prefix_files`] writes a local account's to the session directory after the reply and
+//!   loads them again, across restarts.
 //! * [`events`] — a job's bounded event channel; dropping the receiver abandons the job.
 //! * [`metrics`] — token and timing sums for a metrics endpoint.
 //!
@@ -100,6 +102,7 @@ mod load;
 mod log;
 pub mod metrics;
 pub mod prefix;
+pub mod prefix_files;
 mod prep;
 pub mod reply;
 mod scheduler;
@@ -115,6 +118,7 @@ pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
 pub use prefix::{PrefixCache, PrefixFigures};
+pub use prefix_files::PrefixFiles;
 pub use prep::{PREP_TURNS, PrepTurn};
 pub use reply::{
     Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
@@ -296,6 +300,8 @@ pub struct MetricsSnapshot {
     /// Engine figures: bytes read and avoided, cache hits and misses, forward passes, batched
     /// passes and the widest batch.
     pub engine: EngineStats,
+    /// Kept prefix states on disk: files, hits, misses, evictions, writes.
+    pub prefix_files: crate::session::KeptFigures,
 }
 
 /// How a [`Core`] is set up.
@@ -371,6 +377,7 @@ pub struct Core {
     prep: Arc<PrepPool>,
     sessions: Arc<Sessions>,
     prefix: Arc<PrefixCache>,
+    files: Arc<PrefixFiles>,
     metrics: Arc<TimingTotals>,
     /// The model's tokenizer, loaded before anything else so prompts can be validated and
     /// tokenised while the model loads; the engine shares it.
@@ -411,15 +418,17 @@ impl Core {
         capacity.max_active = capacity.max_active.max(1);
         capacity.max_batch = capacity.max_batch.max(1);
         capacity.per_uid.max_active = capacity.per_uid.max_active.max(1);
+        let sessions = Arc::new(Sessions::new(
+            config.session_dir,
+            config.session_bytes,
+            config.session_quota,
+            config.log,
+        ));
         Ok(Core {
             admission: Arc::new(Admission::new(capacity)),
             prep: PrepPool::new(PREP_TURNS),
-            sessions: Arc::new(Sessions::new(
-                config.session_dir,
-                config.session_bytes,
-                config.session_quota,
-                config.log,
-            )),
+            files: Arc::new(PrefixFiles::new(Arc::clone(&sessions), config.log)),
+            sessions,
             prefix: Arc::new(PrefixCache::default()),
             metrics: Arc::new(TimingTotals::default()),
             tokenizer,
@@ -448,6 +457,7 @@ impl Core {
                 admission: Arc::clone(&self.admission),
                 sessions: Arc::clone(&self.sessions),
                 prefix: Arc::clone(&self.prefix),
+                files: Arc::clone(&self.files),
                 metrics: Arc::clone(&self.metrics),
                 log: self.log,
                 on_health: self.on_health,
@@ -532,7 +542,7 @@ impl Core {
         let rendered = validate::render_chat(&self.tokenizer, conversation, limit);
         drop(turn);
         match rendered? {
-            Ok((ids, _, _)) => Ok(ids.len()),
+            Ok((ids, ..)) => Ok(ids.len()),
             Err(tokens) => Err(ServeError::Invalid(Invalid::PromptTooLong {
                 tokens,
                 limit,
@@ -589,12 +599,17 @@ impl Core {
                 .map_or_else(String::new, |n| format!(", session {n:?}"))
         ));
         let mut request = validated.request;
+        let prelude = validated.prelude;
         if reuse.is_some() {
             let end_of_message = self.tokenizer.special_id(crate::tokenizer::END_OF_MSG);
-            request.keep_at = prefix::keep_points(&request.prompt, end_of_message);
+            request.keep_at = prefix::keep_points(&request.prompt, end_of_message, &prelude);
         }
+        let prelude_points = prefix::prelude_points(request.prompt.len(), &prelude);
         let mut job = Job::new(id, caller, request, validated.kind, sender, lease);
-        job.conversation = validated.conversation.filter(|_| reuse.is_some());
+        job.conversation = validated
+            .conversation
+            .filter(|_| reuse.is_some())
+            .map(|c| (c, prelude_points));
         job.reuse = reuse;
         // From here the place is the job's: filled, or taken away with the job's refusal.
         reservation.filled = true;
@@ -642,6 +657,7 @@ impl Core {
             parked: snap.parked,
             timings: self.metrics.timings(),
             engine: snap.stats,
+            prefix_files: self.files.figures(),
         }
     }
 

@@ -15,7 +15,13 @@
 //! * the starts of the prompt's last [`BOUNDARIES`] messages (after an `<|end_of_msg|>`): a
 //!   retry whose last message changed (an edited question, a different reminder appended by
 //!   the agent, a truncated history) prefills from the message that changed, not from the
-//!   first token.
+//!   first token;
+//! * the ends of a chat prompt's prelude ([`chat::Prelude`], issue 42 point 1): the end of
+//!   its tool declaration, which comes first (spec §8.2) and so survives a system prompt that
+//!   changes with the date, and the end of the tool declaration, effort note and leading
+//!   system messages. An agent's next *session* shares nothing else with this one, and its
+//!   prelude is most of its prompt (Claude Code's is about 40,000 ids): it then prefills only
+//!   its conversation. These prelude states are the last of a caller's to give way.
 //!
 //! Then, once the reply is out, the end of the generation. A chat's next prompt re-renders
 //! this turn's reply from its message (spec §8.4), and those ids need not be the ones
@@ -27,15 +33,18 @@
 //! the next turn's anyway; it is done after the reply, off the critical path, and yields its
 //! compute slot to any request that waits for one.
 //!
-//! Bounded twice: [`PER_CALLER`] states per caller, and all callers' states together within a
-//! byte allowance (what the named sessions leave of the session allowance, checked at every
-//! insert). Over the allowance, the account holding the most bytes loses its least recently
-//! used state first, so one account's traffic never evicts another's states while it holds
-//! more than they do (issue 35 point 6). Callers are [`Caller`]s: one caller's conversation is
-//! never continued from another's state, and a caller nobody vouches for keeps nothing.
+//! Bounded twice: [`PER_CALLER`] states per caller besides [`PRELUDES_PER_CALLER`] prelude
+//! states, and all callers' states together within a byte allowance (what the named sessions
+//! leave of the session allowance, checked at every insert). Over the allowance, the account
+//! holding the most bytes gives way first — its least recently used state that is not a
+//! prelude's, then its least recently used prelude state — so one account's traffic never
+//! evicts another's states while it holds more than they do (issue 35 point 6). Callers are
+//! [`Caller`]s: one caller's conversation is never continued from another's state, and a
+//! caller nobody vouches for keeps nothing. A local account's states also outlive the daemon
+//! in the session directory ([`super::prefix_files`]).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::caller::Caller;
 use crate::model::State;
@@ -47,15 +56,24 @@ use crate::tokenizer::chat::{self, Conversation, Message, ResponseFormat, ToolCh
 /// Message starts kept per prompt besides the prompt less its last id ([`keep_points`]).
 pub const BOUNDARIES: usize = 2;
 
-/// States kept per caller: a turn keeps up to five ([`keep_points`]' three, the end of its
-/// generation and its warmed next turn), so this holds the latest turn's and most of the one
-/// before it.
+/// States kept per caller besides its prelude states: a turn keeps up to five
+/// ([`keep_points`]' three besides the prelude's, the end of its generation and its warmed
+/// next turn), so this holds the latest turn's and most of the one before it.
 pub const PER_CALLER: usize = 8;
 
+/// Prelude states kept per caller ([`prelude_points`]): two preludes' two each — an agent's
+/// main conversation and its subagents', say.
+pub const PRELUDES_PER_CALLER: usize = 4;
+
 /// The prompt positions a request with reuse keeps its state at (see the module docs): the
-/// starts of its last [`BOUNDARIES`] messages — positions right after an `end_of_message` id
-/// — and the prompt less its last id. Ascending, each from 1 to `prompt.len() - 1`.
-pub fn keep_points(prompt: &[u32], end_of_message: Option<u32>) -> Vec<usize> {
+/// ends of its prelude ([`prelude_points`]), the starts of its last [`BOUNDARIES`] messages —
+/// positions right after an `end_of_message` id — and the prompt less its last id.
+/// Ascending, each from 1 to `prompt.len() - 1`.
+pub fn keep_points(
+    prompt: &[u32],
+    end_of_message: Option<u32>,
+    prelude: &chat::Prelude,
+) -> Vec<usize> {
     let last = prompt.len().saturating_sub(1);
     let mut points: Vec<usize> = prompt[..last]
         .iter()
@@ -65,9 +83,27 @@ pub fn keep_points(prompt: &[u32], end_of_message: Option<u32>) -> Vec<usize> {
         .filter(|&p| p < last)
         .collect();
     points.drain(..points.len().saturating_sub(BOUNDARIES));
+    points.extend(prelude_points(prompt.len(), prelude));
     if last > 0 {
         points.push(last);
     }
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
+/// The positions of a `prompt_len`-id chat prompt where its prelude ends and a state is kept
+/// ([`keep_points`]): the end of its tool declaration and the end of its prelude, those from 1
+/// to `prompt_len - 2` (the prompt less its last id is kept anyway). Ascending.
+pub fn prelude_points(prompt_len: usize, prelude: &chat::Prelude) -> Vec<usize> {
+    let last = prompt_len.saturating_sub(1);
+    let mut points: Vec<usize> = prelude
+        .tools_end
+        .into_iter()
+        .chain([prelude.end])
+        .filter(|&p| p > 0 && p < last)
+        .collect();
+    points.dedup();
     points
 }
 
@@ -100,8 +136,11 @@ pub fn next_turn(
 
 struct Entry {
     caller: Caller,
-    snapshot: Snapshot,
+    /// Shared with a write of it to the session directory ([`super::prefix_files`]).
+    snapshot: Arc<Snapshot>,
     bytes: u64,
+    /// It ends a prelude: it gives way after the caller's other states.
+    prelude: bool,
 }
 
 /// Every caller's kept states, least recently used first.
@@ -130,7 +169,7 @@ impl PrefixCache {
         let mine: Vec<usize> = (0..entries.len())
             .filter(|&i| entries[i].caller == *caller)
             .collect();
-        let snapshots: Vec<&Snapshot> = mine.iter().map(|&i| &entries[i].snapshot).collect();
+        let snapshots: Vec<&Snapshot> = mine.iter().map(|&i| &*entries[i].snapshot).collect();
         let chosen = best(&snapshots, prompt)?;
         let entry = entries.remove(mine[chosen])?;
         let state = entry.snapshot.state.clone();
@@ -138,34 +177,56 @@ impl PrefixCache {
         Some(state)
     }
 
-    /// Keeps `snapshots` for `caller` as its newest states, then evicts until at most
-    /// [`PER_CALLER`] are the caller's (its least recently used first) and all fit in
-    /// `allowance` bytes (the least recently used state of the account holding the most).
-    pub fn keep(&self, caller: &Caller, snapshots: Vec<Snapshot>, allowance: u64) {
+    /// Keeps `snapshots` for `caller` as its newest states — those whose length is one of
+    /// `prelude` as prelude states —, then evicts until at most [`PER_CALLER`] states and
+    /// [`PRELUDES_PER_CALLER`] prelude states are the caller's (its least recently used
+    /// first) and all fit in `allowance` bytes (the account holding the most gives way: its
+    /// least recently used state that is not a prelude's, else its least recently used).
+    pub fn keep(
+        &self,
+        caller: &Caller,
+        snapshots: Vec<Arc<Snapshot>>,
+        prelude: &[usize],
+        allowance: u64,
+    ) {
         if !caller.is_known() {
             return;
         }
         let mut entries = self.lock();
         for snapshot in snapshots {
-            entries.retain(|e| !(e.caller == *caller && e.snapshot.history == snapshot.history));
+            let mut is_prelude = prelude.contains(&snapshot.history.len());
+            entries.retain(|e| {
+                let same = e.caller == *caller && e.snapshot.history == snapshot.history;
+                is_prelude |= same && e.prelude;
+                !same
+            });
             let bytes = snapshot.state.size_bytes() as u64;
             entries.push_back(Entry {
                 caller: caller.clone(),
                 snapshot,
                 bytes,
+                prelude: is_prelude,
             });
         }
-        while entries.iter().filter(|e| e.caller == *caller).count() > PER_CALLER {
-            let Some(oldest) = entries.iter().position(|e| e.caller == *caller) else {
-                break;
-            };
-            entries.remove(oldest);
+        for (kind, most) in [(false, PER_CALLER), (true, PRELUDES_PER_CALLER)] {
+            let of_kind = |e: &Entry| e.caller == *caller && e.prelude == kind;
+            while entries.iter().filter(|e| of_kind(e)).count() > most {
+                let Some(oldest) = entries.iter().position(of_kind) else {
+                    break;
+                };
+                entries.remove(oldest);
+            }
         }
         while entries.iter().map(|e| e.bytes).sum::<u64>() > allowance {
             let Some(account) = heaviest_account(&entries) else {
                 break;
             };
-            let Some(oldest) = entries.iter().position(|e| e.caller.account() == account) else {
+            let its = |e: &Entry| e.caller.account() == account;
+            let Some(oldest) = entries
+                .iter()
+                .position(|e| its(e) && !e.prelude)
+                .or_else(|| entries.iter().position(its))
+            else {
                 break;
             };
             entries.remove(oldest);
@@ -204,11 +265,11 @@ mod tests {
     use super::*;
     use crate::session::snapshot::tests::state_for;
 
-    fn snap(history: &[u32]) -> Snapshot {
-        Snapshot {
+    fn snap(history: &[u32]) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
             history: history.to_vec(),
             state: state_for(history),
-        }
+        })
     }
 
     #[test]
@@ -216,8 +277,8 @@ mod tests {
         let cache = PrefixCache::default();
         let me = Caller::Uid(1);
         let other = Caller::Uid(2);
-        cache.keep(&me, vec![snap(&[1, 2]), snap(&[1, 2, 3, 4])], u64::MAX);
-        cache.keep(&other, vec![snap(&[1, 2, 3, 4, 5])], u64::MAX);
+        cache.keep(&me, vec![snap(&[1, 2]), snap(&[1, 2, 3, 4])], &[], u64::MAX);
+        cache.keep(&other, vec![snap(&[1, 2, 3, 4, 5])], &[], u64::MAX);
         assert_eq!(
             cache.find(&me, &[1, 2, 3, 4, 5, 6]),
             Some(state_for(&[1, 2, 3, 4]))
@@ -237,7 +298,7 @@ mod tests {
             key: 0,
             scope: Some(scope.into()),
         };
-        cache.keep(&scoped("a"), vec![snap(&[1, 2])], u64::MAX);
+        cache.keep(&scoped("a"), vec![snap(&[1, 2])], &[], u64::MAX);
         assert!(cache.find(&scoped("a"), &[1, 2, 3]).is_some());
         // Another name under the same key, the key alone, another key, a uid: none of them.
         for other in [
@@ -251,7 +312,7 @@ mod tests {
         ] {
             assert_eq!(cache.find(&other, &[1, 2, 3]), None, "{other}");
         }
-        cache.keep(&Caller::Unknown, vec![snap(&[7, 8])], u64::MAX);
+        cache.keep(&Caller::Unknown, vec![snap(&[7, 8])], &[], u64::MAX);
         assert_eq!(cache.find(&Caller::Unknown, &[7, 8, 9]), None);
         assert_eq!(cache.figures().states, 1);
     }
@@ -261,13 +322,13 @@ mod tests {
         let cache = PrefixCache::default();
         let me = Caller::Uid(1);
         for n in 1..=PER_CALLER as u32 + 2 {
-            cache.keep(&me, vec![snap(&(0..n).collect::<Vec<_>>())], u64::MAX);
+            cache.keep(&me, vec![snap(&(0..n).collect::<Vec<_>>())], &[], u64::MAX);
         }
         assert_eq!(cache.figures().states, PER_CALLER);
         // The two oldest (1 and 2 ids) went.
         assert_eq!(cache.find(&me, &[0, 1, 7]), None);
         let one = state_for(&[0, 1, 2]).size_bytes() as u64;
-        cache.keep(&Caller::Uid(2), vec![snap(&[9])], one);
+        cache.keep(&Caller::Uid(2), vec![snap(&[9])], &[], one);
         assert_eq!(
             cache.figures().states,
             1,
@@ -282,10 +343,10 @@ mod tests {
         let size = |h: &[u32]| state_for(h).size_bytes() as u64;
         // A keeps one state, then B keeps three: B is over its share, so B's oldest goes
         // although A's is older.
-        cache.keep(&a, vec![snap(&[1, 1])], u64::MAX);
-        cache.keep(&b, vec![snap(&[2, 1]), snap(&[2, 2])], u64::MAX);
+        cache.keep(&a, vec![snap(&[1, 1])], &[], u64::MAX);
+        cache.keep(&b, vec![snap(&[2, 1]), snap(&[2, 2])], &[], u64::MAX);
         let allowance = size(&[1, 1]) + size(&[2, 2]) + size(&[2, 3]);
-        cache.keep(&b, vec![snap(&[2, 3])], allowance);
+        cache.keep(&b, vec![snap(&[2, 3])], &[], allowance);
         assert_eq!(cache.figures().states, 3);
         assert!(cache.find(&a, &[1, 1, 0]).is_some(), "A's state stays");
         assert_eq!(cache.find(&b, &[2, 1, 0]), None, "B's oldest went");
@@ -295,9 +356,9 @@ mod tests {
             scope: Some(s.into()),
         };
         let fresh = PrefixCache::default();
-        fresh.keep(&a, vec![snap(&[1, 1])], u64::MAX);
-        fresh.keep(&scoped("x"), vec![snap(&[3, 1])], u64::MAX);
-        fresh.keep(&scoped("y"), vec![snap(&[3, 2])], size(&[1, 1]) * 2);
+        fresh.keep(&a, vec![snap(&[1, 1])], &[], u64::MAX);
+        fresh.keep(&scoped("x"), vec![snap(&[3, 1])], &[], u64::MAX);
+        fresh.keep(&scoped("y"), vec![snap(&[3, 2])], &[], size(&[1, 1]) * 2);
         assert!(fresh.find(&a, &[1, 1, 0]).is_some());
         assert_eq!(fresh.find(&scoped("x"), &[3, 1, 0]), None);
     }
@@ -305,13 +366,81 @@ mod tests {
     #[test]
     fn states_are_kept_at_the_last_message_starts_and_before_the_last_id() {
         const EOM: u32 = 9;
+        let none = chat::Prelude::default();
         // Three messages, then a generation prompt of two ids.
         let prompt = [1, 2, EOM, 3, EOM, 4, 4, EOM, 5, 6];
-        assert_eq!(keep_points(&prompt, Some(EOM)), vec![5, 8, 9]);
+        assert_eq!(keep_points(&prompt, Some(EOM), &none), vec![5, 8, 9]);
         // A prompt ending in a message end keeps no second state at the same place.
-        assert_eq!(keep_points(&[1, EOM, 2, EOM], Some(EOM)), vec![2, 3]);
-        assert_eq!(keep_points(&[1, 2, 3], None), vec![2]);
-        assert_eq!(keep_points(&[1], Some(EOM)), Vec::<usize>::new());
-        assert_eq!(keep_points(&[EOM, EOM], Some(EOM)), vec![1]);
+        assert_eq!(keep_points(&[1, EOM, 2, EOM], Some(EOM), &none), vec![2, 3]);
+        assert_eq!(keep_points(&[1, 2, 3], None, &none), vec![2]);
+        assert_eq!(keep_points(&[1], Some(EOM), &none), Vec::<usize>::new());
+        assert_eq!(keep_points(&[EOM, EOM], Some(EOM), &none), vec![1]);
+    }
+
+    #[test]
+    fn the_prelude_ends_are_kept_too() {
+        const EOM: u32 = 9;
+        // Tool declaration (ids 0..3), a system message (3..5), then two user messages.
+        let prompt = [1, 2, EOM, 3, EOM, 4, EOM, 5, EOM, 6, 6];
+        let prelude = chat::Prelude {
+            tools_end: Some(3),
+            end: 5,
+        };
+        // The last two message starts are 7 and 9: without the prelude's, nothing of a new
+        // conversation with the same prelude would be kept.
+        assert_eq!(
+            keep_points(&prompt, Some(EOM), &prelude),
+            vec![3, 5, 7, 9, 10]
+        );
+        assert_eq!(prelude_points(prompt.len(), &prelude), vec![3, 5]);
+        // No tools, no system message: nothing more. The two ends in one place: one point.
+        assert!(prelude_points(11, &chat::Prelude::default()).is_empty());
+        let one = chat::Prelude {
+            tools_end: Some(3),
+            end: 3,
+        };
+        assert_eq!(prelude_points(11, &one), vec![3]);
+        // Beyond the prompt less its last id: kept as that one only.
+        assert!(prelude_points(4, &one).is_empty());
+    }
+
+    #[test]
+    fn prelude_states_give_way_last() {
+        let cache = PrefixCache::default();
+        let me = Caller::Uid(1);
+        let prelude = snap(&[7, 7]);
+        cache.keep(&me, vec![Arc::clone(&prelude)], &[2], u64::MAX);
+        // A long conversation's worth of newer states: the prelude state outlives them all.
+        for n in 3..3 + 2 * PER_CALLER as u32 {
+            cache.keep(&me, vec![snap(&(0..n).collect::<Vec<_>>())], &[], u64::MAX);
+        }
+        assert_eq!(cache.figures().states, PER_CALLER + 1);
+        assert!(
+            cache.find(&me, &[7, 7, 1]).is_some(),
+            "the prelude state stays"
+        );
+        // Over the byte allowance, the caller's other states go before its prelude state,
+        // although the prelude state is the older one.
+        let before = cache.figures().bytes;
+        let conversation = snap(&[1, 1, 1]);
+        cache.keep(
+            &me,
+            vec![conversation],
+            &[],
+            prelude.state.size_bytes() as u64 + 1,
+        );
+        assert!(cache.figures().bytes < before);
+        assert!(
+            cache.find(&me, &[7, 7, 1]).is_some(),
+            "the prelude state stays"
+        );
+        assert_eq!(cache.figures().states, 1);
+        // Its own bound: the oldest prelude states beyond it go.
+        for n in 0..PRELUDES_PER_CALLER as u32 + 1 {
+            cache.keep(&me, vec![snap(&[8, n])], &[2], u64::MAX);
+        }
+        assert_eq!(cache.figures().states, PRELUDES_PER_CALLER);
+        assert_eq!(cache.find(&me, &[8, 0, 1]), None);
+        assert!(cache.find(&me, &[8, 1, 1]).is_some());
     }
 }

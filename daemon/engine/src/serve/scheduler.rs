@@ -13,7 +13,8 @@
 //!
 //! After a chat reply with automatic prefix reuse, its slot warms the caller's next turn
 //! ([`super::prefix`]): a [`Warm`] member with no client, dropped as soon as a request waits
-//! for a slot or the daemon stops, so it only ever uses compute nobody asked for.
+//! for a slot or the daemon stops, so it only ever uses compute nobody asked for. The states
+//! that outlive the daemon are handed to [`PrefixFiles`] once the reply is out.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use super::caller::Caller;
 use super::log::{Log, OnHealth};
 use super::metrics::TimingTotals;
 use super::prefix::{self, PrefixCache};
+use super::prefix_files::PrefixFiles;
 use super::reply::TokenReader;
 use super::sessions::Sessions;
 use super::validate::Kind;
@@ -53,6 +55,7 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     pub sessions: Arc<Sessions>,
     pub prefix: Arc<PrefixCache>,
+    pub files: Arc<PrefixFiles>,
     pub metrics: Arc<TimingTotals>,
     pub log: Log,
     pub on_health: OnHealth,
@@ -72,6 +75,8 @@ struct Active<'e> {
     /// end-of-generation one (a chat's next prompt may re-render this turn's reply
     /// differently, so only the prompt part would match).
     prefill: Option<Snapshot>,
+    /// Its prelude states ([`prefix::prelude_points`]), written to disk once its reply is out.
+    preludes: Vec<Arc<Snapshot>>,
     watch: Watch<'e>,
     /// Since when its reader's buffer has been full (it took nothing since), if it is.
     stalled_since: Option<Instant>,
@@ -115,6 +120,9 @@ struct Warm {
     generation: Generation,
     /// The request whose reply this warms (for the log).
     after: u64,
+    /// That reply's end state, written to disk in its stead if the warming is dropped
+    /// ([`PrefixFiles`]: what the next turn continues from after a restart).
+    end: Option<Arc<Snapshot>>,
 }
 
 impl Member for Warm {
@@ -226,6 +234,7 @@ pub(crate) fn spawn(
             admission.set_ready(engine.info().clone(), engine.stats());
             on_health(&Health::Ready, Some(engine.info()));
             run(&shared, &engine);
+            shared.files.close();
             shared.sessions.save_all();
         })
 }
@@ -268,12 +277,16 @@ fn run(shared: &Shared, engine: &Engine) {
             .iter()
             .any(|m| matches!(m, Running::Warm(w) if yields(w)))
         {
-            let kept: Vec<_> = batch
-                .drain()
-                .filter(|m| !matches!(m, Running::Warm(w) if yields(w)))
-                .collect();
-            for m in kept {
-                batch.push(m);
+            let members: Vec<_> = batch.drain().collect();
+            for m in members {
+                match m {
+                    Running::Warm(w) if yields(&w) => {
+                        if let Some(end) = w.end {
+                            shared.files.write(&w.caller, end, false);
+                        }
+                    }
+                    other => batch.push(other),
+                }
             }
             if !taken.waiting.is_empty() {
                 continue;
@@ -315,8 +328,9 @@ fn warm(
     job: &Job,
     caller: &Caller,
     reply: chat::Message,
+    end: Option<Arc<Snapshot>>,
 ) -> Option<Warm> {
-    let conversation = job.conversation.as_ref()?;
+    let (conversation, _) = job.conversation.as_ref()?;
     // With no room for kept states the result would be dropped at once.
     if prefix_room(shared) == 0 {
         return None;
@@ -327,7 +341,11 @@ fn warm(
         max_tokens: 1,
         ..GenerateRequest::default()
     };
-    let started = match shared.prefix.find(caller, &request.prompt) {
+    let room = prefix_room(shared);
+    let started = match shared
+        .files
+        .find(&shared.prefix, caller, &request.prompt, room)
+    {
         Some(state) => engine.start_from(request, state),
         None => engine.start(request),
     };
@@ -336,6 +354,7 @@ fn warm(
             caller: caller.clone(),
             generation,
             after: job.id,
+            end,
         }),
         Err(e) => {
             shared.log.warn(format_args!(
@@ -360,11 +379,12 @@ fn warmed(shared: &Shared, w: Warm, result: Result<Step, EngineError>) -> Option
                 w.after,
                 w.generation.state().positions()
             ));
-            shared.prefix.keep(
-                &w.caller,
-                vec![snapshot(&w.generation)],
-                prefix_room(shared),
-            );
+            let warmed = Arc::new(snapshot(&w.generation));
+            let room = prefix_room(shared);
+            shared
+                .prefix
+                .keep(&w.caller, vec![Arc::clone(&warmed)], &[], room);
+            shared.files.write(&w.caller, warmed, false);
             None
         }
         Ok(_) => None,
@@ -389,7 +409,12 @@ fn prefix_room(shared: &Shared) -> u64 {
 fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<'e>> {
     let request = job.request.clone();
     let kept = match (&job.lease, &job.reuse) {
-        (None, Some(caller)) => shared.prefix.find(caller, &request.prompt),
+        (None, Some(caller)) => {
+            let room = prefix_room(shared);
+            shared
+                .files
+                .find(&shared.prefix, caller, &request.prompt, room)
+        }
         _ => None,
     };
     let started = match &job.lease {
@@ -427,6 +452,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<
                 started: Instant::now(),
                 first_token: None,
                 prefill: None,
+                preludes: Vec::new(),
                 watch,
                 stalled_since: None,
                 resuming: false,
@@ -460,17 +486,27 @@ fn deliver<'e>(
             if let Some(caller) = &a.job.reuse {
                 // The states at the job's keep points ([`prefix::keep_points`]), kept at once:
                 // within the allowance from the moment they exist.
-                let kept: Vec<Snapshot> = a
+                let kept: Vec<Arc<Snapshot>> = a
                     .generation
                     .take_kept()
                     .into_iter()
-                    .map(|state| Snapshot {
-                        history: a.job.request.prompt[..state.positions()].to_vec(),
-                        state,
+                    .map(|state| {
+                        Arc::new(Snapshot {
+                            history: a.job.request.prompt[..state.positions()].to_vec(),
+                            state,
+                        })
                     })
                     .collect();
+                let prelude = a.job.conversation.as_ref().map_or(&[][..], |(_, p)| p);
+                a.preludes.extend(
+                    kept.iter()
+                        .filter(|s| prelude.contains(&s.history.len()))
+                        .cloned(),
+                );
                 if !kept.is_empty() {
-                    shared.prefix.keep(caller, kept, prefix_room(shared));
+                    shared
+                        .prefix
+                        .keep(caller, kept, prelude, prefix_room(shared));
                 }
             }
             a.job.events.send(Event::Prefill { done, total, pass });
@@ -508,6 +544,7 @@ fn deliver<'e>(
                 StopReason::StopString(s) => FinishReason::StopString(s.clone()),
             };
             let mut unkept = None;
+            let mut end_kept = None;
             if let Some(lease) = a.job.lease.take() {
                 // Before Done: the client's next turn must find the session free.
                 let end = snapshot(&a.generation);
@@ -523,8 +560,12 @@ fn deliver<'e>(
             } else if let Some(caller) = &a.job.reuse {
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
-                let end = snapshot(&a.generation);
-                shared.prefix.keep(caller, vec![end], prefix_room(shared));
+                let end = Arc::new(snapshot(&a.generation));
+                let room = prefix_room(shared);
+                shared
+                    .prefix
+                    .keep(caller, vec![Arc::clone(&end)], &[], room);
+                end_kept = Some(end);
             }
             if let Some(error) = unkept {
                 shared.log.error(format_args!(
@@ -555,9 +596,20 @@ fn deliver<'e>(
                 queued_seconds,
                 summary,
             }));
+            // The reply is out: the states that outlive the daemon go to the disk — the
+            // prelude's, and the next turn's start (the warmed one once it is fed, else the
+            // end of this reply).
             let caller = a.job.reuse.as_ref()?;
-            warm(shared, engine, &a.job, caller, ending.message?)
-                .map(|w| Running::Warm(Box::new(w)))
+            for kept in a.preludes.drain(..) {
+                shared.files.write(caller, kept, true);
+            }
+            let warming = ending
+                .message
+                .and_then(|reply| warm(shared, engine, &a.job, caller, reply, end_kept.clone()));
+            if let (None, Some(end)) = (&warming, end_kept) {
+                shared.files.write(caller, end, false);
+            }
+            warming.map(|w| Running::Warm(Box::new(w)))
         }
         Err(EngineError::Cancelled) => {
             end_cancelled(shared, a.job);

@@ -165,6 +165,15 @@ impl Sessions {
         }
     }
 
+    /// `f` on the store, if the directory is open (kept prefix states: best effort, never an
+    /// error for a request).
+    pub(crate) fn with_open<T>(&self, f: impl FnOnce(&mut SessionStore) -> T) -> Option<T> {
+        match &mut *self.lock() {
+            Phase::Open(store) => Some(f(store)),
+            Phase::Waiting | Phase::Failed(_) => None,
+        }
+    }
+
     /// Reserves `name` (in `who`'s namespace) for request `request` of `who`.
     pub(crate) fn lease(
         self: &Arc<Self>,

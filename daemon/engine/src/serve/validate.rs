@@ -211,6 +211,9 @@ pub struct Validated {
     /// The conversation a chat prompt was rendered from (automatic prefix reuse re-renders it
     /// with the reply as history, [`super::prefix::next_turn`]); `None` for other prompts.
     pub conversation: Option<Conversation>,
+    /// Where a chat prompt's prelude ends (automatic prefix reuse keeps states there,
+    /// [`super::prefix::keep_points`]); empty for other prompts.
+    pub prelude: chat::Prelude,
 }
 
 /// What validation needs to know about the model.
@@ -257,6 +260,7 @@ pub fn validate(
         tokens,
         limit: limits.max_prompt_tokens,
     };
+    let mut prelude = chat::Prelude::default();
     let (prompt, kind, conversation) = match prompt {
         Prompt::Ids(ids) => (ids, Kind::Text, None),
         Prompt::Text(text) => (
@@ -267,7 +271,7 @@ pub fn validate(
             None,
         ),
         Prompt::Chat(conversation) => {
-            let (ids, thinking, conversation) =
+            let (ids, thinking, conversation, ends) =
                 render_chat(tokenizer, conversation, limits.max_prompt_tokens)?
                     .map_err(too_long)?;
             // The reply ends where the model ends its turn (spec §8.4).
@@ -277,6 +281,7 @@ pub fn validate(
                 budget: thinking_budget.or(limits.thinking_budget),
             };
             guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)?;
+            prelude = ends;
             (ids, Kind::Chat { thinking }, Some(conversation))
         }
     };
@@ -327,12 +332,14 @@ pub fn validate(
         request,
         kind,
         conversation,
+        prelude,
     })
 }
 
-/// The ids of a chat prompt, whether its reply opens in the reasoning channel, and the
-/// conversation as rendered; or, past the limit, how many ids it renders to.
-type RenderedChat = Result<(Vec<u32>, bool, Conversation), usize>;
+/// The ids of a chat prompt, whether its reply opens in the reasoning channel, the
+/// conversation as rendered and where its prelude ends; or, past the limit, how many ids it
+/// renders to.
+type RenderedChat = Result<(Vec<u32>, bool, Conversation, chat::Prelude), usize>;
 
 /// Renders a conversation with the library's template (spec §8.2), ending with the open
 /// assistant message the reply continues (a new one, or the final message when it is
@@ -363,7 +370,7 @@ pub fn render_chat(
     match chat::render_limited(tokenizer, &conversation, limit)
         .map_err(|e| Invalid::Render(e.to_string()))?
     {
-        chat::Limited::Within(ids) => Ok(Ok((ids, thinking, conversation))),
+        chat::Limited::Within(ids, prelude) => Ok(Ok((ids, thinking, conversation, prelude))),
         chat::Limited::Over(count) => Ok(Err(count)),
     }
 }

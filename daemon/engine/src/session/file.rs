@@ -161,12 +161,7 @@ pub fn path_of(dir: &Path, owner: Option<u32>, name: &str) -> PathBuf {
     dir.join(file_name(&stem(owner, name)))
 }
 
-/// The temporary file a save of file stem `stem` writes before renaming it into place.
-fn temp_name(stem: &str) -> String {
-    format!(".{stem}.{EXTENSION}.tmp")
-}
-
-/// Whether `file_name` is a save's temporary file ([`temp_name`]), which only a save in
+/// Whether `file_name` is a session save's temporary file ([`save_as`]), which only a save in
 /// progress or one interrupted by a crash leaves behind.
 pub fn is_temp_name(file_name: &str) -> bool {
     file_name
@@ -180,17 +175,27 @@ pub fn is_temp_name(file_name: &str) -> bool {
 // Writing
 
 /// Writes `snapshots` as session `header.name` of `header.owner` in `dir` (its [`stem`]'s
-/// file) atomically: a new temporary file in
-/// the same directory (mode 0600, created exclusively and never through a symlink, see
-/// [`SessionDir::create_new`]), written, fsynced, renamed over the old file, then the
-/// directory fsynced so the rename survives a crash. Returns the file size.
+/// file) atomically ([`save_as`]). Returns the file size.
 pub fn save(
     dir: &SessionDir,
     header: &FileHeader,
     snapshots: &[Snapshot],
 ) -> Result<u64, FileError> {
-    let stem = stem(header.owner, &header.name);
-    let (name, tmp) = (file_name(&stem), temp_name(&stem));
+    let name = file_name(&stem(header.owner, &header.name));
+    save_as(dir, &name, header, snapshots)
+}
+
+/// Writes `snapshots` with `header` as the file `name` of `dir` atomically: a new temporary
+/// file `.NAME.tmp` in the same directory (mode 0600, created exclusively and never through a
+/// symlink, see [`SessionDir::create_new`]), written, fsynced, renamed over the old file, then
+/// the directory fsynced so the rename survives a crash. Returns the file size.
+pub fn save_as(
+    dir: &SessionDir,
+    name: &str,
+    header: &FileHeader,
+    snapshots: &[Snapshot],
+) -> Result<u64, FileError> {
+    let tmp = format!(".{name}.tmp");
     let io = |file: &str| {
         let path = dir.path().join(file);
         move |error| FileError::Io { path, error }
@@ -204,7 +209,7 @@ pub fn save(
             return Err(io(&tmp)(error));
         }
     };
-    dir.rename(&tmp, &name).map_err(io(&name))?;
+    dir.rename(&tmp, name).map_err(io(name))?;
     dir.sync().map_err(|error| FileError::Io {
         path: dir.path().to_path_buf(),
         error,

@@ -8,6 +8,8 @@
 //! * [`store`] — the [`SessionStore`]: ownership, one user at a time, the memory allowance
 //!   with least-recently-used spilling to the session directory, and reloading on demand;
 //!   its refusals ([`SessionStoreError`]) are worded in `error.rs`.
+//! * [`kept`] — automatic prefix reuse's states in the session directory, in each uid's
+//!   namespace and within its allowance of session files (issue 42 point 2).
 //!
 //! KDA state cannot be truncated (spec §5.2), so a snapshot is reused only when its whole
 //! history is an exact prefix of the prompt; there is no partial reuse.
@@ -15,11 +17,13 @@
 pub mod dir;
 mod error;
 pub mod file;
+pub mod kept;
 pub mod snapshot;
 pub mod store;
 
 pub use dir::SessionDir;
 pub use file::{FileError, FileHeader};
+pub use kept::{KeptFigures, KeptWrite};
 pub use snapshot::{MAX_SNAPSHOTS, Snapshot};
 pub use store::{Access, SessionInfo, SessionStore, SessionStoreError};
 

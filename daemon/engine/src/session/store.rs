@@ -33,10 +33,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader, Stem};
+use super::kept::{self, KeptIndex};
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
 
@@ -185,10 +187,10 @@ impl Entry {
 /// preamble, a header of at most 4 KiB, per snapshot its count and per layer a kind byte and
 /// four array lengths (33 bytes; K3 has 93 layers), and the checksum — for the
 /// [`snapshot::MAX_SNAPSHOTS`] snapshots this store keeps.
-const FRAMING: u64 = 16 << 10;
+pub(super) const FRAMING: u64 = 16 << 10;
 
 /// Bytes a set of snapshots holds: the states plus the id histories.
-fn bytes_of(snapshots: &[Snapshot]) -> u64 {
+pub(super) fn bytes_of(snapshots: &[Snapshot]) -> u64 {
     snapshots
         .iter()
         .map(|s| (s.state.size_bytes() + 4 * s.history.len()) as u64)
@@ -240,7 +242,11 @@ impl std::fmt::Display for Dropped {
 /// (a write needs its new file beside the old one until the rename) at twice its size, since
 /// a turn grows it. The heaviest owner gives way: one user's fill never costs a lighter
 /// user's session, and a lighter user is never held back by room kept for a heavier one.
-fn kept_for_others(owner: Option<u32>, needed: u64, usage: &BTreeMap<Option<u32>, u64>) -> u64 {
+pub(super) fn kept_for_others(
+    owner: Option<u32>,
+    needed: u64,
+    usage: &BTreeMap<Option<u32>, u64>,
+) -> u64 {
     let mine = usage.get(&owner).copied().unwrap_or(0) + needed;
     usage
         .iter()
@@ -251,12 +257,15 @@ fn kept_for_others(owner: Option<u32>, needed: u64, usage: &BTreeMap<Option<u32>
 
 /// Every session of one daemon. Not thread-safe by itself: the server wraps it in a mutex.
 pub struct SessionStore {
-    dir: SessionDir,
+    /// Shared with the writes of kept states, which run without the store's lock.
+    pub(super) dir: Arc<SessionDir>,
     fingerprint: String,
     allowance: u64,
-    quota: Quota,
+    pub(super) quota: Quota,
     sessions: BTreeMap<SessionKey, Entry>,
     clock: u64,
+    /// Automatic prefix reuse's states in the session directory ([`kept`]).
+    pub(super) kept: KeptIndex,
 }
 
 impl SessionStore {
@@ -277,17 +286,18 @@ impl SessionStore {
         let session_dir = SessionDir::open(dir).map_err(dir_err)?;
         let names = session_dir.names().map_err(dir_err)?;
         let mut store = SessionStore {
-            dir: session_dir,
+            dir: Arc::new(session_dir),
             fingerprint: fingerprint.to_string(),
             allowance,
             quota: Quota::default(),
             sessions: BTreeMap::new(),
             clock: 0,
+            kept: KeptIndex::new(fingerprint),
         };
         let mut skipped = Vec::new();
         let extension = format!(".{}", file::EXTENSION);
         for entry in names {
-            if file::is_temp_name(&entry) {
+            if file::is_temp_name(&entry) || kept::is_temp_name(&entry) {
                 // A save renames its temporary file away when it completes, so this one is
                 // from a save a crash interrupted; the file it was to replace is still whole.
                 if let Err(error) = store.dir.remove(&entry) {
@@ -295,6 +305,12 @@ impl SessionStore {
                         path: dir.join(&entry),
                         error,
                     });
+                }
+                continue;
+            }
+            if kept::parse_file_name(&entry).is_some() {
+                if let Err(e) = store.index_kept(&entry) {
+                    skipped.push(e);
                 }
                 continue;
             }
@@ -317,7 +333,7 @@ impl SessionStore {
 
     /// Opens the file `file_name` if the daemon may believe what it says: a regular file (no
     /// symlink is followed, a FIFO is refused without blocking) that the daemon's uid owns.
-    fn open_trusted(&self, file_name: &str) -> Result<(PathBuf, File), FileError> {
+    pub(super) fn open_trusted(&self, file_name: &str) -> Result<(PathBuf, File), FileError> {
         let path = self.dir.path().join(file_name);
         let (file, file_uid) = match self.dir.open_file(file_name) {
             Ok(opened) => opened,
@@ -427,6 +443,25 @@ impl SessionStore {
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Bytes of `owner`'s session files, `except`'s left out.
+    pub(super) fn files_of(&self, owner: Option<u32>, except: Option<&SessionKey>) -> u64 {
+        self.sessions
+            .iter()
+            .filter(|(k, _)| k.owner == owner && Some(*k) != except)
+            .map(|(_, e)| e.file_bytes)
+            .sum()
+    }
+
+    /// What writing each owner's sessions again needs on disk ([`kept_for_others`]),
+    /// `except`'s left out.
+    pub(super) fn usage(&self, except: Option<&SessionKey>) -> BTreeMap<Option<u32>, u64> {
+        let mut usage: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+        for (k, e) in self.sessions.iter().filter(|(k, _)| Some(*k) != except) {
+            *usage.entry(k.owner).or_default() += e.write_bytes();
+        }
+        usage
     }
 
     pub fn allowance(&self) -> u64 {
@@ -650,22 +685,24 @@ impl SessionStore {
     /// there), within its owner's quota and never into the room kept for the other owners'
     /// sessions. Returns the file size, or 0 when there was nothing new to write.
     pub fn write(&mut self, key: &SessionKey) -> Result<u64, SessionStoreError> {
+        let unwritten = self.sessions.get(key).filter(|e| !e.on_disk);
+        let Some(needed) =
+            unwritten.and_then(|e| Some(bytes_of(e.snapshots.as_deref()?) + FRAMING))
+        else {
+            return Ok(0);
+        };
+        let mut owners_files = self.files_of(key.owner, Some(key)) + self.kept.bytes_of(key.owner);
+        let over = (owners_files + needed).saturating_sub(self.quota.disk_bytes);
+        if over > 0 {
+            // The owner's kept prefix states share its allowance and give way to its sessions.
+            owners_files -= self.evict_kept(key.owner, over, true);
+        }
         let Some(entry) = self.sessions.get(key) else {
             return Ok(0);
         };
         let Some(snaps) = entry.snapshots.as_deref() else {
             return Ok(0);
         };
-        if entry.on_disk {
-            return Ok(0);
-        }
-        let needed = bytes_of(snaps) + FRAMING;
-        let owners_files: u64 = self
-            .sessions
-            .iter()
-            .filter(|(k, _)| k.owner == key.owner && *k != key)
-            .map(|(_, e)| e.file_bytes)
-            .sum();
         if owners_files + needed > self.quota.disk_bytes {
             return Err(SessionStoreError::Quota {
                 owner: key.owner,
@@ -673,10 +710,7 @@ impl SessionStore {
                 used: owners_files + needed,
             });
         }
-        let mut usage: BTreeMap<Option<u32>, u64> = BTreeMap::new();
-        for (k, e) in self.sessions.iter().filter(|(k, _)| *k != key) {
-            *usage.entry(k.owner).or_default() += e.write_bytes();
-        }
+        let usage = self.usage(Some(key));
         let available = self
             .dir
             .available_bytes()

@@ -101,8 +101,11 @@ pub struct Args {
     /// [default: 64].
     #[arg(long)]
     sessions_per_uid: Option<usize>,
-    /// GiB of session files one user (uid) may have in the session directory; a save beyond
-    /// is refused, a spill beyond drops that user's session from memory [default: 16].
+    /// GiB of session files one user (uid) may have in the session directory, its named
+    /// sessions and its kept prefix states (`UID@DIGEST.k3p`, written after replies so its
+    /// next session starts warm, across restarts) together: a save beyond is refused, a spill
+    /// beyond drops that user's session from memory, and its least recently used kept states
+    /// make room, those ending a prelude last [default: 16].
     #[arg(long)]
     session_disk_gb_per_uid: Option<f64>,
     /// Also serve the OpenAI-compatible HTTP API here: unix:PATH (same access rules as

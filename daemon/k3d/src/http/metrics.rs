@@ -210,6 +210,43 @@ impl Collector for CoreFigures {
             "History tokens fed after replies to warm each caller's next turn (prefix reuse)",
             snap.timings.warmed_tokens,
         )?;
+        let files = snap.prefix_files;
+        for (name, help, value) in [
+            (
+                "prefix_disk_hits",
+                "Requests with prefix reuse that continued from a kept state loaded from disk",
+                files.hits,
+            ),
+            (
+                "prefix_disk_misses",
+                "Requests with prefix reuse of a local account for which the disk held no \
+                 longer kept state than memory",
+                files.misses,
+            ),
+            (
+                "prefix_disk_evictions",
+                "Kept states removed from disk to make room in their owner's allowance",
+                files.evictions,
+            ),
+            (
+                "prefix_disk_written_bytes",
+                "Bytes of kept states written to disk",
+                files.bytes_written,
+            ),
+            (
+                "prefix_disk_failures",
+                "Kept states not written (refused or failed) and damaged ones removed",
+                files.failed,
+            ),
+        ] {
+            Self::counter(&mut e, name, help, value)?;
+        }
+        Self::gauge(
+            &mut e,
+            "prefix_disk_bytes",
+            "Bytes of kept prefix states on disk",
+            gauge(files.bytes),
+        )?;
         Self::counter(
             &mut e,
             "weight_bytes_avoided",

@@ -36,8 +36,8 @@ pub use model::{
     ToolChoice,
 };
 pub use render::{
-    LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Limited, Segment, most_messages, most_tools, render,
-    render_limited, segments,
+    LEAST_IDS_PER_MESSAGE, LEAST_IDS_PER_TOOL, Limited, Prelude, Segment, most_messages,
+    most_tools, render, render_limited, render_with_prelude, segments,
 };
 pub use reply::{
     MalformedReply, Pushed, Reply, ReplyChannel, ReplyError, ReplyEvent, ReplyReader, parse_reply,

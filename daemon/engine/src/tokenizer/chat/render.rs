@@ -312,9 +312,36 @@ fn tool_results<'c>(
         .collect())
 }
 
+/// Where a rendering's prelude ends, counted in ids from its start (spec §8.2): what every
+/// conversation of an agent with the same tools, effort and instructions starts with, and so
+/// where automatic prefix reuse keeps a state for a new conversation to continue from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prelude {
+    /// The end of the tool-declare message (step 1), when tools are declared: it comes first,
+    /// so it is shared even when a later system message changes (a date, `git status`).
+    pub tools_end: Option<usize>,
+    /// The end of the tool declaration, the effort note (step 2) and the system messages that
+    /// open the conversation: where its first message of another role starts. 0 when there
+    /// is none of them.
+    pub end: usize,
+}
+
+/// [`Prelude`] counted in segments, as [`marked_segments`] finds it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Marks {
+    tools_end: Option<usize>,
+    end: usize,
+}
+
 /// The segment list of a conversation (spec §8.2).
 pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> {
+    Ok(marked_segments(conversation)?.0)
+}
+
+/// [`segments`], and where its prelude ends among them.
+fn marked_segments(conversation: &Conversation) -> Result<(Vec<Segment>, Marks), ChatError> {
     let mut out = Segments::default();
+    let mut marks = Marks::default();
     let thinking = conversation.thinking.is_on();
     let messages = &conversation.messages;
     if !conversation.tools.is_empty() {
@@ -322,6 +349,7 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
             "tool-declare",
             &tool_declare_text(&tool_list(&conversation.tools)?),
         );
+        marks.tools_end = Some(out.0.len());
     }
     match &conversation.tool_choice {
         ToolChoice::Required if conversation.tools.is_empty() => {
@@ -335,6 +363,9 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
     if let super::Thinking::On(Some(effort)) = conversation.thinking {
         out.system_note("thinking-effort", &effort_text(effort));
     }
+    marks.end = out.0.len();
+    // Whether only system messages have been rendered so far (the prelude goes on).
+    let mut leading = true;
     // The calls of the last assistant message, while only tool messages have followed it.
     let mut calls: Option<&[ToolCall]> = None;
     let mut index = 0;
@@ -348,9 +379,14 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
                     attrs.push(("name", name));
                 }
                 out.message(&attrs, |s| s.txt(message.content.as_str()));
+                leading &= message.role == Role::System;
+                if leading {
+                    marks.end = out.0.len();
+                }
                 calls = None;
             }
             Role::Assistant if message.partial => {
+                leading = false;
                 if index + 1 != messages.len() {
                     return Err(ChatError::message(
                         index,
@@ -365,6 +401,7 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
                 calls = Some(&message.tool_calls);
             }
             Role::Assistant => {
+                leading = false;
                 out.assistant(thinking, message);
                 calls = Some(&message.tool_calls);
             }
@@ -415,14 +452,22 @@ pub fn segments(conversation: &Conversation) -> Result<Vec<Segment>, ChatError> 
         }
         None => {}
     }
-    Ok(out.0)
+    Ok((out.0, marks))
 }
 
 /// Renders a conversation to prompt ids (spec §8): each segment encoded on its own.
 pub fn render(tokenizer: &Tokenizer, conversation: &Conversation) -> Result<Vec<u32>, ChatError> {
+    Ok(render_with_prelude(tokenizer, conversation)?.0)
+}
+
+/// [`render`], and where the prompt's prelude ends in its ids.
+pub fn render_with_prelude(
+    tokenizer: &Tokenizer,
+    conversation: &Conversation,
+) -> Result<(Vec<u32>, Prelude), ChatError> {
     let mut ids = Vec::new();
-    encode_segments(tokenizer, conversation, |encoded| ids.extend(encoded))?;
-    Ok(ids)
+    let prelude = encode_segments(tokenizer, conversation, |encoded| ids.extend(encoded))?;
+    Ok((ids, prelude))
 }
 
 /// The fewest ids a message renders to (spec §8.2): its open tag (`OPEN`, `message`, a role
@@ -460,8 +505,8 @@ pub fn most_tools(limit: usize) -> usize {
 /// A rendering held to a length limit ([`render_limited`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Limited {
-    /// At most the limit: the prompt ids.
-    Within(Vec<u32>),
+    /// At most the limit: the prompt ids, and where its prelude ends in them.
+    Within(Vec<u32>, Prelude),
     /// Over the limit: how many ids the whole conversation renders to (the ids past the limit
     /// were counted and dropped, so memory stays at the limit's, whatever the conversation).
     Over(usize),
@@ -476,7 +521,7 @@ pub fn render_limited(
 ) -> Result<Limited, ChatError> {
     let mut ids = Vec::new();
     let mut count = 0usize;
-    encode_segments(tokenizer, conversation, |encoded| {
+    let prelude = encode_segments(tokenizer, conversation, |encoded| {
         count = count.saturating_add(encoded.len());
         if count <= limit {
             ids.extend(encoded);
@@ -485,24 +530,42 @@ pub fn render_limited(
         }
     })?;
     Ok(if count <= limit {
-        Limited::Within(ids)
+        Limited::Within(ids, prelude)
     } else {
         Limited::Over(count)
     })
 }
 
 /// Encodes each segment of `conversation` in order (control segments with added tokens
-/// recognised, text never) and hands its ids to `each`.
+/// recognised, text never) and hands its ids to `each`; returns where the prelude ends in
+/// those ids (segments are encoded one by one, so a segment boundary is an id boundary).
 fn encode_segments(
     tokenizer: &Tokenizer,
     conversation: &Conversation,
     mut each: impl FnMut(Vec<u32>),
-) -> Result<(), ChatError> {
-    for segment in segments(conversation)? {
-        each(match &segment {
+) -> Result<Prelude, ChatError> {
+    let (segments, marks) = marked_segments(conversation)?;
+    let mut prelude = Prelude::default();
+    let mut count = 0usize;
+    for (index, segment) in segments.iter().enumerate() {
+        if marks.tools_end == Some(index) {
+            prelude.tools_end = Some(count);
+        }
+        if marks.end == index {
+            prelude.end = count;
+        }
+        let encoded = match segment {
             Segment::Control(name) => tokenizer.encode(name, Specials::Recognised)?,
             Segment::Text(text) => tokenizer.encode(text, Specials::Plain)?,
-        });
+        };
+        count = count.saturating_add(encoded.len());
+        each(encoded);
     }
-    Ok(())
+    if marks.tools_end == Some(segments.len()) {
+        prelude.tools_end = Some(count);
+    }
+    if marks.end == segments.len() {
+        prelude.end = count;
+    }
+    Ok(prelude)
 }
