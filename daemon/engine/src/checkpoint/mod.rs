@@ -37,7 +37,10 @@ pub use safetensors::{SafetensorsError, ShardFile, TensorIndex};
 /// ids only under the contract it was computed with, so a state kept on disk is bound to it
 /// together with the model's [`Checkpoint::fingerprint`] (`session::kept`, issue 42): after a
 /// bump no earlier state is continued, whose continuation would differ from a fresh prefill.
-pub const NUMERICS_CONTRACT: u32 = 1;
+///
+/// 1: every reduction in f64 (before issue 41). 2: weight products in f32 by fused
+/// multiply-add with the weight tree (spec §6.1 rule 2 as amended, issue 41).
+pub const NUMERICS_CONTRACT: u32 = 2;
 
 /// A validated checkpoint directory: config, shard files and the layout binding.
 #[derive(Debug, Clone)]

@@ -287,7 +287,9 @@ impl SessionStore {
         let names = session_dir.names().map_err(dir_err)?;
         let mut store = SessionStore {
             dir: Arc::new(session_dir),
-            fingerprint: fingerprint.to_string(),
+            // Named sessions are bound like kept states: a state is the exact result of its
+            // ids only under the numerics contract it was computed with (issue 41).
+            fingerprint: kept::state_key(fingerprint),
             allowance,
             quota: Quota::default(),
             sessions: BTreeMap::new(),
