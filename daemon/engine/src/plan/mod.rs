@@ -93,10 +93,13 @@ pub const GIB: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
+    /// Both figures in GiB to four significant digits (two budgets a few MiB apart read
+    /// apart) and in bytes, and the shortest `--ram-gb` value that holds the minimum (issue
+    /// 46.4: "0.01 GiB is below the minimum of 0.01 GiB" left the user guessing).
     #[error(
-        "a RAM budget of {budget} bytes ({:.2} GiB) is below the minimum of {needed} bytes \
-         ({:.2} GiB) for this model and context",
-        *budget as f64 / GIB as f64, *needed as f64 / GIB as f64
+        "a RAM budget of {} GiB ({budget} bytes) is below the minimum of {} GiB ({needed} \
+         bytes) for this model and context: give --ram-gb {} or more",
+        budget::gib_figure(*budget), budget::gib_figure(*needed), budget::gib_to_ask(*needed)
     )]
     BudgetTooSmall { needed: u64, budget: u64 },
     #[error(
