@@ -185,16 +185,7 @@ fn a_socket_path_that_cannot_be_created_names_the_path_the_directory_and_the_fla
     assert!(!stderr.contains("listening"), "{stderr}");
     // The HTTP API's Unix socket says which flag named it.
     let socket = tmp.path().join("k3d.sock");
-    let (code, stderr) = refused(&[
-        "--model",
-        model.to_str().unwrap(),
-        "--socket",
-        socket.to_str().unwrap(),
-        "--session-dir",
-        tmp.path().join("sessions").to_str().unwrap(),
-        "--http",
-        "unix:/sys/k3d-test-http.sock",
-    ]);
+    let (code, stderr) = refused_with_http(tmp.path(), "unix:/sys/k3d-test-http.sock");
     let error = one_error(code, &stderr, 1);
     assert!(
         error.contains("--http unix:/sys/k3d-test-http.sock: permission denied")
@@ -204,23 +195,30 @@ fn a_socket_path_that_cannot_be_created_names_the_path_the_directory_and_the_fla
     assert!(!socket.exists(), "the gRPC socket is removed again");
 }
 
-#[test]
-fn a_port_in_use_names_the_port_and_another_to_use() {
-    let tmp = tempfile::tempdir().unwrap();
+/// `k3d serve` on the fixture, its socket and sessions in `dir`, with `--http ENDPOINT`.
+fn refused_with_http(dir: &Path, endpoint: &str) -> (Option<i32>, String) {
     let model = fixture();
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = taken.local_addr().unwrap().port();
-    let socket = tmp.path().join("k3d.sock");
-    let (code, stderr) = refused(&[
+    let socket = dir.join("k3d.sock");
+    let sessions = dir.join("sessions");
+    refused(&[
         "--model",
         model.to_str().unwrap(),
         "--socket",
         socket.to_str().unwrap(),
         "--session-dir",
-        tmp.path().join("sessions").to_str().unwrap(),
+        sessions.to_str().unwrap(),
         "--http",
-        &format!("127.0.0.1:{port}"),
-    ]);
+        endpoint,
+    ])
+}
+
+#[test]
+fn a_port_in_use_names_the_port_and_another_to_use() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let socket = tmp.path().join("k3d.sock");
+    let (code, stderr) = refused_with_http(tmp.path(), &format!("127.0.0.1:{port}"));
     let error = one_error(code, &stderr, 1);
     assert!(
         error.contains(&format!("port {port} is already in use"))
