@@ -501,6 +501,28 @@ async fn chat_repl_turns_reuse_their_session() {
     repl.keys(&["/exit", "Enter"]);
     repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
     assert_eq!(names(&mut c).await, vec!["talk".to_string()]);
+    // Unnamed and `/save`d (issue 46.5): kept under a short name one can type; `/save WORD`
+    // says what to do rather than writing a file named WORD.
+    let repl = Repl::start(&d, "unnamed-saved", "chat --no-think --max-tokens 3");
+    repl.wait_for("the prompt", &|p| p.contains("you>"));
+    repl.keys(&["Hi", "Enter"]);
+    repl.wait_for("turn 1", &|p| p.matches("you>").count() >= 2);
+    repl.keys(&["/save work", "Enter"]);
+    repl.wait_for("the advice", &|p| p.contains("starts one named work"));
+    repl.keys(&["/save", "Enter"]);
+    repl.wait_for("the save", &|p| p.contains(" saved to "));
+    repl.keys(&["/exit", "Enter"]);
+    repl.wait_for("k3 to exit 0", &|p| p.contains("K3-EXITED-0"));
+    let kept: Vec<String> = names(&mut c)
+        .await
+        .into_iter()
+        .filter(|n| n != "talk")
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(
+        kept[0].starts_with("chat-") && kept[0].len() == 11,
+        "a short name: {kept:?}"
+    );
 }
 
 /// `reused` of each "request N started" line in the daemon's log, in order: prompt tokens the

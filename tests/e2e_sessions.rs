@@ -365,6 +365,16 @@ async fn another_uid_cannot_use_see_save_or_delete_a_session() {
         "3 prompt + 3 fed of 4 generated: {}",
         text(&second.stderr)
     );
+    // The owner shows by user name, as `ls -l` shows it (issue 46.5).
+    let listed = k3(&d.socket, owner, &["sessions", "list"]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    assert!(
+        text(&listed.stdout)
+            .lines()
+            .any(|l| l.starts_with("mine ") && l.contains(" k3e2e-member ")),
+        "{}",
+        text(&listed.stdout)
+    );
     let uid = uid_of("k3e2e-member");
     let intruder = Some("k3e2e-other");
     // Another user naming the owner's session (as UID/NAME) is refused.

@@ -52,7 +52,8 @@ pub struct Args {
 
 const HELP: &str = "Type a message and press Enter (end a line with \\ to continue it). \
 Commands: /reset (forget this conversation and start a new one), /save (keep this \
-conversation to continue later with --session), /save FILE (write the conversation as JSON), \
+conversation to continue later with --session), /save PATH (write the conversation as JSON: \
+a path with a `/` or ending in .json, such as ./talk.json), \
 /load FILE (continue a conversation written by /save FILE), /exit.";
 
 /// The daemon session holding the conversation's state.
@@ -63,10 +64,14 @@ struct ChatSession {
     saved: bool,
 }
 
-/// 128 random bits as hex, for a temporary session's name: nobody can guess it (issue 35
-/// point 9: `chat-SECS-PID-N` could be), so nobody can race a chat for it. From the kernel's
-/// random source; without one, from the standard library's per-process random hash keys.
-fn unpredictable_hex() -> String {
+/// Six random letters and digits (30 bits) for a temporary session's name, `chat-k7qm2x`:
+/// short enough to type after `/save` (issue 46.5: 32 hex digits were not), not guessable
+/// (issue 35 point 9: `chat-SECS-PID-N` was), and names are per user, so only the user's own
+/// sessions could collide. The alphabet leaves out l, o, 0 and 1, which read alike. From the
+/// kernel's random source; without one, from the standard library's per-process random hash
+/// keys.
+fn short_random_name() -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijkmnpqrstuvwxyz23456789";
     use std::io::Read;
     let mut bytes = [0u8; 16];
     let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
@@ -78,7 +83,11 @@ fn unpredictable_hex() -> String {
             half.copy_from_slice(&h.finish().to_le_bytes());
         }
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let letters: String = bytes[..6]
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(b % 32)]))
+        .collect();
+    format!("chat-{letters}")
 }
 
 impl ChatSession {
@@ -90,7 +99,7 @@ impl ChatSession {
                 saved: true,
             },
             None => ChatSession {
-                name: format!("chat-{}", unpredictable_hex()),
+                name: short_random_name(),
                 temporary: true,
                 saved: false,
             },
@@ -266,6 +275,18 @@ fn converse(
                     }
                     Err(status) => eprintln!("k3: {}", Failure::from(status).message),
                 }
+                continue;
+            }
+            // A bare word is a session name the user wants, which a running chat cannot
+            // take (sessions are not renamed): say what to do instead of writing a file
+            // named like it in the working directory.
+            ("/save", word) if !word.contains('/') && !word.ends_with(".json") => {
+                eprintln!(
+                    "k3: /save {word}: this chat's session is {}; /save keeps it under that \
+                     name, and `k3 chat --session {word}` starts one named {word}. To write \
+                     the conversation as JSON, give a path: /save ./{word}.json",
+                    session.name
+                );
                 continue;
             }
             ("/save", path) => {
@@ -463,4 +484,26 @@ fn show_history(conversation: &[pb::ChatMessage], hide_reasoning: bool) {
         }
     }
     let _ = crate::print(&text);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_random_name;
+
+    #[test]
+    fn a_temporary_session_name_is_short_typeable_and_differs_each_time() {
+        let names: Vec<String> = (0..64).map(|_| short_random_name()).collect();
+        for name in &names {
+            let letters = name.strip_prefix("chat-").expect("chat- prefix");
+            assert_eq!(letters.len(), 6, "{name}");
+            assert!(
+                letters.chars().all(
+                    |c| c.is_ascii_lowercase() && !"lo".contains(c) || ('2'..='9').contains(&c)
+                ),
+                "{name}"
+            );
+        }
+        let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+        assert!(distinct.len() > 60, "{names:?}");
+    }
 }

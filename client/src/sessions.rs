@@ -68,12 +68,12 @@ fn table(sessions: &[pb::SessionInfo]) -> String {
         return "no sessions\n".into();
     }
     let mut out = format!(
-        "{:<24} {:>7} {:>9} {:>11}  {:<14} LAST USED\n",
+        "{:<24} {:<12} {:>9} {:>11}  {:<14} LAST USED\n",
         "NAME", "OWNER", "TOKENS", "STATE", "WHERE"
     );
     for s in sessions {
         out.push_str(&format!(
-            "{:<24} {:>7} {:>9} {:>11}  {:<14} {}\n",
+            "{:<24} {:<12} {:>9} {:>11}  {:<14} {}\n",
             s.name,
             owner(s),
             s.tokens,
@@ -85,8 +85,16 @@ fn table(sessions: &[pb::SessionInfo]) -> String {
     out
 }
 
+/// The owner's user name (the system's user database, getpwuid), or the uid when it has none.
 fn owner(s: &pb::SessionInfo) -> String {
-    s.owner_uid.map_or_else(|| "?".into(), |u| u.to_string())
+    s.owner_uid.map_or_else(|| "?".into(), user_name)
+}
+
+pub fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 fn place(s: &pb::SessionInfo) -> String {

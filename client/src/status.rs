@@ -76,9 +76,52 @@ pub fn size(bytes: u64) -> String {
     bytesize::ByteSize::b(bytes).display().iec().to_string()
 }
 
+/// `part of whole` as a percentage with no false precision (`74 %`, `0.4 %`, `-` of nothing).
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "-".into();
+    }
+    let p = part as f64 * 100.0 / whole as f64;
+    if p >= 10.0 || p == 0.0 {
+        format!("{p:.0} %")
+    } else {
+        format!("{p:.1} %")
+    }
+}
+
+/// `0-8`, `0-3, 7`: layer numbers as ranges.
+fn ranges(layers: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let mut j = i;
+        while j + 1 < layers.len() && layers[j + 1] == layers[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            layers[i].to_string()
+        } else {
+            format!("{}-{}", layers[i], layers[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+/// `42 s`, `12 min`, `3 h 5 min`, `2 days 4 h`.
+fn duration(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    match s {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        s => format!("{} days {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
 /// `; per user N running, M queued` for the limits the daemon sets on one uid, or nothing.
 fn per_user_limits(active: Option<u32>, queued: Option<u32>) -> String {
-    let parts: Vec<String> = [(active, "running"), (queued, "queued")]
+    let parts: Vec<String> = [(active, "running"), (queued, "waiting")]
         .into_iter()
         .filter_map(|(n, what)| n.map(|n| format!("{n} {what}")))
         .collect();
@@ -107,7 +150,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     line(
         "requests",
         format!(
-            "{} running, {} queued, {} parked (max {} running, {} queued{}); {} done, {} cancelled, {} failed, {} refused, {} stalled",
+            "{} running, {} waiting, {} paused for a slow reader (at most {} running, {} waiting{}); since start {} done, {} cancelled, {} failed, {} refused, {} paused",
             s.active_requests,
             s.queued_requests,
             s.parked_requests,
@@ -124,46 +167,50 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
     line(
         "limits",
         format!(
-            "prompt at most {} tokens, {} new; a reader that stalls {:.0} s gives its slot back",
+            "prompts up to {} tokens, replies up to {} tokens; a reader that takes nothing for {:.0} s gives its slot back",
             s.max_prompt_tokens, s.max_tokens_cap, s.stall_timeout_seconds
         ),
     );
     line(
         "weights",
         format!(
-            "{} read from disk, {} avoided",
+            "since start {} read from disk; {} more needed were already in memory (pinned or cached)",
             size(s.bytes_read),
             size(s.bytes_avoided)
         ),
     );
     if let Some(c) = &s.cache {
+        let lookups = c.hits + c.misses;
         line(
-            "cache",
+            "experts",
             format!(
-                "{} of {}, {} hits, {} misses",
+                "cache {} of {} in use; {} of {lookups} expert uses found there ({})",
                 size(c.used_bytes),
                 size(c.capacity_bytes),
                 c.hits,
-                c.misses
+                percent(c.hits, lookups)
             ),
         );
     }
     if !s.pinned_layers.is_empty() {
-        line("pinned", format!("{:?}", s.pinned_layers));
+        line(
+            "pinned",
+            format!("layers {} kept in memory", ranges(&s.pinned_layers)),
+        );
     }
     line(
         "memory",
         format!(
-            "RSS {} (peak {})",
+            "the daemon uses {} (at most {} so far)",
             size(s.rss_bytes),
             size(s.peak_rss_bytes)
         ),
     );
-    line("threads", s.threads.to_string());
+    line("threads", format!("{} computing", s.threads));
     line(
         "batching",
         format!(
-            "up to {} per pass; {} passes, {} shared by several requests, widest {}",
+            "up to {} requests per forward pass; {} passes, {} of them shared by several requests, at most {} at once",
             s.max_batch, s.forward_passes, s.batched_passes, s.widest_batch
         ),
     );
@@ -172,7 +219,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
             "sessions",
             if x.error.is_empty() {
                 format!(
-                    "{} ({} in use, {} in memory of {} allowed) in {}",
+                    "{} kept ({} in use by a request; {} in memory of the {} allowed) in {}",
                     x.count,
                     x.leased,
                     size(x.memory_bytes),
@@ -184,7 +231,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
             },
         );
     }
-    line("uptime", format!("{:.0} s", s.uptime_seconds));
+    line("uptime", duration(s.uptime_seconds));
     if !s.plan.is_empty() {
         out.push_str("plan:\n");
         for l in s.plan.lines() {
@@ -196,7 +243,7 @@ fn readable(s: &pb::StatusReply, socket: &SocketPath) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::per_user_limits;
+    use super::{duration, per_user_limits, percent, ranges};
 
     #[test]
     fn per_user_limits_are_said_only_where_the_daemon_sets_them() {
@@ -204,7 +251,20 @@ mod tests {
         assert_eq!(per_user_limits(Some(1), None), "; per user 1 running");
         assert_eq!(
             per_user_limits(Some(2), Some(0)),
-            "; per user 2 running, 0 queued"
+            "; per user 2 running, 0 waiting"
         );
+    }
+
+    /// Issue 46.5: figures a user reads at a glance — no "67,417.8444/s", no `[0, 1, 2, …]`.
+    #[test]
+    fn figures_read_at_a_glance() {
+        assert_eq!(percent(372, 500), "74 %");
+        assert_eq!(percent(2, 500), "0.4 %");
+        assert_eq!(percent(0, 0), "-");
+        assert_eq!(ranges(&[0, 1, 2, 3, 4, 5, 6, 7, 8]), "0-8");
+        assert_eq!(ranges(&[0, 1, 3, 5, 6]), "0-1, 3, 5-6");
+        assert_eq!(duration(3.4), "3 s");
+        assert_eq!(duration(725.0), "12 min");
+        assert_eq!(duration(11_100.0), "3 h 5 min");
     }
 }

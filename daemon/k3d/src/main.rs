@@ -25,13 +25,14 @@ enum Command {
     Check(cmd::check::Args),
     /// Write a random-weight checkpoint in exactly the released layout.
     Synth(cmd::synth::Args),
-    /// Generate greedily from prompt ids, offline (tests and benchmarks use this).
+    /// Generate greedily from a prompt (text or ids), offline (tests and benchmarks use this).
     Run(cmd::run::Args),
     /// Text on stdin to token ids on stdout.
     Tokenize(cmd::tokenize::TokenizeArgs),
     /// Token ids on stdin (comma or whitespace separated) to their exact bytes on stdout.
     Detokenize(cmd::tokenize::DetokenizeArgs),
-    /// Load a model once and serve it to `k3` clients over a Unix socket.
+    /// Load a model once and serve it: gRPC to `k3` clients on a Unix socket and, with --http,
+    /// the OpenAI and Anthropic HTTP APIs.
     // Boxed: its many settings make it far larger than the other commands' arguments.
     Serve(Box<cmd::serve::Args>),
     /// Check this machine (and a model directory) and recommend a memory budget.

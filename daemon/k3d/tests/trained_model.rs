@@ -34,13 +34,30 @@ fn k3d_run(args: &[&str]) -> Vec<u8> {
     k3d("run", args)
 }
 
-/// The demo's prompt and length (packaging/demo.sh: `def fibonacci(n):` + newline, 24 tokens),
-/// and longer: valid UTF-8, no control bytes but newline and tab, no added-token text
-/// (`<|reserved_token_…|>`, `[EOS]` …), no replacement characters, and Python-looking.
+/// The demo's prompt (packaging/demo.sh, picked by tools/train/demo_prompt.py: two lines of
+/// the sysconfig table of build flags the model was trained on).
+const DEMO_PROMPT: &str = " 'HAVE_LIBDLD': 0,\n 'HAVE_LIBGDBM_COMPAT': 0,\n";
+
+/// The demo's prompt and length (24 tokens), and longer, and the README's offline example:
+/// valid UTF-8, no control bytes but newline and tab, no added-token text
+/// (`<|reserved_token_…|>`, `[EOS]` …), no replacement characters, and shaped like the
+/// training text (indented code or a table's `'KEY': value` entries, over several lines).
 #[test]
 fn demo_continuation_is_printable_in_domain_text() {
-    for tokens in ["24", "120"] {
-        let out = k3d_run(&["--prompt", "def fibonacci(n):\n", "--gen", tokens]);
+    let demo = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../packaging/demo.sh"),
+    )
+    .expect("packaging/demo.sh");
+    assert!(
+        demo.contains(r#"prompt=${1:-$' \'HAVE_LIBDLD\': 0,\n \'HAVE_LIBGDBM_COMPAT\': 0,\n'}"#),
+        "packaging/demo.sh shows DEMO_PROMPT"
+    );
+    for (prompt, tokens) in [
+        (DEMO_PROMPT, "24"),
+        (DEMO_PROMPT, "120"),
+        ("def fibonacci(n):\n", "40"),
+    ] {
+        let out = k3d_run(&["--prompt", prompt, "--gen", tokens]);
         let text = String::from_utf8(out).expect("the continuation is UTF-8");
         assert!(
             text.chars()
@@ -58,8 +75,8 @@ fn demo_continuation_is_printable_in_domain_text() {
             );
         }
         assert!(
-            text.contains("    ") && text.contains('\n'),
-            "not shaped like Python source: {text:?}"
+            (text.contains("    ") || text.contains("': ")) && text.matches('\n').count() >= 2,
+            "not shaped like the training text: {text:?}"
         );
     }
 }

@@ -216,9 +216,75 @@ impl Budget {
     }
 }
 
+/// `bytes` in GiB to four significant digits (at least two decimals): `0.01000`, `0.01058`,
+/// `1.300`, `137.00`.
+pub fn gib_figure(bytes: u64) -> String {
+    let gib = bytes as f64 / GIB as f64;
+    let magnitude = if gib > 0.0 {
+        gib.log10().floor() as i32
+    } else {
+        0
+    };
+    let mut decimals = (3 - magnitude).clamp(2, 12);
+    // 0.0099999 rounds to 0.010000: one digit fewer keeps it at four significant digits.
+    let scale = 10f64.powi(decimals);
+    if decimals > 2 && (gib * scale).round() / scale >= 10f64.powi(magnitude + 1) {
+        decimals -= 1;
+    }
+    format!("{gib:.*}", decimals as usize)
+}
+
+/// The shortest GiB figure — two significant digits, at least one decimal — that
+/// [`Budget::gib`] turns into at least `bytes`: what to pass as `--ram-gb` to hold them.
+pub fn gib_to_ask(bytes: u64) -> String {
+    let gib = bytes as f64 / GIB as f64;
+    let magnitude = if gib > 0.0 {
+        gib.log10().floor() as i32
+    } else {
+        0
+    };
+    let decimals = (1 - magnitude).clamp(1, 12);
+    let scale = 10f64.powi(decimals);
+    let mut units = (gib * scale).ceil();
+    // The float round trip may land a byte short: one more unit then.
+    while Budget::gib("--ram-gb", units / scale).is_ok_and(|b| b < bytes) {
+        units += 1.0;
+    }
+    format!("{:.*}", decimals as usize, units / scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn budgets_read_apart_and_the_value_to_ask_holds_the_bytes() {
+        // Issue 46.4: 10,737,418 and 11,358,848 bytes both printed as "0.01 GiB".
+        assert_eq!(gib_figure(10_737_418), "0.01000");
+        assert_eq!(gib_figure(11_358_848), "0.01058");
+        assert_eq!(gib_figure(3 * GIB / 2), "1.500");
+        assert_eq!(gib_figure(137 * GIB), "137.00");
+        assert_eq!(gib_to_ask(11_358_848), "0.011");
+        assert_eq!(gib_to_ask(1_395_864_371), "1.3");
+        assert_eq!(gib_to_ask(1_395_864_372), "1.4");
+        assert_eq!(gib_to_ask(8 * GIB), "8.0");
+        assert_eq!(gib_to_ask(8 * GIB + 1), "8.1");
+        assert_eq!(gib_to_ask(100 * GIB + 1), "100.1");
+        for bytes in [
+            1,
+            4095,
+            11_358_848,
+            1_395_864_372,
+            8 * GIB + 1,
+            1_600_000_000_000,
+        ] {
+            let asked: f64 = gib_to_ask(bytes).parse().expect("a number");
+            assert!(
+                Budget::gib("--ram-gb", asked).expect("valid") >= bytes,
+                "{bytes}"
+            );
+        }
+    }
 
     #[test]
     fn presets_parse() {

@@ -464,7 +464,7 @@ mod tests {
             }
             let text = plan.to_string();
             assert!(
-                text.contains("sessions   2.76 GB: kept conversation states"),
+                text.contains("sessions   2.57 GiB: kept conversation states"),
                 "{text}"
             );
         }

@@ -93,10 +93,13 @@ pub const GIB: u64 = 1 << 30;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PlanError {
+    /// Both figures in GiB to four significant digits (two budgets a few MiB apart read
+    /// apart) and in bytes, and the shortest `--ram-gb` value that holds the minimum (issue
+    /// 46.4: "0.01 GiB is below the minimum of 0.01 GiB" left the user guessing).
     #[error(
-        "a RAM budget of {budget} bytes ({:.2} GiB) is below the minimum of {needed} bytes \
-         ({:.2} GiB) for this model and context",
-        *budget as f64 / GIB as f64, *needed as f64 / GIB as f64
+        "a RAM budget of {} GiB ({budget} bytes) is below the minimum of {} GiB ({needed} \
+         bytes) for this model and context: give --ram-gb {} or more",
+        budget::gib_figure(*budget), budget::gib_figure(*needed), budget::gib_to_ask(*needed)
     )]
     BudgetTooSmall { needed: u64, budget: u64 },
     #[error(
@@ -333,8 +336,15 @@ fn ranges(ls: &[usize]) -> String {
     out.join(", ")
 }
 
+/// Bytes in the binary units `--ram-gb` and the budget line use (issue 46.5: one unit system,
+/// and a tiny model's figures not all `0.00`): `2.26 GiB`, `832.0 MiB`, `40.0 KiB`, `384 B`.
 fn gb(b: u64) -> String {
-    format!("{:.2} GB", b as f64 / 1e9)
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    match UNITS.iter().find(|(size, _)| b >= *size) {
+        Some((size, "GiB")) => format!("{:.2} GiB", b as f64 / *size as f64),
+        Some((size, unit)) => format!("{:.1} {unit}", b as f64 / *size as f64),
+        None => format!("{b} B"),
+    }
 }
 
 impl Census {
@@ -353,14 +363,15 @@ impl Census {
 
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let gib = |b: u64| b as f64 / GIB as f64;
         writeln!(
             f,
-            "memory plan: budget {:.2} GiB ({} B), allocated {:.2} GiB, headroom {:.2} GiB",
-            gib(self.budget),
+            "memory plan: budget {} ({} B): the model {}, kept conversation states {}, \
+             unallocated {}",
+            gb(self.budget),
             self.budget,
-            gib(self.total()),
-            gib(self.headroom())
+            gb(self.total()),
+            gb(self.sessions.reserved),
+            gb(self.headroom())
         )?;
         let streamed = self.layer_count - self.pinned_layers.len();
         writeln!(
@@ -416,9 +427,9 @@ impl fmt::Display for Plan {
         }
         writeln!(
             f,
-            "  experts    {} cache slots × {:.2} MB = {} (minimum {} = top-k + 1{})",
+            "  experts    {} cache slots × {} = {} (minimum {} = top-k + 1{})",
             self.cache_slots,
-            self.cache_slot_bytes as f64 / 1e6,
+            gb(self.cache_slot_bytes),
             gb(self.cache_bytes()),
             self.cache_min_slots,
             if self.lookahead_slots > 0 {
@@ -809,7 +820,7 @@ mod tests {
         // 8, within the cap of one streamed layer's matrices (1.27 GB) and the budget.
         assert_eq!((chunk, in_flight), (32 << 20, 26), "{p}");
         assert!(p.total() <= p.budget && p.headroom() < chunk, "{p}");
-        assert!(p.to_string().contains("26 read ahead, 0.87 GB"), "{p}");
+        assert!(p.to_string().contains("26 read ahead, 832.0 MiB"), "{p}");
         // The same pinning and cache either way: read-ahead takes only what they left.
         let none = Budget {
             read_ahead: Some(0),

@@ -956,7 +956,7 @@ mod tests {
                 "{}",
                 path.display()
             );
-            let (h, snaps) = file::load(&path, "fp").unwrap();
+            let (h, snaps) = file::load(&path, &kept::state_key("fp")).unwrap();
             assert_eq!((h.owner, h.name.as_str()), (Some(owner), "work"));
             assert_eq!(snaps.last().unwrap().history, history);
         }
@@ -974,7 +974,7 @@ mod tests {
         let dir = tmp.path().join("sessions");
         let sessions = SessionDir::open(&dir).unwrap();
         let header = FileHeader {
-            fingerprint: "fp".into(),
+            fingerprint: kept::state_key("fp"),
             name: "old".into(),
             owner: Some(10),
             tokens: 2,

@@ -248,8 +248,14 @@ const MODEL_FILES: [&str; 4] = [
 fn check_model_dir(dir: &Path) -> Result<(), CliError> {
     let refuse = |what: String| CliError::new(Exit::Checkpoint, anyhow::anyhow!(what));
     if !dir.is_dir() {
+        let what = match std::fs::metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
+            Err(e) => format!("cannot be read ({e})"),
+            Ok(_) => "is not a directory".to_string(),
+        };
         return Err(refuse(format!(
-            "--model {}: not a directory (a checkpoint directory holds {})",
+            "--model {} {what} (a checkpoint directory holds {}; `k3d check DIR` tells whether \
+             one is complete)",
             dir.display(),
             MODEL_FILES.join(", ")
         )));
@@ -410,17 +416,27 @@ pub fn run(args: Args) -> CliResult {
         })
         .map_err(|e| usage(e.to_string()))?;
     check_model_dir(&model)?;
+    // A checkpoint that cannot be read here fails its load anyway, with the reason.
+    let checkpoint = k3_engine::checkpoint::Checkpoint::open(&model).ok();
     let prompt_limit = match max_prompt_tokens {
         Some(n) => PromptLimit {
             tokens: n,
             why: "--max-prompt-tokens".into(),
         },
-        None => PromptLimit::planned(&model, &model_options.plan, max_active, max_tokens_cap),
+        None => PromptLimit::planned(
+            checkpoint.as_ref(),
+            &model_options.plan,
+            max_active,
+            max_tokens_cap,
+        ),
     };
     // Every state the plan reserves holds the longest prompt and the longest reply: a plan
     // sized for less would overspend the budget, or keep no agent's conversation (issue 35
     // point 3).
     model_options.plan.max_context = (prompt_limit.tokens + max_tokens_cap) as u64;
+    if let Some(checkpoint) = &checkpoint {
+        check_budget(checkpoint, &model_options.plan, &prompt_limit)?;
+    }
     let http = if args.http.is_empty() {
         file.http
             .unwrap_or_default()
@@ -484,6 +500,7 @@ pub fn run(args: Args) -> CliResult {
             path: socket,
             mode,
             group: args.socket_group.or(file.socket_group),
+            flag: "--socket",
         },
         threads,
         model_options,
@@ -534,14 +551,14 @@ impl PromptLimit {
     /// checkpoint that cannot be read here keeps the model's context; its load fails anyway,
     /// with the reason, as a load does.
     fn planned(
-        model: &Path,
+        checkpoint: Option<&k3_engine::checkpoint::Checkpoint>,
         inputs: &k3_engine::plan::PlanInputs,
         max_active: usize,
         cap: usize,
     ) -> PromptLimit {
         use k3_engine::plan::context::{Holds, largest_context};
         let released = k3_engine::serve::validate::MAX_PROMPT_TOKENS;
-        let Ok(checkpoint) = k3_engine::checkpoint::Checkpoint::open(model) else {
+        let Some(checkpoint) = checkpoint else {
             return PromptLimit {
                 tokens: released - cap.min(released - 1),
                 why: "the checkpoint could not be read to plan it".into(),
@@ -600,6 +617,33 @@ impl PromptLimit {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// Refuses a budget below the model's floor before any socket is bound (issue 46.4: the
+/// refusal came after "listening on …", from the model load, and was printed three times).
+/// The plan is the load's own (a trunk pack only adds its buffer, so a budget refused here is
+/// refused by the load too).
+fn check_budget(
+    checkpoint: &k3_engine::checkpoint::Checkpoint,
+    inputs: &k3_engine::plan::PlanInputs,
+    prompt_limit: &PromptLimit,
+) -> Result<(), CliError> {
+    match k3_engine::plan::Plan::for_model(&checkpoint.config, &checkpoint.layout, inputs) {
+        Err(e @ k3_engine::plan::PlanError::BudgetTooSmall { .. }) => Err(CliError::new(
+            Exit::Resources,
+            anyhow::anyhow!(
+                "--model {}: {e} (the plan holds a context of {} positions: prompts of up to \
+                 {} tokens plus --max-tokens-cap {}; a larger budget holds longer prompts)",
+                checkpoint.dir.display(),
+                inputs.max_context,
+                prompt_limit.tokens,
+                inputs
+                    .max_context
+                    .saturating_sub(prompt_limit.tokens as u64),
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// A timeout setting `name` in seconds (0.1 to 3600), or `default` when not given.
 fn seconds(name: &str, given: Option<f64>, default: Duration) -> Result<Duration, CliError> {

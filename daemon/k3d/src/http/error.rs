@@ -77,7 +77,8 @@ impl ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
             ..ApiError::not_found(format!(
-                "the model {} does not exist here; this daemon serves {served:?} (GET /v1/models)",
+                "the model {} does not exist here; this daemon serves {served:?}, also called \
+                 \"Kimi-K3\" (GET /v1/models)",
                 Echo(model)
             ))
         }

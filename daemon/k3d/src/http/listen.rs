@@ -75,12 +75,13 @@ pub fn bind(endpoints: &[Endpoint], mode: u32, group: Option<&str>) -> anyhow::R
                     path: path.clone(),
                     mode,
                     group: group.map(str::to_string),
+                    flag: "--http",
                 })?,
                 path: path.clone(),
             },
             Endpoint::Tcp(addr) => {
                 let socket = std::net::TcpListener::bind(addr)
-                    .with_context(|| format!("--http {addr}: binding"))?;
+                    .map_err(|e| crate::net::bind_tcp_error(addr, &e))?;
                 socket
                     .set_nonblocking(true)
                     .context("setting the HTTP socket non-blocking")?;

@@ -93,8 +93,11 @@ impl App {
         })
     }
 
+    /// A request names the served model by its id (the checkpoint directory's name) or by
+    /// [`MODEL_ALIAS`]; any other name is a 404, so a client set up for another server or
+    /// model (a Claude or GPT name) learns it at once instead of getting K3's words.
     fn check_model(&self, model: &str) -> Result<(), ApiError> {
-        if model == self.settings.model_id {
+        if model == self.settings.model_id || is_alias(model) {
             Ok(())
         } else {
             Err(ApiError::unknown_model(model, &self.settings.model_id))
@@ -387,6 +390,17 @@ fn give_back_freed_memory() {
     }
 }
 
+/// The name every daemon answers to beside its directory's, whatever that is called: k3d
+/// serves only Kimi K3 checkpoints, so the README's and docs' examples run as written against
+/// any of them (issue 46.1), the tiny fixture (`model`) and `/var/lib/k3d/models/kimi-k3`
+/// alike. Hugging Face's repository id and any letter case are the same name.
+pub const MODEL_ALIAS: &str = "Kimi-K3";
+
+fn is_alias(model: &str) -> bool {
+    let name = model.strip_prefix("moonshotai/").unwrap_or(model);
+    name.eq_ignore_ascii_case(MODEL_ALIAS)
+}
+
 /// An OpenAI model object, with the model fingerprint (`k3 status`'s) once it is loaded.
 fn model_entry(app: &App) -> serde_json::Value {
     // The limits clients size requests by (issue 34 point 4): the context under the names
@@ -541,5 +555,21 @@ mod tests {
         assert_eq!(json["error"]["message"], "too many");
         assert_eq!(json["error"]["type"], "rate_limit_error");
         assert_eq!(json["error"]["code"], "too_many_connections");
+    }
+
+    #[test]
+    fn kimi_k3_names_any_served_checkpoint_and_other_models_do_not() {
+        for name in ["Kimi-K3", "kimi-k3", "moonshotai/Kimi-K3", "KIMI-K3"] {
+            assert!(is_alias(name), "{name}");
+        }
+        for name in [
+            "gpt-4o",
+            "claude-sonnet-4-5",
+            "Kimi-K2",
+            "other/Kimi-K3",
+            "",
+        ] {
+            assert!(!is_alias(name), "{name}");
+        }
     }
 }

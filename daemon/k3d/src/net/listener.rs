@@ -17,6 +17,7 @@
 //!
 //! and `k3d serve` takes descriptor 3 instead of binding (`--socket` is then unused).
 
+use super::bind_error;
 use anyhow::{Context, bail};
 use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname};
 use nix::sys::stat::{Mode, umask};
@@ -37,6 +38,8 @@ pub struct SocketSpec {
     pub mode: u32,
     /// Group that owns the socket file; members may connect when `mode` is 0o660.
     pub group: Option<String>,
+    /// The flag that named the path (`--socket`, or `--http` for `unix:PATH`), for errors.
+    pub flag: &'static str,
 }
 
 /// Where the listening socket came from, which decides who removes it.
@@ -141,18 +144,16 @@ pub fn bind(spec: &SocketSpec) -> anyhow::Result<UnixListener> {
     };
     remove_stale(path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the socket directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| bind_error::unix_socket(spec.flag, path, &e))?;
     }
     // Only the owner may touch the file until chown/chmod below set the intended access.
     let old = umask(Mode::from_bits_truncate(0o177));
     let bound = UnixListener::bind(path);
     umask(old);
-    let socket = bound.with_context(|| format!("binding {}", path.display()))?;
+    let socket = bound.map_err(|e| bind_error::unix_socket(spec.flag, path, &e))?;
     let finish = || -> anyhow::Result<()> {
-        if let Some(gid) = gid {
-            chown(path, None, Some(gid))
-                .with_context(|| format!("giving {} to the socket group", path.display()))?;
+        if let (Some(gid), Some(name)) = (gid, &spec.group) {
+            chown(path, None, Some(gid)).map_err(|e| bind_error::socket_group(path, name, &e))?;
         }
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(spec.mode))
             .with_context(|| format!("setting mode {:o} on {}", spec.mode, path.display()))?;
