@@ -359,7 +359,16 @@ async fn forced_tool_calls_are_made_within_max_tokens() {
     let tmp = scratch("http-forced");
     let model = trained_model();
     let (d, http_socket, _c) = keyed_daemon_on(&model, tmp.path(), &[]).await;
-    pytest_on(&model, &python, "test_forced.py", &d, &http_socket, &[]);
+    // test_forced.py takes its clients from test_constrained.py, which reads this at import.
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent-tools");
+    pytest_on(
+        &model,
+        &python,
+        "test_forced.py",
+        &d,
+        &http_socket,
+        &[("K3_AGENT_TOOLS", &tools)],
+    );
 }
 
 /// The committed trained checkpoint.

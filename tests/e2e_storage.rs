@@ -81,6 +81,23 @@ fn assert_not_kept(out: &Output, session: &str, cause: &str, log: &str) {
     assert!(err.contains(cause), "says {cause:?}: {err}");
 }
 
+/// A ready daemon on the tiny model whose session directory is a tmpfs of 2 MiB at
+/// `dir/sessions`, spilling every session as its turn ends; `extra` are more flags.
+async fn on_small_disk(dir: &Path, extra: &[&str]) -> (Daemon, Tmpfs, std::path::PathBuf) {
+    let sessions = dir.join("sessions");
+    let disk = Tmpfs::mount(&sessions, "2m");
+    let mut args = vec![
+        "--session-dir",
+        sessions.to_str().expect("utf-8"),
+        "--session-gb",
+        SPILL_AT_ONCE,
+    ];
+    args.extend_from_slice(extra);
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    wait_ready(&mut client(&d.socket).await).await;
+    (d, disk, sessions)
+}
+
 /// Issue 45.3: on a read-only session filesystem a new session's turn exited 0 and the
 /// session was gone; a continued one exited 0 and its newest state was dropped; and `k3
 /// sessions save` then printed "saved". Now both turns exit 10 naming the session and the
@@ -88,20 +105,7 @@ fn assert_not_kept(out: &Output, session: &str, cause: &str, log: &str) {
 #[tokio::test]
 async fn a_turn_whose_state_cannot_be_written_fails_naming_the_session_and_the_cause() {
     let tmp = scratch("storage-ro");
-    let dir = tmp.path();
-    let sessions = dir.join("sessions");
-    let _disk = Tmpfs::mount(&sessions, "2m");
-    let d = Daemon::start(
-        tiny_model(),
-        &dir.join("k3d.sock"),
-        &[
-            "--session-dir",
-            sessions.to_str().expect("utf-8"),
-            "--session-gb",
-            SPILL_AT_ONCE,
-        ],
-    );
-    wait_ready(&mut client(&d.socket).await).await;
+    let (d, _disk, sessions) = on_small_disk(tmp.path(), &[]).await;
     let first = run_on(&d.socket, None, "before", "5 6 7");
     assert!(first.status.success(), "{}", text(&first.stderr));
     let kept = tokens_of(&listed(&d.socket, None), "before").expect("before is listed");
@@ -139,20 +143,7 @@ async fn a_turn_whose_state_cannot_be_written_fails_naming_the_session_and_the_c
 #[tokio::test]
 async fn a_new_sessions_turn_on_a_full_filesystem_exits_10() {
     let tmp = scratch("storage-full");
-    let dir = tmp.path();
-    let sessions = dir.join("sessions");
-    let _disk = Tmpfs::mount(&sessions, "2m");
-    let d = Daemon::start(
-        tiny_model(),
-        &dir.join("k3d.sock"),
-        &[
-            "--session-dir",
-            sessions.to_str().expect("utf-8"),
-            "--session-gb",
-            SPILL_AT_ONCE,
-        ],
-    );
-    wait_ready(&mut client(&d.socket).await).await;
+    let (d, _disk, sessions) = on_small_disk(tmp.path(), &[]).await;
     fill(&sessions);
     let out = run_on(&d.socket, None, "late", "5 6 7");
     assert_not_kept(&out, "late", "No space left on device", &d.log_text());
@@ -169,22 +160,7 @@ async fn one_users_fill_is_refused_at_its_share_and_another_users_new_session_is
         ensure_user(user, Some(GROUP));
     }
     let tmp = scratch("storage-share");
-    let dir = tmp.path();
-    let sessions = dir.join("sessions");
-    let _disk = Tmpfs::mount(&sessions, "2m");
-    let d = Daemon::start(
-        tiny_model(),
-        &dir.join("k3d.sock"),
-        &[
-            "--socket-group",
-            GROUP,
-            "--session-dir",
-            sessions.to_str().expect("utf-8"),
-            "--session-gb",
-            SPILL_AT_ONCE,
-        ],
-    );
-    wait_ready(&mut client(&d.socket).await).await;
+    let (d, _disk, _) = on_small_disk(tmp.path(), &["--socket-group", GROUP]).await;
     let share_words = "more than one user's share of the session filesystem";
     let mut refused = None;
     for n in 0..40 {

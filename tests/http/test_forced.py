@@ -6,25 +6,23 @@ Started by `tests/e2e_http.rs`. The wire-contract suite's request — a named `t
 thinking on by default — must come back as a call within max_tokens: a forced call is made
 without thinking (docs/decoding.md). The suite sends `max_tokens: 64`; the fixture's small
 vocabulary spells the call's tags in more ids than K3's does (over 64), so here max_tokens is
-ROOM, still below the 512 ids of thinking that took all of it before. Its arguments are valid against the schema
-(constrained decoding), streamed and whole, on the OpenAI, Responses and Anthropic routes; a
+ROOM, still below the 512 ids of thinking that took all of it before. Its arguments are valid
+against the schema (constrained decoding), streamed and whole, on the OpenAI, Responses and Anthropic routes; a
 max_tokens too small for any call is a 400 naming max_tokens; Anthropic's own rule (no forced
 tool use with thinking enabled) is a 400 as on Anthropic's API.
 """
 
 import json
-import os
 
 import anthropic
 import jsonschema
 import openai
 import pytest
 
-URL = os.environ["K3_HTTP_URL"]
-KEY = os.environ["K3_HTTP_KEY"]
-MODEL = os.environ["K3_MODEL"]
+# The clients and the model id, as the constrained-decoding suite makes them.
+from test_constrained import MODEL, ant, oai
 
-# The wire-contract suite's tool; `location` bounded so the fixture's call ends in 64 ids.
+# The wire-contract suite's tool; `location` bounded so the fixture's call ends within ROOM.
 WEATHER = {
     "type": "object",
     "properties": {
@@ -38,14 +36,6 @@ TOOL = {"type": "function", "function": {"name": "get_current_weather", "descrip
 ASK = [{"role": "user", "content": "What's the weather like in Boston today?"}]
 NAMED = {"type": "function", "function": {"name": "get_current_weather"}}
 ROOM = 256
-
-
-def oai():
-    return openai.OpenAI(base_url=URL + "/v1", api_key=KEY, max_retries=0)
-
-
-def ant():
-    return anthropic.Anthropic(base_url=URL, api_key=KEY, max_retries=0)
 
 
 def valid(arguments):
