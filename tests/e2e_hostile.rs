@@ -14,6 +14,10 @@ use support::*;
 
 /// The HTTP/2 client preface and an empty SETTINGS frame: what a real gRPC client sends first.
 const H2_GREETING: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+/// A first request's headers after the greeting, which end the handshake deadline (issue
+/// 45.5): HEADERS on stream 1, END_HEADERS and END_STREAM, `:method POST`, `:scheme http`,
+/// `:path /` from HPACK's static table.
+const H2_FIRST_HEADERS: &[u8] = b"\x00\x00\x03\x01\x05\x00\x00\x00\x01\x83\x86\x84";
 
 /// A ready daemon on the tiny model with an HTTP endpoint beside its gRPC socket.
 async fn daemon_with_http(name: &str, extra: &[&str]) -> (Daemon, PathBuf) {
@@ -137,6 +141,37 @@ async fn garbage_a_cut_greeting_and_an_oversized_body_are_closed_and_the_daemon_
         Duration::from_secs(2),
     );
 
+    // Issue 45.5: a whole preface, then a HEADERS frame trickled a byte at a time — it stayed
+    // open for good. The deadline covers the first request's headers: closed within it.
+    let mut s = UnixStream::connect(&d.socket).expect("connect");
+    s.write_all(H2_GREETING).expect("a whole greeting");
+    // HEADERS (type 1) with END_HEADERS (flag 4) on stream 1, 32 bytes of block: never whole.
+    let headers = [0u8, 0, 32, 1, 4, 0, 0, 0, 1];
+    let start = Instant::now();
+    let mut closed = None;
+    for b in headers.iter().chain([0u8; 32].iter()) {
+        if s.write_all(&[*b]).is_err() {
+            closed = Some(start.elapsed());
+            break;
+        }
+        if let Some(after) = closed_within(&mut s, Duration::from_millis(300)) {
+            closed = Some(start.elapsed().max(after));
+            break;
+        }
+    }
+    let closed = closed
+        .unwrap_or_else(|| panic!("a trickled HEADERS frame was not closed:\n{}", d.log_text()));
+    assert!(
+        closed < Duration::from_secs(4),
+        "closed after {closed:?}, the deadline is 1 s"
+    );
+    // A gRPC client whose connection sat idle past the deadline before its first request
+    // connects again and is served (as `k3 chat` waiting for its first line).
+    let mut idle = client(&d.socket).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let status = idle.status(k3proto::v1::StatusRequest {}).await;
+    assert!(status.is_ok(), "{status:?}");
+
     // A body over http_body_limit (8 MiB): 413, whatever the declared length.
     let mut s = UnixStream::connect(&http).expect("connect");
     let body = vec![b'x'; 9 << 20];
@@ -210,6 +245,7 @@ fn helper_hold_connections() {
         .map(|_| {
             let mut s = UnixStream::connect(&socket).expect("connect");
             let _ = s.write_all(H2_GREETING);
+            let _ = s.write_all(H2_FIRST_HEADERS);
             s
         })
         .collect();

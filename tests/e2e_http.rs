@@ -6,6 +6,7 @@
 mod support;
 
 use k3proto::v1 as pb;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -349,6 +350,27 @@ async fn constrained_replies_parse_in_the_official_clients_and_are_valid() {
     );
 }
 
+/// Issue 45.4: a forced tool choice is honoured within a small max_tokens, with the daemon's
+/// default thinking budget (the fixture would think until it ran out), through the official
+/// `openai` (Chat Completions and Responses) and `anthropic` packages, streamed and whole.
+#[tokio::test]
+async fn forced_tool_calls_are_made_within_max_tokens() {
+    let python = python();
+    let tmp = scratch("http-forced");
+    let model = trained_model();
+    let (d, http_socket, _c) = keyed_daemon_on(&model, tmp.path(), &[]).await;
+    // test_forced.py takes its clients from test_constrained.py, which reads this at import.
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agent-tools");
+    pytest_on(
+        &model,
+        &python,
+        "test_forced.py",
+        &d,
+        &http_socket,
+        &[("K3_AGENT_TOOLS", &tools)],
+    );
+}
+
 /// The committed trained checkpoint.
 fn trained_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/trained/model")
@@ -610,5 +632,158 @@ async fn a_uid_over_its_limits_gets_429_naming_them() {
     assert!(
         message.contains("--max-active-per-uid 1") && message.contains("--max-queued-per-uid 0"),
         "{body}"
+    );
+}
+
+/// A ready daemon on the tiny model with an HTTP endpoint on a Unix socket, and that socket.
+async fn unix_http_daemon(dir: &Path, extra: &[&str]) -> (Daemon, PathBuf) {
+    let http_socket = dir.join("http.sock");
+    let endpoint = format!("unix:{}", http_socket.display());
+    let mut args = vec!["--http", endpoint.as_str()];
+    args.extend_from_slice(extra);
+    let d = Daemon::start(tiny_model(), &dir.join("k3d.sock"), &args);
+    wait_ready(&mut client(&d.socket).await).await;
+    d.wait_for_log("HTTP API on", Duration::from_secs(30));
+    (d, http_socket)
+}
+
+/// The error `reply` (either API's shape): its type, its message, and OpenAI's `param`.
+fn error_of(reply: &str) -> (String, String, String) {
+    let body: serde_json::Value = serde_json::from_str(reply).expect("a JSON error body");
+    let field = |name: &str| body["error"][name].as_str().unwrap_or("").to_string();
+    (field("type"), field("message"), field("param"))
+}
+
+/// Issue 45.5: a body with a key twice was answered from the last (`{"messages": [A],
+/// "messages": [B]}` answered B): a parser differential against a proxy that reads the first.
+/// Every route now refuses it with a 400 naming the key and where it is; and a Responses input
+/// item without content is a 400 naming it, not an empty message answered 200.
+#[tokio::test]
+async fn duplicate_keys_and_a_contentless_responses_item_are_400_naming_them() {
+    let tmp = scratch("http-dup");
+    let (_d, http_socket) = unix_http_daemon(tmp.path(), &[]).await;
+    let model = served_model(&http_socket);
+    let a = r#"[{"role": "user", "content": "A"}]"#;
+    let b = r#"[{"role": "user", "content": "B"}]"#;
+    let top = |list: &str| {
+        format!(r#"{{"model": "{model}", "{list}": {a}, "max_tokens": 2, "{list}": {b}}}"#)
+    };
+    let nested = format!(
+        r#"{{"model": "{model}", "max_tokens": 2, "messages": [{{"role": "user", "content": "A", "content": "B"}}]}}"#
+    );
+    let prompt =
+        format!(r#"{{"model": "{model}", "prompt": "A", "max_tokens": 2, "prompt": "B"}}"#);
+    let cases = [
+        ("/v1/chat/completions", top("messages"), "messages", ""),
+        (
+            "/v1/chat/completions",
+            nested.clone(),
+            "content",
+            "messages[0]",
+        ),
+        ("/v1/completions", prompt, "prompt", ""),
+        ("/v1/responses", top("input"), "input", ""),
+        ("/v1/messages", top("messages"), "messages", ""),
+        ("/v1/messages", nested.clone(), "content", "messages[0]"),
+        ("/v1/messages/count_tokens", top("messages"), "messages", ""),
+    ];
+    for (route, body, key, at) in cases {
+        let (status, _, reply) = http(&http_socket, "POST", route, &body);
+        assert_eq!(status, 400, "{route}: {reply}");
+        let (kind, message, param) = error_of(&reply);
+        assert_eq!(kind, "invalid_request_error", "{route}: {reply}");
+        assert!(
+            message.contains(&format!("has the key \"{key}\" more than once")),
+            "{route}: {reply}"
+        );
+        let path = if at.is_empty() {
+            key.to_string()
+        } else {
+            format!("{at}.{key}")
+        };
+        if route.starts_with("/v1/messages") {
+            // Anthropic's shape has no `param`: the message begins with the field.
+            assert!(
+                message.starts_with(&format!("{path}: ")),
+                "{route}: {reply}"
+            );
+        } else {
+            assert_eq!(param, path, "{route}: {reply}");
+        }
+    }
+
+    for item in [
+        r#"{"role": "user"}"#,
+        r#"{"role": "user", "content": null}"#,
+    ] {
+        let body = format!(r#"{{"model": "{model}", "max_output_tokens": 2, "input": [{item}]}}"#);
+        let (status, _, reply) = http(&http_socket, "POST", "/v1/responses", &body);
+        assert_eq!(status, 400, "{item}: {reply}");
+        let (_, message, param) = error_of(&reply);
+        assert_eq!(param, "input[0].content", "{reply}");
+        assert!(message.contains("is required"), "{reply}");
+    }
+    let output = format!(
+        r#"{{"model": "{model}", "max_output_tokens": 2, "input": [{{"type": "function_call_output", "call_id": "c"}}]}}"#
+    );
+    let (status, _, reply) = http(&http_socket, "POST", "/v1/responses", &output);
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(error_of(&reply).2, "input[0].output", "{reply}");
+}
+
+/// Issue 45.5: a stream the shutdown cancelled after its grace got an error event typed
+/// `invalid_request_error`, as if the client were at fault. It is the server's: OpenAI's
+/// `server_error`, Anthropic's `overloaded_error`, and it says k3d was shutting down.
+#[tokio::test]
+async fn a_stream_cancelled_by_the_shutdown_gets_a_server_side_error_saying_so() {
+    let tmp = scratch("http-shutdown");
+    let (mut d, http_socket) = unix_http_daemon(tmp.path(), &["--shutdown-grace", "0.2"]).await;
+    let model = served_model(&http_socket);
+    let long = |route: &str| {
+        let body = match route {
+            "/v1/messages" => format!(
+                r#"{{"model": "{model}", "max_tokens": 4000, "stream": true, "messages": [{{"role": "user", "content": "hi"}}]}}"#
+            ),
+            _ => format!(
+                r#"{{"model": "{model}", "max_tokens": 4000, "stream": true, "thinking": {{"type": "disabled"}}, "messages": [{{"role": "user", "content": "hi"}}]}}"#
+            ),
+        };
+        let mut s = std::os::unix::net::UnixStream::connect(&http_socket).expect("connect");
+        write!(
+            s,
+            "POST {route} HTTP/1.1\r\nHost: k3d\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        // Until its first event: it is computing.
+        let mut first = [0u8; 512];
+        let n = s.read(&mut first).expect("the stream's head");
+        assert!(n > 0, "{route}: the stream began");
+        (s, String::from_utf8_lossy(&first[..n]).into_owned())
+    };
+    let streams = [long("/v1/chat/completions"), long("/v1/messages")];
+    d.signal(libc::SIGTERM);
+    let mut seen = Vec::new();
+    for (mut s, head) in streams {
+        let mut rest = String::new();
+        let _ = s.read_to_string(&mut rest);
+        seen.push(head + &rest);
+    }
+    for (text, kind) in seen.iter().zip(["server_error", "overloaded_error"]) {
+        let error = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<serde_json::Value>(data).ok())
+            .find(|v| v.get("error").is_some())
+            .unwrap_or_else(|| panic!("an error event: {text}"));
+        assert_eq!(error["error"]["type"], kind, "{error}");
+        let message = error["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("shutting down"), "{error}");
+    }
+    assert_eq!(
+        d.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        d.log_text()
     );
 }

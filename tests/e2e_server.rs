@@ -1046,8 +1046,13 @@ async fn chat_renders_tools_and_names_bad_fields() {
         }],
         ..base.clone()
     };
+    // A forced call needs room for its tags: fewer is refused naming max_tokens (issue 45.4).
     let required = pb::ChatRequest {
         tool_choice: pb::ToolChoice::Required.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens: 40,
+            ..Default::default()
+        }),
         ..tools.clone()
     };
     let schema = pb::ChatRequest {

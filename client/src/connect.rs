@@ -43,8 +43,11 @@ pub async fn connect(socket: &SocketPath) -> Result<EngineClient<Channel>, Failu
     let stream = UnixStream::connect(&socket.path)
         .await
         .map_err(|e| connect_failure(socket, e))?;
-    // tonic asks its connector for a connection; the first ask gets the one made above.
+    // tonic asks its connector for a connection; the first ask gets the one made above, a
+    // later one (after k3d closed a connection that sent no request within its handshake
+    // deadline: `k3 chat` waiting for the first line) a new one.
     let slot = Arc::new(Mutex::new(Some(stream)));
+    let path = socket.path.clone();
     let channel = Endpoint::from_static("http://k3d.invalid")
         // h2 guards its receiver against floods of small DATA frames: each buffered frame
         // under 256 bytes costs up to 256 of a budget of half the connection window, and the
@@ -58,13 +61,13 @@ pub async fn connect(socket: &SocketPath) -> Result<EngineClient<Channel>, Failu
         .initial_connection_window_size(CONNECTION_WINDOW)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let taken = slot.lock().ok().and_then(|mut s| s.take());
+            let path = path.clone();
             async move {
-                taken.map(TokioIo::new).ok_or_else(|| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::ConnectionReset,
-                        "the connection to k3d was lost",
-                    )
-                })
+                let stream = match taken {
+                    Some(stream) => stream,
+                    None => UnixStream::connect(&path).await?,
+                };
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }))
         .await

@@ -53,10 +53,16 @@ pub async fn run(socket: &SocketPath, command: Command) -> Result<(), Failure> {
                 crate::print_json(&reply)?;
             } else {
                 let tokens = reply.session.as_ref().map_or(0, |s| s.tokens);
-                crate::print(&format!(
-                    "saved session {name} ({tokens} tokens) to {}\n",
-                    reply.path
-                ))?;
+                // "saved" only for a write that happened (issue 45.5).
+                crate::print(&if reply.written {
+                    format!("saved session {name} ({tokens} tokens) to {}\n", reply.path)
+                } else {
+                    format!(
+                        "session {name} ({tokens} tokens) was already saved in {}; nothing \
+                         new to write\n",
+                        reply.path
+                    )
+                })?;
             }
         }
     }

@@ -415,3 +415,59 @@ fn schemas_outside_the_subset_are_refused_naming_the_field_and_path() {
     assert!(e.to_string().contains("object schema"), "{e}");
     let _ = IdSet::new(1);
 }
+
+/// Issue 45.4: the fewest ids a forced call takes is a lower bound on every call the grammar
+/// accepts — one id per control token, one per run of text — so a `max_tokens` below it can
+/// be refused as holding no call, and one at it refused nothing the grammar would take.
+#[test]
+fn the_least_ids_of_a_forced_call_bound_every_accepted_call() {
+    let f = Fixture::new();
+    let now = Tool {
+        name: "now".into(),
+        description: None,
+        parameters: Some(json!({"type": "object", "properties": {}})),
+    };
+    let off = ReplyRules {
+        thinking: false,
+        budget: None,
+    };
+    let least = |tools: Vec<Tool>, rules: ReplyRules| {
+        let c = conversation(tools, ToolChoice::Required, ResponseFormat::Text);
+        constrain::guide(&f.vocab, &c, rules)
+            .expect("guide")
+            .expect("a constraint")
+            .grammar()
+            .least_call_ids()
+            .expect("a forced call")
+    };
+    // Empty response (1), tools open (5), call: open, tag (2), close, end (2); tools end (1 + 5),
+    // the end id (1).
+    assert_eq!(least(vec![now.clone()], off), 19);
+    // A required argument: open, tag (2), value (maybe no id), end (3).
+    assert_eq!(least(vec![weather()], off), 25);
+    // The cheaper tool decides; a reply opening in thinking adds its close and tail (6).
+    assert_eq!(least(vec![weather(), now.clone()], off), 19);
+    assert_eq!(least(vec![now.clone()], ON), 25);
+    let shortest = "<|close|>response<|sep|><|open|>tools<|sep|>\
+         <|open|>call tool=\"now\" index=\"1\"<|sep|><|close|>call<|sep|>\
+         <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+    let with_city = format!(
+        "<|close|>response<|sep|><|open|>tools<|sep|>\
+         <|open|>call tool=\"get_weather\" index=\"1\"<|sep|>{}<|close|>call<|sep|>\
+         <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>",
+        arg("city", "string", "P")
+    );
+    for (tools, reply) in [
+        (vec![now], shortest.to_string()),
+        (vec![weather()], with_city),
+    ] {
+        let bound = least(tools.clone(), off);
+        let c = conversation(tools, ToolChoice::Required, ResponseFormat::Text);
+        for ids in [f.ids(&reply), f.byte_ids(&reply)] {
+            let mut m = f.matcher(&c, off);
+            assert_eq!(walk(&mut m, &ids), Ok(()), "{reply}");
+            assert!(m.is_finished());
+            assert!(ids.len() >= bound, "{} ids < {bound}: {reply}", ids.len());
+        }
+    }
+}

@@ -119,6 +119,65 @@ impl Grammar {
     pub fn types(&self, node: NodeId) -> Types {
         schema::types(&self.nodes, node)
     }
+
+    /// The fewest ids a reply that must call a tool ([`Mode::Tools`]) takes from its start
+    /// to its end id, `None` in the other modes: a lower bound — every control symbol is an id
+    /// of its own, every run of text between them at least one, an argument's value maybe
+    /// none — so a `max_tokens` below it holds no call (issue 45.4: a forced call was cut off
+    /// by `length` without a word of it). The form: the thinking's close and tail if the
+    /// reply opens in it, an empty response, the tools block with one call of the cheapest
+    /// allowed tool (its required arguments, tagged or as one `json` block), the end.
+    pub fn least_call_ids(&self) -> Option<usize> {
+        use reply::{Lit, least_ids};
+        if self.mode != Mode::Tools {
+            return None;
+        }
+        let think = if self.thinking {
+            1 + least_ids(self, Lit::ThinkTail)
+        } else {
+            0
+        };
+        let call = (0..self.tools.len())
+            .map(|tool| {
+                let tool = tool as u16;
+                let required = match &self.nodes[self.tools[tool as usize].root] {
+                    Node::Object(o) => o.required.count_ones() as usize,
+                    _ => 0,
+                };
+                // `<|open|>`, tag, value, end: per required argument, or one `json` block
+                // (`<|open|>`, tag, at least one id of JSON, end).
+                let tagged: usize = match &self.nodes[self.tools[tool as usize].root] {
+                    Node::Object(o) => (0..o.properties.len())
+                        .filter(|&i| o.required & (1 << i) != 0)
+                        .map(|prop| {
+                            let tag = Lit::ArgumentTag {
+                                tool,
+                                prop: prop as u16,
+                                ty: Types::STRING,
+                            };
+                            1 + least_ids(self, tag) + least_ids(self, Lit::ArgumentEnd)
+                        })
+                        .sum(),
+                    _ => 0,
+                };
+                let block = 1 + least_ids(self, Lit::JsonTag) + 1 + least_ids(self, Lit::JsonEnd);
+                let arguments = if required == 0 { 0 } else { tagged.min(block) };
+                1 + least_ids(self, Lit::CallTag { tool, index: 1 })
+                    + arguments
+                    + 1
+                    + least_ids(self, Lit::CallEnd)
+            })
+            .min()?;
+        Some(
+            think
+                + 1
+                + least_ids(self, Lit::ToolsOpen)
+                + call
+                + 1
+                + least_ids(self, Lit::ToolsEnd)
+                + 1,
+        )
+    }
 }
 
 /// What a chat reply must satisfy, from its conversation.

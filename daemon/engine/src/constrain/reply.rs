@@ -146,6 +146,27 @@ fn lit_sym(g: &Grammar, lit: Lit, at: usize) -> Option<Sym> {
     }
 }
 
+/// The fewest ids the fixed run `lit` can take: one per control symbol, one per run of text
+/// between them (an id may hold many bytes, never two runs apart of a control).
+pub fn least_ids(g: &Grammar, lit: Lit) -> usize {
+    let mut ids = 0;
+    let mut in_text = false;
+    for sym in (0..).map_while(|at| lit_sym(g, lit, at)) {
+        match sym {
+            Sym::Ctl(_) => {
+                ids += 1;
+                in_text = false;
+            }
+            Sym::Byte(_) if !in_text => {
+                ids += 1;
+                in_text = true;
+            }
+            Sym::Byte(_) => {}
+        }
+    }
+    ids
+}
+
 enum Part<'a> {
     Text(&'a [u8]),
     Ctl(Ctl),

@@ -549,14 +549,15 @@ fn deliver<'e>(
                 // Before Done: the client's next turn must find the session free.
                 let end = snapshot(&a.generation);
                 let snapshots = a.prefill.take().into_iter().chain([end]).collect();
-                if shared.admission.accepting() {
-                    lease.finish(snapshots);
+                // Its client is told if its state was not kept (issue 45.3: such a turn
+                // succeeded and the session was gone).
+                unkept = if shared.admission.accepting() {
+                    lease.finish(snapshots).err()
                 } else {
                     // Shutdown began: the daemon exits once its jobs end, so the turn's state
-                    // is kept only if it reaches the disk, and its client is told if it did
-                    // not (issue 19.7).
-                    unkept = lease.finish_written(snapshots).err();
-                }
+                    // is kept only if it reaches the disk (issue 19.7).
+                    lease.finish_written(snapshots).err()
+                };
             } else if let Some(caller) = &a.job.reuse {
                 // Before Done too: the caller's next request may follow at once. Kept states
                 // take only what the named sessions leave of their allowance.
@@ -569,7 +570,7 @@ fn deliver<'e>(
             }
             if let Some(error) = unkept {
                 shared.log.error(format_args!(
-                    "request {}: the session's new state could not be written at shutdown: {error}",
+                    "request {}: the session's new state was not kept: {error}",
                     a.job.id
                 ));
                 shared.admission.finish(a.job.id, JobEnd::of(&error));

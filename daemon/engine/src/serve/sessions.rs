@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::ServeError;
 use super::log::Log;
 use crate::model::State;
-use crate::session::store::{Dropped, Quota, SessionKey};
+use crate::session::store::{Dropped, Quota, Saved, SessionKey};
 use crate::session::{Access, FileError, SessionInfo, SessionStore, SessionStoreError, Snapshot};
 
 enum Phase {
@@ -68,9 +68,12 @@ impl SessionLease {
     }
 
     /// The job completed: keep `snapshots` as the session's newest states and release it.
-    pub fn finish(mut self, snapshots: Vec<Snapshot>) {
+    /// `Err` (the storage failure, naming the session) when the session had to leave memory
+    /// for the allowance and could not be written, so the turn's state is not kept: its client
+    /// must be told (issue 45 point 3: such a turn reported success and the session was gone).
+    pub fn finish(mut self, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
         self.released = true;
-        self.sessions.finish(&self.key, snapshots);
+        self.sessions.finish(&self.key, snapshots)
     }
 
     /// [`Self::finish`], then the session written to its file before returning: for a turn
@@ -86,7 +89,9 @@ impl SessionLease {
 impl Drop for SessionLease {
     fn drop(&mut self) {
         if !self.released {
-            self.sessions.finish(&self.key, Vec::new());
+            // Released unchanged: no new state of this job's is at stake, and a session
+            // another one's spill dropped is logged there.
+            let _ = self.sessions.finish(&self.key, Vec::new());
         }
     }
 }
@@ -98,10 +103,19 @@ fn log_failures(log: Log, what: &str, failures: &[FileError]) {
 }
 
 /// Sessions a failed write dropped from memory (issue 35 point 6: they were kept above the
-/// allowance): an error each, naming it.
-fn log_dropped(log: Log, dropped: &[Dropped]) {
+/// allowance): an error each, naming it. `Err` with the one that is `key`'s, whose turn's
+/// client is told (the others' turns have ended).
+fn own_drop(log: Log, key: &SessionKey, dropped: Vec<Dropped>) -> Result<(), ServeError> {
+    let mut own = None;
     for d in dropped {
         log.error(format_args!("sessions: {d}"));
+        if d.key == *key {
+            own = Some(d);
+        }
+    }
+    match own {
+        Some(d) => Err(SessionStoreError::Dropped(Box::new(d)).into()),
+        None => Ok(()),
     }
 }
 
@@ -208,11 +222,13 @@ impl Sessions {
         Ok(start)
     }
 
-    fn finish(&self, key: &SessionKey, snapshots: Vec<Snapshot>) {
+    /// Ends the use of `key` with its new `snapshots`; `Err` if `key` itself was dropped (see
+    /// [`SessionLease::finish`]).
+    fn finish(&self, key: &SessionKey, snapshots: Vec<Snapshot>) -> Result<(), ServeError> {
         let dropped = self
             .with(|s| Ok(s.finish(key, snapshots)))
             .unwrap_or_default();
-        log_dropped(self.log, &dropped);
+        own_drop(self.log, key, dropped)
     }
 
     /// [`Self::finish`] and the session's file written, under one lock (no other request can
@@ -222,7 +238,7 @@ impl Sessions {
             let dropped = s.finish(key, snapshots);
             Ok((dropped, s.write(key)))
         })?;
-        log_dropped(self.log, &dropped);
+        own_drop(self.log, key, dropped)?;
         written.map(|_| ()).map_err(ServeError::from)
     }
 
@@ -231,11 +247,17 @@ impl Sessions {
         self.with(|s| Ok(s.list(who)))
     }
 
-    /// Writes session `name` to the session directory now; its info and file path.
-    pub fn save(&self, name: &str, who: Access) -> Result<(SessionInfo, PathBuf), ServeError> {
+    /// Writes session `name` to the session directory now, or checks that its file already
+    /// holds its state ([`SessionStore::save`]).
+    pub fn save(&self, name: &str, who: Access) -> Result<Saved, ServeError> {
         let saved = self.with(|s| s.save(name, who))?;
         self.log.info(format_args!(
-            "session {name:?} saved by uid {}",
+            "session {name:?} {} by uid {}",
+            if saved.written {
+                "saved"
+            } else {
+                "found already saved"
+            },
             super::uid_text(who)
         ));
         Ok(saved)

@@ -177,6 +177,14 @@ pub enum Invalid {
     /// subset, or one no value satisfies), naming the field and the schema path.
     #[error("cannot constrain the reply: {0}")]
     Constraint(#[from] constrain::ConstraintError),
+    /// `tool_choice` forces a call and `max_tokens` (after the daemon's cap) is below the
+    /// fewest ids any call of the allowed tools takes ([`crate::constrain::Grammar::least_call_ids`]):
+    /// the reply could only be cut off before its call (issue 45.4).
+    #[error(
+        "max_tokens {max_tokens} is too small for the tool call tool_choice forces: the \
+         shortest call of the allowed tools takes at least {least} tokens"
+    )]
+    NoRoomForCall { max_tokens: usize, least: usize },
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
     TooManyStopIds { given: usize },
     #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
@@ -270,7 +278,12 @@ pub fn validate(
             Kind::Text,
             None,
         ),
-        Prompt::Chat(conversation) => {
+        Prompt::Chat(mut conversation) => {
+            if conversation.forces_a_call() {
+                // The call is the reply: thinking is skipped, so all of max_tokens is the
+                // call's (issue 45.4: the reply thought until max_tokens and made no call).
+                conversation.thinking = chat::Thinking::Off;
+            }
             let (ids, thinking, conversation, ends) =
                 render_chat(tokenizer, conversation, limits.max_prompt_tokens)?
                     .map_err(too_long)?;
@@ -315,8 +328,14 @@ pub fn validate(
         Kind::Text => DEFAULT_MAX_TOKENS,
         Kind::Chat { .. } => usize::MAX,
     });
+    let max_tokens = asked.min(limits.max_tokens_cap).min(room);
+    if let Some(least) = guide.as_ref().and_then(|g| g.grammar().least_call_ids())
+        && max_tokens < least
+    {
+        return Err(Invalid::NoRoomForCall { max_tokens, least });
+    }
     let request = GenerateRequest {
-        max_tokens: asked.min(limits.max_tokens_cap).min(room),
+        max_tokens,
         sampling,
         stop_ids,
         stop_strings,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::file::FileError;
+use super::store::SessionKey;
 use crate::echo::Echo;
 
 /// Why a session operation was refused.
@@ -39,6 +40,10 @@ pub enum SessionStoreError {
         available: u64,
         reserved: u64,
     },
+    /// A session that had to leave memory could not be written, so its newest state is gone
+    /// ([`Dropped`]); the turn that made that state is told (issue 45 point 3).
+    #[error("{0}")]
+    Dropped(Box<Dropped>),
     #[error(transparent)]
     File(#[from] FileError),
     #[error("session directory {path}: {error}")]
@@ -55,6 +60,14 @@ pub enum QuotaLimit {
     Sessions(usize),
     /// Bytes of session files one uid may have in the session directory.
     DiskBytes(u64),
+    /// Bytes of session files one uid may have as its share of what the session filesystem
+    /// can hold (issue 45 point 1): `capacity` (free bytes plus every session file) divided
+    /// among the `users` holding sessions and one more kept for a newcomer.
+    FsShare {
+        share: u64,
+        capacity: u64,
+        users: usize,
+    },
 }
 
 fn quota_text(owner: Option<u32>, limit: QuotaLimit, used: u64) -> String {
@@ -71,6 +84,43 @@ fn quota_text(owner: Option<u32>, limit: QuotaLimit, used: u64) -> String {
             "{who}'s session files would take {used} bytes, more than one user may have \
              (--session-disk-gb-per-uid: {n} bytes); delete a session (k3 sessions rm NAME)"
         ),
+        QuotaLimit::FsShare {
+            share,
+            capacity,
+            users,
+        } => format!(
+            "{who}'s session files would take {used} bytes, more than one user's share of the \
+             session filesystem: {capacity} bytes (free space and session files) / ({users} \
+             users with sessions + 1 kept for a newcomer) = {share} bytes; delete a session \
+             (k3 sessions rm NAME)"
+        ),
+    }
+}
+
+/// A session dropped from memory because it could not be written (see the store's module
+/// docs).
+#[derive(Debug)]
+pub struct Dropped {
+    pub key: SessionKey,
+    pub error: SessionStoreError,
+    /// Whether an older state of it is still on disk.
+    pub older_on_disk: bool,
+}
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "session {} could not be written and was dropped from memory to stay within the \
+             allowance ({}): {}",
+            self.key,
+            if self.older_on_disk {
+                "its file keeps an older state"
+            } else {
+                "it had no file: it is gone"
+            },
+            self.error
+        )
     }
 }
 
@@ -84,8 +134,9 @@ impl SessionStoreError {
             SessionStoreError::File(FileError::Io { .. })
                 | SessionStoreError::Dir { .. }
                 | SessionStoreError::Reserved { .. }
+                | SessionStoreError::Dropped(_)
                 | SessionStoreError::Quota {
-                    limit: QuotaLimit::DiskBytes(_),
+                    limit: QuotaLimit::DiskBytes(_) | QuotaLimit::FsShare { .. },
                     ..
                 }
         )
@@ -97,6 +148,7 @@ impl SessionStoreError {
             SessionStoreError::File(FileError::Io { error, .. })
             | SessionStoreError::Dir { error, .. } => error,
             SessionStoreError::Reserved { .. } | SessionStoreError::Quota { .. } => return true,
+            SessionStoreError::Dropped(d) => return d.error.is_out_of_space(),
             _ => return false,
         };
         matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))

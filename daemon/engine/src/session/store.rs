@@ -17,9 +17,14 @@
 //! * Memory: in-memory snapshots count against an allowance (bytes). When a finished turn
 //!   leaves the store above it, idle sessions are written to the session directory and dropped
 //!   from memory — the least recently used session of the uid holding the most memory first —
-//!   and the next request to one of them loads it back. A session whose write fails is
-//!   dropped from memory all the same (its file, if it has one, keeps its older state), and
-//!   the failure is returned: memory never stays above the allowance.
+//!   and the next request to one of them loads it back. When a write fails, the session
+//!   whose turn is ending gives way (issue 45 point 3: its client can be told; a session
+//!   whose turn already succeeded is not lost behind it): it is written instead or dropped
+//!   from memory (its file, if it has one, keeps its older state), and the failure is
+//!   returned. Memory never stays above the allowance.
+//! * Disk: a uid's files are bounded by its share of the session filesystem too (`FsRoom`,
+//!   issue 45 point 1), so one user's fill cannot make another user's new session
+//!   unwritable.
 //! * Files: [`super::file`] format, named by owner and name ([`super::file::stem`]), in a
 //!   [`SessionDir`] the daemon owns (no symlink followed, no FIFO blocked on). At start the
 //!   directory is scanned: temporary files a crash left are removed; files whose header does
@@ -30,7 +35,7 @@
 //!   its header names when the daemon wrote it, and otherwise for root only. A file an earlier
 //!   k3d wrote under the bare name is indexed by its header and renamed at its next write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +47,7 @@ use super::kept::{self, KeptIndex};
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
 
-pub use super::error::{QuotaLimit, SessionStoreError};
+pub use super::error::{Dropped, QuotaLimit, SessionStoreError};
 
 /// Who asks: `Some(uid)` from the socket's peer credentials.
 pub type Access = Option<u32>;
@@ -138,6 +143,17 @@ pub struct SessionInfo {
     pub last_used: SystemTime,
 }
 
+/// What [`SessionStore::save`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Saved {
+    pub info: SessionInfo,
+    /// The session's file.
+    pub path: PathBuf,
+    /// `false`: the file already held the session's state (checked, not assumed), so nothing
+    /// was written now.
+    pub written: bool,
+}
+
 struct Entry {
     /// `None` while only the file holds them.
     snapshots: Option<Vec<Snapshot>>,
@@ -210,29 +226,32 @@ fn permitted(owner: Option<u32>, who: Access) -> bool {
     who == Some(0) || owner == who
 }
 
-/// A session dropped from memory because it could not be written (see the module docs).
-#[derive(Debug)]
-pub struct Dropped {
-    pub key: SessionKey,
-    pub error: SessionStoreError,
-    /// Whether an older state of it is still on disk.
-    pub older_on_disk: bool,
+/// What the session filesystem can hold, and among how many users (issue 45 point 1). One
+/// uid's [`FsRoom::share`] is `capacity` — the free bytes plus the session files on it, all a
+/// session could ever use — divided among the `users` that hold sessions and one more, kept
+/// for a user whose first session is yet to come. A uid alone may fill half of it; a uid that
+/// comes finds room, and a uid above its share (it filled before others came) may not grow:
+/// the heavier user gives way, as with [`kept_for_others`].
+struct FsRoom {
+    /// Free bytes ([`SessionDir::available_bytes`]).
+    available: u64,
+    /// Free bytes plus every session file's.
+    capacity: u64,
+    /// Uids holding a session, counting the one asking.
+    users: usize,
 }
 
-impl std::fmt::Display for Dropped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "session {} could not be written and was dropped from memory to stay within the \
-             allowance ({}): {}",
-            self.key,
-            if self.older_on_disk {
-                "its file keeps an older state"
-            } else {
-                "it had no file: it is gone"
-            },
-            self.error
-        )
+impl FsRoom {
+    fn share(&self) -> u64 {
+        self.capacity / (self.users as u64 + 1)
+    }
+
+    fn limit(&self) -> QuotaLimit {
+        QuotaLimit::FsShare {
+            share: self.share(),
+            capacity: self.capacity,
+            users: self.users,
+        }
     }
 }
 
@@ -500,6 +519,26 @@ impl SessionStore {
             .join(current.unwrap_or_else(|| file::file_name(&file::stem(key.owner, &key.name))))
     }
 
+
+    /// What the session filesystem can hold, and among how many users, `owner` counted.
+    fn fs_room(&self, owner: Option<u32>) -> Result<FsRoom, SessionStoreError> {
+        let available = self
+            .dir
+            .available_bytes()
+            .map_err(|error| SessionStoreError::Dir {
+                path: self.dir.path().to_path_buf(),
+                error,
+            })?;
+        let files: u64 = self.sessions.values().map(|e| e.file_bytes).sum();
+        let mut owners: BTreeSet<Option<u32>> = self.sessions.keys().map(|k| k.owner).collect();
+        owners.insert(owner);
+        Ok(FsRoom {
+            available,
+            capacity: available.saturating_add(files),
+            users: owners.len(),
+        })
+    }
+
     /// The entry `name` names for `who` and its key.
     fn entry_for(
         &mut self,
@@ -624,15 +663,25 @@ impl SessionStore {
                 entry.on_disk = false;
             }
         }
-        self.spill()
+        self.spill(key)
     }
 
     /// Writes idle sessions to disk and drops them from memory until memory is within the
     /// allowance or no idle session is left in memory: the least recently used session of the
     /// owner holding the most memory first, so one user's sessions never push out another's
-    /// while they take more. A session whose write fails is dropped all the same.
-    fn spill(&mut self) -> Vec<Dropped> {
+    /// while they take more.
+    ///
+    /// When a session cannot be written, the one that gives way is `finishing` — the session
+    /// whose turn ends now, whose client can still be told (issue 45 point 3) — not one whose
+    /// turn already reported success: `finishing` is written instead, or dropped (its older
+    /// file, if any, kept) with the failure returned, and the session that could not be
+    /// written stays in memory. Only when that is not enough (no `finishing` state in memory
+    /// to give) is a session that cannot be written dropped all the same, its failure
+    /// returned too: memory never stays above the allowance.
+    fn spill(&mut self, finishing: &SessionKey) -> Vec<Dropped> {
         let mut dropped = Vec::new();
+        // Sessions whose write failed this time, left in memory for `finishing` to give way.
+        let mut unwritable: Vec<SessionKey> = Vec::new();
         while self.memory_bytes() > self.allowance {
             let mut held: BTreeMap<Option<u32>, u64> = BTreeMap::new();
             for (k, e) in &self.sessions {
@@ -641,30 +690,63 @@ impl SessionStore {
             let victim = self
                 .sessions
                 .iter()
-                .filter(|(_, e)| e.in_use.is_none() && e.memory() > 0)
+                .filter(|(k, e)| e.in_use.is_none() && e.memory() > 0 && !unwritable.contains(k))
                 .max_by_key(|(k, e)| (held.get(&k.owner).copied(), std::cmp::Reverse(e.tick)))
                 .map(|(k, _)| k.clone());
-            let Some(key) = victim else { break };
-            let written = self.write(&key);
-            let Some(entry) = self.sessions.get_mut(&key) else {
-                break;
-            };
-            entry.snapshots = None;
-            if let Err(error) = written {
-                let older_on_disk = entry.file.is_some();
-                if older_on_disk {
-                    self.reread_header(&key);
-                } else {
-                    self.sessions.remove(&key);
+            let key = match victim {
+                Some(key) => key,
+                None if !unwritable.is_empty() => {
+                    // Nothing else can give way: the first that could not be written goes.
+                    let key = unwritable.remove(0);
+                    let error = self.write(&key).err();
+                    self.evict(&key, error, &mut dropped);
+                    continue;
                 }
-                dropped.push(Dropped {
-                    key,
-                    error,
-                    older_on_disk,
-                });
+                None => break,
+            };
+            match self.write(&key) {
+                Ok(_) => self.evict(&key, None, &mut dropped),
+                Err(_) if key != *finishing && self.memory_of(finishing) > 0 => {
+                    unwritable.push(key);
+                    let error = self.write(finishing).err();
+                    self.evict(finishing, error, &mut dropped);
+                }
+                Err(error) => self.evict(&key, Some(error), &mut dropped),
             }
         }
         dropped
+    }
+
+    fn memory_of(&self, key: &SessionKey) -> u64 {
+        self.sessions.get(key).map_or(0, Entry::memory)
+    }
+
+    /// Drops session `key`'s snapshots from memory: written (`error` `None`), or not — then
+    /// it is gone but for its older file, if it has one, and `dropped` says so.
+    fn evict(
+        &mut self,
+        key: &SessionKey,
+        error: Option<SessionStoreError>,
+        dropped: &mut Vec<Dropped>,
+    ) {
+        let Some(entry) = self.sessions.get_mut(key) else {
+            return;
+        };
+        entry.snapshots = None;
+        let Some(error) = error else {
+            return;
+        };
+        let older_on_disk = entry.file.is_some();
+        if older_on_disk {
+            self.reread_header(key);
+        } else {
+            self.sessions.remove(key);
+        }
+        dropped.push(Dropped {
+            key: key.clone(),
+            error,
+            older_on_disk,
+        });
     }
 
     /// After a failed write dropped a session's newest state: its figures from its file again.
@@ -705,21 +787,26 @@ impl SessionStore {
         let Some(snaps) = entry.snapshots.as_deref() else {
             return Ok(0);
         };
-        if owners_files + needed > self.quota.disk_bytes {
+        let used = owners_files + needed;
+        if used > self.quota.disk_bytes {
             return Err(SessionStoreError::Quota {
                 owner: key.owner,
                 limit: QuotaLimit::DiskBytes(self.quota.disk_bytes),
-                used: owners_files + needed,
+                used,
+            });
+        }
+        let room = self.fs_room(key.owner)?;
+        // Where the filesystem has the room, the share decides; where it has not, the write
+        // fails by itself and says so (a disk full of other files is no user's share).
+        if used > room.share() && room.available >= needed {
+            return Err(SessionStoreError::Quota {
+                owner: key.owner,
+                limit: room.limit(),
+                used,
             });
         }
         let usage = self.usage(Some(key));
-        let available = self
-            .dir
-            .available_bytes()
-            .map_err(|error| SessionStoreError::Dir {
-                path: self.dir.path().to_path_buf(),
-                error,
-            })?;
+        let available = room.available;
         let reserved = kept_for_others(key.owner, needed, &usage);
         // With nothing kept for others the filesystem alone decides (a full one says so).
         if reserved > 0 && available < needed.saturating_add(reserved) {
@@ -766,20 +853,41 @@ impl SessionStore {
             .collect()
     }
 
-    /// Writes session `name` to the session directory now (it stays in memory); its info
-    /// and the path of its file.
-    pub fn save(
-        &mut self,
-        name: &str,
-        who: Access,
-    ) -> Result<(SessionInfo, PathBuf), SessionStoreError> {
+    /// Writes session `name` to the session directory now (it stays in memory), unless its
+    /// file already holds its state: then that file is read back (it must be there, the
+    /// daemon's, with this session's header) rather than believed, so a save never reports
+    /// a state as on disk that is not (issue 45 point 5).
+    pub fn save(&mut self, name: &str, who: Access) -> Result<Saved, SessionStoreError> {
         let (key, _) = self.entry_for(name, who)?;
-        self.write(&key)?;
+        let written = self.write(&key)? > 0;
         let entry = self
             .sessions
             .get(&key)
             .ok_or_else(|| SessionStoreError::NotFound(name.to_string()))?;
-        Ok((entry.info(&key, who), self.path_of(&key)))
+        if !written {
+            let file_name = entry
+                .file
+                .clone()
+                .unwrap_or_else(|| file::file_name(&file::stem(key.owner, &key.name)));
+            let (path, mut f) = self.open_trusted(&file_name)?;
+            let h = file::read_header_from(&path, &mut f)?;
+            if h.tokens != entry.tokens || h.name != key.name || h.owner != key.owner {
+                return Err(FileError::Field {
+                    path,
+                    field: "tokens",
+                    detail: format!(
+                        "the file holds {} tokens of session {:?}, the daemon {} of {:?}",
+                        h.tokens, h.name, entry.tokens, key.name
+                    ),
+                }
+                .into());
+            }
+        }
+        Ok(Saved {
+            info: entry.info(&key, who),
+            path: self.path_of(&key),
+            written,
+        })
     }
 
     /// Forgets session `name` and removes its file. Refused while a request uses it. A file
@@ -1039,6 +1147,33 @@ mod tests {
         assert!(e.is_storage_failure() && e.is_out_of_space());
     }
 
+    /// Issue 45 point 1: the arithmetic of a uid's share, and the refusal that gives it.
+    #[test]
+    fn a_uids_share_of_the_filesystem_keeps_room_for_a_newcomer() {
+        let room = |users| FsRoom {
+            available: 1 << 20,
+            capacity: 2 << 20,
+            users,
+        };
+        assert_eq!(room(1).share(), 1 << 20, "alone: half");
+        assert_eq!(room(2).share(), (2 << 20) / 3, "two: a third each");
+        let e = SessionStoreError::Quota {
+            owner: Some(1001),
+            limit: room(2).limit(),
+            used: 900_000,
+        };
+        assert!(e.is_storage_failure() && e.is_out_of_space());
+        let text = e.to_string();
+        assert!(
+            text.contains("uid 1001's session files would take 900000 bytes")
+                && text.contains(
+                    "2097152 bytes (free space and session files) / (2 users with sessions + 1 \
+                     kept for a newcomer) = 699050 bytes"
+                ),
+            "{text}"
+        );
+    }
+
     #[test]
     fn the_heavier_user_gives_way_to_the_room_kept_for_lighter_ones() {
         let usage: BTreeMap<Option<u32>, u64> = [(Some(10), 100), (Some(11), 1000)].into();
@@ -1108,7 +1243,9 @@ mod tests {
         };
         assert_eq!(in_memory(&s, 10), ["a"]);
         assert_eq!(in_memory(&s, 11), ["b2", "b3"]);
-        // B's session cannot be written (its quota is too small): dropped, not kept.
+        // Nothing of B's can be written (its quota is too small). The session whose turn
+        // ends gives way — dropped, not kept, and returned for its client (issue 45.3) — not
+        // b2, whose turn already succeeded.
         s.set_quota(Quota {
             sessions: 64,
             disk_bytes: 1,
@@ -1116,7 +1253,7 @@ mod tests {
         let b4 = s.reserve("b4", Some(11), 9).unwrap();
         let dropped = s.finish(&b4, vec![snap(&[1, 2]), snap(&[1, 2, 3])]);
         assert_eq!(dropped.len(), 1, "{dropped:?}");
-        assert_eq!(dropped[0].key, key(11, "b2"));
+        assert_eq!(dropped[0].key, key(11, "b4"));
         assert!(!dropped[0].older_on_disk);
         assert!(
             dropped[0].to_string().contains("it is gone"),
@@ -1125,6 +1262,22 @@ mod tests {
         );
         assert!(s.memory_bytes() <= 3 * one);
         assert_eq!(in_memory(&s, 10), ["a"], "A's session is untouched");
+        assert_eq!(
+            in_memory(&s, 11),
+            ["b2", "b3"],
+            "B's earlier sessions are kept"
+        );
+        // Memory above the allowance (a spilled session loaded back by a running turn) and a
+        // finishing session with no state to give: what cannot be written is dropped all the
+        // same, reported — never kept above the allowance.
+        let b1 = s.reserve("b1", Some(11), 10).unwrap();
+        s.start(&b1, &[1, 2, 3, 4]).unwrap();
+        assert!(s.memory_bytes() > 3 * one);
+        let empty = s.reserve("c", Some(12), 11).unwrap();
+        let dropped = s.release(&empty);
+        assert!(s.memory_bytes() <= 3 * one);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert_eq!(dropped[0].key, key(11, "b2"), "the heaviest user's oldest");
     }
 
     #[test]

@@ -118,8 +118,8 @@ pub struct Args {
     /// once [default: 64].
     #[arg(long)]
     max_connections_per_peer: Option<usize>,
-    /// Seconds a new connection may take to send its HTTP/2 preface (gRPC) or its first
-    /// request head (HTTP) before it is closed [default: 10].
+    /// Seconds a new connection may take to send its HTTP/2 preface and first request's
+    /// headers (gRPC) or its first request head (HTTP) before it is closed [default: 10].
     #[arg(long)]
     handshake_timeout: Option<f64>,
     /// Seconds a kept-alive HTTP connection may wait for its next request, its head

@@ -243,9 +243,9 @@ fn session_status(e: &SessionStoreError, text: String) -> Status {
         SessionStoreError::Quota { .. } | SessionStoreError::Reserved { .. } => {
             Status::resource_exhausted(text)
         }
-        SessionStoreError::File(FileError::Io { .. }) | SessionStoreError::Dir { .. } => {
-            Status::internal(text)
-        }
+        SessionStoreError::File(FileError::Io { .. })
+        | SessionStoreError::Dir { .. }
+        | SessionStoreError::Dropped(_) => Status::internal(text),
         SessionStoreError::File(_) => Status::failed_precondition(format!(
             "{text}; the file was not loaded (remove it with `k3 sessions rm` as root, or delete the file)"
         )),

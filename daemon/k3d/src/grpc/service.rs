@@ -214,10 +214,11 @@ impl pb::engine_server::Engine for Service {
         let uid = peer_uid(&req);
         let name = req.into_inner().name;
         self.blocking(move |core| {
-            let (info, path) = core.sessions().save(&name, uid)?;
+            let saved = core.sessions().save(&name, uid)?;
             Ok(pb::SaveSessionReply {
-                session: Some(convert::session_info(&info)),
-                path: path.display().to_string(),
+                session: Some(convert::session_info(&saved.info)),
+                path: saved.path.display().to_string(),
+                written: saved.written,
             })
         })
         .await

@@ -123,6 +123,7 @@ impl ApiError {
                 let param = match invalid {
                     Invalid::Constraint(c) => Some(c.field()),
                     Invalid::TooManyTools { .. } => Some("tools"),
+                    Invalid::NoRoomForCall { .. } => Some("max_tokens"),
                     _ => param,
                 };
                 if let Some(words) = over_the_prompt_limit(invalid) {
@@ -148,10 +149,14 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             // 499 is nginx's "client closed request": only a log ever sees it.
-            ServeError::Cancelled(_)
-            | ServeError::CancelledQueued(_)
-            | ServeError::Abandoned
-            | ServeError::Shutdown => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            ServeError::Cancelled(_) | ServeError::CancelledQueued(_) | ServeError::Abandoned => {
+                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST)
+            }
+            // The server ended it, and a client still reads (a stream's error event): a
+            // server-side error, to retry once the daemon is back (issue 45.5: it was typed
+            // `invalid_request_error`) — OpenAI's `server_error`, Anthropic's
+            // `overloaded_error`.
+            ServeError::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
             // Only a stream stalls: this is its error event, after its 200.
             ServeError::Stalled { .. } => StatusCode::REQUEST_TIMEOUT,
             ServeError::Session(s) => match s.as_ref() {

@@ -28,6 +28,7 @@ pub mod request;
 pub mod responses;
 mod server;
 mod stream;
+mod unique;
 
 pub use listen::{Bound, Endpoint, Peer, bind, check_exposure};
 

@@ -46,6 +46,10 @@ impl<'b> Fields<'b> {
                 "the request body must be a JSON object",
             ));
         }
+        // Anywhere in the body, before any of it is read (issue 45.5).
+        if let Some(duplicate) = super::unique::first_duplicate(whole.get()).map_err(not_json)? {
+            return Err(ApiError::invalid(duplicate.param(), duplicate.to_string()));
+        }
         Ok(Fields {
             fields: serde_json::from_str(whole.get()).map_err(not_json)?,
             max_prompt_tokens,

@@ -15,7 +15,8 @@
 //!   ([`descriptor_budget`]), so that no number of peers can take the descriptors the daemon
 //!   needs to serve the ones it has (issue 35 point 1).
 //! * **Handshake deadline**: a connection must send its greeting within `handshake`: the
-//!   24-byte HTTP/2 client preface on the gRPC socket, a complete request head on HTTP/1.1.
+//!   24-byte HTTP/2 client preface and then its first request's headers on the gRPC socket,
+//!   a complete request head on HTTP/1.1.
 //!   Until then it holds a descriptor and a task for nothing; past it the next read fails
 //!   (`TimedOut`), so hyper closes the connection. After the greeting no deadline applies: a
 //!   stream whose reader is paused (Ctrl-Z) or a `k3 chat` waiting for its user's next line is
@@ -132,7 +133,8 @@ pub fn raise_descriptor_limit() -> std::io::Result<u64> {
 /// What a client must send first, which ends its handshake deadline.
 #[derive(Debug, Clone, Copy)]
 pub enum Greeting {
-    /// gRPC: the HTTP/2 client preface.
+    /// gRPC: the HTTP/2 client preface, then frames until the first request's headers are
+    /// whole (a HEADERS frame, or its last CONTINUATION, flagged END_HEADERS).
     Http2Preface,
     /// HTTP/1.1: a request head, ended by an empty line.
     Http1Head,
@@ -354,10 +356,29 @@ impl Drop for PeerSlot {
     }
 }
 
+/// An HTTP/2 frame's header: 24-bit length, type, flags, stream id (RFC 9113 §4.1).
+const FRAME_HEADER_LEN: usize = 9;
+/// The frame types that carry a request's header block (RFC 9113 §6.2, §6.10).
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+/// The flag on the frame that ends a header block.
+const END_HEADERS: u8 = 0x4;
+
 /// Where a connection is in its greeting.
 enum GreetingProgress {
     /// Preface bytes still to come.
     Preface { left: usize },
+    /// After the preface, the frames before the first request's headers are whole (SETTINGS,
+    /// WINDOW_UPDATE, the HEADERS frame itself): `header` holds `got` bytes of the current
+    /// frame's header, then `payload` bytes of its payload are still to come, and `ends`
+    /// says whether the frame ends the first header block (issue 45.5: a HEADERS frame
+    /// trickled a byte a second after the preface held its connection forever).
+    Frames {
+        header: [u8; FRAME_HEADER_LEN],
+        got: usize,
+        payload: usize,
+        ends: bool,
+    },
     /// Whether the bytes read so far end with a line ending (`\n`, any `\r` after it aside): a
     /// second one ends the head. Counts `\r\n\r\n` and the bare `\n\n` hyper also accepts.
     Head { after_line_end: bool },
@@ -379,8 +400,55 @@ impl GreetingProgress {
     fn read(&mut self, bytes: &[u8]) -> bool {
         match self {
             GreetingProgress::Preface { left } => {
-                *left = left.saturating_sub(bytes.len());
-                *left == 0
+                let taken = (*left).min(bytes.len());
+                *left -= taken;
+                if *left > 0 {
+                    return false;
+                }
+                *self = GreetingProgress::Frames {
+                    header: [0; FRAME_HEADER_LEN],
+                    got: 0,
+                    payload: 0,
+                    ends: false,
+                };
+                self.read(&bytes[taken..])
+            }
+            GreetingProgress::Frames {
+                header,
+                got,
+                payload,
+                ends,
+            } => {
+                let mut rest = bytes;
+                loop {
+                    if *got < FRAME_HEADER_LEN {
+                        let taken = (FRAME_HEADER_LEN - *got).min(rest.len());
+                        header[*got..*got + taken].copy_from_slice(&rest[..taken]);
+                        *got += taken;
+                        rest = &rest[taken..];
+                        if *got < FRAME_HEADER_LEN {
+                            return false;
+                        }
+                        *payload = usize::from(header[0]) << 16
+                            | usize::from(header[1]) << 8
+                            | usize::from(header[2]);
+                        let (kind, flags) = (header[3], header[4]);
+                        *ends = matches!(kind, HEADERS | CONTINUATION) && flags & END_HEADERS != 0;
+                    }
+                    let taken = (*payload).min(rest.len());
+                    *payload -= taken;
+                    rest = &rest[taken..];
+                    if *payload > 0 {
+                        return false;
+                    }
+                    if *ends {
+                        return true;
+                    }
+                    *got = 0;
+                    if rest.is_empty() {
+                        return false;
+                    }
+                }
             }
             GreetingProgress::Head { after_line_end } => {
                 for &b in bytes {
@@ -515,12 +583,39 @@ mod tests {
         assert!(!unfinished.read(b"GET / HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n"));
     }
 
+    /// A frame's header: `len` bytes of payload, `kind`, `flags`, on stream 1.
+    fn frame(len: usize, kind: u8, flags: u8) -> Vec<u8> {
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        f.extend([0, 0, 0, 1]);
+        f.extend(std::iter::repeat_n(0xAB, len));
+        f
+    }
+
     #[test]
-    fn the_preface_is_done_after_its_24_bytes() {
+    fn the_http2_greeting_ends_with_the_first_requests_headers_however_split() {
+        const SETTINGS: u8 = 0x4;
+        const WINDOW_UPDATE: u8 = 0x8;
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(0, SETTINGS, 0));
+        wire.extend(frame(4, WINDOW_UPDATE, 0));
+        // A header block in a HEADERS frame without END_HEADERS and a CONTINUATION with it.
+        wire.extend(frame(20, HEADERS, 0));
+        wire.extend(frame(3, CONTINUATION, END_HEADERS));
+        for split in [1, 2, 7, 24, 33, wire.len()] {
+            let mut p = GreetingProgress::new(Greeting::Http2Preface);
+            let chunks: Vec<&[u8]> = wire.chunks(split).collect();
+            let (last, before) = chunks.split_last().expect("chunks");
+            for c in before {
+                assert!(!p.read(c), "done before the last byte (chunks of {split})");
+            }
+            assert!(p.read(last), "done at the last byte (chunks of {split})");
+        }
+        // The preface alone, or a HEADERS frame short of its last byte, is not the greeting.
         let mut p = GreetingProgress::new(Greeting::Http2Preface);
-        assert!(!p.read(b"PRI * HTTP/2.0\r\n"));
-        assert!(!p.read(b"\r\nSM\r\n\r"));
-        assert!(p.read(b"\n\x00\x00"));
+        assert!(!p.read(&wire[..24]));
+        let headers = frame(5, HEADERS, END_HEADERS);
+        assert!(!p.read(&headers[..headers.len() - 1]));
+        assert!(p.read(&headers[headers.len() - 1..]));
     }
 
     fn gate(per_peer: usize, total: usize) -> Arc<Gate> {

@@ -249,6 +249,14 @@ impl Conversation {
             .filter(|m| self.generation_prompt && m.partial && m.role == Role::Assistant)
     }
 
+    /// `tool_choice` forces the reply to call a tool (`required`, or a named function).
+    pub fn forces_a_call(&self) -> bool {
+        matches!(
+            self.tool_choice,
+            ToolChoice::Required | ToolChoice::Function(_)
+        )
+    }
+
     /// Whether the generated reply begins in the think channel (spec §8.4: after a thinking
     /// prompt the reasoning comes first); otherwise it begins in the response channel.
     pub fn reply_opens_thinking(&self) -> bool {

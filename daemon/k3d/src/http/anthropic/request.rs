@@ -221,6 +221,16 @@ fn conversation(f: &Fields) -> Result<Asked, ApiError> {
     let tools = tools(f)?;
     let (tool_choice, parallel_tool_calls) = tool_choice(f, &tools)?;
     let (thinking, response_format) = output_config(f, turn_effort)?;
+    if thinking.thinking.is_on()
+        && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_))
+    {
+        // Anthropic's own rule; the OpenAI route skips the thinking instead (issue 45.4).
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "thinking may not be enabled when tool_choice forces tool use: use tool_choice \
+             auto, or thinking disabled (a forced call is made without thinking)",
+        ));
+    }
     Ok(Asked {
         conversation: Conversation {
             messages,

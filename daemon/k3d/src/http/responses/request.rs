@@ -220,7 +220,8 @@ fn read_item(
     match kind {
         "message" => {
             let role: String = text_field(&at, item, "role")?;
-            let content = text_parts(&format!("{at}.content"), item.get("content"), TEXT_PARTS)?;
+            let content = required(&at, item, "content", "a string or a list of text parts")?;
+            let content = text_parts(&format!("{at}.content"), Some(content), TEXT_PARTS)?;
             match role.as_str() {
                 "assistant" => {
                     let message = assistant(turn, out);
@@ -267,9 +268,9 @@ fn read_item(
         }
         "function_call_output" => {
             let id = text_field(&at, item, "call_id")?;
-            let output = match item.get("output") {
-                Some(Value::String(s)) => s.clone(),
-                other => text_parts(&format!("{at}.output"), other, TEXT_PARTS)?,
+            let output = match required(&at, item, "output", "a string or a list of text parts")? {
+                Value::String(s) => s.clone(),
+                other => text_parts(&format!("{at}.output"), Some(other), TEXT_PARTS)?,
             };
             out.push(Message::tool(id, output));
             turn.at = None;
@@ -286,6 +287,23 @@ fn read_item(
         }
     }
     Ok(())
+}
+
+/// The field `name` an item must have (`what` it holds, for the refusal): absent or `null`
+/// is a 400 naming it, not an empty message (issue 45.5: `{"role": "user"}` was answered).
+fn required<'v>(
+    at: &str,
+    item: &'v Map<String, Value>,
+    name: &str,
+    what: &str,
+) -> Result<&'v Value, ApiError> {
+    match item.get(name) {
+        Some(v) if !v.is_null() => Ok(v),
+        _ => Err(ApiError::invalid(
+            format!("{at}.{name}"),
+            format!("`{at}.{name}` is required: {what}"),
+        )),
+    }
 }
 
 /// The assistant message of the turn being read, opened (with the reasoning that preceded it)
