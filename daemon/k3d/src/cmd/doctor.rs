@@ -7,7 +7,7 @@ use k3_engine::checkpoint::{Checkpoint, CheckpointError};
 use k3_engine::plan::{Census, GIB};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
-use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
+use k3_engine::system::read_probe::{self, Pattern, ProbeOptions, ProbeResult};
 use k3_engine::system::{Cpu, Disk, Memory};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Seconds to spend measuring the model's drive.
+    /// Seconds to spend measuring the model's drive (timed after a warm-up of half as long).
     #[arg(long, default_value_t = 3.0)]
     probe_seconds: f64,
 }
@@ -160,8 +160,12 @@ fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelRepo
     let (probe, probe_error) = match read_probe::measure(
         &files,
         ProbeOptions {
-            request: read_probe::EXPERT_READ,
+            pattern: Pattern::Random {
+                request: read_probe::EXPERT_READ,
+            },
             in_flight: DEFAULT_QUEUE_DEPTH,
+            // Timed after a warm-up (issue 41.3), as `k3d bench` times its probe.
+            warmup: Duration::from_secs_f64(probe_seconds / 2.0),
             duration: Duration::from_secs_f64(probe_seconds),
             policy: DirectPolicy::Prefer,
         },
