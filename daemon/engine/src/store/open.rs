@@ -338,7 +338,8 @@ fn unchecked_scales(layout: &ModelLayout) -> Vec<Vec<OnceLock<Option<BadScale>>>
 }
 
 /// Whether [`WeightStore::open`] reads every routed expert into the cache: the cache holds
-/// them all (the `max` plan), so a run never waits on an expert read.
+/// them all while no prefill pass runs (the `max` plan, or a budget whose pass lends the cache
+/// the rest: issue 41.5), so a run never waits on an expert read until a pass takes slots.
 fn preloads_experts(layout: &ModelLayout, plan: &Plan) -> bool {
     let pool: usize = layout
         .layers
@@ -348,7 +349,7 @@ fn preloads_experts(layout: &ModelLayout, plan: &Plan) -> bool {
             FfnLayout::Dense(_) => 0,
         })
         .sum();
-    pool > 0 && plan.cache_slots >= pool
+    pool > 0 && plan.idle_cache_slots() >= pool
 }
 
 /// The routed experts' bytes of one layer (0 for a dense one).
