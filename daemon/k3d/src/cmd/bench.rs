@@ -396,16 +396,7 @@ pub fn run(args: Args) -> CliResult {
             }
             None => {
                 let probe = drive_probe(&files, &layout, plan, &census, args.probe_seconds)?;
-                eprintln!(
-                    "k3d bench:   drive: {:.3} GB/s ({} reads of decode's runs, up to {} B, {} in \
-                     flight, after {:.1} s of warm-up, {})",
-                    probe.rate() / 1e9,
-                    probe.reads,
-                    probe.request,
-                    probe.in_flight,
-                    probe.warmup_seconds,
-                    if probe.direct { "O_DIRECT" } else { "BUFFERED" }
-                );
+                eprintln!("k3d bench:   drive: {}", super::doctor::probe_line(&probe));
                 DriveRate::Probed(probe)
             }
         };

@@ -153,6 +153,22 @@ fn check_shards(
     Ok((check, present.into_iter().map(|(_, p, _)| p).collect()))
 }
 
+/// One line of what a drive probe measured: `k3d doctor`'s read rate and `k3d bench`'s drive.
+pub(crate) fn probe_line(p: &ProbeResult) -> String {
+    format!(
+        "{:.3} GB/s ({} {} reads of up to {} B, {} in flight, timed {:.1} s after {:.1} s of \
+         warm-up, {})",
+        p.rate() / 1e9,
+        p.reads,
+        p.pattern,
+        p.request,
+        p.in_flight,
+        p.seconds,
+        p.warmup_seconds,
+        if p.direct { "O_DIRECT" } else { "BUFFERED" }
+    )
+}
+
 fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelReport, CliError> {
     let disk = Disk::of(dir).map_err(|e| CliError::new(Exit::Checkpoint, e))?;
     let opened = Checkpoint::open(dir);
@@ -333,15 +349,7 @@ fn print_text(r: &Checkup) {
     }
     match (&model.probe, &model.probe_error) {
         (Some(p), _) => {
-            println!(
-                "  read rate   {:.2} GB/s ({} reads of {} B, {} in flight, {:.1} s, {})",
-                p.rate() / 1e9,
-                p.reads,
-                p.request,
-                p.in_flight,
-                p.seconds,
-                if p.direct { "O_DIRECT" } else { "BUFFERED" }
-            );
+            println!("  read rate   {}", probe_line(p));
             if !p.direct {
                 println!(
                     "  !! read BUFFERED, through the page cache; the figure may be RAM speed, not the drive's:"
