@@ -371,6 +371,61 @@ fn a_decode_runs_between_the_layers_of_a_pass_and_a_cancelled_pass_frees_its_tok
     }
 }
 
+/// Issue 41.5: where the pass's bytes come out of the expert cache, the cache holds them while
+/// no pass runs. At such a budget a short prompt (no pass) and its decode read exactly the
+/// bytes they read without any pass planned — the same cache — and a long prompt still runs as
+/// one pass, taking its slots back, with the same ids as chunked prefill.
+#[test]
+fn a_short_prompt_reads_with_the_cache_the_pass_lends_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    synth("tiny", dir.path());
+    let c = Checkpoint::open(dir.path()).expect("open");
+    let plan = |budget, tokens| Plan::for_model(&c.config, &c.layout, &inputs(budget, tokens));
+    let total = plan(Budget::default(), 0).expect("max plan").total();
+    let min = minimum_with_pass(&c);
+    let budget = (0..200u64)
+        .map(|i| capped(min + (total - min) * i / 200, 0))
+        .find(|&b| match (plan(b, 0), plan(b, PASS_TOKENS)) {
+            (Ok(chunked), Ok(pass)) => {
+                pass.prefill_tokens == PASS_TOKENS
+                    && pass.cache_slots < chunked.cache_slots
+                    && pass.idle_cache_slots() == chunked.cache_slots
+            }
+            _ => false,
+        })
+        .expect("a budget where the pass takes expert-cache slots");
+    let pass = plan(budget, PASS_TOKENS).expect("plans");
+    assert!(pass.pass_cache_slots > 0, "{pass}");
+    let bytes_read = |e: &Engine| e.stats().store.bytes_read;
+    let short = prompt(c.config.vocab_size, 60, 8);
+    let (lending, without) = (
+        engine(dir.path(), 1, budget, PASS_TOKENS),
+        engine(dir.path(), 1, budget, 0),
+    );
+    let (before_l, before_w) = (bytes_read(&lending), bytes_read(&without));
+    let a = generate(&lending, &short, 6);
+    let b = generate(&without, &short, 6);
+    assert_eq!(a.generated, b.generated);
+    assert_eq!(
+        bytes_read(&lending) - before_l,
+        bytes_read(&without) - before_w,
+        "the short prompt and its decode read with the same cache"
+    );
+    let long = prompt(c.config.vocab_size, 61, PROMPT_TOKENS);
+    let one = generate(&lending, &long, 3);
+    assert_eq!(
+        one.prefill_steps.len(),
+        c.config.num_hidden_layers,
+        "one pass"
+    );
+    assert_eq!(one.generated, generate(&without, &long, 3).generated);
+    // The slots came back: another short prompt still reads with the whole cache.
+    assert_eq!(
+        generate(&lending, &short, 6).generated,
+        generate(&without, &short, 6).generated
+    );
+}
+
 /// The batch loop with a long prompt's pass running: a short request (its prompt's one chunk,
 /// its first token, its end) is stepped in rounds the pass sits out, so its reply waits for no
 /// layer; and however many short requests keep arriving, the pass runs a layer at least every

@@ -25,7 +25,7 @@ use generation::IoTally;
 pub use generation::{Feed, Generation, PassProgress, Step};
 use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
-use passes::{PassTokens, PassTokensHeld};
+use passes::{PassBytes, PassTokens, PassTokensHeld};
 pub use request::{
     DecodeSteps, GenerateRequest, LogitTransform, RequestError, Sampling, StopReason, Summary,
 };
@@ -199,6 +199,7 @@ impl Engine {
         let model = pool
             .install(|| Model::load_reporting(&checkpoint, options.model.clone(), &mut weights))?;
         progress(LoadProgress::Ready);
+        let passes = PassTokensHeld::new(PassBytes::of(model.plan()));
         let info = EngineInfo {
             plan: model.plan().to_string(),
             pinned_layers: model.plan().pinned_layers.clone(),
@@ -212,7 +213,7 @@ impl Engine {
             options,
             info,
             batches: BatchCounters::default(),
-            passes: PassTokensHeld::default(),
+            passes,
         })
     }
 
@@ -361,6 +362,8 @@ impl Engine {
         let cancelled = |i: usize| cancel_each.get(i).is_some_and(|c| c());
         let chunk = self.prefill_chunk();
         let pass_tokens = self.pass_tokens();
+        // Cache slots lent to passes that have ended go back before anything reads.
+        self.passes.settle(&|n| self.model.give_back_cache_slots(n));
         let mut results: Vec<Option<Result<Step, EngineError>>> = Vec::with_capacity(gens.len());
         let mut feeds = Vec::with_capacity(gens.len());
         // Members stepping a layer-major pass this round, with the prompt ids of a pass that
@@ -399,7 +402,8 @@ impl Engine {
                 Ok(Feed::Prompt { mut ids, want }) if ids.len() > chunk => {
                     // The plan holds one pass of `pass_tokens`: a prompt that finds other
                     // passes holding them meanwhile feeds chunks in the shared forward.
-                    match self.passes.reserve(ids.len(), chunk, pass_tokens) {
+                    let lend = |n| self.model.lend_cache_slots(n);
+                    match self.passes.reserve(ids.len(), chunk, pass_tokens, &lend) {
                         Some(held) => {
                             ids.truncate(held.tokens());
                             feeds.push(Feed::Nothing);

@@ -297,6 +297,17 @@ impl Model {
         (total - waited).max(0.0)
     }
 
+    /// Frees up to `n` expert-cache slots for a prefill pass's activations; returns how many
+    /// (`store::WeightStore::lend_cache_slots`).
+    pub fn lend_cache_slots(&self, n: usize) -> usize {
+        self.store.lend_cache_slots(n)
+    }
+
+    /// Takes back `n` expert-cache slots lent by [`Model::lend_cache_slots`].
+    pub fn give_back_cache_slots(&self, n: usize) {
+        self.store.give_back_cache_slots(n)
+    }
+
     /// The memory plan the model was loaded with.
     pub fn plan(&self) -> &Plan {
         self.store.plan()

@@ -163,11 +163,40 @@ impl Plan {
             }
         }
         // A pass no longer than a chunk is fed as a chunk (`engine::passes`): hold none.
-        Ok(if held <= inputs.max_tokens_per_call {
-            chunked
-        } else {
-            plan
-        })
+        if held <= inputs.max_tokens_per_call {
+            return Ok(chunked);
+        }
+        let census = Census::from_layout(layout, config, inputs.max_context, 0)?;
+        Ok(plan.lending_pass_to_cache(&chunked, &census))
+    }
+
+    /// `self` (a plan holding a pass) with the expert-cache slots the chunked plan `chunked`
+    /// had and the pass took given back where they can be (issue 41.5): first from the spare
+    /// (rule 3 leaves it unused when what is left beside the pass holds less than one token's
+    /// experts), for good; then from the pass's own bytes, lent to the cache while no pass runs
+    /// ([`Plan::pass_cache_slots`]). The cache the pass took them from is the one a short prompt
+    /// and every decoded token use: on `bench` at 13 GiB a 2,048-token pass had cut it from 320
+    /// slots (the whole pool) to 242 for every prompt. Rule 3 still holds (the cache grows beyond its minimum only
+    /// by at least one token's experts), and what a decoded token reads is predicted with the
+    /// idle cache.
+    fn lending_pass_to_cache(mut self, chunked: &Plan, census: &Census) -> Plan {
+        let slot = self.cache_slot_bytes.max(1);
+        let whole = |bytes: u64| usize::try_from(bytes / slot).unwrap_or(usize::MAX);
+        let taken = chunked.cache_slots.saturating_sub(self.cache_slots);
+        let spare = taken.min(whole(self.headroom()));
+        let loan = (taken - spare).min(whole(self.prefill_bytes));
+        let at_minimum = self.cache_slots - self.lookahead_slots <= self.cache_min_slots;
+        if at_minimum && spare + loan < census.token_expert_slots() {
+            return self;
+        }
+        self.cache_slots += spare;
+        self.pass_cache_slots = loan;
+        self.reads.experts = super::expert_reads(
+            census,
+            self.idle_cache_slots() - self.lookahead_slots,
+            self.cache_min_slots,
+        );
+        self
     }
 
     /// Whether a token decodes with the same reads under `self` as under `other`: the same
@@ -411,6 +440,53 @@ mod tests {
         }
         assert_eq!(released_pass(Some(floor), 2048).unwrap().prefill_tokens, 0);
         assert!(cut > 0 && whole > 0, "cut {cut}, whole {whole}");
+    }
+
+    /// Issue 41.5, on the `bench` shape (`k3d synth --shape bench`: six released-size layers,
+    /// 64 experts a MoE layer) at 13 GiB: the 2,048-token pass takes expert-cache slots, which
+    /// the cache holds while no pass runs — as many as without a pass — and what the cache may
+    /// hold and a pass may take never exceeds what the plan counts.
+    #[test]
+    fn the_pass_lends_its_bytes_to_the_expert_cache_while_no_pass_runs() {
+        use crate::checkpoint::config::MixerKind::{Kda, Mla};
+        let config = ModelConfig {
+            num_hidden_layers: 6,
+            layer_kinds: vec![Kda, Kda, Kda, Mla, Kda, Mla],
+            attn_res_block_size: 3,
+            num_experts: 64,
+            // The vocabulary `k3d synth` learns for `bench` (its lm_head is 12.8 MB).
+            vocab_size: 893,
+            ..released::config()
+        };
+        let layout = bind(&config, &released::index(&config)).expect("binds");
+        let plan = |tokens| {
+            let inputs = PlanInputs {
+                budget: Budget {
+                    ram: Some(13 * GIB),
+                    ..Budget::default()
+                },
+                prefill_tokens: tokens,
+                ..PlanInputs::default()
+            };
+            Plan::for_model(&config, &layout, &inputs).expect("plans")
+        };
+        let (chunked, pass) = (plan(0), plan(2048));
+        assert_eq!(pass.prefill_tokens, 2048, "{pass}");
+        assert_eq!(chunked.cache_slots, 320, "the whole pool: {chunked}");
+        assert!(
+            pass.cache_slots < chunked.cache_slots,
+            "the pass pays: {pass}"
+        );
+        assert_eq!(pass.idle_cache_slots(), chunked.cache_slots, "{pass}");
+        assert_eq!(pass.reads.experts, chunked.reads.experts);
+        assert!(pass.pass_cache_slots as u64 * pass.cache_slot_bytes <= pass.prefill_bytes);
+        assert!(pass.total() <= 13 * GIB);
+        assert!(
+            pass.to_string()
+                .contains("slots in the prefill pass's bytes"),
+            "{pass}"
+        );
+        assert_eq!(chunked.pass_cache_slots, 0);
     }
 
     #[test]

@@ -190,6 +190,13 @@ pub struct Plan {
     pub prefill_bytes: u64,
     /// The pass asked for ([`PlanInputs::prefill_tokens`]), for the printout.
     pub prefill_asked: u64,
+    /// Expert-cache slots that hold experts in `prefill_bytes` while no pass holds its
+    /// activations there (issue 41.5): the cache has `cache_slots` + these, and gives back
+    /// what a pass of T tokens needs beyond the rest of `prefill_bytes` when the pass starts
+    /// (`engine::passes`), so a short prompt's prefill, and decode, keep the larger cache. The
+    /// budget is never exceeded: cache slots × slot bytes + pass activations never pass
+    /// `cache_bytes() + prefill_bytes`.
+    pub pass_cache_slots: usize,
     pub model_vectors_bytes: u64,
     pub reads: ReadsPerToken,
     /// The smallest trunk layer left streaming (0: none): headroom below it could not pin one.
@@ -218,8 +225,15 @@ pub struct SessionPlan {
 }
 
 impl Plan {
+    /// Bytes of the expert cache a prefill pass cannot take back (`cache_slots`).
     pub fn cache_bytes(&self) -> u64 {
         self.cache_slots as u64 * self.cache_slot_bytes
+    }
+
+    /// Expert-cache slots while no prefill pass holds its activations: `cache_slots` and the
+    /// slots lent from the pass's bytes ([`Plan::pass_cache_slots`]).
+    pub fn idle_cache_slots(&self) -> usize {
+        self.cache_slots + self.pass_cache_slots
     }
 
     /// Every byte the plan allocates.
@@ -445,6 +459,13 @@ impl fmt::Display for Plan {
                 String::new()
             }
         )?;
+        if self.pass_cache_slots > 0 {
+            writeln!(
+                f,
+                "             + {} slots in the prefill pass's bytes while no pass runs                  (a pass of T tokens takes back only what its activations need)",
+                self.pass_cache_slots
+            )?;
+        }
         writeln!(
             f,
             "  state {}, scratch {}, model vectors {} B",

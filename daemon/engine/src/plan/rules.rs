@@ -279,6 +279,7 @@ impl<'c> Costs<'c> {
             prefill_tokens: 0,
             prefill_bytes: 0,
             prefill_asked: 0,
+            pass_cache_slots: 0,
             model_vectors_bytes: census.model_vectors_bytes,
             reads: ReadsPerToken {
                 // A chunk stream reads a streamed layer's matrices; a ring its whole run.

@@ -236,6 +236,8 @@ enum SlotContent {
     Empty,
     Filling(ExpertId),
     Ready(ExpertId),
+    /// Lent to a prefill pass's activations ([`ExpertCache::lend`]): no buffer, never used.
+    Lent,
 }
 
 /// What [`Directory::lookup`] decided.
@@ -311,6 +313,17 @@ impl Directory {
             Lookup::Miss(_) => self.counters.requests += 1,
             Lookup::InFlight(_) | Lookup::Full => {}
         }
+    }
+
+    /// Takes `slot` (empty, or resident and evictable) out of use for a loan: a resident
+    /// expert is evicted.
+    fn withdraw(&mut self, slot: usize) {
+        if let Some(SlotContent::Ready(old)) = self.entries.get(slot).copied() {
+            self.map.remove(&old);
+            self.policy.remove(slot);
+            self.counters.evictions += 1;
+        }
+        self.entries[slot] = SlotContent::Lent;
     }
 
     /// The reservation of `slot` was given up before any read finished: empty it.
@@ -424,6 +437,8 @@ enum SlotBuffer {
 struct Inner {
     dir: Directory,
     slots: Vec<SlotBuffer>,
+    /// Slots lent out now ([`ExpertCache::lend`]), at most `lendable`.
+    lent: usize,
 }
 
 /// The expert cache; share it by reference between the threads of a forward pass.
@@ -431,6 +446,9 @@ pub struct ExpertCache {
     inner: Mutex<Inner>,
     landed: Condvar,
     slot_bytes: usize,
+    /// Slots the cache may lend to prefill passes (the plan's `pass_cache_slots`): the
+    /// capacity never falls below `capacity − lendable`.
+    lendable: usize,
 }
 
 /// Result of [`ExpertCache::acquire`].
@@ -474,10 +492,68 @@ impl ExpertCache {
             inner: Mutex::new(Inner {
                 dir: Directory::new(capacity, policy),
                 slots,
+                lent: 0,
             }),
             landed: Condvar::new(),
             slot_bytes,
+            lendable: 0,
         })
+    }
+
+    /// The cache, of which up to `lendable` slots (fewer than its capacity) may be lent to
+    /// prefill passes' activations ([`ExpertCache::lend`]).
+    pub fn lending(self, lendable: usize) -> Self {
+        let capacity = lock(&self.inner).slots.len();
+        Self {
+            lendable: lendable.min(capacity.saturating_sub(1)),
+            ..self
+        }
+    }
+
+    /// Frees up to `n` slots' buffers for a prefill pass's activations (issue 41.5) and
+    /// returns how many: empty slots first, then resident experts no caller holds, least
+    /// valuable first (counted as evictions). Slots being read or held are not taken, so a
+    /// pass may get fewer than it asked for (it then holds fewer tokens), and never more than
+    /// the cache's `lendable` are out at once.
+    pub fn lend(&self, n: usize) -> usize {
+        let mut inner = lock(&self.inner);
+        let Inner { dir, slots, lent } = &mut *inner;
+        let mut taken = 0;
+        while taken < n && *lent < self.lendable {
+            let evictable = |s: usize| matches!(slots.get(s), Some(SlotBuffer::Loaded(a)) if Arc::strong_count(a) == 1);
+            let empty = dir.entries.iter().position(|e| *e == SlotContent::Empty);
+            let Some(slot) = empty.or_else(|| dir.policy.victim(&evictable)) else {
+                break;
+            };
+            dir.withdraw(slot);
+            // Dropping the buffer gives its pages back (a mapping of its own: store::aligned).
+            slots[slot] = SlotBuffer::Spare(None);
+            *lent += 1;
+            taken += 1;
+        }
+        taken
+    }
+
+    /// Takes back `n` slots lent by [`ExpertCache::lend`] (at most those out); each gets a
+    /// buffer again when it is next filled.
+    pub fn give_back(&self, n: usize) {
+        let mut inner = lock(&self.inner);
+        let Inner { dir, lent, .. } = &mut *inner;
+        let mut left = n.min(*lent);
+        for e in dir.entries.iter_mut().filter(|e| **e == SlotContent::Lent) {
+            if left == 0 {
+                break;
+            }
+            *e = SlotContent::Empty;
+            left -= 1;
+            *lent -= 1;
+        }
+    }
+
+    /// Slots usable now: the capacity less the slots lent out.
+    pub fn usable_slots(&self) -> usize {
+        let inner = lock(&self.inner);
+        inner.slots.len() - inner.lent
     }
 
     pub fn counters(&self) -> CacheCounters {
@@ -535,7 +611,7 @@ impl ExpertCache {
         run: ByteRun,
         demand: bool,
     ) -> Result<Option<Acquired<'_>>, CacheError> {
-        let Inner { dir, slots } = &mut **inner;
+        let Inner { dir, slots, lent } = &mut **inner;
         let evictable = |s: usize| matches!(slots.get(s), Some(SlotBuffer::Loaded(a)) if Arc::strong_count(a) == 1);
         let outcome = dir.lookup(key, &evictable);
         if demand {
@@ -584,7 +660,7 @@ impl ExpertCache {
         Err(CacheError::Full {
             layer: key.layer,
             expert: key.expert,
-            capacity: slots.len(),
+            capacity: slots.len() - *lent,
         })
     }
 

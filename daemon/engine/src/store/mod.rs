@@ -103,6 +103,17 @@ impl WeightStore {
         &self.plan
     }
 
+    /// Frees up to `n` expert-cache slots for a prefill pass's activations and returns how
+    /// many ([`ExpertCache::lend`]; at most the plan's `pass_cache_slots` are out at once).
+    pub fn lend_cache_slots(&self, n: usize) -> usize {
+        self.cache.lend(n)
+    }
+
+    /// Takes back `n` slots lent by [`WeightStore::lend_cache_slots`].
+    pub fn give_back_cache_slots(&self, n: usize) {
+        self.cache.give_back(n)
+    }
+
     /// The layout the store serves.
     pub fn layout(&self) -> &ModelLayout {
         &self.layout

@@ -165,7 +165,14 @@ impl WeightStore {
         // On synthetic routing, which is flat, LRU had won at small caches (6.8 vs 5.7 MB/token
         // avoided at 14 % of small's pool) and LFU-aging only from ~1/3 of the pool; flat
         // routing has no popular experts to keep, so the trained model's real routing decides.
-        let cache = ExpertCache::new(plan.cache_slots.max(1), slot_bytes, options.cache_policy)?;
+        // With a prefill pass planned, the cache also holds the slots of the pass's bytes
+        // until a pass needs them (issue 41.5; `engine::passes` borrows them).
+        let cache = ExpertCache::new(
+            plan.idle_cache_slots().max(1),
+            slot_bytes,
+            options.cache_policy,
+        )?
+        .lending(plan.pass_cache_slots);
         let verdicts = unchecked_scales(&layout);
         let (embed_tokens, row_buf) = match plan.embedding {
             Residency::Resident => (
@@ -331,7 +338,8 @@ fn unchecked_scales(layout: &ModelLayout) -> Vec<Vec<OnceLock<Option<BadScale>>>
 }
 
 /// Whether [`WeightStore::open`] reads every routed expert into the cache: the cache holds
-/// them all (the `max` plan), so a run never waits on an expert read.
+/// them all while no prefill pass runs (the `max` plan, or a budget whose pass lends the cache
+/// the rest: issue 41.5), so a run never waits on an expert read until a pass takes slots.
 fn preloads_experts(layout: &ModelLayout, plan: &Plan) -> bool {
     let pool: usize = layout
         .layers
@@ -341,7 +349,7 @@ fn preloads_experts(layout: &ModelLayout, plan: &Plan) -> bool {
             FfnLayout::Dense(_) => 0,
         })
         .sum();
-    pool > 0 && plan.cache_slots >= pool
+    pool > 0 && plan.idle_cache_slots() >= pool
 }
 
 /// The routed experts' bytes of one layer (0 for a dense one).

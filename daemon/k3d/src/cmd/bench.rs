@@ -1,8 +1,9 @@
 //! `k3d bench`: the standard decode benchmark (issue 4 §8).
 //!
-//! For each `--ram-gb` budget: the memory plan; the drive's own direct-I/O rate for
-//! [`read_probe::EXPERT_READ`]-byte reads at the engine's queue depth (the probe `k3d doctor`
-//! runs), measured just before that budget's runs; then `--runs` greedy generations of the fixed
+//! For each `--ram-gb` budget: the memory plan; the drive's own direct-I/O rate for the reads a
+//! decoded token issues under that plan ([`read_probe::decode_reads`]: the streamed layers'
+//! matrices and routed experts, in the reader pool's request sizes at the engine's queue
+//! depth, after a warm-up), measured just before that budget's runs (or `--drive-gbps`); then `--runs` greedy generations of the fixed
 //! prompt [`PROMPT`], each in **its own child process** (`k3d bench --child`), so every run starts
 //! with a fresh process (peak RSS is that run's alone) and, with `--cgroup`, a dropped page cache
 //! and its own cgroup v1 memory limit. Reported per budget, as medians over the runs: decode
@@ -23,11 +24,13 @@
 //!
 //! Decode (issue 31) is reported against its **floor** from limits measured in the same run
 //! ([`summary::DecodeFloor`]): the memory read bandwidth ([`stream_probe`], measured by this
-//! process on the runs' thread count just after the drive probe), the GEMM probe's f64 FMA rate
-//! (one multiply-add per weight is the exactness contract's least work) and the drive probe:
-//! a token must read its weights once and stream what the plan streams, so
+//! process on the runs' thread count just after the drive probe), the f32 FMA rate (spec §6.1
+//! rule 2: a weight product is one f32 fused multiply-add; [`summary::FmaRate`]) and the drive
+//! probe: a token must read its weights once and stream what the plan streams, so
 //! `floor = max(trunk+head and routed experts at memory or FMA speed, bytes read ÷ drive rate)`,
-//! and `floor ÷ s/token` says how close decode is to the machine's limit.
+//! and `floor ÷ s/token` says how close decode is to the machine's limit. A run faster than its
+//! floor is flagged, not printed as a ratio above 1: one of the probes measured too low
+//! (issue 41.3).
 //!
 //! Greedy decoding is exact at every budget (spec §6), so every run of every budget must
 //! generate the same ids: a difference is reported and fails the command (exit 4).
@@ -48,14 +51,16 @@ use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::expert_cache::{PolicyKind, replay, replay_per_layer};
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
 use k3_engine::system::ProcessMemory;
-use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
+use k3_engine::system::read_probe::{self, Pattern, ProbeOptions, ProbeResult};
 use k3_engine::system::stream_probe::{self, StreamProbe};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::budget::{BudgetArgs, PlanArgs};
 use crate::exit::{CliError, CliResult, Exit};
-use summary::{BudgetResult, DecodeFloor, PrefillFigures, bytes, per_token, print_table};
+use summary::{
+    BudgetResult, DecodeFloor, DriveRate, PrefillFigures, bytes, per_token, print_table,
+};
 
 /// The benchmark prompt's first eight ids, valid in every `k3d synth` vocabulary (≥ 512 ids)
 /// and in K3's. `--prompt-tokens K` truncates or extends it ([`prompt`]).
@@ -194,10 +199,14 @@ pub struct Args {
     /// counts (comma-separated) and report the bytes each avoids.
     #[arg(long, value_delimiter = ',', value_name = "SLOTS,...")]
     policy_slots: Vec<usize>,
-    /// Seconds of the drive probe, and then of the memory probe (a stream read on the runs'
-    /// compute threads), before each budget.
+    /// Seconds of the drive probe (timed after a warm-up of half as long), and then of the
+    /// memory probe (a stream read on the runs' compute threads), before each budget.
     #[arg(long, default_value_t = 3.0)]
     probe_seconds: f64,
+    /// The drive's read rate, GB/s, for the decode floor instead of probing it before each
+    /// budget (a figure measured elsewhere, e.g. by fio or an earlier run).
+    #[arg(long, value_name = "GB/S")]
+    drive_gbps: Option<f64>,
     /// Internal: measure one run of the first budget in this process, print one JSON line.
     #[arg(long, hide = true)]
     child: bool,
@@ -349,6 +358,11 @@ pub fn run(args: Args) -> CliResult {
     if !args.probe_seconds.is_finite() || !(0.1..=60.0).contains(&args.probe_seconds) {
         return Err(usage("--probe-seconds must be between 0.1 and 60".into()));
     }
+    if let Some(g) = args.drive_gbps
+        && !(g.is_finite() && g > 0.0)
+    {
+        return Err(usage(format!("--drive-gbps {g}: not a positive rate")));
+    }
     if args.cgroup {
         cgroup::check_available().map_err(|e| CliError::new(Exit::Resources, e))?;
     }
@@ -358,10 +372,9 @@ pub fn run(args: Args) -> CliResult {
     // What a verify step of K fed ids copies besides its forward (spec §5.2).
     let journal_bytes = (args.prompt_tokens <= PREFILL_CHUNK)
         .then(|| StateShape::of(&checkpoint.config).journal_bytes(args.prompt_tokens as u64));
-    let work = Work::of(
-        &Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
-            .map_err(|e| CliError::new(Exit::Checkpoint, e))?,
-    );
+    let census = Census::from_layout(&checkpoint.layout, &checkpoint.config, 0, 0)
+        .map_err(|e| CliError::new(Exit::Checkpoint, e))?;
+    let work = Work::of(&census);
     // Every plan first: a refused budget fails before anything is measured.
     let mut plans = Vec::new();
     for ram in &args.ram_gb {
@@ -377,7 +390,7 @@ pub fn run(args: Args) -> CliResult {
                 .map_err(|e| CliError::new(Exit::Resources, anyhow!("--ram-gb {ram}: {e}")))?;
         plans.push(plan);
     }
-    drop(checkpoint);
+    let layout = checkpoint.layout;
     let exe = std::env::current_exe().context("locating the k3d binary")?;
     let mut budgets = Vec::new();
     for (ram, plan) in args.ram_gb.iter().zip(&plans) {
@@ -385,24 +398,17 @@ pub fn run(args: Args) -> CliResult {
         if args.cgroup {
             cgroup::drop_page_cache()?;
         }
-        let probe = read_probe::measure(
-            &files,
-            ProbeOptions {
-                request: read_probe::EXPERT_READ,
-                in_flight: DEFAULT_QUEUE_DEPTH,
-                duration: Duration::from_secs_f64(args.probe_seconds),
-                policy: DirectPolicy::Prefer,
-            },
-        )
-        .map_err(|e| CliError::new(Exit::Failure, anyhow!("drive probe: {e}")))?;
-        eprintln!(
-            "k3d bench:   drive: {:.3} GB/s ({} × {} B reads, {} in flight, {})",
-            probe.rate() / 1e9,
-            probe.reads,
-            probe.request,
-            probe.in_flight,
-            if probe.direct { "O_DIRECT" } else { "BUFFERED" }
-        );
+        let drive = match args.drive_gbps {
+            Some(gbps) => {
+                eprintln!("k3d bench:   drive: {gbps:.3} GB/s (--drive-gbps, not probed)");
+                DriveRate::Given(gbps * 1e9)
+            }
+            None => {
+                let probe = drive_probe(&files, &layout, plan, &census, args.probe_seconds)?;
+                eprintln!("k3d bench:   drive: {}", super::doctor::probe_line(&probe));
+                DriveRate::Probed(probe)
+            }
+        };
         let threads = args.engine_options(ram)?.threads;
         let stream = stream_probe::measure(threads, Duration::from_secs_f64(args.probe_seconds))
             .context("the memory probe's thread pool")?;
@@ -417,7 +423,7 @@ pub fn run(args: Args) -> CliResult {
         for r in 0..args.runs {
             let run = one_child(&args, &exe, ram, plan, r)?;
             let pre = PrefillFigures::of(&run.report, &work);
-            let floor = DecodeFloor::of(&run.report, &work, &stream, &probe);
+            let floor = DecodeFloor::of(&run.report, &work, &stream, &drive);
             eprintln!(
                 "k3d bench:   run {}/{}: {:.3} s/token decode, prefill {:.2} s ({:.1} tokens/s, \
                  experts {:.2}× the union, {:.1} GFLOP/s = {:.2}× the f32 GEMM probe's {:.1}, \
@@ -464,7 +470,7 @@ pub fn run(args: Args) -> CliResult {
         budgets.push(BudgetResult {
             ram: ram.clone(),
             plan,
-            probe,
+            drive,
             stream,
             runs,
             work,
@@ -527,6 +533,36 @@ pub fn run(args: Args) -> CliResult {
         args.runs
     );
     Ok(())
+}
+
+/// The drive's rate for the reads a decoded token issues under `plan` (issue 41.3): the
+/// streamed layers' matrices and, unless the cache holds every expert, `top_k` experts of each
+/// MoE layer, in the reader pool's requests at its queue depth, timed after a warm-up of half
+/// the probe's time.
+fn drive_probe(
+    files: &[PathBuf],
+    layout: &k3_engine::checkpoint::layout::ModelLayout,
+    plan: &Plan,
+    census: &Census,
+    seconds: f64,
+) -> Result<ProbeResult, CliError> {
+    let streamed: Vec<usize> = (0..plan.layer_count)
+        .filter(|l| !plan.pinned_layers.contains(l))
+        .collect();
+    let experts = plan.idle_cache_slots() < census.pool();
+    let seed = std::process::id() as u64;
+    let runs = read_probe::decode_reads(layout, &streamed, experts, census.top_k, seed);
+    read_probe::measure(
+        files,
+        ProbeOptions {
+            pattern: Pattern::Decode(runs),
+            in_flight: DEFAULT_QUEUE_DEPTH,
+            warmup: Duration::from_secs_f64(seconds / 2.0),
+            duration: Duration::from_secs_f64(seconds),
+            policy: DirectPolicy::Prefer,
+        },
+    )
+    .map_err(|e| CliError::new(Exit::Failure, anyhow!("drive probe: {e}")))
 }
 
 /// One measured run inside this process: the child side of [`one_child`].

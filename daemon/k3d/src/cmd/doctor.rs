@@ -7,7 +7,7 @@ use k3_engine::checkpoint::{Checkpoint, CheckpointError};
 use k3_engine::plan::{Census, GIB};
 use k3_engine::store::direct_io::DirectPolicy;
 use k3_engine::store::reader::DEFAULT_QUEUE_DEPTH;
-use k3_engine::system::read_probe::{self, ProbeOptions, ProbeResult};
+use k3_engine::system::read_probe::{self, Pattern, ProbeOptions, ProbeResult};
 use k3_engine::system::{Cpu, Disk, Memory};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Seconds to spend measuring the model's drive.
+    /// Seconds to spend measuring the model's drive (timed after a warm-up of half as long).
     #[arg(long, default_value_t = 3.0)]
     probe_seconds: f64,
 }
@@ -153,6 +153,22 @@ fn check_shards(
     Ok((check, present.into_iter().map(|(_, p, _)| p).collect()))
 }
 
+/// One line of what a drive probe measured: `k3d doctor`'s read rate and `k3d bench`'s drive.
+pub(crate) fn probe_line(p: &ProbeResult) -> String {
+    format!(
+        "{:.3} GB/s ({} {} reads of up to {} B, {} in flight, timed {:.1} s after {:.1} s of \
+         warm-up, {})",
+        p.rate() / 1e9,
+        p.reads,
+        p.pattern,
+        p.request,
+        p.in_flight,
+        p.seconds,
+        p.warmup_seconds,
+        if p.direct { "O_DIRECT" } else { "BUFFERED" }
+    )
+}
+
 fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelReport, CliError> {
     let disk = Disk::of(dir).map_err(|e| CliError::new(Exit::Checkpoint, e))?;
     let opened = Checkpoint::open(dir);
@@ -160,8 +176,12 @@ fn model_report(dir: &Path, usable: u64, probe_seconds: f64) -> Result<ModelRepo
     let (probe, probe_error) = match read_probe::measure(
         &files,
         ProbeOptions {
-            request: read_probe::EXPERT_READ,
+            pattern: Pattern::Random {
+                request: read_probe::EXPERT_READ,
+            },
             in_flight: DEFAULT_QUEUE_DEPTH,
+            // Timed after a warm-up (issue 41.3), as `k3d bench` times its probe.
+            warmup: Duration::from_secs_f64(probe_seconds / 2.0),
             duration: Duration::from_secs_f64(probe_seconds),
             policy: DirectPolicy::Prefer,
         },
@@ -337,15 +357,7 @@ fn print_text(r: &Checkup) {
     }
     match (&model.probe, &model.probe_error) {
         (Some(p), _) => {
-            println!(
-                "  read rate   {:.2} GB/s ({} reads of {} B, {} in flight, {:.1} s, {})",
-                p.rate() / 1e9,
-                p.reads,
-                p.request,
-                p.in_flight,
-                p.seconds,
-                if p.direct { "O_DIRECT" } else { "BUFFERED" }
-            );
+            println!("  read rate   {}", probe_line(p));
             if !p.direct {
                 println!(
                     "  !! read BUFFERED, through the page cache; the figure may be RAM speed, not the drive's:"

@@ -6,7 +6,7 @@ use super::*;
 pub(super) struct BudgetResult {
     pub(super) ram: String,
     pub(super) plan: Plan,
-    pub(super) probe: ProbeResult,
+    pub(super) drive: DriveRate,
     /// The memory probe measured just before this budget's runs.
     pub(super) stream: StreamProbe,
     pub(super) runs: Vec<RunResult>,
@@ -62,13 +62,75 @@ impl PrefillFigures {
     }
 }
 
+/// The drive's rate the decode floor divides by: probed before the budget's runs, or given
+/// (`--drive-gbps`).
+pub(super) enum DriveRate {
+    Probed(ProbeResult),
+    /// Bytes per second.
+    Given(f64),
+}
+
+impl DriveRate {
+    /// Bytes per second.
+    pub(super) fn rate(&self) -> f64 {
+        match self {
+            DriveRate::Probed(p) => p.rate(),
+            DriveRate::Given(r) => *r,
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            DriveRate::Probed(p) => json!({
+                "read_gbps": p.rate() / 1e9,
+                "pattern": p.pattern,
+                "request_bytes": p.request,
+                "in_flight": p.in_flight,
+                "direct": p.direct,
+                "reads": p.reads,
+                "seconds": p.seconds,
+                "warmup_seconds": p.warmup_seconds,
+            }),
+            DriveRate::Given(r) => json!({ "read_gbps": r / 1e9, "given": true }),
+        }
+    }
+}
+
+/// The per-weight compute bound's rate: one f32 fused multiply-add per weight (spec §6.1 rule
+/// 2), at an f32 GEMM probe's rate ÷ 2 — or, where the run measured none, the f64 probe's,
+/// which the floor then names (an f64 FMA is at most as fast, so that bound is the higher one:
+/// a run beating it flags the stand-in).
+#[derive(Clone, Copy)]
+pub(super) struct FmaRate {
+    /// Weight FMAs per second.
+    pub(super) per_second: f64,
+    /// The probe it came from: `f32` (weight products are f32 FMAs, spec §6.1 rule 2).
+    pub(super) probe: &'static str,
+}
+
+impl FmaRate {
+    /// From the f32 GEMM probe's rate (two FLOPs per FMA).
+    pub(super) fn of(f32_probe: &GemmRate) -> Self {
+        FmaRate {
+            per_second: f32_probe.flops_per_second / 2.0,
+            probe: "f32",
+        }
+    }
+
+    /// GFLOP/s of the probe it came from.
+    pub(super) fn f32_gflops(&self) -> f64 {
+        2.0 * self.per_second / 1e9
+    }
+}
+
 /// One run's decode against the least time a token can take on this machine (issue 31), from
 /// limits measured in the same run: a token's compute reads every trunk matrix, the head and
 /// its routed experts once, from RAM at best at the memory probe's rate, and spends at least
-/// one f32 fused multiply-add per weight (spec §6.1 rule 2: each weight's product is fused into
-/// its lane; the f32 GEMM probe's rate ÷ 2); what the plan streams arrives at best at the drive probe's
-/// rate, and streaming overlaps compute. So the floor is
-/// `max(Σ_class max(bytes ÷ stream, weights ÷ FMA rate), bytes read ÷ drive rate)`.
+/// one f32 multiply-add per weight ([`FmaRate`]); what the plan streams arrives at best at the
+/// drive's rate ([`DriveRate`]), and streaming overlaps compute. So the floor is
+/// `max(Σ_class max(bytes ÷ stream, weights ÷ FMA rate), bytes read ÷ drive rate)`. A run
+/// faster than its floor ([`DecodeFloor::beaten`]) shows a probe measured too low, not a
+/// decode beyond the machine's limit (issue 41.3).
 pub(super) struct DecodeFloor {
     pub(super) seconds_per_token: f64,
     /// The floor, seconds per token.
@@ -81,10 +143,11 @@ pub(super) struct DecodeFloor {
     /// Bytes the compute reads per token, and the drive part: bytes read ÷ the drive's rate.
     pub(super) touched_bytes: f64,
     pub(super) drive: f64,
-    /// floor ÷ seconds per token: 1 at the limit.
+    /// floor ÷ seconds per token: 1 at the limit; above 1 when the run beat the floor.
     pub(super) of_limit: f64,
     stream_gbps: f64,
     drive_gbps: f64,
+    fma: FmaRate,
 }
 
 impl DecodeFloor {
@@ -92,11 +155,12 @@ impl DecodeFloor {
         r: &ChildReport,
         work: &Work,
         stream: &StreamProbe,
-        drive: &ProbeResult,
+        drive: &DriveRate,
     ) -> Self {
         let d = &r.decode;
         let seconds_per_token = d.seconds / d.tokens.max(1) as f64;
-        let fma = r.gemm_f32.flops_per_second / 2.0;
+        let fma_rate = FmaRate::of(&r.gemm_f32);
+        let fma = fma_rate.per_second;
         let over = |amount: f64, rate: f64| if rate > 0.0 { amount / rate } else { 0.0 };
         let bf16_bytes = (work.trunk_bytes + work.head_bytes) as f64;
         let bf16 = over(bf16_bytes, stream.bytes_per_second).max(over(bf16_bytes / 2.0, fma));
@@ -117,7 +181,14 @@ impl DecodeFloor {
             of_limit: over(floor, seconds_per_token),
             stream_gbps: stream.bytes_per_second / 1e9,
             drive_gbps: drive.rate() / 1e9,
+            fma: fma_rate,
         }
+    }
+
+    /// The run took less than its floor: a probe (drive, memory or FMA) measured below what
+    /// decode got, so this floor is no floor.
+    pub(super) fn beaten(&self) -> bool {
+        self.floor > self.seconds_per_token
     }
 
     /// Which limit the floor is: the drive's, or the compute's (memory or arithmetic).
@@ -132,24 +203,41 @@ impl DecodeFloor {
 
 impl std::fmt::Display for DecodeFloor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.beaten() {
+            write!(
+                f,
+                "BEATS ITS FLOOR: probe too low ({:.3} s/token, under the {} floor's {:.3} s: \
+                 the {} probe measured less than decode got) — ",
+                self.seconds_per_token,
+                self.bound(),
+                self.floor,
+                self.bound()
+            )?;
+        } else {
+            write!(
+                f,
+                "{:.3} s/token = {:.2}× the floor's {:.3} s ",
+                self.seconds_per_token,
+                if self.floor > 0.0 {
+                    self.seconds_per_token / self.floor
+                } else {
+                    0.0
+                },
+                self.floor
+            )?;
+        }
         write!(
             f,
-            "{:.3} s/token = {:.2}× the floor's {:.3} s ({} bound: compute {:.3} s = BF16 {:.3} + \
-             MXFP4 {:.3} for {:.3} GB at {:.2} GB/s stream or one FMA a weight; drive {:.3} s at \
-             {:.3} GB/s)",
-            self.seconds_per_token,
-            if self.floor > 0.0 {
-                self.seconds_per_token / self.floor
-            } else {
-                0.0
-            },
-            self.floor,
+            "({} bound: compute {:.3} s = BF16 {:.3} + MXFP4 {:.3} for {:.3} GB at {:.2} GB/s \
+             stream or one {} FMA a weight at {:.1} G/s; drive {:.3} s at {:.3} GB/s)",
             self.bound(),
             self.compute,
             self.bf16,
             self.mxfp4,
             self.touched_bytes / 1e9,
             self.stream_gbps,
+            self.fma.probe,
+            self.fma.per_second / 1e9,
             self.drive,
             self.drive_gbps
         )
@@ -230,21 +318,34 @@ impl BudgetResult {
         self.med(|r| f(&PrefillFigures::of(&r.report, &self.work)))
     }
 
+    fn floors(&self) -> impl Iterator<Item = DecodeFloor> + '_ {
+        self.runs
+            .iter()
+            .map(|r| DecodeFloor::of(&r.report, &self.work, &self.stream, &self.drive))
+    }
+
     fn floor_median(&self, f: impl Fn(&DecodeFloor) -> f64) -> f64 {
-        self.med(|r| {
-            f(&DecodeFloor::of(
-                &r.report,
-                &self.work,
-                &self.stream,
-                &self.probe,
-            ))
-        })
+        median(self.floors().map(|x| f(&x)).collect())
+    }
+
+    /// Runs faster than their floor (a probe measured too low).
+    pub(super) fn beaten_runs(&self) -> usize {
+        self.floors().filter(DecodeFloor::beaten).count()
     }
 
     fn decode_floor_json(&self) -> serde_json::Value {
+        let beaten = self.beaten_runs();
+        let fma = self.runs.first().map(|r| FmaRate::of(&r.report.gemm_f32));
         json!({
             "seconds_per_token": self.floor_median(|f| f.floor),
-            "of_limit": self.floor_median(|f| f.of_limit),
+            // Not a ratio when a run beat its floor: the floor is wrong then, not decode.
+            "of_limit": (beaten == 0).then(|| self.floor_median(|f| f.of_limit)),
+            "beaten_runs": beaten,
+            "probe_too_low": (beaten > 0).then(|| self.floors().find(DecodeFloor::beaten)
+                .map(|f| f.bound())),
+            "fma_probe": fma.map(|f| f.probe),
+            "f32_gflops": fma.map(|f| f.f32_gflops()),
+            "fma_per_second": self.med(|r| FmaRate::of(&r.report.gemm_f32).per_second),
             "compute_seconds": self.floor_median(|f| f.compute),
             "bf16_seconds": self.floor_median(|f| f.bf16),
             "mxfp4_seconds": self.floor_median(|f| f.mxfp4),
@@ -294,21 +395,14 @@ impl BudgetResult {
 
     pub(super) fn to_json(&self) -> serde_json::Value {
         let p = &self.plan;
-        let device = self.probe.rate() / 1e9;
+        let device = self.drive.rate() / 1e9;
         let read_gbps = self.derived_median(|d| d.read_gbps);
         let peak = self.med(|r| r.report.peak_rss_bytes as f64);
         json!({
             "ram_gb": self.ram,
             "plan": p,
             "plan_text": p.to_string(),
-            "device": {
-                "read_gbps": device,
-                "request_bytes": self.probe.request,
-                "in_flight": self.probe.in_flight,
-                "direct": self.probe.direct,
-                "reads": self.probe.reads,
-                "seconds": self.probe.seconds,
-            },
+            "device": self.drive.to_json(),
             "median": {
                 "decode_seconds_per_token": self.derived_median(|d| d.seconds_per_token),
                 "prefill_seconds": self.med(|r| r.report.prefill.seconds),
@@ -377,7 +471,7 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
         "=plan"
     );
     for b in budgets {
-        let device = b.probe.rate() / 1e9;
+        let device = b.drive.rate() / 1e9;
         let gbps = b.derived_median(|d| d.read_gbps);
         let total = b.class(routed_bytes, b.plan.reads.total());
         println!(
@@ -427,7 +521,7 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
         }
     }
     println!(
-        "\n{:>10} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "\n{:>10} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "budget",
         "s/token",
         "floor",
@@ -440,15 +534,18 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
         "GB/token"
     );
     for b in budgets {
-        let bound = b.runs.first().map_or("-", |r| {
-            DecodeFloor::of(&r.report, &b.work, &b.stream, &b.probe).bound()
-        });
+        let bound = b.floors().next().map_or("-", |f| f.bound());
+        // A run that beat its floor shows a probe measured too low: no ratio then.
+        let limit = match b.beaten_runs() {
+            0 => format!("{:.2}", b.floor_median(|f| f.of_limit)),
+            n => format!("beaten×{n}"),
+        };
         println!(
-            "{:>10} {:>9.3} {:>9.3} {:>7.2} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>8.2}G {:>9.3}",
+            "{:>10} {:>9.3} {:>9.3} {:>9} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>8.2}G {:>9.3}",
             format!("{:.2}G", b.plan.budget as f64 / GIB as f64),
             b.derived_median(|d| d.seconds_per_token),
             b.floor_median(|f| f.floor),
-            b.floor_median(|f| f.of_limit),
+            limit,
             bound,
             b.floor_median(|f| f.bf16),
             b.floor_median(|f| f.mxfp4),
@@ -460,8 +557,9 @@ pub(super) fn print_table(budgets: &[BudgetResult]) {
     println!(
         "(decode against its floor, medians: floor = max(BF16 + MXFP4, drive) s/token, each \
          compute class the slower of its bytes ÷ the stream probe and one f32 FMA per weight at \
-         the f32 GEMM probe's rate; drive = bytes read ÷ the drive probe; limit = floor ÷ s/token, \
-         1 at the limit; GB/token = weight bytes the compute reads)"
+         the f32 GEMM probe's rate; drive = bytes read ÷ the drive probe of decode's own reads; limit = floor ÷ \
+         s/token, 1 at the limit; beaten×N: N runs were faster than their floor, so a probe \
+         measured too low and the floor is no floor; GB/token = weight bytes the compute reads)"
     );
     println!(
         "\n{:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7}",
