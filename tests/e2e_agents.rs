@@ -44,6 +44,12 @@ const REUSED_AT_LEAST: f64 = 0.9;
 /// (issue 42, "Done when").
 const SESSION_REUSED_AT_LEAST: f64 = 0.95;
 
+/// The same for Claude Code, whose conversation carries ~3,000 tokens after the question that
+/// no new session can share (see `separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart`):
+/// its ~37,000-token prelude is ~92 % of the prompt, asserted with a margin for those tokens,
+/// whose count varies with the machine (working directory, agent list).
+const CLAUDE_SESSION_REUSED_AT_LEAST: f64 = 0.85;
+
 /// One daemon at a time: each agent turn is a long prefill on the machine's two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -616,8 +622,8 @@ fn last_usage(served: &Served) -> (u64, u64) {
     )
 }
 
-/// Checks that a new session reused at least [`SESSION_REUSED_AT_LEAST`] of its prompt.
-fn reused_its_prelude(served: &Served, what: &str) {
+/// Checks that a new session reused at least `at_least` of its prompt.
+fn reused_its_prelude(served: &Served, what: &str, at_least: f64) {
     let (prompt, reused) = last_usage(served);
     let share = reused as f64 / prompt as f64;
     eprintln!(
@@ -625,8 +631,8 @@ fn reused_its_prelude(served: &Served, what: &str) {
         100.0 * share
     );
     assert!(
-        share >= SESSION_REUSED_AT_LEAST,
-        "{what} reused {reused} of its {prompt} prompt tokens (< {SESSION_REUSED_AT_LEAST}):\n{}",
+        share >= at_least,
+        "{what} reused {reused} of its {prompt} prompt tokens (< {at_least}):\n{}",
         served.daemon.log_text()
     );
 }
@@ -659,6 +665,7 @@ type Blocks = [(String, String)];
 fn sessions_reuse_the_prelude(
     installed: &str,
     title: &str,
+    at_least: f64,
     session: impl Fn(&Served, &Blocks, &Path, &str),
     configure: impl Fn(&Served, &Blocks),
 ) {
@@ -672,11 +679,15 @@ fn sessions_reuse_the_prelude(
     let (first, _) = last_usage(&served);
     assert!(first > 10_000, "not {title}'s prompt: {first} tokens");
     run(&served, "Say goodbye");
-    reused_its_prelude(&served, &format!("a second {title} session"));
+    reused_its_prelude(&served, &format!("a second {title} session"), at_least);
     served.restart();
     configure(&served, &blocks);
     run(&served, "Say thanks");
-    reused_its_prelude(&served, &format!("a {title} session after a restart"));
+    reused_its_prelude(
+        &served,
+        &format!("a {title} session after a restart"),
+        at_least,
+    );
     let log = served.daemon.log_text();
     assert!(
         log.contains("from a kept state on disk"),
@@ -685,9 +696,13 @@ fn sessions_reuse_the_prelude(
 }
 
 /// Issue 42 point 5: separate `claude -p` sessions (no `--continue`, another question each)
-/// share only Claude Code's prelude — its tools, effort and system prompt, ~40,000 tokens — and
-/// each after the first prefills at most its own conversation: ≥ 95 % of its prompt reused,
-/// also after the daemon restarted between them (the prelude's state came from the disk).
+/// share only Claude Code's prelude — its tools, effort and system prompt, ~37,000 tokens — and
+/// each after the first prefills at most its own conversation, also after the daemon restarted
+/// between them (the prelude's state came from the disk). Claude Code's conversation is more
+/// than the question: it sends a system message of ~3,000 tokens (its agent types) *after* the
+/// user's question (`shared/agent-requests/claude-code-system-mid.json`), and a causal model's
+/// state after it depends on the question, so no exact engine can reuse it: about 92 % of the
+/// prompt is the most any new session can reuse. The bound is [`CLAUDE_SESSION_REUSED_AT_LEAST`].
 #[test]
 fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
     let session = |served: &Served, blocks: &Blocks, claude: &Path, question: &str| {
@@ -699,6 +714,7 @@ fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
     sessions_reuse_the_prelude(
         "agents-npm/node_modules/.bin/claude",
         "Claude Code",
+        CLAUDE_SESSION_REUSED_AT_LEAST,
         session,
         |_, _| {},
     );
@@ -718,6 +734,7 @@ fn separate_codex_exec_runs_reuse_the_prelude_even_after_a_restart() {
     sessions_reuse_the_prelude(
         "agents-npm/node_modules/.bin/codex",
         "Codex CLI",
+        SESSION_REUSED_AT_LEAST,
         run,
         configure,
     );
