@@ -1550,7 +1550,7 @@ async fn one_users_flood_does_not_starve_another_users_request() {
         .output()
         .expect("k3 status");
     assert!(
-        text(&shown.stdout).contains("per user 1 running, 2 queued"),
+        text(&shown.stdout).contains("per user 1 running, 2 waiting"),
         "{}",
         text(&shown.stdout)
     );
