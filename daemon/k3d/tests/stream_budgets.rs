@@ -58,11 +58,12 @@ fn minimum_bytes(dir: &Path) -> u64 {
         "a tiny budget is refused with exit 5"
     );
     let err = String::from_utf8_lossy(&out.stderr);
+    // "… below the minimum of 0.002237 GiB (2402176 bytes) …": the bytes in brackets.
     let at = err
         .find("minimum of ")
-        .expect("the refusal names the minimum")
-        + 11;
-    let digits: String = err[at..].chars().take_while(char::is_ascii_digit).collect();
+        .expect("the refusal names the minimum");
+    let bracket = err[at..].find('(').expect("the minimum in bytes, in brackets") + at + 1;
+    let digits: String = err[bracket..].chars().take_while(char::is_ascii_digit).collect();
     digits.parse().expect("minimum in bytes")
 }
 
