@@ -37,9 +37,12 @@ fn header(name: &str, fingerprint: &str, owner: Option<u32>) -> FileHeader {
 }
 
 /// Writes a session file with no snapshots (the format is the same) through the real writer.
+/// A session file of the model `fingerprint`, bound as the store binds its own (the model and
+/// the numerics contract, `kept::state_key`).
 fn write_session(dir: &Path, name: &str, fingerprint: &str, owner: Option<u32>) {
     let d = SessionDir::open(dir).expect("session dir");
-    file::save(&d, &header(name, fingerprint, owner), &[]).expect("save");
+    let bound = k3_engine::session::kept::state_key(fingerprint);
+    file::save(&d, &header(name, &bound, owner), &[]).expect("save");
 }
 
 fn open(dir: &Path) -> (SessionStore, Vec<FileError>) {
@@ -88,7 +91,8 @@ fn planted_temp_symlinks_are_never_written_through() {
     store.save("a", Some(VICTIM)).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     let saved = file::path_of(&dir, Some(VICTIM), "a");
-    let (_, snaps) = file::load(&saved, FP).expect("the saved file loads");
+    let bound = k3_engine::session::kept::state_key(FP);
+    let (_, snaps) = file::load(&saved, &bound).expect("the saved file loads");
     assert!(snaps.is_empty());
     let names: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
