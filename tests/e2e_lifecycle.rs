@@ -75,9 +75,12 @@ fn a_budget_below_the_minimum_ends_the_daemon_with_exit_5() {
         Some(5),
         "a budget too small is a resource error:\n{log}"
     );
+    // Refused before anything listens (issue 46.4), naming the value to give.
     let line = last_line(&log);
     assert!(
-        line.starts_with("k3d: error: loading") && line.contains("budget"),
+        line.starts_with("k3d: error:")
+            && line.contains("RAM budget")
+            && line.contains("give --ram-gb"),
         "{line:?}\n{log}"
     );
     assert!(!socket.exists(), "the socket is removed");

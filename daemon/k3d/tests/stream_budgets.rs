@@ -62,8 +62,15 @@ fn minimum_bytes(dir: &Path) -> u64 {
     let at = err
         .find("minimum of ")
         .expect("the refusal names the minimum");
-    let bracket = err[at..].find('(').expect("the minimum in bytes, in brackets") + at + 1;
-    let digits: String = err[bracket..].chars().take_while(char::is_ascii_digit).collect();
+    let bracket = err[at..]
+        .find('(')
+        .expect("the minimum in bytes, in brackets")
+        + at
+        + 1;
+    let digits: String = err[bracket..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     digits.parse().expect("minimum in bytes")
 }
 

@@ -8,6 +8,7 @@
 //! * [`store`] — the [`SessionStore`]: ownership, one user at a time, the memory allowance
 //!   with least-recently-used spilling to the session directory, and reloading on demand;
 //!   its refusals ([`SessionStoreError`]) are worded in `error.rs`.
+//! * `share` — how much of the session filesystem one uid may use (issue 45 point 1).
 //! * [`kept`] — automatic prefix reuse's states in the session directory, in each uid's
 //!   namespace and within its allowance of session files (issue 42 point 2).
 //!
@@ -18,6 +19,7 @@ pub mod dir;
 mod error;
 pub mod file;
 pub mod kept;
+mod share;
 pub mod snapshot;
 pub mod store;
 

@@ -22,7 +22,7 @@
 //!   whose turn already succeeded is not lost behind it): it is written instead or dropped
 //!   from memory (its file, if it has one, keeps its older state), and the failure is
 //!   returned. Memory never stays above the allowance.
-//! * Disk: a uid's files are bounded by its share of the session filesystem too (`FsRoom`,
+//! * Disk: a uid's files are bounded by its share of the session filesystem too (`share.rs`,
 //!   issue 45 point 1), so one user's fill cannot make another user's new session
 //!   unwritable.
 //! * Files: [`super::file`] format, named by owner and name ([`super::file::stem`]), in a
@@ -44,6 +44,8 @@ use std::time::SystemTime;
 use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader, Stem};
 use super::kept::{self, KeptIndex};
+use super::share::FsRoom;
+pub(super) use super::share::kept_for_others;
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
 
@@ -224,54 +226,6 @@ fn tokens_of(snapshots: &[Snapshot]) -> u64 {
 /// Whether `who` may act on a session owned by `owner` (root may act on all).
 fn permitted(owner: Option<u32>, who: Access) -> bool {
     who == Some(0) || owner == who
-}
-
-/// What the session filesystem can hold, and among how many users (issue 45 point 1). One
-/// uid's [`FsRoom::share`] is `capacity` — the free bytes plus the session files on it, all a
-/// session could ever use — divided among the `users` that hold sessions and one more, kept
-/// for a user whose first session is yet to come. A uid alone may fill half of it; a uid that
-/// comes finds room, and a uid above its share (it filled before others came) may not grow:
-/// the heavier user gives way, as with [`kept_for_others`].
-struct FsRoom {
-    /// Free bytes ([`SessionDir::available_bytes`]).
-    available: u64,
-    /// Free bytes plus every session file's.
-    capacity: u64,
-    /// Uids holding a session, counting the one asking.
-    users: usize,
-}
-
-impl FsRoom {
-    fn share(&self) -> u64 {
-        self.capacity / (self.users as u64 + 1)
-    }
-
-    fn limit(&self) -> QuotaLimit {
-        QuotaLimit::FsShare {
-            share: self.share(),
-            capacity: self.capacity,
-            users: self.users,
-        }
-    }
-}
-
-/// Bytes a write of `needed` bytes by `owner` must leave free on the session filesystem, given
-/// what each owner's other sessions take (`usage`, this write's session left out): room for
-/// every owner who would then hold no more than `owner` to write each of its sessions again
-/// (a write needs its new file beside the old one until the rename) at twice its size, since
-/// a turn grows it. The heaviest owner gives way: one user's fill never costs a lighter
-/// user's session, and a lighter user is never held back by room kept for a heavier one.
-pub(super) fn kept_for_others(
-    owner: Option<u32>,
-    needed: u64,
-    usage: &BTreeMap<Option<u32>, u64>,
-) -> u64 {
-    let mine = usage.get(&owner).copied().unwrap_or(0) + needed;
-    usage
-        .iter()
-        .filter(|&(other, used)| *other != owner && *used <= mine)
-        .map(|(_, used)| used.saturating_mul(2))
-        .sum()
 }
 
 /// Every session of one daemon. Not thread-safe by itself: the server wraps it in a mutex.
@@ -518,7 +472,6 @@ impl SessionStore {
             .path()
             .join(current.unwrap_or_else(|| file::file_name(&file::stem(key.owner, &key.name))))
     }
-
 
     /// What the session filesystem can hold, and among how many users, `owner` counted.
     fn fs_room(&self, owner: Option<u32>) -> Result<FsRoom, SessionStoreError> {
