@@ -44,11 +44,13 @@ const REUSED_AT_LEAST: f64 = 0.9;
 /// (issue 42, "Done when").
 const SESSION_REUSED_AT_LEAST: f64 = 0.95;
 
-/// The same for Claude Code, whose conversation carries ~3,000 tokens after the question that
-/// no new session can share (see `separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart`):
-/// its ~37,000-token prelude is ~92 % of the prompt, asserted with a margin for those tokens,
-/// whose count varies with the machine (working directory, agent list).
-const CLAUDE_SESSION_REUSED_AT_LEAST: f64 = 0.85;
+/// The same for Claude Code, whose conversation carries thousands of tokens after the
+/// question that no new session can share (see
+/// `separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart`). Measured: a second
+/// session reused 33,533 of 39,845 prompt tokens (84.2 %, its whole prelude; 0 before issue
+/// 42); asserted with a margin for those tokens, whose count varies with the machine (working
+/// directory, agent list).
+const CLAUDE_SESSION_REUSED_AT_LEAST: f64 = 0.80;
 
 /// One daemon at a time: each agent turn is a long prefill on the machine's two cores.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -699,10 +701,10 @@ fn sessions_reuse_the_prelude(
 /// share only Claude Code's prelude — its tools, effort and system prompt, ~37,000 tokens — and
 /// each after the first prefills at most its own conversation, also after the daemon restarted
 /// between them (the prelude's state came from the disk). Claude Code's conversation is more
-/// than the question: it sends a system message of ~3,000 tokens (its agent types) *after* the
-/// user's question (`shared/agent-requests/claude-code-system-mid.json`), and a causal model's
-/// state after it depends on the question, so no exact engine can reuse it: about 92 % of the
-/// prompt is the most any new session can reuse. The bound is [`CLAUDE_SESSION_REUSED_AT_LEAST`].
+/// than the question: it sends system messages (its agent types, reminders) *after* the user's
+/// question (`shared/agent-requests/claude-code-system-mid.json`), and a causal model's state
+/// after them depends on the question, so no exact engine can reuse them: measured, the
+/// prelude is 84 % of the prompt. The bound is [`CLAUDE_SESSION_REUSED_AT_LEAST`].
 #[test]
 fn separate_claude_code_sessions_reuse_the_prelude_even_after_a_restart() {
     let session = |served: &Served, blocks: &Blocks, claude: &Path, question: &str| {
