@@ -33,8 +33,9 @@ use sha2::{Digest, Sha256};
 
 use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader};
+use super::share::kept_for_others;
 use super::snapshot::Snapshot;
-use super::store::{FRAMING, SessionStore, bytes_of, kept_for_others};
+use super::store::{FRAMING, SessionStore, bytes_of};
 use crate::checkpoint::NUMERICS_CONTRACT;
 
 /// File name extension of kept states.

@@ -45,7 +45,7 @@ use super::dir::SessionDir;
 use super::file::{self, FileError, FileHeader, Stem};
 use super::kept::{self, KeptIndex};
 use super::share::FsRoom;
-pub(super) use super::share::kept_for_others;
+use super::share::kept_for_others;
 use super::snapshot::{self, Snapshot};
 use crate::model::State;
 
