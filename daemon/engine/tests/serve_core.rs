@@ -49,7 +49,7 @@ fn core_with(
     config.limits = Limits {
         max_tokens_cap: CAP,
         speculate: 0,
-        max_prompt_tokens: k3_engine::serve::validate::MAX_PROMPT_TOKENS,
+        max_prompt_tokens: k3_engine::serve::limits::MAX_PROMPT_TOKENS,
         ..Limits::default()
     };
     tweak(&mut config);
@@ -407,7 +407,7 @@ fn a_chats_next_turn_prefills_only_what_the_user_added() {
     };
     let chat = |messages: Vec<Message>, reuse: bool| Request {
         max_tokens: Some(6),
-        reuse,
+        reuse: Some(reuse),
         ..Request::new(Prompt::Chat(conversation(messages)))
     };
     // The reply as an OpenAI client keeps it: its response-channel text.
@@ -472,7 +472,7 @@ fn warming_yields_its_slot_to_another_callers_waiting_request() {
     let (_ck, core) = reusing_slot(12);
     let chat = Request {
         max_tokens: Some(24),
-        reuse: true,
+        reuse: Some(true),
         ..Request::new(Prompt::Chat(Conversation {
             messages: vec![Message::new(Role::User, "Name a river.")],
             thinking: k3_engine::tokenizer::chat::Thinking::Off,
@@ -796,7 +796,7 @@ fn completed(job: &JobHandle) -> (Vec<u32>, k3_engine::engine::Summary) {
 fn chat_of(messages: &[(Role, &str)], reuse: bool) -> Request {
     Request {
         max_tokens: Some(5),
-        reuse,
+        reuse: Some(reuse),
         ..Request::new(Prompt::Chat(Conversation {
             messages: messages
                 .iter()
@@ -947,7 +947,7 @@ fn a_new_conversation_with_the_same_prelude_continues_from_it_even_after_a_resta
     };
     let chat = |question: &str, reuse: bool| Request {
         max_tokens: Some(4),
-        reuse,
+        reuse: Some(reuse),
         ..Request::new(Prompt::Chat(conversation(question)))
     };
     let tokenizer = k3_engine::tokenizer::Tokenizer::load(&ck.dir).expect("tokenizer");

@@ -27,7 +27,8 @@ use info::BatchCounters;
 pub use info::{EngineInfo, EngineStats, LoadProgress};
 use passes::{PassBytes, PassTokens, PassTokensHeld};
 pub use request::{
-    DecodeSteps, GenerateRequest, LogitTransform, RequestError, Sampling, StopReason, Summary,
+    Admit, DecodeSteps, GenerateRequest, LogitTransform, RequestError, Sampling, StopReason,
+    Summary, ValidRequest,
 };
 
 use std::path::Path;
@@ -264,21 +265,22 @@ impl Engine {
         self.options.prefill_chunk.max(1)
     }
 
-    /// Validates a request and prepares its generation (no compute yet).
-    pub fn start(&self, request: GenerateRequest) -> Result<Generation, EngineError> {
+    /// Prepares the generation of `request` (no compute yet): a [`ValidRequest`] is taken as
+    /// it is, a plain [`GenerateRequest`] is validated first ([`Admit`]).
+    pub fn start(&self, request: impl Admit) -> Result<Generation, EngineError> {
         let request = self.admit(request)?;
         Ok(Generation::new(request, self.model.new_state()))
     }
 
-    /// Validates `request` and clamps its `speculate` to the drafts the memory plan reserved a
-    /// rollback journal for ([`crate::plan::PlanInputs::speculate`]); the output is the same either way.
-    fn admit(&self, mut request: GenerateRequest) -> Result<GenerateRequest, EngineError> {
-        request
-            .validate(self.model.config().vocab_size)
+    /// `request` as the engine runs it: validated (once: a [`ValidRequest`] already was), its
+    /// `speculate` limited to the drafts the memory plan reserved a rollback journal for
+    /// ([`crate::plan::PlanInputs::speculate`]); the output is the same either way.
+    fn admit(&self, request: impl Admit) -> Result<GenerateRequest, EngineError> {
+        let request = request
+            .admit(self.model.config().vocab_size)
             .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let reserved = usize::try_from(self.options.model.plan.speculate).unwrap_or(usize::MAX);
-        request.speculate = request.speculate.min(reserved);
-        Ok(request)
+        Ok(request.limit_speculation(reserved).into_inner())
     }
 
     /// Like [`Self::start`], but continuing `state`, which has consumed exactly the first
@@ -287,7 +289,7 @@ impl Engine {
     /// must remain, since the state does not carry the logits of its last position.
     pub fn start_from(
         &self,
-        request: GenerateRequest,
+        request: impl Admit,
         state: State,
     ) -> Result<Generation, EngineError> {
         let request = self.admit(request)?;

@@ -169,8 +169,15 @@ pub enum RequestError {
 }
 
 impl GenerateRequest {
+    /// Checks every rule of the engine once and returns the request as the one type the engine
+    /// runs ([`ValidRequest`]), or the first rule it breaks.
+    pub fn validate(self, vocab_size: usize) -> Result<ValidRequest, RequestError> {
+        self.check(vocab_size)?;
+        Ok(ValidRequest(self))
+    }
+
     /// Refuses what cannot be served, with a message that says what is wrong.
-    pub fn validate(&self, vocab_size: usize) -> Result<(), RequestError> {
+    fn check(&self, vocab_size: usize) -> Result<(), RequestError> {
         if self.prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }
@@ -212,6 +219,56 @@ impl GenerateRequest {
             return Err(RequestError::KeepAt(self.keep_at.clone()));
         }
         self.transform.validate(vocab_size)
+    }
+}
+
+/// A [`GenerateRequest`] that passed [`GenerateRequest::validate`]: only that function builds
+/// one, so whoever holds one holds a request every rule was checked on, once, and
+/// [`super::Engine::start`] runs it without checking again. The serve core validates a
+/// transport's request into one at its edge (`serve::validate`); a library caller hands the
+/// engine a plain [`GenerateRequest`], which is validated on the way in ([`Admit`]).
+#[derive(Debug, Clone)]
+pub struct ValidRequest(GenerateRequest);
+
+impl ValidRequest {
+    /// The request, read-only: changing it would bypass the rules it was checked against.
+    pub fn get(&self) -> &GenerateRequest {
+        &self.0
+    }
+
+    /// The prompt ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.0.prompt
+    }
+
+    /// At most `reserved` drafted ids per step: the drafts the memory plan reserved a rollback
+    /// journal for. Fewer drafts never change an output (exact speculation), so this is a
+    /// capacity, not a rule: a request within [`MAX_SPECULATE`] stays valid.
+    pub(super) fn limit_speculation(mut self, reserved: usize) -> ValidRequest {
+        self.0.speculate = self.0.speculate.min(reserved);
+        self
+    }
+
+    pub(super) fn into_inner(self) -> GenerateRequest {
+        self.0
+    }
+}
+
+/// What [`super::Engine::start`] takes: a request already validated ([`ValidRequest`], passed
+/// through) or a plain one (validated here, once).
+pub trait Admit {
+    fn admit(self, vocab_size: usize) -> Result<ValidRequest, RequestError>;
+}
+
+impl Admit for ValidRequest {
+    fn admit(self, _vocab_size: usize) -> Result<ValidRequest, RequestError> {
+        Ok(self)
+    }
+}
+
+impl Admit for GenerateRequest {
+    fn admit(self, vocab_size: usize) -> Result<ValidRequest, RequestError> {
+        self.validate(vocab_size)
     }
 }
 

@@ -28,7 +28,7 @@ use super::events::EventSender;
 use super::sessions::SessionLease;
 use super::validate::Kind;
 use super::{Event, Health, LoadFigures, QueueState, ServeError, UidQueueState};
-use crate::engine::{EngineError, EngineInfo, EngineStats, GenerateRequest};
+use crate::engine::{EngineError, EngineInfo, EngineStats, ValidRequest};
 use crate::tokenizer::chat::Conversation;
 
 /// One admitted job on its way to (or in) the scheduler.
@@ -38,7 +38,8 @@ pub(crate) struct Job {
     pub caller: Caller,
     /// The caller's account ([`Caller::account`]): what limits and fair turns count.
     pub account: Caller,
-    pub request: GenerateRequest,
+    /// Validated once, at submission; the engine runs it as it is.
+    pub request: ValidRequest,
     pub kind: Kind,
     pub events: EventSender,
     /// Set by a cancel; the engine's cancel check reads it between layers.
@@ -59,7 +60,7 @@ impl Job {
     pub fn new(
         id: u64,
         caller: Caller,
-        request: GenerateRequest,
+        request: ValidRequest,
         kind: Kind,
         events: EventSender,
         lease: Option<SessionLease>,
@@ -909,11 +910,13 @@ mod tests {
 
     fn job_of(id: u64, caller: Caller) -> (Job, Events) {
         let (tx, rx) = channel(8, Box::new(|| {}));
-        let request = GenerateRequest {
+        let request = crate::engine::GenerateRequest {
             prompt: vec![1, 2, 3],
             max_tokens: 4,
-            ..GenerateRequest::default()
-        };
+            ..crate::engine::GenerateRequest::default()
+        }
+        .validate(8)
+        .expect("a valid request");
         (Job::new(id, caller, request, Kind::Text, tx, None), rx)
     }
 

@@ -107,6 +107,7 @@ mod prep;
 pub mod reply;
 mod scheduler;
 pub mod sessions;
+pub mod limits;
 pub mod validate;
 
 pub use admission::{AdmissionFigures, Canceller, Capacity, Counters, UidLimits, UidLoad};
@@ -124,7 +125,8 @@ pub use reply::{
     Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
 };
 pub use sessions::{SessionFigures, SessionLease, Sessions};
-pub use validate::{Invalid, Kind, Limits, Prompt, Request};
+pub use limits::{Api, LimitError, Limits, ThinkingBudget};
+pub use validate::{Field, Invalid, Kind, Prompt, Request};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -556,24 +558,20 @@ impl Core {
         caller: Caller,
         request: Request,
     ) -> Result<JobHandle, ServeError> {
-        let (id, uid) = (reservation.id, caller.uid());
-        let session = request.session.clone();
-        // A session's own states take precedence over automatic reuse; nothing is kept for a
-        // caller nobody vouches for (issue 35 point 7).
-        let reuse =
-            (request.reuse && session.is_none() && caller.is_known()).then(|| caller.clone());
+        let id = reservation.id;
         let validated = validate::validate(
             &self.tokenizer,
             &self.vocab,
             self.model_limits,
             &self.limits,
+            caller,
             request,
         )?;
-        let lease = match &session {
+        let lease = match &validated.session {
             Some(name) => {
                 // A queued job whose reader is gone must not keep its session in use.
                 self.admission.purge_abandoned();
-                Some(self.sessions.lease(name, uid, id)?)
+                Some(self.sessions.lease(name, validated.caller.uid(), id)?)
             }
             None => None,
         };
@@ -586,31 +584,30 @@ impl Core {
                 }
             }),
         );
-        let prompt_tokens = validated.request.prompt.len();
+        let prompt_tokens = validated.request.prompt().len();
         self.log.info(format_args!(
-            "request {id}: {} from {caller} ({prompt_tokens} prompt tokens, max {} new{})",
+            "request {id}: {} from {} ({prompt_tokens} prompt tokens, max {} new{})",
             match validated.kind {
                 Kind::Text => "Generate",
                 Kind::Chat { .. } => "Chat",
             },
-            validated.request.max_tokens,
-            session
+            validated.caller,
+            validated.request.get().max_tokens,
+            validated
+                .session
                 .as_ref()
                 .map_or_else(String::new, |n| format!(", session {n:?}"))
         ));
-        let mut request = validated.request;
-        let prelude = validated.prelude;
-        if reuse.is_some() {
-            let end_of_message = self.tokenizer.special_id(crate::tokenizer::END_OF_MSG);
-            request.keep_at = prefix::keep_points(&request.prompt, end_of_message, &prelude);
-        }
-        let prelude_points = prefix::prelude_points(request.prompt.len(), &prelude);
-        let mut job = Job::new(id, caller, request, validated.kind, sender, lease);
-        job.conversation = validated
-            .conversation
-            .filter(|_| reuse.is_some())
-            .map(|c| (c, prelude_points));
-        job.reuse = reuse;
+        let mut job = Job::new(
+            id,
+            validated.caller,
+            validated.request,
+            validated.kind,
+            sender,
+            lease,
+        );
+        job.conversation = validated.conversation;
+        job.reuse = validated.reuse;
         // From here the place is the job's: filled, or taken away with the job's refusal.
         reservation.filled = true;
         if let Err(e) = self.admission.fill(job) {

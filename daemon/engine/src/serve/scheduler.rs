@@ -413,7 +413,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<
             let room = prefix_room(shared);
             shared
                 .files
-                .find(&shared.prefix, caller, &request.prompt, room)
+                .find(&shared.prefix, caller, request.prompt(), room)
         }
         _ => None,
     };
@@ -423,7 +423,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<
             None => engine.start(request),
         }
         .map_err(ServeError::from_engine),
-        Some(lease) => match shared.sessions.start(lease, &request.prompt) {
+        Some(lease) => match shared.sessions.start(lease, request.prompt()) {
             Ok((Some(state), _)) => engine
                 .start_from(request, state)
                 .map_err(ServeError::from_engine),
@@ -437,7 +437,7 @@ fn begin<'e>(shared: &'e Shared, engine: &'e Engine, job: Job) -> Option<Active<
                 "request {} started ({}, {} prompt tokens, {} reused, waited {:.3}s)",
                 job.id,
                 job.caller,
-                job.request.prompt.len(),
+                job.request.prompt().len(),
                 generation.state().positions(),
                 job.admitted.elapsed().as_secs_f64()
             ));
@@ -492,7 +492,7 @@ fn deliver<'e>(
                     .into_iter()
                     .map(|state| {
                         Arc::new(Snapshot {
-                            history: a.job.request.prompt[..state.positions()].to_vec(),
+                            history: a.job.request.prompt()[..state.positions()].to_vec(),
                             state,
                         })
                     })

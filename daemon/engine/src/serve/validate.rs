@@ -1,86 +1,31 @@
-//! Request validation: every limit a job must meet before it is queued, so a refused request
-//! costs nothing and every transport refuses the same things with the same words. The one
-//! exception is a range an API documents differently from the engine's (Anthropic's
-//! `temperature` ends at 1, OpenAI's at 2): `k3d`'s `http/request.rs` checks those first, so
-//! the refusal names that API's parameter; what it lets through is checked here again.
+//! Request validation, once, at the serve core's edge: every rule a job must meet before it is
+//! queued, so a refused request costs nothing and every transport refuses the same things with
+//! the same words. A transport reads its wire into one [`Request`] and decides nothing; here
+//! it becomes the engine's [`ValidRequest`] — the one type the engine runs, which only a
+//! validator can build — with the daemon's defaults applied and its limits enforced
+//! ([`super::limits`], where every number lives). Where the APIs document different rules
+//! (Anthropic's `temperature` ends at 1, OpenAI's at 2), the request's [`Api`] says which apply.
 //!
 //! The engine's own rules ([`GenerateRequest::validate`]: ids in the vocabulary, sampling
-//! ranges, speculate, the engine's absolute `max_tokens` limit) run here too, at submission;
-//! on top of them come the limits of a shared daemon: prompt length, stop lists (matched after
-//! every token), and a prompt that leaves room in the model's advertised context
-//! (`max_position_embeddings`, spec §2.2).
-//!
-//! `max_tokens` is a ceiling the client sets, not a promise k3d must refuse to break: as on
-//! OpenAI's API, unset means "as much as the context allows" (for a chat; a plain continuation,
-//! which has no end of its own, keeps [`DEFAULT_MAX_TOKENS`]), and any value is clamped to the
-//! daemon's cap (`--max-tokens-cap`: well below the context, so one request cannot hold the
-//! machine for hours) and to the room the prompt leaves in the context. Agents send large
-//! values (Claude Code 32,000) and never expect a 400 for them; the reply's finish reason
-//! (`length`) and usage say where it stopped.
+//! ranges, logit bias and penalties, speculate, the absolute `max_tokens` limit) run here too,
+//! as the last step; on top of them come the limits of a shared daemon: prompt length, stop
+//! lists (matched after every token), a prompt that leaves room in the model's advertised
+//! context (`max_position_embeddings`, spec §2.2), and the tool-choice rules. Each refusal
+//! names its request [`Field`], which a transport turns into its own parameter's name.
 
 use std::sync::{Arc, OnceLock};
 
+use super::Caller;
+use super::limits::{
+    Api, DEFAULT_MAX_TOKENS, Limits, MAX_STOP_IDS, MAX_STOP_STRING_BYTES, MAX_STOP_STRINGS,
+    ThinkingBudget,
+};
+use super::prefix;
 use crate::constrain::{self, ReplyRules, Vocab};
-use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling};
-use crate::tokenizer::chat::{self, Conversation};
+use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling, ValidRequest};
+use crate::echo::Echo;
+use crate::tokenizer::chat::{self, Conversation, ToolChoice};
 use crate::tokenizer::{Specials, Tokenizer};
-
-/// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
-/// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
-pub const MAX_PROMPT_TOKENS: usize = 1 << 20;
-/// `max_tokens` of a plain continuation (no chat template) that leaves it unset (capped by
-/// [`Limits::max_tokens_cap`]); a chat left unset runs up to the cap.
-pub const DEFAULT_MAX_TOKENS: usize = 256;
-/// Default daemon-side cap on `max_tokens`: 4,096 new tokens is minutes of decoding on a
-/// streamed model, not the hours the 1,048,576-token context would allow.
-pub const DEFAULT_MAX_TOKENS_CAP: usize = 4096;
-/// Stop strings beyond this many, or longer than this, are refused (each is matched against
-/// the output after every token).
-pub const MAX_STOP_STRINGS: usize = 16;
-pub const MAX_STOP_STRING_BYTES: usize = 256;
-pub const MAX_STOP_IDS: usize = 256;
-/// Ids a chat reply may spend in its think channel when neither the request nor the daemon
-/// (`--thinking-budget`) says otherwise; then the think channel is closed and the model
-/// answers. On a CPU at seconds per token (4 s/token reading 25.8 GB per token with the trunk
-/// resident; far more on a small budget), 512 ids of thinking are already half an hour before
-/// the first word of the answer — `docs/decoding.md` argues the number.
-pub const DEFAULT_THINKING_BUDGET: usize = 512;
-
-/// The daemon's request limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Most new tokens one request may ask for (`--max-tokens-cap`).
-    pub max_tokens_cap: usize,
-    /// Draft ids per speculative step for requests that leave it unset (`--speculate`).
-    pub speculate: usize,
-    /// Think-channel ids of a chat reply whose request leaves it unset (`--thinking-budget`);
-    /// `None` = unbounded.
-    pub thinking_budget: Option<usize>,
-    /// Most prompt tokens one request may have, counted after rendering
-    /// (`--max-prompt-tokens`).
-    pub max_prompt_tokens: usize,
-}
-
-impl Limits {
-    /// The most messages a conversation may have: more render to over `max_prompt_tokens`
-    /// whatever they say ([`chat::LEAST_IDS_PER_MESSAGE`] each), so a reader refuses the
-    /// conversation as soon as it has read one more, and what it keeps of a request stays
-    /// proportional to what the daemon can admit (issue 35 point 2).
-    pub fn most_messages(&self) -> usize {
-        chat::most_messages(self.max_prompt_tokens)
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_tokens_cap: DEFAULT_MAX_TOKENS_CAP,
-            speculate: 0,
-            thinking_budget: Some(DEFAULT_THINKING_BUDGET),
-            max_prompt_tokens: MAX_PROMPT_TOKENS,
-        }
-    }
-}
 
 /// What to generate from.
 #[derive(Debug, Clone)]
@@ -95,12 +40,16 @@ pub enum Prompt {
     Chat(Conversation),
 }
 
-/// One request as a transport hands it to [`super::Core::submit`].
+/// One request as a transport hands it to [`super::Core::submit`]: what the client asked,
+/// read from its wire and nothing more (`None` = the client said nothing: the default here
+/// applies).
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The API the request came in by (whose documented rules apply where APIs differ).
+    pub api: Api,
     pub prompt: Prompt,
-    /// New tokens at most, clamped to the cap and to the context's room; `None` = up to the
-    /// cap for a chat, [`DEFAULT_MAX_TOKENS`] for a plain continuation.
+    /// New tokens at most, at least 1, clamped to the cap and to the context's room; `None` =
+    /// up to the cap for a chat, [`DEFAULT_MAX_TOKENS`] for a plain continuation.
     pub max_tokens: Option<usize>,
     pub sampling: Sampling,
     /// Logit bias and penalties, applied before each id is chosen.
@@ -109,21 +58,27 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// Draft ids per speculative step; `None` = the daemon's default.
     pub speculate: Option<usize>,
-    /// Most ids of a chat reply's think channel before it is closed and the model answers;
-    /// `None` = the daemon's default ([`Limits::thinking_budget`]).
-    pub thinking_budget: Option<usize>,
+    /// How long a chat reply may think before its think channel is closed and the model
+    /// answers; `None` = the daemon's default ([`Limits::thinking_budget`]).
+    pub thinking_budget: Option<ThinkingBudget>,
     /// The session this request continues and updates.
     pub session: Option<String>,
     /// Continue from the longest kept state of the same caller that prefixes the prompt, and
     /// keep this request's states for the caller's next one (automatic prefix reuse, see
-    /// [`super::prefix`]); `false` = compute the prompt afresh. Ignored with a session.
-    pub reuse: bool,
+    /// [`super::prefix`]); `false` = compute the prompt afresh; `None` = the API's default
+    /// ([`Api::reuses_prefixes`]). Never with a session, nor for an unknown caller.
+    pub reuse: Option<bool>,
+    /// A name the client gives its conversation (`prompt_cache_key`, Anthropic's
+    /// `metadata.user_id`): under an API key, whose holders may be many, kept states are
+    /// shared only under the same name ([`Caller::scoped`]).
+    pub cache_scope: Option<String>,
 }
 
 impl Request {
-    /// A request for `prompt` with every option at its default.
+    /// A request of k3's own API for `prompt` with every option at its default.
     pub fn new(prompt: Prompt) -> Request {
         Request {
+            api: Api::K3,
             prompt,
             max_tokens: None,
             sampling: Sampling::default(),
@@ -133,9 +88,29 @@ impl Request {
             speculate: None,
             thinking_budget: None,
             session: None,
-            reuse: false,
+            reuse: None,
+            cache_scope: None,
         }
     }
+}
+
+/// The field of a [`Request`] a refusal concerns: a transport names it as its API does
+/// (`max_tokens`, `max_output_tokens`, `stop_sequences`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// The prompt, the messages or the ids.
+    Prompt,
+    MaxTokens,
+    Temperature,
+    TopP,
+    Stop,
+    LogitBias,
+    FrequencyPenalty,
+    PresencePenalty,
+    Speculate,
+    Tools,
+    ToolChoice,
+    ResponseFormat,
 }
 
 /// Why a request was refused: one variant per rule.
@@ -185,6 +160,21 @@ pub enum Invalid {
          shortest call of the allowed tools takes at least {least} tokens"
     )]
     NoRoomForCall { max_tokens: usize, least: usize },
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
+    /// Above the largest temperature the request's API documents ([`Api::temperature_max`]).
+    #[error("temperature {value} must be between 0 and {max}")]
+    Temperature { value: f32, max: f32 },
+    #[error("tool_choice forces a tool call, but the request declares no tools")]
+    CallWithoutTools,
+    #[error("tool_choice names the function {}, which is not among the tools", Echo(.0))]
+    UnknownFunction(String),
+    /// Anthropic's rule ([`Api::refuses_thinking_with_a_forced_call`]).
+    #[error(
+        "thinking may not be enabled when tool_choice forces tool use: use tool_choice auto, \
+         or thinking disabled (a forced call is made without thinking)"
+    )]
+    ThinkingWithForcedCall,
     #[error("{given} stop ids given; at most {MAX_STOP_IDS} are accepted")]
     TooManyStopIds { given: usize },
     #[error("{given} stop strings given; at most {MAX_STOP_STRINGS} are accepted")]
@@ -201,6 +191,53 @@ pub enum Invalid {
     Engine(String),
 }
 
+impl Invalid {
+    /// The request field the refusal concerns.
+    pub fn field(&self) -> Field {
+        match self {
+            Invalid::Request(e) => match e {
+                RequestError::MaxTokens { .. } => Field::MaxTokens,
+                RequestError::Speculate { .. } => Field::Speculate,
+                RequestError::Temperature(_) => Field::Temperature,
+                RequestError::TopP(_) => Field::TopP,
+                RequestError::EmptyStopString => Field::Stop,
+                RequestError::TooManyBiases { .. }
+                | RequestError::BiasIdOutsideVocabulary { .. }
+                | RequestError::BiasValue { .. }
+                | RequestError::BiasTwice { .. } => Field::LogitBias,
+                RequestError::Penalty { name, .. } if *name == "presence_penalty" => {
+                    Field::PresencePenalty
+                }
+                RequestError::Penalty { .. } => Field::FrequencyPenalty,
+                RequestError::EmptyPrompt
+                | RequestError::IdOutsideVocabulary { .. }
+                | RequestError::KeepAt(_) => Field::Prompt,
+            },
+            Invalid::NoTokens | Invalid::NoRoomForCall { .. } => Field::MaxTokens,
+            Invalid::Temperature { .. } => Field::Temperature,
+            Invalid::TooManyTools { .. } => Field::Tools,
+            Invalid::CallWithoutTools
+            | Invalid::UnknownFunction(_)
+            | Invalid::ThinkingWithForcedCall => Field::ToolChoice,
+            Invalid::Constraint(c) => match c.field() {
+                "response_format" => Field::ResponseFormat,
+                "tool_choice" => Field::ToolChoice,
+                _ => Field::Tools,
+            },
+            Invalid::TooManyStopIds { .. }
+            | Invalid::TooManyStopStrings { .. }
+            | Invalid::StopStringTooLong { .. } => Field::Stop,
+            Invalid::PromptTooLong { .. }
+            | Invalid::TooManyMessages { .. }
+            | Invalid::Tokenize(_)
+            | Invalid::NoMessages
+            | Invalid::Render(_)
+            | Invalid::ContextFull { .. }
+            | Invalid::Engine(_) => Field::Prompt,
+        }
+    }
+}
+
 /// How a job's generated ids are presented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -214,14 +251,18 @@ pub enum Kind {
 /// A request that passed every check, ready to queue.
 #[derive(Debug, Clone)]
 pub struct Validated {
-    pub request: GenerateRequest,
+    pub request: ValidRequest,
     pub kind: Kind,
-    /// The conversation a chat prompt was rendered from (automatic prefix reuse re-renders it
-    /// with the reply as history, [`super::prefix::next_turn`]); `None` for other prompts.
-    pub conversation: Option<Conversation>,
-    /// Where a chat prompt's prelude ends (automatic prefix reuse keeps states there,
-    /// [`super::prefix::keep_points`]); empty for other prompts.
-    pub prelude: chat::Prelude,
+    /// The caller the job runs for: the transport's, narrowed by the request's cache scope.
+    pub caller: Caller,
+    /// The session the job continues and updates.
+    pub session: Option<String>,
+    /// With automatic prefix reuse: the conversation a chat prompt was rendered from (reuse
+    /// re-renders it with the reply as history, [`super::prefix::next_turn`]) and the prompt
+    /// positions of its prelude ([`super::prefix::prelude_points`]); `None` otherwise.
+    pub conversation: Option<(Conversation, Vec<usize>)>,
+    /// The caller whose kept states the job continues from and adds to; `None` = no reuse.
+    pub reuse: Option<Caller>,
 }
 
 /// What validation needs to know about the model.
@@ -243,15 +284,17 @@ impl VocabCache {
     }
 }
 
-/// Turns a transport's request into the engine's, refusing whatever breaks a rule.
+/// Turns `caller`'s request into the engine's, refusing whatever breaks a rule.
 pub fn validate(
     tokenizer: &Tokenizer,
     vocab: &VocabCache,
     model: ModelLimits,
     limits: &Limits,
+    caller: Caller,
     request: Request,
 ) -> Result<Validated, Invalid> {
     let Request {
+        api,
         prompt,
         max_tokens,
         sampling,
@@ -260,9 +303,25 @@ pub fn validate(
         stop_strings,
         speculate,
         thinking_budget,
-        session: _,
-        reuse: _,
+        session,
+        reuse,
+        cache_scope,
     } = request;
+    if max_tokens == Some(0) {
+        return Err(Invalid::NoTokens);
+    }
+    let temperature_max = api.temperature_max();
+    if sampling.temperature > temperature_max {
+        return Err(Invalid::Temperature {
+            value: sampling.temperature,
+            max: temperature_max,
+        });
+    }
+    let caller = caller.scoped(cache_scope.as_deref());
+    // A session's own states take precedence over automatic reuse; nothing is kept for a
+    // caller nobody vouches for (issue 35 point 7).
+    let reuse = (reuse.unwrap_or(api.reuses_prefixes()) && session.is_none() && caller.is_known())
+        .then(|| caller.clone());
     let mut guide = None;
     let too_long = |tokens| Invalid::PromptTooLong {
         tokens,
@@ -280,6 +339,17 @@ pub fn validate(
         ),
         Prompt::Chat(mut conversation) => {
             if conversation.forces_a_call() {
+                if conversation.tools.is_empty() {
+                    return Err(Invalid::CallWithoutTools);
+                }
+                if let ToolChoice::Function(name) = &conversation.tool_choice
+                    && !conversation.tools.iter().any(|t| t.name == *name)
+                {
+                    return Err(Invalid::UnknownFunction(name.clone()));
+                }
+                if conversation.thinking.is_on() && api.refuses_thinking_with_a_forced_call() {
+                    return Err(Invalid::ThinkingWithForcedCall);
+                }
                 // The call is the reply: thinking is skipped, so all of max_tokens is the
                 // call's (issue 45.4: the reply thought until max_tokens and made no call).
                 conversation.thinking = chat::Thinking::Off;
@@ -291,7 +361,7 @@ pub fn validate(
             stop_ids.extend(tokenizer.end_of_turn_ids());
             let rules = ReplyRules {
                 thinking,
-                budget: thinking_budget.or(limits.thinking_budget),
+                budget: limits.thinking_budget(thinking_budget),
             };
             guide = constrain::guide(vocab.get(tokenizer), &conversation, rules)?;
             prelude = ends;
@@ -334,6 +404,16 @@ pub fn validate(
     {
         return Err(Invalid::NoRoomForCall { max_tokens, least });
     }
+    // Reuse keeps states where later prompts may diverge: the prelude's ends and the ends of
+    // messages ([`prefix::keep_points`]).
+    let keep_at = match &reuse {
+        Some(_) => {
+            let end_of_message = tokenizer.special_id(crate::tokenizer::END_OF_MSG);
+            prefix::keep_points(&prompt, end_of_message, &prelude)
+        }
+        None => Vec::new(),
+    };
+    let prelude_points = prefix::prelude_points(prompt.len(), &prelude);
     let request = GenerateRequest {
         max_tokens,
         sampling,
@@ -344,14 +424,18 @@ pub fn validate(
         transform,
         guide: guide.map(|g| g as Arc<dyn crate::engine::guide::Guide>),
         prompt,
-        keep_at: Vec::new(),
-    };
-    request.validate(model.vocab_size)?;
+        keep_at,
+    }
+    .validate(model.vocab_size)?;
     Ok(Validated {
         request,
         kind,
-        conversation,
-        prelude,
+        conversation: conversation
+            .filter(|_| reuse.is_some())
+            .map(|c| (c, prelude_points)),
+        caller,
+        session,
+        reuse,
     })
 }
 

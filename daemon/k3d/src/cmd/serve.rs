@@ -6,6 +6,7 @@
 use crate::exit::{CliError, CliResult, Exit};
 use crate::{daemon, net};
 use k3_engine::plan::{Budget, Serving};
+use k3_engine::serve::Limits;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -325,32 +326,15 @@ pub fn run(args: Args) -> CliResult {
             .or(file.max_queued_per_uid)
             .unwrap_or_else(|| k3_engine::serve::UidLimits::share_of(max_queue)),
     };
-    let speculate = args.speculate.or(file.speculate).unwrap_or(0);
-    if speculate > k3_engine::engine::request::MAX_SPECULATE {
-        return Err(usage(format!(
-            "speculate {speculate} exceeds the limit {}",
-            k3_engine::engine::request::MAX_SPECULATE
-        )));
-    }
-    let max_tokens_cap = args
-        .max_tokens_cap
-        .or(file.max_tokens_cap)
-        .unwrap_or(k3_engine::serve::validate::DEFAULT_MAX_TOKENS_CAP);
-    if max_tokens_cap == 0 || max_tokens_cap > k3_engine::engine::request::MAX_TOKENS_LIMIT {
-        return Err(usage(format!(
-            "max_tokens_cap must be between 1 and {}",
-            k3_engine::engine::request::MAX_TOKENS_LIMIT
-        )));
-    }
-    let max_prompt_tokens = args.max_prompt_tokens.or(file.max_prompt_tokens);
-    if max_prompt_tokens
-        .is_some_and(|n| n == 0 || n > k3_engine::serve::validate::MAX_PROMPT_TOKENS)
-    {
-        return Err(usage(format!(
-            "max_prompt_tokens must be between 1 and {}",
-            k3_engine::serve::validate::MAX_PROMPT_TOKENS
-        )));
-    }
+    let speculate = Limits::check_speculate(args.speculate.or(file.speculate))
+        .map_err(|e| usage(e.to_string()))?;
+    // The cap is needed before the limits are: the memory plan sizes states for the longest
+    // reply; the prompt limit, when unset, comes from the plan.
+    let max_tokens_cap = Limits::check_tokens_cap(args.max_tokens_cap.or(file.max_tokens_cap))
+        .map_err(|e| usage(e.to_string()))?;
+    let max_prompt_tokens =
+        Limits::check_prompt_tokens(args.max_prompt_tokens.or(file.max_prompt_tokens))
+            .map_err(|e| usage(e.to_string()))?;
     let stall_timeout = seconds(
         "stall_timeout",
         args.stall_timeout.or(file.stall_timeout),
@@ -437,6 +421,11 @@ pub fn run(args: Args) -> CliResult {
     if let Some(checkpoint) = &checkpoint {
         check_budget(checkpoint, &model_options.plan, &prompt_limit)?;
     }
+    let thinking_budget = args
+        .thinking_budget
+        .or(file.thinking_budget)
+        .map(|ThinkingBudget(budget)| budget);
+    let limits = Limits::new(max_tokens_cap, speculate, thinking_budget, prompt_limit.tokens);
     let http = if args.http.is_empty() {
         file.http
             .unwrap_or_default()
@@ -510,15 +499,7 @@ pub fn run(args: Args) -> CliResult {
             max_queue,
             per_uid,
         },
-        limits: k3_engine::serve::Limits {
-            max_tokens_cap,
-            speculate,
-            thinking_budget: match args.thinking_budget.or(file.thinking_budget) {
-                Some(ThinkingBudget(budget)) => budget,
-                None => Some(k3_engine::serve::validate::DEFAULT_THINKING_BUDGET),
-            },
-            max_prompt_tokens: prompt_limit.tokens,
-        },
+        limits,
         prompt_limit: prompt_limit.why,
         stall_timeout,
         grace: Duration::from_secs_f64(shutdown_grace),
@@ -557,7 +538,7 @@ impl PromptLimit {
         cap: usize,
     ) -> PromptLimit {
         use k3_engine::plan::context::{Holds, largest_context};
-        let released = k3_engine::serve::validate::MAX_PROMPT_TOKENS;
+        let released = k3_engine::serve::limits::MAX_PROMPT_TOKENS;
         let Some(checkpoint) = checkpoint else {
             return PromptLimit {
                 tokens: released - cap.min(released - 1),

@@ -4,6 +4,7 @@
 use k3_engine::engine::{LogitTransform, PassProgress};
 use k3_engine::serve::{
     Channel, Done, Event, FinishReason, LoadFigures, Prompt, Request, ServeError, SessionFigures,
+    ThinkingBudget,
 };
 use k3_engine::session::{FileError, SessionInfo, SessionStoreError};
 use k3_engine::tokenizer::chat::{
@@ -22,12 +23,12 @@ pub fn prompt(prompt: Option<pb::generate_request::Prompt>) -> Result<Prompt, St
     }
 }
 
-/// A core request from the wire's options; `0` on the wire means "the default".
+/// A core request from the wire's options; `0` on the wire means "the default". A chat's
+/// `thinking_budget` is given by [`chat_request`].
 pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: String) -> Request {
     let o = options.unwrap_or_default();
     let s = o.sampling.unwrap_or_default();
     Request {
-        prompt,
         max_tokens: (o.max_tokens != 0).then_some(o.max_tokens as usize),
         sampling: k3_engine::engine::Sampling {
             temperature: s.temperature,
@@ -39,12 +40,24 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         stop_ids: o.stop_ids,
         stop_strings: o.stop_strings,
         speculate: (o.speculate != 0).then_some(o.speculate as usize),
-        // Chat sets it (`ChatRequest.thinking_budget`); text has no think channel.
-        thinking_budget: None,
         session: (!session.is_empty()).then_some(session),
-        // gRPC clients keep state explicitly, in named sessions.
-        reuse: false,
+        ..Request::new(prompt)
     }
+}
+
+/// A `Chat` call's core request: its conversation, options and thinking budget.
+pub fn chat_request(req: &mut pb::ChatRequest) -> Result<Request, Status> {
+    let conversation = conversation(req)?;
+    Ok(Request {
+        thinking_budget: req
+            .thinking_budget
+            .map(|n| ThinkingBudget::Tokens(n as usize)),
+        ..request(
+            Prompt::Chat(conversation),
+            req.options.take(),
+            std::mem::take(&mut req.session),
+        )
+    })
 }
 
 /// The wire's logit bias and penalties; ids in ascending order (a map has none of its own).

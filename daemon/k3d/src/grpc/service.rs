@@ -2,7 +2,7 @@
 //! credentials, status codes. Runs on tokio; never computes and holds no rule of its own.
 
 use super::{convert, status};
-use k3_engine::serve::{Caller, Core, JobHandle, Prompt, Request as CoreRequest, ServeError};
+use k3_engine::serve::{Caller, Core, JobHandle, Request as CoreRequest, ServeError};
 use k3_engine::tokenizer::Specials;
 use k3proto::v1 as pb;
 use std::pin::Pin;
@@ -105,12 +105,7 @@ impl pb::engine_server::Engine for Service {
 
     async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<EventStream>, Status> {
         let uid = peer_uid(&req);
-        let req = req.into_inner();
-        let conversation = convert::conversation(&req)?;
-        let request = k3_engine::serve::Request {
-            thinking_budget: req.thinking_budget.map(|n| n as usize),
-            ..convert::request(Prompt::Chat(conversation), req.options, req.session)
-        };
+        let request = convert::chat_request(&mut req.into_inner())?;
         self.admit(uid, request).await
     }
 

@@ -6,7 +6,7 @@
 use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
-use super::request::{self, Common};
+use super::request::{self, Shape};
 use super::stream::{self, Route, Timer, Whole, Wire, collect, submit};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -29,11 +29,13 @@ impl CompletionKind {
             CompletionKind::Chat => &Route {
                 endpoint: "POST /v1/chat/completions",
                 prompt_field: "messages",
+                stop_field: "stop",
                 chat: true,
             },
             CompletionKind::Text => &Route {
                 endpoint: "POST /v1/completions",
                 prompt_field: "prompt",
+                stop_field: "stop",
                 chat: false,
             },
         }
@@ -179,7 +181,7 @@ pub async fn complete(
     reservation: Reservation,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    let (common, (), reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
+    let (wire, (), reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
         submit(app, turn, caller, shape.route(), body, |fields| {
             let submission = match shape {
                 CompletionKind::Chat => request::chat(fields)?,
@@ -189,13 +191,13 @@ pub async fn complete(
         })
     })
     .await?;
-    respond(app, shape, common, reader, arrived).await
+    respond(app, shape, wire, reader, arrived).await
 }
 
 async fn respond(
     app: Arc<App>,
     shape: CompletionKind,
-    common: Common,
+    wire: Shape,
     reader: Reader,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
@@ -213,11 +215,11 @@ async fn respond(
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        model: common.model,
+        model: wire.model,
     };
     let timer = Timer::new(arrived);
-    if common.stream {
-        let include_usage = common.include_usage;
+    if wire.stream {
+        let include_usage = wire.include_usage;
         Ok(stream::sse(
             app,
             reader,

@@ -118,14 +118,6 @@ impl ApiError {
         let message = e.to_string();
         let status = match e {
             ServeError::Invalid(invalid) => {
-                // A constraint names its own field (`tools`, `tool_choice`, `response_format`),
-                // and so does a tool list too long for the prompt limit.
-                let param = match invalid {
-                    Invalid::Constraint(c) => Some(c.field()),
-                    Invalid::TooManyTools { .. } => Some("tools"),
-                    Invalid::NoRoomForCall { .. } => Some("max_tokens"),
-                    _ => param,
-                };
                 if let Some(words) = over_the_prompt_limit(invalid) {
                     return ApiError {
                         param: param.map(str::to_string),

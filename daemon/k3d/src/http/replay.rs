@@ -6,7 +6,7 @@
 use super::request::{self, Fields};
 use super::{anthropic, responses};
 use k3_engine::serve::validate::{ModelLimits, Validated, VocabCache, validate};
-use k3_engine::serve::{Limits, Request};
+use k3_engine::serve::{Caller, Limits, Request};
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::Role;
 use serde_json::Value;
@@ -37,6 +37,8 @@ fn validated(request: Request) -> Validated {
         &VocabCache::default(),
         model,
         &Limits::default(),
+        // A known caller: the conversation is kept for prefix reuse, so it can be inspected.
+        Caller::Uid(1000),
         request,
     )
     .expect("validated")
@@ -51,14 +53,14 @@ fn claude_codes_first_requests_are_accepted() {
             Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
         let parsed = anthropic::request::messages(&fields).expect(name);
         let v = validated(parsed.submission.request);
-        let conversation = v.conversation.expect("a chat");
+        let conversation = v.conversation.expect("a chat").0;
         // Its system message inside `messages` stands where it was sent (after the first user
         // turn), and the 24 tools are declared.
         let roles: Vec<Role> = conversation.messages.iter().map(|m| m.role).collect();
         assert_eq!(roles, [Role::System, Role::User, Role::System], "{name}");
         assert_eq!(conversation.tools.len(), 24);
         // 32,000 asked for, the daemon's cap given.
-        assert_eq!(v.request.max_tokens, Limits::default().max_tokens_cap);
+        assert_eq!(v.request.get().max_tokens, Limits::default().max_tokens_cap);
         // Adaptive thinking at effort "high": thinking on, effort high.
         assert!(conversation.thinking.is_on(), "{name}");
     }
@@ -72,7 +74,7 @@ fn codexs_first_request_is_accepted() {
     let parsed = responses::request::responses(&fields).expect("codex");
     assert_eq!(parsed.hosted_tools, ["web_search"]);
     let v = validated(parsed.submission.request);
-    let conversation = v.conversation.expect("a chat");
+    let conversation = v.conversation.expect("a chat").0;
     let roles: Vec<Role> = conversation.messages.iter().map(|m| m.role).collect();
     assert_eq!(roles, [Role::System, Role::System, Role::User, Role::User]);
     // Seven functions and the five of the `multi_agent_v1` namespace.
@@ -99,7 +101,7 @@ fn aider_and_opencode_requests_are_accepted() {
             Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
         let chat = request::chat(&fields).expect(name);
         let v = validated(chat.request);
-        let conversation = v.conversation.expect("a chat");
+        let conversation = v.conversation.expect("a chat").0;
         // Even when it ends with the assistant's message (opencode's retry), a new assistant
         // turn is generated.
         assert!(conversation.generation_prompt);
@@ -111,7 +113,7 @@ fn aider_and_opencode_requests_are_accepted() {
         request::chat(&Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON"))
             .expect("aider");
     assert_eq!(
-        validated(chat.request).request.max_tokens,
+        validated(chat.request).request.get().max_tokens,
         Limits::default().max_tokens_cap
     );
 }

@@ -7,11 +7,10 @@
 
 use super::error::ApiError;
 use k3_engine::echo::Echo;
-use k3_engine::engine::request::{LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, PENALTY_LIMIT};
-use k3_engine::engine::{LogitTransform, Sampling};
-use k3_engine::serve::{Invalid, Prompt, Request, ServeError};
+use k3_engine::engine::LogitTransform;
+use k3_engine::serve::{Api, Invalid, Prompt, Request, ServeError, ThinkingBudget};
 use k3_engine::tokenizer::chat::{
-    self, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    self, Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, SeqAccess, Visitor};
@@ -243,139 +242,66 @@ enum Stop {
     Many(Vec<String>),
 }
 
-/// The options every API's request comes with: sampling, limits, streaming, reuse. The OpenAI
-/// routes read them alike ([`Common::read`], then [`common`] for what only chat and text
-/// completions take); Anthropic's reader maps its own fields onto them.
-pub struct Common {
+/// How a reply is written, besides what the core generates: wire-only.
+pub struct Shape {
+    /// The model the body names (checked against the daemon's, echoed in the reply).
     pub model: String,
     pub stream: bool,
+    /// OpenAI's `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
-    /// New tokens at most; `None` = the daemon's default.
-    pub max_tokens: Option<usize>,
-    pub sampling: Sampling,
-    /// `logit_bias`, `frequency_penalty`, `presence_penalty`.
-    pub transform: LogitTransform,
-    pub stop_strings: Vec<String>,
-    /// The `prefix_reuse` extension (default true): `false` computes the prompt afresh.
-    pub prefix_reuse: bool,
-    /// How long the reply may think before k3d closes its thinking; `None` = the daemon's
-    /// default (`--thinking-budget`).
-    pub thinking_budget: Option<Budget>,
-    /// The name a caller gives itself for caching (OpenAI's `prompt_cache_key`, Anthropic's
-    /// `metadata.user_id`): narrows a keyed caller's kept states
-    /// ([`k3_engine::serve::Caller::scoped`]).
-    pub cache_scope: Option<String>,
+    /// The name this API gives `max_tokens`, for refusals that concern it.
+    pub max_tokens_param: &'static str,
 }
 
-/// A thinking budget as a request states it (issue 34.4): on a CPU at seconds per token,
-/// unbounded thinking is the worst wait there is, so every API's knob becomes one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Budget {
-    /// A number of tokens (Anthropic's `thinking.budget_tokens`).
-    Tokens(usize),
-    /// An effort level (OpenAI's `reasoning_effort`, Anthropic's `output_config.effort`): its
-    /// share of the daemon's budget, [`Budget::tokens`].
-    Effort(Effort),
-}
-
-impl Budget {
-    /// The budget in tokens, given the daemon's (`None`: thinking unbounded). An effort takes
-    /// a share of the daemon's: `low` a quarter, `high` half, `max` all of it — so the levels
-    /// keep their order whatever the operator chose, and unbounded stays unbounded.
-    pub fn tokens(self, daemon: Option<usize>) -> Option<usize> {
-        match self {
-            Budget::Tokens(n) => Some(n),
-            Budget::Effort(effort) => daemon.map(|d| {
-                let share = match effort {
-                    Effort::Low => d / 4,
-                    Effort::High => d / 2,
-                    Effort::Max => d,
-                };
-                share.max(1)
-            }),
-        }
-    }
-}
-
-/// A request read from a generating route's body: the options its reply is written with and
-/// the serve core's request ([`super::stream::submit`] queues it).
+/// A body read: the reply's [`Shape`] and the core's one [`Request`], which holds what the
+/// client asked and nothing decided — the core validates it and applies every default and
+/// limit (`k3_engine::serve::limits`).
 pub struct Submission {
-    pub common: Common,
+    pub shape: Shape,
     pub request: Request,
 }
 
-impl Common {
-    /// What every route of both APIs reads alike: `model`, `stream`, `temperature` (0 to
-    /// `temperature_max`, the API's own maximum) and `top_p` ([`temperature_and_top_p`]), and
-    /// k3's `prefix_reuse`. The rest keeps its default (the daemon's output limit, top-k off,
-    /// seed 0, no logit transform, no stop strings, the daemon's thinking budget, no usage
-    /// chunk, no cache scope) for the route's own fields to set.
-    pub fn shared(f: &Fields, temperature_max: f32) -> Result<Common, ApiError> {
-        let model: String = f.require("model")?;
-        let (temperature, top_p) = temperature_and_top_p(f, temperature_max)?;
-        Ok(Common {
-            model,
-            stream: f.get::<bool>("stream")?.unwrap_or(false),
-            include_usage: false,
-            max_tokens: None,
-            sampling: Sampling {
-                temperature,
-                top_p,
-                top_k: 0,
-                seed: 0,
+impl Submission {
+    /// What every API reads alike — `model`, `stream`, `temperature`, `top_p` and k3's
+    /// `prefix_reuse` — with the prompt still to be read (empty until the route's reader sets it).
+    pub fn read(f: &Fields, api: Api) -> Result<Submission, ApiError> {
+        let mut request = Request::new(Prompt::Ids(Vec::new()));
+        request.api = api;
+        request.sampling.temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
+        request.sampling.top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
+        request.reuse = f.get::<bool>("prefix_reuse")?;
+        Ok(Submission {
+            shape: Shape {
+                model: f.require("model")?,
+                stream: f.get::<bool>("stream")?.unwrap_or(false),
+                include_usage: false,
+                max_tokens_param: "max_tokens",
             },
-            transform: LogitTransform::default(),
-            stop_strings: Vec::new(),
-            prefix_reuse: f.get::<bool>("prefix_reuse")?.unwrap_or(true),
-            thinking_budget: None,
-            cache_scope: None,
+            request,
         })
     }
 
-    /// What every OpenAI route reads alike: [`Common::shared`] with OpenAI's temperature
-    /// maximum (2), the output limit (the first of `max_tokens_fields` given, in the order the
-    /// endpoint's documentation ranks them; at least 1) and `prompt_cache_key`.
-    pub fn read(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
-        let mut common = Common::shared(f, 2.0)?;
-        for name in max_tokens_fields {
+    /// [`Self::read`] for OpenAI's routes, with `max_tokens` read from the first of
+    /// `max_tokens_fields` given and `prompt_cache_key` as the cache scope.
+    pub fn openai(f: &Fields, max_tokens_fields: &[&'static str]) -> Result<Submission, ApiError> {
+        let mut submission = Submission::read(f, Api::OpenAi)?;
+        for &name in max_tokens_fields {
             if let Some(n) = f.get::<usize>(name)? {
-                if n == 0 {
-                    return Err(ApiError::invalid(
-                        *name,
-                        format!("`{name}` must be at least 1"),
-                    ));
-                }
-                common.max_tokens = Some(n);
+                submission.request.max_tokens = Some(n);
+                submission.shape.max_tokens_param = name;
                 break;
             }
         }
-        common.cache_scope = f.get::<String>("prompt_cache_key")?;
-        Ok(common)
-    }
-
-    /// These options with the core's request for `prompt`.
-    pub fn submission(self, prompt: Prompt) -> Submission {
-        let request = Request {
-            max_tokens: self.max_tokens,
-            sampling: self.sampling.clone(),
-            transform: self.transform.clone(),
-            stop_strings: self.stop_strings.clone(),
-            ..Request::new(prompt)
-        };
-        Submission {
-            common: self,
-            request,
-        }
+        submission.request.cache_scope = f.get::<String>("prompt_cache_key")?;
+        Ok(submission)
     }
 }
 
-/// Chat and text completions' options: [`Common::read`] (`max_tokens_fields` are the names
-/// the endpoint accepts for the output limit, in the order OpenAI documents them — chat:
-/// `max_completion_tokens` supersedes `max_tokens`), then what only these two take: `n` and
-/// `logprobs` (refused unless they ask for what k3 does), `seed`, `stop`, `stream_options`,
-/// `logit_bias` and the penalties.
-pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError> {
-    let mut common = Common::read(f, max_tokens_fields)?;
+/// What Chat Completions and Completions read alike: [`Submission::openai`], the fields k3
+/// cannot honour refused (`n > 1`, `logprobs`), `seed`, `stop`, `stream_options`, and the
+/// logit bias and penalties.
+fn completions(f: &Fields, max_tokens_fields: &[&'static str]) -> Result<Submission, ApiError> {
+    let mut submission = Submission::openai(f, max_tokens_fields)?;
     if let Some(n) = f.get::<u64>("n")?
         && n != 1
     {
@@ -384,7 +310,6 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             format!("`n` = {n}: k3 generates one choice (n = 1)"),
         ));
     }
-    // Chat takes a bool, completions an integer; either asks for what k3 does not return.
     match f.get::<Value>("logprobs")? {
         None | Some(Value::Bool(false)) => {}
         Some(_) => {
@@ -394,54 +319,33 @@ pub fn common(f: &Fields, max_tokens_fields: &[&str]) -> Result<Common, ApiError
             ));
         }
     }
+    let request = &mut submission.request;
     if let Some(seed) = f.get::<i64>("seed")? {
-        // OpenAI's seed is a signed integer; the engine's is its bits.
-        common.sampling.seed = seed as u64;
+        request.sampling.seed = seed as u64;
     }
-    common.stop_strings = match f.get::<Stop>("stop")? {
+    request.stop_strings = match f.get::<Stop>("stop")? {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
-    no_empty_stop("stop", &common.stop_strings)?;
     #[derive(serde::Deserialize)]
     struct StreamOptions {
         #[serde(default)]
         include_usage: bool,
     }
-    common.include_usage = f
+    submission.shape.include_usage = f
         .get::<StreamOptions>("stream_options")?
         .is_some_and(|o| o.include_usage);
-    common.transform = logit_transform(f)?;
-    Ok(common)
+    submission.request.transform = logit_transform(f)?;
+    Ok(submission)
 }
 
-/// `logit_bias` (token id as a string → a bias in [-100, 100], at most 300 entries),
-/// `frequency_penalty` and `presence_penalty` (each in [-2, 2], default 0), OpenAI's ranges.
-/// Ids outside the vocabulary are refused by the core, which knows it.
+/// `logit_bias` (token ids as keys), `frequency_penalty` and `presence_penalty` as the wire
+/// gives them; their ranges are the engine's rules, checked by the core.
 fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
-    let penalty = |name: &str| -> Result<f32, ApiError> {
-        let value = f.get::<f32>(name)?.unwrap_or(0.0);
-        if !(value.is_finite() && value.abs() <= PENALTY_LIMIT) {
-            return Err(ApiError::invalid(
-                name,
-                format!("`{name}` must be between -2 and 2"),
-            ));
-        }
-        Ok(value)
-    };
     let map = f
         .get::<BTreeMap<String, f32>>("logit_bias")?
         .unwrap_or_default();
-    if map.len() > MAX_LOGIT_BIAS {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            format!(
-                "`logit_bias` has {} entries; at most {MAX_LOGIT_BIAS} are accepted",
-                map.len()
-            ),
-        ));
-    }
     let mut bias = Vec::with_capacity(map.len());
     for (key, value) in map {
         let id = key.parse::<u32>().map_err(|_| {
@@ -450,51 +354,19 @@ fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
                 format!("`logit_bias` key {} is not a token id", Echo(&key)),
             )
         })?;
-        if !(value.is_finite() && value.abs() <= LOGIT_BIAS_LIMIT) {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                format!("`logit_bias` for token {id} must be between -100 and 100"),
-            ));
-        }
         bias.push((id, value));
     }
-    // "007" and "7" name the same id: refused by the core as a repeated id.
     bias.sort_by_key(|&(id, _)| id);
     Ok(LogitTransform {
         bias,
-        frequency_penalty: penalty("frequency_penalty")?,
-        presence_penalty: penalty("presence_penalty")?,
+        frequency_penalty: f.get::<f32>("frequency_penalty")?.unwrap_or(0.0),
+        presence_penalty: f.get::<f32>("presence_penalty")?.unwrap_or(0.0),
     })
-}
-
-/// `temperature` (from 0 to `max`: OpenAI's 2, Anthropic's 1; default 0 = greedy, k3's exact
-/// mode) and `top_p` (default 1).
-fn temperature_and_top_p(f: &Fields, max: f32) -> Result<(f32, f32), ApiError> {
-    let temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
-    if !(temperature.is_finite() && (0.0..=max).contains(&temperature)) {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("`temperature` must be between 0 and {max}"),
-        ));
-    }
-    let top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
-    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1]"));
-    }
-    Ok((temperature, top_p))
-}
-
-/// An empty stop string would end every reply before it began.
-pub fn no_empty_stop(param: &str, stop_strings: &[String]) -> Result<(), ApiError> {
-    if stop_strings.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(param, "a stop string is empty"));
-    }
-    Ok(())
 }
 
 /// `POST /v1/chat/completions`.
 pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
-    let mut common = common(f, &["max_completion_tokens", "max_tokens"])?;
+    let mut submission = completions(f, &["max_completion_tokens", "max_tokens"])?;
     let mut messages = Vec::new();
     let read = f.items("messages", |i, m: Value| {
         f.within_message_limit("messages", i + 1)?;
@@ -503,13 +375,13 @@ pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
     })?;
     not_empty("messages", read)?;
     let tools = tools(f)?;
-    let tool_choice = tool_choice(f, &tools)?;
+    let tool_choice = tool_choice(f)?;
     let thinking = thinking(f)?;
     // An effort the client chose bounds the thinking by its share of the daemon's budget;
     // without one the daemon's budget applies.
     if let (Thinking::On(Some(effort)), Some(_)) = (thinking, f.get::<String>("reasoning_effort")?)
     {
-        common.thinking_budget = Some(Budget::Effort(effort));
+        submission.request.thinking_budget = Some(ThinkingBudget::Effort(effort));
     }
     let conversation = Conversation {
         messages,
@@ -520,7 +392,8 @@ pub fn chat(f: &Fields) -> Result<Submission, ApiError> {
         response_format: response_format(f)?,
         parallel_tool_calls: f.get::<bool>("parallel_tool_calls")?.unwrap_or(true),
     };
-    Ok(common.submission(Prompt::Chat(conversation)))
+    submission.request.prompt = Prompt::Chat(conversation);
+    Ok(submission)
 }
 
 /// `tools`: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
@@ -566,9 +439,9 @@ pub fn function_tool(at: &str, function: &Value) -> Result<Tool, ApiError> {
 /// `tool_choice`: `"auto"`, `"none"`, `"required"`, or a named function
 /// (`{"type": "function", "function": {"name"}}`); `required` and a named function are
 /// enforced by constrained decoding (the reply is a call, of that function). The Responses
-/// API names the function flat (`{"type": "function", "name"}`): both shapes are read.
-pub fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
-    let has_tools = !tools.is_empty();
+/// API names the function flat (`{"type": "function", "name"}`): both shapes are read. Whether
+/// the tools allow the choice is the core's rule.
+pub fn tool_choice(f: &Fields) -> Result<ToolChoice, ApiError> {
     let choice = match f.get::<Value>("tool_choice")? {
         None => return Ok(ToolChoice::Auto),
         Some(Value::String(s)) => match s.as_str() {
@@ -596,22 +469,9 @@ pub fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<ToolChoice, ApiError> {
                          {\"name\": …}}",
                     )
                 })?;
-            if !has_tools {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    "tool_choice names a function but `tools` is empty",
-                ));
-            }
             ToolChoice::Function(name.to_owned())
         }
     };
-    if choice == ToolChoice::Required && !has_tools {
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "tool_choice \"required\" needs at least one tool in `tools`",
-        ));
-    }
-    known_function(&choice, tools)?;
     Ok(choice)
 }
 
@@ -627,23 +487,6 @@ pub fn schema_format(param: &str, schema: Option<&Value>) -> Result<ResponseForm
                 "a json_schema response format needs its schema (an object)",
             )
         })
-}
-
-/// A `tool_choice` naming a function not in `tools` is refused by the field it is in, in
-/// both APIs (the core would refuse it too, naming no field).
-pub fn known_function(choice: &ToolChoice, tools: &[Tool]) -> Result<(), ApiError> {
-    match choice {
-        ToolChoice::Function(name) if !tools.iter().any(|t| t.name == *name) => {
-            Err(ApiError::invalid(
-                "tool_choice",
-                format!(
-                    "tool_choice names the function {}, which is not in `tools`",
-                    Echo(name)
-                ),
-            ))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// `response_format`: `{"type": "text" | "json_object"}` or
@@ -834,7 +677,7 @@ pub fn text_parts(at: &str, v: Option<&Value>, kinds: &[&str]) -> Result<String,
 
 /// `POST /v1/completions`: the prompt as text or token ids, continued without a template.
 pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
-    let common = common(f, &["max_tokens"])?;
+    let mut submission = completions(f, &["max_tokens"])?;
     #[derive(serde::Deserialize)]
     #[serde(untagged)]
     enum Given {
@@ -878,7 +721,8 @@ pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
             }
         }
     }
-    Ok(common.submission(prompt))
+    submission.request.prompt = prompt;
+    Ok(submission)
 }
 
 #[cfg(test)]

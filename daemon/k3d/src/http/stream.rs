@@ -12,10 +12,10 @@
 use super::App;
 use super::error::ApiError;
 use super::reply::{Finish, OpenAiUsage, Origin, Reader, ReplyPart};
-use super::request::{Common, Fields, Submission};
+use super::request::{Fields, Shape, Submission};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use k3_engine::serve::{Caller, Prompt, Turn};
+use k3_engine::serve::{Caller, Field, Prompt, ServeError, Turn};
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -33,18 +33,45 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub struct Route {
     /// `POST /v1/messages`: names the route in the request's log line.
     pub endpoint: &'static str,
-    /// The field the core's refusals concern (they name values, not fields): the prompt's.
+    /// The field that holds the prompt (`messages`, `prompt`, `input`).
     pub prompt_field: &'static str,
+    /// The field that holds the stop strings (`stop`, `stop_sequences`).
+    pub stop_field: &'static str,
     /// Whether the reply's reasoning is counted (a chat; a text completion has none).
     pub chat: bool,
+}
+
+impl Route {
+    /// The parameter a refusal of the core names, as this route's API spells it (`None`: the
+    /// refusal is not about the request).
+    pub fn param(&self, e: &ServeError, max_tokens_param: &'static str) -> Option<&'static str> {
+        let ServeError::Invalid(invalid) = e else {
+            return None;
+        };
+        Some(match invalid.field() {
+            Field::Prompt => self.prompt_field,
+            Field::MaxTokens => max_tokens_param,
+            Field::Stop => self.stop_field,
+            Field::Temperature => "temperature",
+            Field::TopP => "top_p",
+            Field::LogitBias => "logit_bias",
+            Field::FrequencyPenalty => "frequency_penalty",
+            Field::PresencePenalty => "presence_penalty",
+            Field::Speculate => "speculate",
+            Field::Tools => "tools",
+            Field::ToolChoice => "tool_choice",
+            Field::ResponseFormat => "response_format",
+        })
+    }
 }
 
 /// Reads `body` as `route`'s request (`read` turns its fields into a [`Submission`] and
 /// whatever else the route's reply needs, `X`) and queues it on the serve core in its reserved
 /// place, rendering and tokenising it under `turn` (called in [`super::prepare`]'s closure,
 /// off the async workers). The body and its fields are let go before the prompt is rendered:
-/// what is kept of a request is what was read from it. Returns the options the reply is
-/// written with, `X` and the reply's reader.
+/// what is kept of a request is what was read from it. The core decides the rest (defaults,
+/// limits, prefix reuse and its scope). Returns the reply's [`Shape`], `X` and the reply's
+/// reader.
 pub fn submit<X>(
     app: &App,
     turn: Turn,
@@ -52,29 +79,13 @@ pub fn submit<X>(
     route: &Route,
     body: axum::body::Bytes,
     read: impl FnOnce(&Fields) -> Result<(Submission, X), ApiError>,
-) -> Result<(Common, X, Reader), ApiError> {
+) -> Result<(Shape, X, Reader), ApiError> {
     let fields = Fields::parse(&body, app.core.limits().max_prompt_tokens)?;
-    let (submission, extra) = read(&fields)?;
-    let Submission {
-        common,
-        mut request,
-    } = submission;
+    let (Submission { shape, request }, extra) = read(&fields)?;
     drop(fields);
     drop(body);
-    app.check_model(&common.model)?;
+    app.check_model(&shape.model)?;
     app.check_ready()?;
-    // Clients resend the whole conversation each turn: continue from the caller's longest
-    // kept prefix (bit-identical to computing it afresh) unless told not to. The core keeps
-    // nothing for a caller nobody vouches for.
-    request.reuse = common.prefix_reuse;
-    // A budget the client asked for (tokens, or an effort level's share of the daemon's
-    // `--thinking-budget`); none asked: the daemon's own applies.
-    request.thinking_budget = common
-        .thinking_budget
-        .and_then(|b| b.tokens(app.core.limits().thinking_budget));
-    let caller = caller
-        .unwrap_or(Caller::Unknown)
-        .scoped(common.cache_scope.as_deref());
     let origin = Origin {
         endpoint: route.endpoint,
         tools: match &request.prompt {
@@ -82,12 +93,13 @@ pub fn submit<X>(
             Prompt::Text(_) | Prompt::Ids(_) => 0,
         },
     };
+    let stop_strings = request.stop_strings.clone();
     let job = app
         .core
-        .submit_turn(turn, caller, request)
-        .map_err(|e| ApiError::from_serve(&e, Some(route.prompt_field)))?;
-    let reader = Reader::new(job, route.chat, &common.stop_strings, origin);
-    Ok((common, extra, reader))
+        .submit_turn(turn, caller.unwrap_or(Caller::Unknown), request)
+        .map_err(|e| ApiError::from_serve(&e, route.param(&e, shape.max_tokens_param)))?;
+    let reader = Reader::new(job, route.chat, &stop_strings, origin);
+    Ok((shape, extra, reader))
 }
 
 /// Time to first token and decode time per token, for the metrics.

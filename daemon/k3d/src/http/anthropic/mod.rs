@@ -21,6 +21,7 @@ use std::time::Instant;
 const MESSAGES: Route = Route {
     endpoint: "POST /v1/messages",
     prompt_field: "messages",
+    stop_field: "stop_sequences",
     chat: true,
 };
 
@@ -29,7 +30,7 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let (common, show_thinking, reader) =
+    let (shape, show_thinking, reader) =
         prepare(&app, reservation, bytes, move |app, turn, bytes| {
             let submitted = submit(app, turn, caller, &MESSAGES, bytes, |fields| {
                 let parsed = request::messages(fields)?;
@@ -41,10 +42,10 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let head = reply::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
-        model: common.model,
+        model: shape.model,
         show_thinking,
     };
-    Ok(reply::respond(app, head, reader, common.stream, Timer::new(arrived)).await?)
+    Ok(reply::respond(app, head, reader, shape.stream, Timer::new(arrived)).await?)
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the rendered prompt's length — what
@@ -62,7 +63,7 @@ pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, A
         app.check_model(&model)?;
         app.core
             .count_tokens(turn, conversation)
-            .map_err(|e| Anthropic(ApiError::from_serve(&e, Some("messages"))))
+            .map_err(|e| Anthropic(ApiError::from_serve(&e, MESSAGES.param(&e, "max_tokens"))))
     })
     .await?;
     Ok(axum::Json(serde_json::json!({"input_tokens": tokens})).into_response())

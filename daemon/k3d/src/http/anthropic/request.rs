@@ -1,6 +1,6 @@
 //! Anthropic Messages bodies to the serve core's requests: the conversation as the chat layer's
 //! typed `Conversation` (the same one the OpenAI route builds, so the same turns render the
-//! same prompt), the options as the OpenAI route's `Common`.
+//! same prompt), the options into the same core request the OpenAI routes build.
 //!
 //! Unlike OpenAI's clients, Anthropic's send no fields this route would have to ignore: any
 //! field, block key or block type k3 does not know or cannot honour is a 400 naming it, so
@@ -9,12 +9,9 @@
 //! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
 
 use crate::http::error::ApiError;
-use crate::http::request::{
-    Budget, Common, Fields, Submission, known_function, no_empty_stop, not_empty, schema_format,
-    value,
-};
+use crate::http::request::{Fields, Submission, not_empty, schema_format, value};
 use k3_engine::echo::Echo;
-use k3_engine::serve::Prompt;
+use k3_engine::serve::{Api, Prompt, ThinkingBudget};
 use k3_engine::tokenizer::chat::{
     Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
@@ -66,25 +63,20 @@ pub fn messages(f: &Fields) -> Result<Parsed, ApiError> {
         .collect();
     only_names(f.names(), "", &known)?;
     let asked = conversation(f)?;
+    // Required, as on Anthropic's API.
     let max_tokens: usize = f.require("max_tokens")?;
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "`max_tokens` must be at least 1",
-        ));
-    }
-    let stop_strings: Vec<String> = f.get("stop_sequences")?.unwrap_or_default();
-    no_empty_stop("stop_sequences", &stop_strings)?;
     // The Messages API has no logit bias or penalties: the transform stays the identity.
-    let mut common = Common::shared(f, 1.0)?;
-    common.max_tokens = Some(max_tokens);
+    let mut submission = Submission::read(f, Api::Anthropic)?;
+    let request = &mut submission.request;
+    request.max_tokens = Some(max_tokens);
     // 0 (absent) samples from every token, as the OpenAI routes do.
-    common.sampling.top_k = f.get::<usize>("top_k")?.unwrap_or(0);
-    common.stop_strings = stop_strings;
-    common.thinking_budget = asked.thinking_budget;
-    common.cache_scope = f.get::<Metadata>("metadata")?.and_then(|m| m.user_id);
+    request.sampling.top_k = f.get::<usize>("top_k")?.unwrap_or(0);
+    request.stop_strings = f.get("stop_sequences")?.unwrap_or_default();
+    request.thinking_budget = asked.thinking_budget;
+    request.cache_scope = f.get::<Metadata>("metadata")?.and_then(|m| m.user_id);
+    request.prompt = Prompt::Chat(asked.conversation);
     Ok(Parsed {
-        submission: common.submission(Prompt::Chat(asked.conversation)),
+        submission,
         show_thinking: asked.show_thinking,
     })
 }
@@ -151,7 +143,7 @@ fn object<'v>(at: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError
 pub struct Asked {
     pub conversation: Conversation,
     /// `thinking.budget_tokens`, or the share of the daemon's budget an effort stands for.
-    pub thinking_budget: Option<Budget>,
+    pub thinking_budget: Option<ThinkingBudget>,
     /// `thinking.display: "omitted"` hides the reasoning's text (the blocks stay, empty).
     pub show_thinking: bool,
 }
@@ -219,18 +211,8 @@ fn conversation(f: &Fields) -> Result<Asked, ApiError> {
     }
     clear_thinking(f, &mut messages)?;
     let tools = tools(f)?;
-    let (tool_choice, parallel_tool_calls) = tool_choice(f, &tools)?;
+    let (tool_choice, parallel_tool_calls) = tool_choice(f)?;
     let (thinking, response_format) = output_config(f, turn_effort)?;
-    if thinking.thinking.is_on()
-        && matches!(tool_choice, ToolChoice::Required | ToolChoice::Function(_))
-    {
-        // Anthropic's own rule; the OpenAI route skips the thinking instead (issue 45.4).
-        return Err(ApiError::invalid(
-            "tool_choice",
-            "thinking may not be enabled when tool_choice forces tool use: use tool_choice \
-             auto, or thinking disabled (a forced call is made without thinking)",
-        ));
-    }
     Ok(Asked {
         conversation: Conversation {
             messages,
@@ -682,8 +664,7 @@ fn tools(f: &Fields) -> Result<Vec<Tool>, ApiError> {
 /// (a call, of that tool), as is `disable_parallel_tool_use` with them (exactly one call).
 /// With `auto` nothing constrains the reply, so `disable_parallel_tool_use` there is refused,
 /// not ignored. Returns the choice and whether parallel calls are allowed.
-fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiError> {
-    let has_tools = !tools.is_empty();
+fn tool_choice(f: &Fields) -> Result<(ToolChoice, bool), ApiError> {
     let Some(choice) = f.get::<Value>("tool_choice")? else {
         return Ok((ToolChoice::Auto, true));
     };
@@ -707,13 +688,7 @@ fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiErro
         }
         "auto" => ToolChoice::Auto,
         "none" => ToolChoice::None,
-        "any" if has_tools => ToolChoice::Required,
-        "any" => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "tool_choice \"any\" needs at least one tool in `tools`",
-            ));
-        }
+        "any" => ToolChoice::Required,
         "tool" => {
             let name: String = value("tool_choice.name", choice.get("name"))?.ok_or_else(|| {
                 ApiError::invalid("tool_choice.name", "tool_choice \"tool\" needs `name`")
@@ -730,14 +705,13 @@ fn tool_choice(f: &Fields, tools: &[Tool]) -> Result<(ToolChoice, bool), ApiErro
             ));
         }
     };
-    known_function(&choice, tools)?;
     Ok((choice, !single))
 }
 
 /// The thinking a Messages request asks for.
 struct ThinkingAsk {
     thinking: Thinking,
-    budget: Option<Budget>,
+    budget: Option<ThinkingBudget>,
     shown: bool,
 }
 
@@ -790,7 +764,7 @@ fn output_config(
                                 "thinking \"enabled\" needs `budget_tokens`, a positive integer",
                             )
                         })?;
-                    budget = Some(Budget::Tokens(tokens));
+                    budget = Some(ThinkingBudget::Tokens(tokens));
                     true
                 }
                 "adaptive" => true,
@@ -844,7 +818,7 @@ fn output_config(
         // K3's default effort note (`max`) when none is asked for.
         (true, None) => Thinking::default(),
         (true, Some(effort)) => {
-            budget = budget.or(Some(Budget::Effort(effort)));
+            budget = budget.or(Some(ThinkingBudget::Effort(effort)));
             Thinking::On(Some(effort))
         }
     };

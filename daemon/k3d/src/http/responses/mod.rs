@@ -20,6 +20,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 const RESPONSES: Route = Route {
     endpoint: "POST /v1/responses",
     prompt_field: "input",
+    // The Responses API has no stop strings.
+    stop_field: "stop",
     chat: true,
 };
 
@@ -28,7 +30,7 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
     let arrived = Instant::now();
     let caller = request.extensions().get::<Caller>().cloned();
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
-    let (common, echoed, reader) = prepare(&app, reservation, bytes, move |app, turn, bytes| {
+    let (shape, echoed, reader) = prepare(&app, reservation, bytes, move |app, turn, bytes| {
         submit(app, turn, caller, &RESPONSES, bytes, |fields| {
             let parsed = request::responses(fields)?;
             if !parsed.hosted_tools.is_empty() {
@@ -46,7 +48,7 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
         created_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        common,
+        shape,
         echoed,
     };
     reply::respond(app, head, reader, Timer::new(arrived)).await

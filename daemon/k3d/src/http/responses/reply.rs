@@ -18,7 +18,7 @@ use super::request::Echoed;
 use crate::http::App;
 use crate::http::error::ApiError;
 use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
-use crate::http::request::Common;
+use crate::http::request::Shape;
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -31,8 +31,8 @@ pub struct ResponseHead {
     /// The core's job id: `resp_<request>`, and its items' ids.
     pub request: u64,
     pub created_at: u64,
-    /// The options applied, repeated in the response object with `echoed`.
-    pub common: Common,
+    /// The model named and whether the reply streams.
+    pub shape: Shape,
     pub echoed: Echoed,
 }
 
@@ -43,13 +43,13 @@ impl ResponseHead {
 
     /// The response object. `usage` and the end are known once the reply finished.
     fn response(&self, status: &str, output: Vec<Value>, end: Option<&Finish>) -> Value {
-        let (c, e) = (&self.common, &self.echoed);
+        let e = &self.echoed;
         let mut r = json!({
             "id": self.id(),
             "object": "response",
             "created_at": self.created_at,
             "status": status,
-            "model": c.model,
+            "model": self.shape.model,
             "output": output,
             "error": null,
             "incomplete_details": null,
@@ -57,9 +57,9 @@ impl ResponseHead {
             "tools": e.tools,
             "tool_choice": e.tool_choice,
             "parallel_tool_calls": e.parallel_tool_calls,
-            "max_output_tokens": c.max_tokens,
-            "temperature": c.sampling.temperature,
-            "top_p": c.sampling.top_p,
+            "max_output_tokens": e.max_output_tokens,
+            "temperature": e.temperature,
+            "top_p": e.top_p,
             "reasoning": {"effort": e.reasoning_effort, "summary": null},
             "text": {"format": e.text_format},
             "truncation": "disabled",
@@ -182,7 +182,7 @@ pub async fn respond(
     reader: Reader,
     timer: Timer,
 ) -> Result<Response, ApiError> {
-    if head.common.stream {
+    if head.shape.stream {
         let events = ResponseEvents {
             head,
             sequence: Cell::new(0),
@@ -461,8 +461,7 @@ mod tests {
     use crate::http::request::Fields;
     use crate::http::responses::request::responses;
 
-    /// A response repeats the request's settings as applied: the options every API reads alike
-    /// from its one `Common`, the rest as the client gave them. A Responses body has no seed
+    /// A response repeats the request's settings as the client gave them. A Responses body has no seed
     /// or stop strings: given, they are ignored.
     #[test]
     fn a_response_repeats_the_settings_it_was_asked_with() {
@@ -476,7 +475,7 @@ mod tests {
         let head = ResponseHead {
             request: 9,
             created_at: 1,
-            common: parsed.submission.common,
+            shape: parsed.submission.shape,
             echoed: parsed.echoed,
         };
         let r = head.response("completed", Vec::new(), None);

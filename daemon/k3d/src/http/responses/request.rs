@@ -24,11 +24,10 @@
 
 use crate::http::error::ApiError;
 use crate::http::request::{
-    Budget, Common, Fields, JsonKind, Submission, function_tool, schema_format, text_parts,
-    tool_choice, value,
+    Fields, JsonKind, Submission, function_tool, schema_format, text_parts, tool_choice, value,
 };
 use k3_engine::echo::Echo;
-use k3_engine::serve::Prompt;
+use k3_engine::serve::{Prompt, ThinkingBudget};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
 };
@@ -44,9 +43,11 @@ pub struct Parsed {
 }
 
 /// The request's settings a response object repeats (the SDK's `Response` requires
-/// `tools`, `tool_choice` and `parallel_tool_calls`) as the client gave them, beside the
-/// [`Common`] options it also repeats (`max_output_tokens`, `temperature`, `top_p`).
+/// `tools`, `tool_choice` and `parallel_tool_calls`) as the client gave them.
 pub struct Echoed {
+    pub max_output_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
     pub instructions: Option<String>,
     pub tools: Vec<Value>,
     pub tool_choice: Value,
@@ -80,7 +81,7 @@ const REFUSED: [(&str, &str); 4] = [
 
 pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
     // The Responses API has no seed, stop strings, logit bias or penalties.
-    let mut common = Common::read(f, &["max_output_tokens"])?;
+    let mut submission = Submission::openai(f, &["max_output_tokens"])?;
     for (field, why) in REFUSED {
         match f.get::<Value>(field)? {
             None | Some(Value::Bool(false)) => {}
@@ -115,7 +116,7 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         return Err(ApiError::invalid("input", "`input` is empty"));
     }
     let declared = tools(f)?;
-    let tool_choice = tool_choice(f, &declared.tools)?;
+    let tool_choice = tool_choice(f)?;
     let parallel_tool_calls = f.get::<bool>("parallel_tool_calls")?.unwrap_or(true);
     let (text_format, response_format) = text_format(f)?;
     let reasoning = f.get::<Value>("reasoning")?;
@@ -130,9 +131,12 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
     let thinking = Thinking::from_openai(None, effort)
         .map_err(|e| ApiError::invalid("reasoning.effort", e.to_string()))?;
     if let (Thinking::On(Some(effort)), Some(_)) = (thinking, effort) {
-        common.thinking_budget = Some(Budget::Effort(effort));
+        submission.request.thinking_budget = Some(ThinkingBudget::Effort(effort));
     }
     let echoed = Echoed {
+        max_output_tokens: submission.request.max_tokens,
+        temperature: submission.request.sampling.temperature,
+        top_p: submission.request.sampling.top_p,
         instructions,
         tools: declared.echo,
         tool_choice: f
@@ -156,8 +160,9 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         response_format,
         parallel_tool_calls,
     };
+    submission.request.prompt = Prompt::Chat(conversation);
     Ok(Parsed {
-        submission: common.submission(Prompt::Chat(conversation)),
+        submission,
         echoed,
         hosted_tools: declared.hosted,
     })
