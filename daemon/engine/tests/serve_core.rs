@@ -10,11 +10,11 @@ use k3_engine::engine::{Engine, EngineOptions, GenerateRequest, RequestError, Sa
 use k3_engine::model::LoadOptions;
 use k3_engine::plan::PlanInputs;
 use k3_engine::serve::{
-    Caller, Capacity, Config, Core, Event, FinishReason, Health, Invalid, JobHandle, Limits,
-    Prompt, Request, ServeError, UidLimits,
+    Api, Caller, Capacity, Config, Core, Event, Field, FinishReason, Health, Invalid, JobHandle,
+    Limits, Prompt, Request, ServeError, UidLimits,
 };
 use k3_engine::session::SessionStoreError;
-use k3_engine::tokenizer::chat::{Conversation, Message, Role, Thinking};
+use k3_engine::tokenizer::chat::{Conversation, Message, Role, Thinking, Tool, ToolChoice};
 use model_support::*;
 
 const ACTIVE: usize = 3;
@@ -367,6 +367,71 @@ fn every_refusal_names_its_rule() {
         }))
     };
     assert_eq!(refused(chat(vec![])), Invalid::NoMessages);
+    // Issue 44: the rules transports used to apply themselves, now the core's, each naming the
+    // request field a transport turns into its parameter.
+    let mut r = ids(vec![1], 4);
+    r.max_tokens = Some(0);
+    assert_eq!(refused(r), Invalid::NoTokens);
+    assert_eq!(Invalid::NoTokens.field(), Field::MaxTokens);
+    let mut r = ids(vec![1], 4);
+    r.transform.presence_penalty = -3.0;
+    assert_eq!(refused(r).field(), Field::PresencePenalty);
+    let mut r = ids(vec![1], 4);
+    r.transform.bias = vec![(1, 100.5)];
+    assert_eq!(refused(r).field(), Field::LogitBias);
+    // Each API's documented temperature range: 1.5 is OpenAI's to give, not Anthropic's.
+    let warm = |api| {
+        let mut r = ids(vec![1], 1);
+        r.api = api;
+        r.sampling.temperature = 1.5;
+        r
+    };
+    assert_eq!(
+        refused(warm(Api::Anthropic)),
+        Invalid::Temperature {
+            value: 1.5,
+            max: 1.0
+        }
+    );
+    let (_, end) = drain(
+        &core
+            .submit(Caller::Unknown, warm(Api::OpenAi))
+            .expect("OpenAI's range"),
+    );
+    assert!(end.is_ok(), "{end:?}");
+    // A forced call: without tools, of an unknown tool, and with thinking on Anthropic's API.
+    let forced = |api, tools: Vec<&str>, choice| Request {
+        api,
+        ..Request::new(Prompt::Chat(Conversation {
+            messages: vec![Message::new(Role::User, "hi")],
+            tools: tools
+                .into_iter()
+                .map(|name| Tool {
+                    name: name.into(),
+                    description: None,
+                    parameters: None,
+                })
+                .collect(),
+            tool_choice: choice,
+            ..Conversation::default()
+        }))
+    };
+    let named = |name: &str| ToolChoice::Function(name.into());
+    assert_eq!(
+        refused(forced(Api::OpenAi, vec![], ToolChoice::Required)),
+        Invalid::CallWithoutTools
+    );
+    let unknown = refused(forced(Api::OpenAi, vec!["weather"], named("nope")));
+    assert_eq!(unknown, Invalid::UnknownFunction("nope".into()));
+    assert_eq!(unknown.field(), Field::ToolChoice);
+    assert!(
+        Conversation::default().thinking.is_on(),
+        "thinking on by default"
+    );
+    assert_eq!(
+        refused(forced(Api::Anthropic, vec!["weather"], named("weather"))),
+        Invalid::ThinkingWithForcedCall
+    );
     // Busy: one running, no queue; the refusal carries the queue's state.
     let running = core
         .submit(Caller::Unknown, ids(vec![1, 2], 4000))

@@ -287,11 +287,7 @@ impl Engine {
     /// `state.positions()` ids of the prompt (the caller's contract: a session snapshot whose
     /// history is a prefix of the prompt). Those ids are not fed again; at least one prompt id
     /// must remain, since the state does not carry the logits of its last position.
-    pub fn start_from(
-        &self,
-        request: impl Admit,
-        state: State,
-    ) -> Result<Generation, EngineError> {
+    pub fn start_from(&self, request: impl Admit, state: State) -> Result<Generation, EngineError> {
         let request = self.admit(request)?;
         let held = state.positions();
         if held >= request.prompt.len() {

@@ -19,7 +19,7 @@
 pub use crate::engine::request::{
     LOGIT_BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_SPECULATE, MAX_TOKENS_LIMIT, PENALTY_LIMIT,
 };
-use crate::tokenizer::chat::{self, Effort};
+use crate::tokenizer::chat::Effort;
 
 /// Largest `--max-prompt-tokens` a daemon may set, and its default: the released model's
 /// context (spec §2.2); a model with a shorter one refuses longer prompts by its context.
@@ -109,20 +109,6 @@ impl Limits {
             Some(n) if !(1..=MAX_PROMPT_TOKENS).contains(&n) => Err(LimitError::MaxPromptTokens),
             given => Ok(given),
         }
-    }
-
-    /// The most messages a conversation may have: more render to over `max_prompt_tokens`
-    /// whatever they say ([`chat::LEAST_IDS_PER_MESSAGE`] each), so a reader refuses the
-    /// conversation as soon as it has read one more, and what it keeps of a request stays
-    /// proportional to what the daemon can admit (issue 35 point 2).
-    pub fn most_messages(&self) -> usize {
-        chat::most_messages(self.max_prompt_tokens)
-    }
-
-    /// The most tools a request may declare, by the same reasoning
-    /// ([`chat::LEAST_IDS_PER_TOOL`] each).
-    pub fn most_tools(&self) -> usize {
-        chat::most_tools(self.max_prompt_tokens)
     }
 
     /// The think-channel ids of a reply whose request asked for `asked`: its tokens, an
@@ -216,7 +202,10 @@ mod tests {
         assert_eq!(budget(None), Some(DEFAULT_THINKING_BUDGET));
         assert_eq!(budget(Some(ThinkingBudget::Tokens(7))), Some(7));
         assert_eq!(budget(Some(ThinkingBudget::Effort(Effort::Low))), Some(128));
-        assert_eq!(budget(Some(ThinkingBudget::Effort(Effort::High))), Some(256));
+        assert_eq!(
+            budget(Some(ThinkingBudget::Effort(Effort::High))),
+            Some(256)
+        );
         assert_eq!(budget(Some(ThinkingBudget::Effort(Effort::Max))), Some(512));
         let unbounded = Limits {
             thinking_budget: None,
@@ -239,7 +228,10 @@ mod tests {
     #[test]
     fn the_daemons_settings_are_refused_outside_their_ranges() {
         assert_eq!(Limits::check_tokens_cap(None), Ok(DEFAULT_MAX_TOKENS_CAP));
-        assert_eq!(Limits::check_tokens_cap(Some(0)), Err(LimitError::MaxTokensCap));
+        assert_eq!(
+            Limits::check_tokens_cap(Some(0)),
+            Err(LimitError::MaxTokensCap)
+        );
         assert_eq!(
             Limits::check_tokens_cap(Some(MAX_TOKENS_LIMIT + 1)),
             Err(LimitError::MaxTokensCap)
@@ -249,7 +241,10 @@ mod tests {
             Limits::check_speculate(Some(MAX_SPECULATE + 1)),
             Err(LimitError::Speculate(MAX_SPECULATE + 1))
         );
-        assert_eq!(Limits::check_prompt_tokens(Some(0)), Err(LimitError::MaxPromptTokens));
+        assert_eq!(
+            Limits::check_prompt_tokens(Some(0)),
+            Err(LimitError::MaxPromptTokens)
+        );
         assert_eq!(
             Limits::check_prompt_tokens(Some(MAX_PROMPT_TOKENS + 1)),
             Err(LimitError::MaxPromptTokens)

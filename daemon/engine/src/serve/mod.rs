@@ -98,6 +98,7 @@ pub mod batch;
 pub mod caller;
 mod error;
 pub mod events;
+pub mod limits;
 mod load;
 mod log;
 pub mod metrics;
@@ -107,7 +108,6 @@ mod prep;
 pub mod reply;
 mod scheduler;
 pub mod sessions;
-pub mod limits;
 pub mod validate;
 
 pub use admission::{AdmissionFigures, Canceller, Capacity, Counters, UidLimits, UidLoad};
@@ -115,6 +115,7 @@ pub use batch::{Batch, Member};
 pub use caller::Caller;
 pub use error::{QueueState, STORAGE_FAILED, ServeError, UidQueueState};
 pub use events::Events;
+pub use limits::{Api, LimitError, Limits, ThinkingBudget};
 pub use load::LoadFigures;
 pub use log::{Level, Log, OnHealth, ignore_health};
 pub use metrics::Timings;
@@ -125,7 +126,6 @@ pub use reply::{
     Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
 };
 pub use sessions::{SessionFigures, SessionLease, Sessions};
-pub use limits::{Api, LimitError, Limits, ThinkingBudget};
 pub use validate::{Field, Invalid, Kind, Prompt, Request};
 
 use std::path::PathBuf;

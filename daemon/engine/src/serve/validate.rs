@@ -22,8 +22,8 @@ use super::limits::{
 };
 use super::prefix;
 use crate::constrain::{self, ReplyRules, Vocab};
-use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling, ValidRequest};
 use crate::echo::Echo;
+use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling, ValidRequest};
 use crate::tokenizer::chat::{self, Conversation, ToolChoice};
 use crate::tokenizer::{Specials, Tokenizer};
 
@@ -458,14 +458,8 @@ pub fn render_chat(
     if conversation.messages.is_empty() {
         return Err(Invalid::NoMessages);
     }
-    let messages = conversation.messages.len();
-    if messages > chat::most_messages(limit) {
-        return Err(Invalid::TooManyMessages { messages, limit });
-    }
-    let tools = conversation.tools.len();
-    if tools > chat::most_tools(limit) {
-        return Err(Invalid::TooManyTools { tools, limit });
-    }
+    within_message_limit(limit, conversation.messages.len())?;
+    within_tool_limit(limit, conversation.tools.len())?;
     // A conversation that ends with an assistant message gets a new assistant turn (OpenAI's
     // and vLLM's reading), unless that message is marked to be continued (`partial`).
     conversation.generation_prompt = true;
@@ -476,4 +470,26 @@ pub fn render_chat(
         chat::Limited::Within(ids, prelude) => Ok(Ok((ids, thinking, conversation, prelude))),
         chat::Limited::Over(count) => Ok(Err(count)),
     }
+}
+
+/// Refuses a conversation of `messages` messages when more than a prompt limit of `limit`
+/// tokens could hold whatever they say ([`chat::LEAST_IDS_PER_MESSAGE`] ids each): a reader
+/// calls it as it reads each message, and stops at the first refusal, keeping no more (issue 35
+/// point 2).
+pub fn within_message_limit(limit: usize, messages: usize) -> Result<(), Invalid> {
+    if messages > chat::most_messages(limit) {
+        return Err(Invalid::TooManyMessages { messages, limit });
+    }
+    Ok(())
+}
+
+/// Refuses a request declaring `tools` tools when more than a prompt limit of `limit` tokens
+/// could hold whatever they declare ([`chat::LEAST_IDS_PER_TOOL`] ids each), as
+/// [`within_message_limit`] does for messages (issue 35 points 2 and 5: 100,000 tiny tools
+/// fit in a body).
+pub fn within_tool_limit(limit: usize, tools: usize) -> Result<(), Invalid> {
+    if tools > chat::most_tools(limit) {
+        return Err(Invalid::TooManyTools { tools, limit });
+    }
+    Ok(())
 }

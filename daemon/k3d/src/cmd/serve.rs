@@ -425,7 +425,12 @@ pub fn run(args: Args) -> CliResult {
         .thinking_budget
         .or(file.thinking_budget)
         .map(|ThinkingBudget(budget)| budget);
-    let limits = Limits::new(max_tokens_cap, speculate, thinking_budget, prompt_limit.tokens);
+    let limits = Limits::new(
+        max_tokens_cap,
+        speculate,
+        thinking_budget,
+        prompt_limit.tokens,
+    );
     let http = if args.http.is_empty() {
         file.http
             .unwrap_or_default()

@@ -8,9 +8,9 @@
 use super::error::ApiError;
 use k3_engine::echo::Echo;
 use k3_engine::engine::LogitTransform;
-use k3_engine::serve::{Api, Invalid, Prompt, Request, ServeError, ThinkingBudget};
+use k3_engine::serve::{Api, Prompt, Request, ServeError, ThinkingBudget, validate};
 use k3_engine::tokenizer::chat::{
-    self, Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
+    Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall, ToolChoice,
 };
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, SeqAccess, Visitor};
@@ -143,34 +143,19 @@ impl<'b> Fields<'b> {
     }
 
     /// Refuses a conversation read from these fields (the field `param`) once it has
-    /// `messages` messages, more than the daemon's `--max-prompt-tokens` could hold whatever
-    /// they say ([`chat::LEAST_IDS_PER_MESSAGE`] ids each): the reader stops there, keeping
-    /// no more.
+    /// `messages` messages, more than the daemon's `--max-prompt-tokens` could hold (the core's
+    /// rule, [`validate::within_message_limit`]): the reader stops there, keeping no more.
     pub fn within_message_limit(&self, param: &str, messages: usize) -> Result<(), ApiError> {
-        if messages <= chat::most_messages(self.max_prompt_tokens) {
-            return Ok(());
-        }
-        let refused = ServeError::Invalid(Invalid::TooManyMessages {
-            messages,
-            limit: self.max_prompt_tokens,
-        });
-        Err(ApiError::from_serve(&refused, Some(param)))
+        validate::within_message_limit(self.max_prompt_tokens, messages)
+            .map_err(|e| ApiError::from_serve(&ServeError::Invalid(e), Some(param)))
     }
 
     /// Refuses a request once its `tools` list has `tools` entries, more than the daemon's
-    /// `--max-prompt-tokens` could hold whatever they declare ([`chat::LEAST_IDS_PER_TOOL`] ids
-    /// each): the reader stops there, keeping no more, and nothing proportional to the list is
-    /// done beyond reading it that far (issue 35 points 2 and 5: 100,000 tiny tools fit in a
-    /// body).
+    /// `--max-prompt-tokens` could hold ([`validate::within_tool_limit`]): the reader stops
+    /// there, and nothing proportional to the list is done beyond reading it that far.
     pub fn within_tool_limit(&self, tools: usize) -> Result<(), ApiError> {
-        if tools <= chat::most_tools(self.max_prompt_tokens) {
-            return Ok(());
-        }
-        let refused = ServeError::Invalid(Invalid::TooManyTools {
-            tools,
-            limit: self.max_prompt_tokens,
-        });
-        Err(ApiError::from_serve(&refused, Some("tools")))
+        validate::within_tool_limit(self.max_prompt_tokens, tools)
+            .map_err(|e| ApiError::from_serve(&ServeError::Invalid(e), Some("tools")))
     }
 }
 
@@ -728,6 +713,7 @@ pub fn completion(f: &Fields) -> Result<Submission, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k3_engine::tokenizer::chat;
 
     /// A chat body of `count` one-letter user messages, then `after` as further items.
     fn chat_body(count: usize, after: &str) -> Vec<u8> {

@@ -476,7 +476,7 @@ pub fn render_with_prelude(
 /// (`OPEN`, `response` or `think`, `SEP`). A text segment is never empty, so it encodes to at
 /// least one id. A conversation of `n` messages renders to at least `n` times this many ids:
 /// one with more messages than a limit allows this way is over it without being rendered
-/// (`serve::Limits::most_messages`), so its readers can refuse it while they read it.
+/// (`serve::validate::within_message_limit`), so its readers can refuse it while they read it.
 pub const LEAST_IDS_PER_MESSAGE: usize = 7;
 
 /// The most messages a conversation rendering to at most `limit` ids can have.
