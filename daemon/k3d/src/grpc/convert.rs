@@ -32,7 +32,11 @@ pub fn request(prompt: Prompt, options: Option<pb::GenerationOptions>, session: 
         max_tokens: (o.max_tokens != 0).then_some(o.max_tokens as usize),
         sampling: k3_engine::engine::Sampling {
             temperature: s.temperature,
-            top_p: if s.top_p == 0.0 { 1.0 } else { s.top_p },
+            top_p: if s.top_p == 0.0 {
+                k3_engine::engine::Sampling::default().top_p
+            } else {
+                s.top_p
+            },
             top_k: s.top_k as usize,
             seed: s.seed,
         },

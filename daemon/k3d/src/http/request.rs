@@ -252,8 +252,13 @@ impl Submission {
     pub fn read(f: &Fields, api: Api) -> Result<Submission, ApiError> {
         let mut request = Request::new(Prompt::Ids(Vec::new()));
         request.api = api;
-        request.sampling.temperature = f.get::<f32>("temperature")?.unwrap_or(0.0);
-        request.sampling.top_p = f.get::<f32>("top_p")?.unwrap_or(1.0);
+        // Absent, the core's defaults stand (`Sampling::default`: greedy).
+        if let Some(temperature) = f.get::<f32>("temperature")? {
+            request.sampling.temperature = temperature;
+        }
+        if let Some(top_p) = f.get::<f32>("top_p")? {
+            request.sampling.top_p = top_p;
+        }
         request.reuse = f.get::<bool>("prefix_reuse")?;
         Ok(Submission {
             shape: Shape {
@@ -342,10 +347,15 @@ fn logit_transform(f: &Fields) -> Result<LogitTransform, ApiError> {
         bias.push((id, value));
     }
     bias.sort_by_key(|&(id, _)| id);
+    let unchanged = LogitTransform::default();
     Ok(LogitTransform {
         bias,
-        frequency_penalty: f.get::<f32>("frequency_penalty")?.unwrap_or(0.0),
-        presence_penalty: f.get::<f32>("presence_penalty")?.unwrap_or(0.0),
+        frequency_penalty: f
+            .get::<f32>("frequency_penalty")?
+            .unwrap_or(unchanged.frequency_penalty),
+        presence_penalty: f
+            .get::<f32>("presence_penalty")?
+            .unwrap_or(unchanged.presence_penalty),
     })
 }
 

@@ -69,8 +69,10 @@ pub fn messages(f: &Fields) -> Result<Parsed, ApiError> {
     let mut submission = Submission::read(f, Api::Anthropic)?;
     let request = &mut submission.request;
     request.max_tokens = Some(max_tokens);
-    // 0 (absent) samples from every token, as the OpenAI routes do.
-    request.sampling.top_k = f.get::<usize>("top_k")?.unwrap_or(0);
+    // Absent, every token is sampled from, as on the OpenAI routes (the core's default).
+    if let Some(top_k) = f.get::<usize>("top_k")? {
+        request.sampling.top_k = top_k;
+    }
     request.stop_strings = f.get("stop_sequences")?.unwrap_or_default();
     request.thinking_budget = asked.thinking_budget;
     request.cache_scope = f.get::<Metadata>("metadata")?.and_then(|m| m.user_id);
