@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use k3_engine::checkpoint::layout::ByteRun;
-use k3_engine::store::aligned::AlignedBuf;
+use k3_engine::store::direct_buffer::AlignedBuf;
 use k3_engine::store::direct_io::{DirectPolicy, ShardSet, Window};
 use k3_engine::store::reader::{ReadBatch, ReaderConfig, ReaderPool};
 

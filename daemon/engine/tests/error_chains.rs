@@ -10,7 +10,7 @@ use k3_engine::model::ModelError;
 use k3_engine::plan::PlanError;
 use k3_engine::session::{FileError, SessionStoreError};
 use k3_engine::store::StoreError as WeightStoreError;
-use k3_engine::store::aligned::AllocError;
+use k3_engine::store::direct_buffer::AllocError;
 use k3_engine::store::direct_io::ReadError;
 use k3_engine::store::reader::PoolError;
 use k3_engine::tokenizer::TokenizerError;

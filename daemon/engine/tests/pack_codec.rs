@@ -12,7 +12,7 @@ use std::path::Path;
 
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::checkpoint::verify::ByteProgress;
-use k3_engine::pack::file::packable;
+use k3_engine::pack::format::packable;
 use k3_engine::pack::{self, PackError, PackFile};
 
 fn packed(shape: &str, dir: &Path) -> (Checkpoint, std::path::PathBuf) {
@@ -73,7 +73,7 @@ fn every_tensor_decodes_to_its_shard_bytes(shape: &str) {
         file.packed_bytes() * 100 < file.original_bytes() * 76,
         "{shape}"
     );
-    let summary = pack::verify::verify(
+    let summary = pack::decode_check::verify(
         &file,
         &checkpoint,
         pack::Path::detect(),
@@ -117,7 +117,7 @@ fn a_damaged_block_is_refused_naming_file_tensor_block_and_offset() {
     drop(f);
     // The index is intact, so the pack opens; reading the block refuses it.
     let file = PackFile::open(&out, &checkpoint).expect("opens: only a block is damaged");
-    let e = pack::verify::verify(
+    let e = pack::decode_check::verify(
         &file,
         &checkpoint,
         pack::Path::detect(),

@@ -3,7 +3,7 @@
 mod store_util;
 
 use k3_engine::checkpoint::layout::ByteRun;
-use k3_engine::store::aligned::AlignedBuf;
+use k3_engine::store::direct_buffer::AlignedBuf;
 use k3_engine::store::direct_io::{DirectPolicy, MIN_CHUNK, ReadError, ReadMode, ShardSet, Window};
 use store_util::{assert_bytes, pattern_file};
 

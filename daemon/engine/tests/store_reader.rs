@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k3_engine::checkpoint::layout::ByteRun;
-use k3_engine::store::aligned::AlignedBuf;
+use k3_engine::store::direct_buffer::AlignedBuf;
 use k3_engine::store::direct_io::{DirectPolicy, MIN_CHUNK, ReadError, ShardSet, Window};
 use k3_engine::store::reader::{ReaderConfig, ReaderPool};
 use store_util::{assert_bytes, pattern_file};

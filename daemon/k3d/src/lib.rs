@@ -1,5 +1,5 @@
 //! The `k3d` crate's modules, as a library so that code outside the binary can reach them:
-//! the fuzz targets (`fuzz/targets`) call the HTTP request conversion (`http::request`) exactly
+//! the fuzz targets (`fuzz/targets`) call the HTTP request conversion (`http::body`) exactly
 //! as the daemon runs it (issue #19 point 2). `main.rs` only parses and dispatches.
 //!
 //! The modules, top down (a module uses only those below it; `tests/architecture.rs` fails on

@@ -20,15 +20,15 @@ use std::sync::OnceLock;
 use k3_engine::checkpoint::safetensors::{Dtype, TensorSpec, encode_header};
 use k3_engine::checkpoint::{ModelConfig, TensorIndex};
 use k3_engine::serve::validate::{ModelLimits, VocabCache, validate};
-use k3_engine::serve::{Limits, Prompt, Request};
+use k3_engine::serve::{Caller, Limits, Prompt, Request};
 use k3_engine::session::file as session_file;
 use k3_engine::synth::shape::Shape;
 use k3_engine::synth::tokenizer_files::Vocab;
 use k3_engine::tokenizer::Tokenizer;
 use k3_engine::tokenizer::chat::{self, Conversation, Effort, Message, Role, Thinking};
 use k3d::grpc::convert as grpc_body;
-use k3d::http::anthropic::request as messages_body;
-use k3d::http::request as http_body;
+use k3d::http::anthropic::messages_body;
+use k3d::http::body as http_body;
 use k3proto::v1 as pb;
 use prost::Message as _;
 use sha2::{Digest, Sha256};
@@ -381,7 +381,7 @@ pub fn grpc_request(data: &[u8]) {
 
 /// HTTP request bodies — OpenAI's (`POST /v1/chat/completions` and `/v1/completions`) and
 /// Anthropic's (`POST /v1/messages`) — through the daemon's own conversions
-/// (`daemon/k3d/src/http/request.rs`, `http/anthropic/request.rs`), and each request they accept
+/// (`daemon/k3d/src/http/body.rs`, `http/anthropic/messages_body.rs`), and each request they accept
 /// through the serve core's validation, which renders a chat with the template (spec §8.2) and
 /// tokenises text. Every body is tried as all three: the bytes decide which parts accept it.
 pub fn http_request(data: &[u8]) {
@@ -418,7 +418,15 @@ fn validates(request: Request) -> bool {
         context: 4096,
     };
     let vocab = VOCAB.get_or_init(VocabCache::default);
-    validate(tokenizer, vocab, model, &Limits::default(), request).is_ok()
+    validate(
+        tokenizer,
+        vocab,
+        model,
+        &Limits::default(),
+        Caller::Unknown,
+        request,
+    )
+    .is_ok()
 }
 
 /// Corpus directories of `target` under the repository's `fuzz/`: seeds, then regressions.

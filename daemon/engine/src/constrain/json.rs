@@ -13,7 +13,7 @@
 //! declared, each at most once, the required ones all present.
 
 use super::Grammar;
-use super::matcher::{Frame as AnyFrame, Outcome, Sym};
+use super::matcher::{Frame, Outcome, Sym};
 use super::schema::{
     BOUNDED_FRAC_DIGITS, BOUNDED_INT_DIGITS, Bounds, NANO, Node, NodeId, Object, Types,
 };
@@ -54,7 +54,7 @@ const MAX_FRAC_DIGITS: u8 = 20;
 const MAX_EXP_DIGITS: u8 = 3;
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum JsonFrame {
     /// Before a value of `node`, restricted to `types`; `ws` whitespace bytes taken so far.
     Value {
         node: NodeId,
@@ -97,13 +97,13 @@ pub enum Frame {
 }
 
 /// A frame of the matcher's stack.
-pub fn frame(f: Frame) -> AnyFrame {
-    AnyFrame::Json(f)
+pub fn frame(f: JsonFrame) -> Frame {
+    Frame::Json(f)
 }
 
 /// A value of `node` of the types `types`, with whitespace runs of at most `max_ws`.
-pub fn value(node: NodeId, types: Types, max_ws: u8) -> AnyFrame {
-    frame(Frame::Value {
+pub fn value(node: NodeId, types: Types, max_ws: u8) -> Frame {
+    frame(JsonFrame::Value {
         node,
         types,
         ws: Ws::new(max_ws),
@@ -114,12 +114,12 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
+pub fn step(g: &Grammar, f: JsonFrame, sym: Sym) -> Vec<Outcome> {
     let Sym::Byte(b) = sym else {
         // A control id ends JSON text: only a value already complete may pass it on.
         return match f {
-            Frame::Tail { .. } => Outcome::pass([]),
-            Frame::Num {
+            JsonFrame::Tail { .. } => Outcome::pass([]),
+            JsonFrame::Num {
                 integer,
                 bounds,
                 num,
@@ -128,16 +128,16 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
         };
     };
     match f {
-        Frame::Value { node, types, ws } => {
+        JsonFrame::Value { node, types, ws } => {
             if is_ws(b) {
                 return match ws.take() {
-                    Some(ws) => Outcome::consume([frame(Frame::Value { node, types, ws })]),
+                    Some(ws) => Outcome::consume([frame(JsonFrame::Value { node, types, ws })]),
                     None => Vec::new(),
                 };
             }
             start_value(g, node, types, ws.max, b)
         }
-        Frame::Literal { node, alt, at } => {
+        JsonFrame::Literal { node, alt, at } => {
             let Node::Enum { json, .. } = &g.nodes[node] else {
                 return Vec::new();
             };
@@ -148,24 +148,24 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
             if at as usize + 1 == text.len() {
                 Outcome::consume([])
             } else {
-                Outcome::consume([frame(Frame::Literal {
+                Outcome::consume([frame(JsonFrame::Literal {
                     node,
                     alt,
                     at: at + 1,
                 })])
             }
         }
-        Frame::Word { word, at } => {
+        JsonFrame::Word { word, at } => {
             if word.get(at as usize) != Some(&b) {
                 return Vec::new();
             }
             if at as usize + 1 == word.len() {
                 Outcome::consume([])
             } else {
-                Outcome::consume([frame(Frame::Word { word, at: at + 1 })])
+                Outcome::consume([frame(JsonFrame::Word { word, at: at + 1 })])
             }
         }
-        Frame::Str { min, max, scan } => {
+        JsonFrame::Str { min, max, scan } => {
             if b == b'"' && scan.is_neutral() {
                 return if scan.chars >= min {
                     Outcome::consume([])
@@ -174,16 +174,16 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
                 };
             }
             match scan.step(b, true, max) {
-                Some(scan) => Outcome::consume([frame(Frame::Str { min, max, scan })]),
+                Some(scan) => Outcome::consume([frame(JsonFrame::Str { min, max, scan })]),
                 None => Vec::new(),
             }
         }
-        Frame::Num {
+        JsonFrame::Num {
             integer,
             bounds,
             num,
         } => match num.step(b, integer, bounds) {
-            Some(num) => Outcome::consume([frame(Frame::Num {
+            Some(num) => Outcome::consume([frame(JsonFrame::Num {
                 integer,
                 bounds,
                 num,
@@ -192,18 +192,18 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
             None if num.can_end(integer, bounds) => Outcome::pass([]),
             None => Vec::new(),
         },
-        Frame::Obj(o) => object_step(g, *o, b),
-        Frame::Arr {
+        JsonFrame::Obj(o) => object_step(g, *o, b),
+        JsonFrame::Arr {
             node,
             stage,
             count,
             ws,
         } => array_step(g, node, stage, count, ws, b),
-        Frame::Tail { ws } if is_ws(b) => match ws.take() {
-            Some(ws) => Outcome::consume([frame(Frame::Tail { ws })]),
+        JsonFrame::Tail { ws } if is_ws(b) => match ws.take() {
+            Some(ws) => Outcome::consume([frame(JsonFrame::Tail { ws })]),
             None => Vec::new(),
         },
-        Frame::Tail { .. } => Outcome::pass([]),
+        JsonFrame::Tail { .. } => Outcome::pass([]),
     }
 }
 
@@ -229,7 +229,7 @@ fn start_into(
     if depth > 32 {
         return;
     }
-    let start = |f: Frame| Outcome::Pass(vec![frame(f)]);
+    let start = |f: JsonFrame| Outcome::Pass(vec![frame(f)]);
     match &g.nodes[node] {
         Node::Union(ids) => {
             for &id in ids {
@@ -258,18 +258,18 @@ fn start_into(
                 }
             }
         }
-        Node::Null if types.has(Types::NULL) && b == b'n' => out.push(start(Frame::Word {
+        Node::Null if types.has(Types::NULL) && b == b'n' => out.push(start(JsonFrame::Word {
             word: b"null",
             at: 0,
         })),
         Node::Boolean if types.has(Types::BOOLEAN) && (b == b't' || b == b'f') => {
             let word: &'static [u8] = if b == b't' { b"true" } else { b"false" };
-            out.push(start(Frame::Word { word, at: 0 }))
+            out.push(start(JsonFrame::Word { word, at: 0 }))
         }
         Node::Number { integer, bounds }
             if types.has(Types::NUMBER) && (b == b'-' || b.is_ascii_digit()) =>
         {
-            out.push(start(Frame::Num {
+            out.push(start(JsonFrame::Num {
                 integer: *integer,
                 bounds: *bounds,
                 num: Num::default(),
@@ -279,7 +279,7 @@ fn start_into(
             min_chars,
             max_chars,
         } if types.has(Types::STRING) && b == b'"' => {
-            out.push(Outcome::Consume(vec![frame(Frame::Str {
+            out.push(Outcome::Consume(vec![frame(JsonFrame::Str {
                 min: *min_chars,
                 max: *max_chars,
                 scan: Scan::default(),
@@ -289,7 +289,7 @@ fn start_into(
             for (alt, text) in json.iter().enumerate() {
                 let t = literal_type(text);
                 if types.has(t) && text.first() == Some(&b) {
-                    out.push(start(Frame::Literal {
+                    out.push(start(JsonFrame::Literal {
                         node,
                         alt: alt as u16,
                         at: 0,
@@ -298,22 +298,22 @@ fn start_into(
             }
         }
         Node::Array { .. } if types.has(Types::ARRAY) && b == b'[' => {
-            out.push(Outcome::Consume(vec![frame(Frame::Arr {
+            out.push(Outcome::Consume(vec![frame(JsonFrame::Arr {
                 node,
                 stage: ArrStage::Open,
                 count: 0,
                 ws: Ws::new(max_ws),
             })]))
         }
-        Node::Object(_) if types.has(Types::OBJECT) && b == b'{' => {
-            out.push(Outcome::Consume(vec![frame(Frame::Obj(Box::new(Obj {
+        Node::Object(_) if types.has(Types::OBJECT) && b == b'{' => out.push(Outcome::Consume(
+            vec![frame(JsonFrame::Obj(Box::new(Obj {
                 node,
                 stage: ObjStage::Open,
                 used: 0,
                 free: Vec::new(),
                 ws: Ws::new(max_ws),
-            })))]))
-        }
+            })))],
+        )),
         _ => {}
     }
 }
@@ -355,7 +355,7 @@ fn array_step(
         return Vec::new();
     };
     let arr = |stage, count, ws| {
-        frame(Frame::Arr {
+        frame(JsonFrame::Arr {
             node,
             stage,
             count,
@@ -422,7 +422,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
         return match o.ws.take() {
             Some(ws) => {
                 o.ws = ws;
-                Outcome::consume([frame(Frame::Obj(Box::new(o)))])
+                Outcome::consume([frame(JsonFrame::Obj(Box::new(o)))])
             }
             None => Vec::new(),
         };
@@ -435,7 +435,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
         ObjStage::Value if b == b',' && more_keys(spec, &o) => {
             o.stage = ObjStage::Comma;
             o.ws = o.ws.reset();
-            Outcome::consume([frame(Frame::Obj(Box::new(o)))])
+            Outcome::consume([frame(JsonFrame::Obj(Box::new(o)))])
         }
         ObjStage::Key { prop, at } => {
             let key = &spec.properties[prop as usize].json_key;
@@ -448,7 +448,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
                 ObjStage::Key { prop, at: at + 1 }
             };
             o.ws = o.ws.reset();
-            Outcome::consume([frame(Frame::Obj(Box::new(o)))])
+            Outcome::consume([frame(JsonFrame::Obj(Box::new(o)))])
         }
         ObjStage::FreeKey { mut text, scan } => {
             if b == b'"' && scan.is_neutral() {
@@ -464,13 +464,13 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
                 o.free.push(text);
                 o.stage = ObjStage::Colon { prop: None };
                 o.ws = o.ws.reset();
-                return Outcome::consume([frame(Frame::Obj(Box::new(o)))]);
+                return Outcome::consume([frame(JsonFrame::Obj(Box::new(o)))]);
             }
             match scan.step(b, true, None) {
                 Some(scan) => {
                     text.push(b);
                     o.stage = ObjStage::FreeKey { text, scan };
-                    Outcome::consume([frame(Frame::Obj(Box::new(o)))])
+                    Outcome::consume([frame(JsonFrame::Obj(Box::new(o)))])
                 }
                 None => Vec::new(),
             }
@@ -490,7 +490,7 @@ fn object_step(g: &Grammar, mut o: Obj, b: u8) -> Vec<Outcome> {
             o.ws = o.ws.reset();
             let max_ws = o.ws.max;
             Outcome::consume([
-                frame(Frame::Obj(Box::new(o))),
+                frame(JsonFrame::Obj(Box::new(o))),
                 value(node, Types::ALL, max_ws),
             ])
         }
@@ -511,7 +511,7 @@ fn key_start(spec: &Object, o: Obj) -> Vec<Outcome> {
                 at: 1,
             };
             k.ws = k.ws.reset();
-            out.push(Outcome::Consume(vec![frame(Frame::Obj(Box::new(k)))]));
+            out.push(Outcome::Consume(vec![frame(JsonFrame::Obj(Box::new(k)))]));
         }
     }
     if spec.additional.is_some() {
@@ -521,7 +521,7 @@ fn key_start(spec: &Object, o: Obj) -> Vec<Outcome> {
             scan: Scan::default(),
         };
         k.ws = k.ws.reset();
-        out.push(Outcome::Consume(vec![frame(Frame::Obj(Box::new(k)))]));
+        out.push(Outcome::Consume(vec![frame(JsonFrame::Obj(Box::new(k)))]));
     }
     out
 }

@@ -1,13 +1,13 @@
 //! The matcher's machinery: the symbols a reply is made of (bytes of text ids, and the
 //! template's control ids), and a nondeterministic pushdown automaton over them — a set of
-//! threads, each a stack of frames ([`Frame`]: the reply's structure, [`super::reply`], and
+//! threads, each a stack of frames ([`Frame`]: the reply's structure, [`super::reply_grammar`], and
 //! JSON values, [`super::json`]). A symbol advances every thread; a thread that cannot take it
 //! dies. Alternatives (which tool, which key, which branch of an `anyOf`) are threads of their
 //! own until the symbols decide between them.
 
 use super::Grammar;
 use super::json;
-use super::reply;
+use super::reply_grammar;
 
 /// One symbol of a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +31,8 @@ pub enum Ctl {
 /// A frame of a thread's stack.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
-    Reply(reply::Frame),
-    Json(json::Frame),
+    Reply(reply_grammar::ReplyFrame),
+    Json(json::JsonFrame),
 }
 
 /// One thread: frames bottom first; the last is the one the next symbol goes to. An empty
@@ -113,7 +113,7 @@ fn feed(g: &Grammar, mut thread: Thread, sym: Sym, out: &mut Vec<Thread>, passes
 
 fn step(g: &Grammar, frame: Frame, sym: Sym) -> Vec<Outcome> {
     match frame {
-        Frame::Reply(f) => reply::step(g, f, sym),
+        Frame::Reply(f) => reply_grammar::step(g, f, sym),
         Frame::Json(f) => json::step(g, f, sym),
     }
 }

@@ -18,11 +18,11 @@
 //!
 //! Modules: [`schema`] compiles JSON schemas (the subset real clients send, everything else
 //! refused by name); [`matcher`] runs threads of frames over the reply's symbols; [`json`] and
-//! [`reply`] are the frames; [`vocab`] turns a matcher state into the set of allowed ids.
+//! [`reply_grammar`] are the frames; [`vocab`] turns a matcher state into the set of allowed ids.
 
 pub mod json;
 pub mod matcher;
-pub mod reply;
+pub mod reply_grammar;
 pub mod schema;
 pub mod vocab;
 
@@ -128,7 +128,7 @@ impl Grammar {
     /// reply opens in it, an empty response, the tools block with one call of the cheapest
     /// allowed tool (its required arguments, tagged or as one `json` block), the end.
     pub fn least_call_ids(&self) -> Option<usize> {
-        use reply::{Lit, least_ids};
+        use reply_grammar::{Lit, least_ids};
         if self.mode != Mode::Tools {
             return None;
         }
@@ -338,15 +338,15 @@ impl ReplyGuide {
     /// A matcher at the start of the reply.
     pub fn matcher(&self) -> Matcher {
         let first = if self.0.thinking {
-            reply::Frame::Think
+            reply_grammar::ReplyFrame::Think
         } else if self.0.mode == Mode::Free {
-            reply::Frame::Free
+            reply_grammar::ReplyFrame::Free
         } else {
-            reply::Frame::Content
+            reply_grammar::ReplyFrame::Content
         };
         Matcher {
             grammar: Arc::clone(&self.0),
-            threads: vec![vec![reply::frame(first)]],
+            threads: vec![vec![reply_grammar::frame(first)]],
             think_ids: 0,
             mask: IdSet::new(self.0.vocab.size()),
             cached: None,
@@ -382,14 +382,14 @@ impl Matcher {
     fn in_think(&self) -> bool {
         matches!(
             self.threads.as_slice(),
-            [t] if t.last() == Some(&reply::frame(reply::Frame::Think))
+            [t] if t.last() == Some(&reply_grammar::frame(reply_grammar::ReplyFrame::Think))
         )
     }
 
     fn unconstrained(&self) -> bool {
         self.threads
             .iter()
-            .all(|t| t.last() == Some(&reply::frame(reply::Frame::Free)))
+            .all(|t| t.last() == Some(&reply_grammar::frame(reply_grammar::ReplyFrame::Free)))
             && !self.threads.is_empty()
     }
 

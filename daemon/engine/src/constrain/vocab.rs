@@ -8,7 +8,7 @@
 
 use super::json::Scan;
 use super::matcher::{self, Ctl, Sym, Thread};
-use super::{Grammar, json, reply};
+use super::{Grammar, json, reply_grammar};
 use crate::engine::guide::IdSet;
 use crate::tokenizer::Tokenizer;
 
@@ -210,14 +210,16 @@ impl Vocab {
             return None;
         };
         match thread.last()? {
-            matcher::Frame::Json(json::Frame::Str { max, scan, .. }) if scan.is_neutral() => {
+            matcher::Frame::Json(json::JsonFrame::Str { max, scan, .. }) if scan.is_neutral() => {
                 Some((
                     &self.json_plain,
                     &self.json_other,
                     max.map(|m| m - scan.chars),
                 ))
             }
-            matcher::Frame::Reply(reply::Frame::RawStr { max, scan, .. }) if scan.is_neutral() => {
+            matcher::Frame::Reply(reply_grammar::ReplyFrame::RawStr { max, scan, .. })
+                if scan.is_neutral() =>
+            {
                 Some((
                     &self.raw_plain,
                     &self.raw_other,

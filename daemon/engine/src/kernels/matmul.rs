@@ -11,11 +11,11 @@
 
 use rayon::prelude::*;
 
-use super::aligned::zeroed;
 use super::isa::{Isa, IsaKind};
 use super::matrix::{Bf16Matrix, Mxfp4Matrix};
 use super::mxfp4;
 use super::reduce::dot_f32_with;
+use super::scratch::zeroed;
 use super::tree::weight_dot;
 #[cfg(target_arch = "x86_64")]
 use super::x86::{self, Weights, packed::PackedTokens};

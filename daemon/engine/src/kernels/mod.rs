@@ -10,7 +10,6 @@
 //! Layers, lowest first (no module imports one above it): [`tree`], [`matrix`], [`mxfp4`],
 //! [`isa`], `aligned` → the x86 code → [`reduce`], [`matmul`] and the rest.
 
-pub(crate) mod aligned;
 pub mod elementwise;
 pub mod exp;
 pub mod isa;
@@ -19,6 +18,7 @@ pub mod matrix;
 pub mod mxfp4;
 pub mod norm;
 pub mod reduce;
+pub(crate) mod scratch;
 pub mod softmax;
 mod tanh;
 pub mod transposed;

@@ -8,8 +8,8 @@
 use std::borrow::Cow;
 
 use super::ModelError;
-use crate::kernels::aligned::zeroed;
 use crate::kernels::elementwise::situ_glu_into;
+use crate::kernels::scratch::zeroed;
 use crate::kernels::{Bf16Matrix, Mxfp4Matrix, matmul_bf16, matmul_mxfp4};
 use crate::store::WeightStore;
 

@@ -1,4 +1,4 @@
-//! Building a pack from a checkpoint (`k3d pack`): every packable matrix ([`super::file::packable`])
+//! Building a pack from a checkpoint (`k3d pack`): every packable matrix ([`super::format::packable`])
 //! is read from its shard, cut into blocks of whole rows, encoded on `threads` threads, each
 //! block decoded again and compared with its original bytes before it is written, and the
 //! tensor's SHA-256 recorded.
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::block;
-use super::file::{
+use super::format::{
     HEADER_LEN, Header, IndexEntry, IndexJson, PackError, encode_index, packable, rows_per_block,
 };
 use super::simd::Path as DecodePath;
@@ -298,7 +298,7 @@ fn resume_log(
     log: &Path,
     fingerprint: &str,
     checkpoint: &Checkpoint,
-    wanted: &[super::file::Packable],
+    wanted: &[super::format::Packable],
 ) -> Vec<LogLine> {
     let Ok(f) = File::open(log) else {
         return Vec::new();

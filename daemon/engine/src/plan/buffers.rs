@@ -1,7 +1,7 @@
 //! The sizes of the buffers the store allocates, defined once so that what the plan prices is
 //! what the store allocates (engine-lessons §2.1–§2.3, §8.1).
 //!
-//! The store's direct-I/O path ([`crate::store::direct_io`], [`crate::store::aligned`]) and
+//! The store's direct-I/O path ([`crate::store::direct_io`], [`crate::store::direct_buffer`]) and
 //! reader pool ([`crate::store::reader`]) use these constants; they live here, below the
 //! store, because the plan must know them before anything is opened.
 

@@ -46,7 +46,7 @@
 //! Unpinned trunk streams through [`StreamScheme`]: fixed chunks consumed by row ranges as they
 //! land (the default; `store::chunks`) or a ring of ≥ 2 whole-layer slots. Measured with
 //! `examples/read_bench.rs`, both reach the same direct-read bandwidth once buffers sit on huge
-//! pages (`store::aligned`), so bandwidth does not decide; the chunks take ~0.33 GB instead of
+//! pages (`store::direct_buffer`), so bandwidth does not decide; the chunks take ~0.33 GB instead of
 //! two K3 layers (2.5–4.7 GB), which lowers the floor for the released model to 1.28 GiB at
 //! 4,096 positions and pins one to two more layers at any budget that streams. A chunk stream
 //! reads only a streamed layer's matrices per token (its vectors are decoded at load), and MLA's
@@ -60,7 +60,7 @@
 //! are independent. A single whole-layer slot is unrepresentable: the C engine's prefetcher
 //! overwrote the layer being computed and emitted wrong tokens without an error (§3.1).
 //!
-//! Submodules: [`census`] (the bytes the plan is computed from), [`state`] (the state
+//! Submodules: [`sizes`] (the bytes the plan is computed from), [`state_geometry`] (the state
 //! geometry), [`budget`] (what the user asks), [`inputs`] (what a loader or a daemon must hold
 //! at once: context, batch, speculation, sessions), `rules` (the rules above, one step each,
 //! which [`Plan::new`] applies in order), [`buffers`] (the store's buffer sizes) and
@@ -72,20 +72,20 @@
 
 pub mod budget;
 pub mod buffers;
-pub mod census;
 pub mod context;
 pub mod inputs;
 pub mod pack;
 mod rules;
-pub mod state;
+pub mod sizes;
+pub mod state_geometry;
 
 use std::fmt;
 
 pub use budget::{Budget, DenseLookahead, Lookahead, Preset, StreamScheme};
-pub use census::Census;
 pub use inputs::{PlanInputs, Serving, SessionReserve};
 pub use pack::{PackFigures, PackMeasure, PackPlan, PackRefusal};
-pub use state::StateShape;
+pub use sizes::Census;
+pub use state_geometry::StateShape;
 
 use buffers::MAX_CHUNK;
 

@@ -23,7 +23,7 @@
 //!   once however the job ends.
 //! * [`batch`] — the one batch loop (round robin over [`crate::engine::Engine::step_batch`]),
 //!   also used by the batching tests and `batch_bench`.
-//! * [`reply`] — generated ids in, classified text pieces and tool-call deltas out, through
+//! * [`token_reader`] — generated ids in, classified text pieces and tool-call deltas out, through
 //!   the chat layer's one reply reader (spec §8.4).
 //! * [`prefix`] — automatic prefix reuse: each caller's recent states, continued at the
 //!   longest exact prefix of a later prompt (OpenAI clients resend the whole conversation);
@@ -105,9 +105,9 @@ pub mod metrics;
 pub mod prefix;
 pub mod prefix_files;
 mod prep;
-pub mod reply;
 mod scheduler;
 pub mod sessions;
+pub mod token_reader;
 pub mod validate;
 
 pub use admission::{AdmissionFigures, Canceller, Capacity, Counters, UidLimits, UidLoad};
@@ -122,10 +122,10 @@ pub use metrics::Timings;
 pub use prefix::{PrefixCache, PrefixFigures};
 pub use prefix_files::PrefixFiles;
 pub use prep::{PREP_TURNS, PrepTurn};
-pub use reply::{
+pub use sessions::{SessionFigures, SessionLease, Sessions};
+pub use token_reader::{
     Channel, Ending, Malformed, TokenPiece, TokenReader, ToolCallDelta, ToolCallStart,
 };
-pub use sessions::{SessionFigures, SessionLease, Sessions};
 pub use validate::{Field, Invalid, Kind, Prompt, Request};
 
 use std::path::PathBuf;

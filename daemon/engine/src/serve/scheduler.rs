@@ -29,8 +29,8 @@ use super::log::{Log, OnHealth};
 use super::metrics::TimingTotals;
 use super::prefix::{self, PrefixCache};
 use super::prefix_files::PrefixFiles;
-use super::reply::TokenReader;
 use super::sessions::Sessions;
+use super::token_reader::TokenReader;
 use super::validate::Kind;
 use super::{Done, Event, FinishReason, Health, LoadFigures, ServeError};
 use crate::engine::{

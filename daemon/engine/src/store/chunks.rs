@@ -32,7 +32,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rayon::prelude::*;
 
-use super::aligned::AlignedBuf;
+use super::direct_buffer::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
 use super::reader::{Priority, ReadBatch, ReaderPool};
 use super::{Class, StoreError, Traffic, Weights};

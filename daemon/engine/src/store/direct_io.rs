@@ -17,7 +17,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::aligned::{ALIGN, AlignedBuf, round_up};
+use super::direct_buffer::{ALIGN, AlignedBuf, round_up};
 use crate::checkpoint::layout::ByteRun;
 
 /// Largest single `pread`: macOS fails above `INT_MAX` bytes (engine-lessons §2.4), so every

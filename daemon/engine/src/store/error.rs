@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::direct_io::ReadError;
 use super::expert_cache::CacheError;
-use super::{aligned, reader};
+use super::{direct_buffer, reader};
 
 /// Failures of the weight store. Every variant names the file and offset it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +22,7 @@ pub enum StoreError {
     #[error("reader threads: {0}")]
     Pool(reader::PoolError),
     #[error("allocating a weight buffer: {0}")]
-    Alloc(aligned::AllocError),
+    Alloc(direct_buffer::AllocError),
     /// A trunk pack block refused by the decoder, or a pack that cannot be used: which file,
     /// tensor, block and byte offset.
     #[error("trunk pack: {0}")]
@@ -108,8 +108,8 @@ impl From<reader::PoolError> for StoreError {
     }
 }
 
-impl From<aligned::AllocError> for StoreError {
-    fn from(e: aligned::AllocError) -> Self {
+impl From<direct_buffer::AllocError> for StoreError {
+    fn from(e: direct_buffer::AllocError) -> Self {
         StoreError::Alloc(e)
     }
 }

@@ -15,7 +15,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::aligned::{AlignedBuf, AllocError};
+use super::direct_buffer::{AlignedBuf, AllocError};
 use super::direct_io::{LoadedRun, ReadError, ReadFailure};
 use crate::checkpoint::layout::ByteRun;
 
@@ -526,7 +526,7 @@ impl ExpertCache {
                 break;
             };
             dir.withdraw(slot);
-            // Dropping the buffer gives its pages back (a mapping of its own: store::aligned).
+            // Dropping the buffer gives its pages back (a mapping of its own: store::direct_buffer).
             slots[slot] = SlotBuffer::Spare(None);
             *lent += 1;
             taken += 1;

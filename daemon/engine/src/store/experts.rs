@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::aligned::AlignedBuf;
+use super::direct_buffer::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError, ReadFailure};
 use super::expert_cache::{Acquired, ExpertId, Ticket};
 use super::reader::{Priority, ReadBatch};

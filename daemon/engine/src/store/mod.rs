@@ -26,10 +26,10 @@
 //! accounting: bytes read and avoided, I/O waits, the lookahead's guesses) and `error`; this
 //! file holds the store itself, the embedding and lm_head. Below them: [`direct_io`] (aligned
 //! reads of the shard files), [`reader`] (the reader threads), [`expert_cache`], `chunks` (the
-//! chunk stream) and [`aligned`] (aligned buffers).
+//! chunk stream) and [`direct_buffer`] (aligned buffers).
 
-pub mod aligned;
 mod chunks;
+pub mod direct_buffer;
 pub mod direct_io;
 mod error;
 pub mod expert_cache;
@@ -52,8 +52,8 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::checkpoint::layout::{ByteRun, ModelLayout, Slice};
 use crate::plan::Plan;
-use aligned::AlignedBuf;
 use chunks::{ChunkStream, Unit};
+use direct_buffer::AlignedBuf;
 use direct_io::{LoadedRun, ReadError, Window};
 use expert_cache::{ExpertCache, ExpertId};
 use experts::BadScale;

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::aligned::AlignedBuf;
 use super::chunks::{ChunkStream, StreamPack, Unit};
+use super::direct_buffer::AlignedBuf;
 use super::direct_io::{DirectPolicy, LoadedRun, ShardSet};
 use super::expert_cache::{ExpertCache, PolicyKind};
 use super::experts::BadScale;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::aligned::{AlignedBuf, BufPart, Lender};
+use super::direct_buffer::{AlignedBuf, BufPart, Lender};
 use super::direct_io::{Chunk, LoadedRun, ReadError, ReadFailure, ShardSet, Window, check_chunk};
 use crate::checkpoint::layout::ByteRun;
 

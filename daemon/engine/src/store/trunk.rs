@@ -4,8 +4,8 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::aligned::AlignedBuf;
 use super::chunks::Unit;
+use super::direct_buffer::AlignedBuf;
 use super::direct_io::{LoadedRun, ReadError};
 use super::reader::{self, ReadBatch};
 use super::stats::Class;

@@ -2,7 +2,7 @@
 //! `k3d synth`: the tests and benches run on these, since no real weights exist here.
 //!
 //! * [`shape`] — the named shapes (`tiny`, `tiny-b`, `tiny-c`, `small`, `bench`).
-//! * [`inventory`] — every tensor of every shard, with its value distribution (spec §3.3, §9.1).
+//! * [`tensors`] — every tensor of every shard, with its value distribution (spec §3.3, §9.1).
 //! * [`values`] — element values as stored bytes, from per-chunk deterministic streams.
 //! * [`crate::rng`] — the fully specified PRNG: same shape + seed ⇒ same bytes on every machine.
 //! * [`writer`] — safetensors shards in the released byte layout (spec §3.2), streamed.
@@ -20,8 +20,8 @@
 //! prints both.
 
 pub mod config_files;
-pub mod inventory;
 pub mod shape;
+pub mod tensors;
 pub mod tokenizer_files;
 pub mod values;
 pub mod writer;
@@ -124,7 +124,7 @@ pub fn blueprint(shape: &Shape) -> Result<Blueprint, SynthError> {
         pad_token_id: id(ids.pad)?,
         ..shape.config.clone()
     };
-    let specs = inventory::shards(&config, shape.a_log_len).map_err(|error| SynthError::Dims {
+    let specs = tensors::shards(&config, shape.a_log_len).map_err(|error| SynthError::Dims {
         shape: shape.name,
         error,
     })?;

@@ -199,7 +199,7 @@ fn released_counts_give_released_shard_sizes() {
         vocab_size: 163_840,
         ..s.config
     };
-    let specs = inventory::shards(&config, s.a_log_len).unwrap();
+    let specs = tensors::shards(&config, s.a_log_len).unwrap();
     let size = |i: usize| {
         writer::plan(String::new(), specs[i].clone())
             .unwrap()

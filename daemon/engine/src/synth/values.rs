@@ -3,7 +3,7 @@
 //! tensor name, chunk index): output is independent of the order and the thread that
 //! generates the chunks.
 
-use super::inventory::{Init, Tensor};
+use super::tensors::{Init, Tensor};
 use crate::checkpoint::safetensors::Dtype;
 use crate::rng::{Rng, derive_seed, fnv1a64};
 

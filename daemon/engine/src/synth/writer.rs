@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::SynthError;
-use super::inventory::{ShardSpec, Tensor};
+use super::tensors::{ShardSpec, Tensor};
 use super::values::{CHUNK, chunk_bytes, tensor_seed};
 use crate::checkpoint::safetensors::{TensorSpec, data_order, encode_header};
 
@@ -137,7 +137,7 @@ pub fn write(
 
 #[cfg(test)]
 mod tests {
-    use super::super::inventory::Init;
+    use super::super::tensors::Init;
     use super::*;
     use crate::checkpoint::safetensors::Dtype;
 

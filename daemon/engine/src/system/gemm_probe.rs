@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::kernels::aligned::Aligned;
 use crate::kernels::isa::{Isa, IsaKind};
+use crate::kernels::scratch::Aligned;
 
 /// Rows of A (and C): a multiple of both micro-kernels' heights.
 const M: usize = 480;

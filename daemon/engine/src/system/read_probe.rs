@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::checkpoint::layout::{ByteRun, FfnLayout, ModelLayout};
 use crate::plan::buffers::DEFAULT_CHUNK;
 use crate::rng::splitmix64;
-use crate::store::aligned::{AlignedBuf, round_up};
+use crate::store::direct_buffer::{AlignedBuf, round_up};
 use crate::store::direct_io::{Chunk, DirectPolicy, ReadError, ReadMode, ShardSet, Window};
 
 /// One routed expert, the engine's typical random read (spec §1.2).

@@ -11,7 +11,7 @@ use std::time::Instant;
 use k3_engine::checkpoint::Checkpoint;
 use k3_engine::checkpoint::verify::ByteProgress;
 use k3_engine::pack::PackError;
-use k3_engine::pack::file::DEFAULT_NAME;
+use k3_engine::pack::format::DEFAULT_NAME;
 
 use super::progress::Reporter;
 use crate::exit::{CliError, CliResult, Exit};

@@ -114,7 +114,7 @@ pub fn run(args: Args) -> CliResult {
             .filter(|(_, o)| *o == Verdict::Resumed)
             .count()
     );
-    let pack = args.model_dir.join(k3_engine::pack::file::DEFAULT_NAME);
+    let pack = args.model_dir.join(k3_engine::pack::format::DEFAULT_NAME);
     let pack_result = if pack.exists() {
         verify_pack(&args.model_dir, &pack)
     } else {
@@ -146,7 +146,7 @@ fn verify_pack(model_dir: &Path, pack: &Path) -> CliResult {
     let start = Instant::now();
     let summary = {
         let _reporter = Reporter::start(progress.clone(), "k3d verify", "decoded");
-        k3_engine::pack::verify::verify(
+        k3_engine::pack::decode_check::verify(
             &file,
             &checkpoint,
             k3_engine::pack::Path::detect(),

@@ -4,9 +4,9 @@
 //! concatenates to exactly the whole one.
 
 use super::App;
+use super::body::{self, Shape};
 use super::error::ApiError;
-use super::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
-use super::request::{self, Shape};
+use super::reader::{Finish, OpenAiUsage, Reader, ReplyPart};
 use super::stream::{self, Route, Timer, Whole, Wire, collect, submit};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -184,8 +184,8 @@ pub async fn complete(
     let (wire, (), reader) = super::prepare(&app, reservation, body, move |app, turn, body| {
         submit(app, turn, caller, shape.route(), body, |fields| {
             let submission = match shape {
-                CompletionKind::Chat => request::chat(fields)?,
-                CompletionKind::Text => request::completion(fields)?,
+                CompletionKind::Chat => body::chat(fields)?,
+                CompletionKind::Text => body::completion(fields)?,
             };
             Ok((submission, ()))
         })

@@ -16,15 +16,15 @@
 //! probe them.
 
 pub mod anthropic;
+pub mod body;
 mod completions;
 mod error;
 mod error_log;
 mod listen;
 mod metrics;
+mod reader;
 #[cfg(test)]
 mod replay;
-mod reply;
-pub mod request;
 pub mod responses;
 mod server;
 mod stream;

@@ -3,7 +3,7 @@
 //! readers and the serve core's validation with the trained fixture's tokenizer: each must be
 //! accepted and render a prompt. The agents themselves are run by `tests/e2e_agents.rs`.
 
-use super::request::{self, Fields};
+use super::body::{self, Fields};
 use super::{anthropic, responses};
 use k3_engine::serve::validate::{ModelLimits, Validated, VocabCache, validate};
 use k3_engine::serve::{Caller, Limits, Request};
@@ -51,7 +51,7 @@ fn claude_codes_first_requests_are_accepted() {
         assert!(path.starts_with("/v1/messages"), "{path}");
         let fields =
             Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
-        let parsed = anthropic::request::messages(&fields).expect(name);
+        let parsed = anthropic::messages_body::messages(&fields).expect(name);
         let v = validated(parsed.submission.request);
         let conversation = v.conversation.expect("a chat").0;
         // Its system message inside `messages` stands where it was sent (after the first user
@@ -71,7 +71,7 @@ fn codexs_first_request_is_accepted() {
     let (path, body) = captured("codex.json");
     assert_eq!(path, "/v1/responses");
     let fields = Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
-    let parsed = responses::request::responses(&fields).expect("codex");
+    let parsed = responses::input::responses(&fields).expect("codex");
     assert_eq!(parsed.hosted_tools, ["web_search"]);
     let v = validated(parsed.submission.request);
     let conversation = v.conversation.expect("a chat").0;
@@ -99,7 +99,7 @@ fn aider_and_opencode_requests_are_accepted() {
         assert_eq!(path, "/v1/chat/completions");
         let fields =
             Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON object");
-        let chat = request::chat(&fields).expect(name);
+        let chat = body::chat(&fields).expect(name);
         let v = validated(chat.request);
         let conversation = v.conversation.expect("a chat").0;
         // Even when it ends with the assistant's message (opencode's retry), a new assistant
@@ -110,7 +110,7 @@ fn aider_and_opencode_requests_are_accepted() {
     // aider sends no max_tokens: the reply may run up to the cap, not 256.
     let (_, body) = captured("aider.json");
     let chat =
-        request::chat(&Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON"))
+        body::chat(&Fields::parse(&body, Limits::default().max_prompt_tokens).expect("JSON"))
             .expect("aider");
     assert_eq!(
         validated(chat.request).request.get().max_tokens,

@@ -10,9 +10,9 @@
 //! sends the API's idle event ([`Wire::idle`]).
 
 use super::App;
+use super::body::{Fields, Shape, Submission};
 use super::error::ApiError;
-use super::reply::{Finish, OpenAiUsage, Origin, Reader, ReplyPart};
-use super::request::{Fields, Shape, Submission};
+use super::reader::{Finish, OpenAiUsage, Origin, Reader, ReplyPart};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use k3_engine::serve::{Caller, Field, Prompt, ServeError, Turn};
@@ -261,7 +261,7 @@ async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::reply::Finish;
+    use crate::http::reader::Finish;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Pieces after a silence, as a long prefill gives them (cancel-safe, as the writer

@@ -4,25 +4,25 @@
 //! commit's listing ([`hub`]) gives every file's size and digest; free space is compared with
 //! what is left to fetch before the first byte; `--jobs` connections fetch files at once
 //! ([`transfer`]) and the byte ranges of large ones ([`pieces`]), each file checked
-//! ([`verify`]) before it takes its final name; at the end the `SHA256SUMS` manifest of every
+//! ([`checksum`]) before it takes its final name; at the end the `SHA256SUMS` manifest of every
 //! checked file is written, which `k3d verify DIR` checks offline. The Hub client is reqwest
 //! (rustls on ring); the `hf-hub` crate was evaluated and refused (docs/pulling.md).
 
 pub mod auth;
+pub mod checksum;
+pub mod display;
 pub mod error;
 pub mod hub;
 pub mod pieces;
-pub mod progress;
 pub mod record;
 pub mod retry;
 pub mod transfer;
-pub mod verify;
 
+use display::Progress;
 use error::PullError;
 use hub::{Hub, RemoteFile};
 use k3_engine::checkpoint::manifest::{self, Entry, Manifest};
 use k3_engine::checkpoint::verify::Stamp;
-use progress::Progress;
 use record::{Checked, Record};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -350,7 +350,7 @@ async fn recheck(dir: &Path, file: &RemoteFile) -> Result<Option<[u8; 32]>, Pull
     let len = std::fs::metadata(&path).map_or(0, |m| m.len());
     if len == file.size {
         let (f, p) = (file.clone(), path.clone());
-        let digest = tokio::task::spawn_blocking(move || verify::Digest::of_prefix(&f, &p, len))
+        let digest = tokio::task::spawn_blocking(move || checksum::Digest::of_prefix(&f, &p, len))
             .await
             .map_err(|e| PullError::Usage(format!("hashing task failed: {e}")))?
             .map_err(|error| PullError::Io {

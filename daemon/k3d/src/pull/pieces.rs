@@ -5,10 +5,10 @@
 //! bytes are synced, so a re-run fetches exactly the pieces not recorded. Ranges arrive out of
 //! order, so the whole file is hashed once all are in, then checked as any file.
 
+use super::checksum::Digest;
 use super::error::PullError;
 use super::retry::{Backoff, Stop};
 use super::transfer::{Fetch, content_range_start, network};
-use super::verify::Digest;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::unix::fs::FileExt;

@@ -1,14 +1,14 @@
 //! One file's bytes, into `NAME.k3d-partial` beside its final name: resumed from the bytes
 //! already there (a `Range` request; a server that ignores it restarts the file), retried
-//! through [`Backoff`], checked against the listing ([`super::verify`]) and only then renamed
+//! through [`Backoff`], checked against the listing ([`super::checksum`]) and only then renamed
 //! to `NAME`. A name without the suffix is therefore always a complete, checked file; a
 //! mismatch deletes the copy and fetches it once more before failing, naming the file.
 
+use super::checksum::Digest;
+use super::display::Progress;
 use super::error::PullError;
 use super::hub::{Hub, RemoteFile, Subject, describe};
-use super::progress::Progress;
 use super::retry::{self, Backoff, Stop, Transient};
-use super::verify::Digest;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, LOCATION, RANGE};
 use std::io::Write;

@@ -27,7 +27,7 @@
 //!
 //! [`combine_lanes`]: crate::kernels::tree::combine_lanes
 
-use super::super::aligned::Aligned;
+use super::super::scratch::Aligned;
 use super::super::tree::{LANES, PAIR_BLOCK, fuse_in_order};
 use super::packed::{PackedTokens, Positions};
 use super::{Weights, fold_f32};

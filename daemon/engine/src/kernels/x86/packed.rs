@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::super::aligned::Aligned;
+use super::super::scratch::Aligned;
 use super::super::tree::PAIR_BLOCK;
 
 /// Which input of its block of 32 each packed position holds, for an instruction set whose

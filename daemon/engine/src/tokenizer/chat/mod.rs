@@ -26,10 +26,10 @@
 //! * Dynamic tool declarations (a system message carrying `tools`) have no OpenAI
 //!   counterpart and are not rendered.
 
-mod json;
 mod model;
 mod render;
 mod reply;
+mod template_json;
 
 pub use model::{
     ChatError, Conversation, Effort, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,

@@ -3,10 +3,10 @@
 
 use serde_json::json;
 
-use super::json::{Json, compact_sorted};
 use super::model::continues_thinking;
 use super::model::{ChatError, Conversation, Effort, Message, ResponseFormat, Role, ToolCall};
 use super::model::{Tool, ToolChoice};
+use super::template_json::{Json, compact_sorted};
 use crate::echo::Echo;
 use crate::tokenizer::{CLOSE, END_OF_MSG, OPEN, SEP, Specials, Tokenizer};
 

@@ -25,8 +25,8 @@
 //! [`MalformedReply`] with the raw text from [`ReplyReader::finish`]), never repaired. After
 //! it the reader classifies every further id as [`ReplyChannel::Control`] and emits nothing.
 
-use super::json::{Json, escaped, quoted};
 use super::model::{Message, Role, ToolCall};
+use super::template_json::{Json, escaped, quoted};
 use crate::tokenizer::{Controls, StreamDecoder, Tokenizer};
 
 /// A parsed assistant turn: store this (as [`Reply::into_message`]) and re-render history

@@ -5,11 +5,11 @@
 //! Anthropic's shape with the same statuses. The `anthropic-version` header is accepted and not
 //! checked: the mapping follows the one version of the API there is.
 
-mod reply;
-pub mod request;
+mod message;
+pub mod messages_body;
 
+use super::body::Fields;
 use super::error::{Anthropic, ApiError};
-use super::request::Fields;
 use super::stream::{Route, Timer, submit};
 use super::{App, prepare, reserve};
 use axum::extract::Request;
@@ -33,19 +33,19 @@ pub async fn messages(app: Arc<App>, request: Request) -> Result<Response, Anthr
     let (shape, show_thinking, reader) =
         prepare(&app, reservation, bytes, move |app, turn, bytes| {
             let submitted = submit(app, turn, caller, &MESSAGES, bytes, |fields| {
-                let parsed = request::messages(fields)?;
+                let parsed = messages_body::messages(fields)?;
                 Ok((parsed.submission, parsed.show_thinking))
             });
             Ok::<_, Anthropic>(submitted?)
         })
         .await?;
-    let head = reply::MessageHead {
+    let head = message::MessageHead {
         id: format!("msg_{}", reader.request_id),
         request: reader.request_id,
         model: shape.model,
         show_thinking,
     };
-    Ok(reply::respond(app, head, reader, shape.stream, Timer::new(arrived)).await?)
+    Ok(message::respond(app, head, reader, shape.stream, Timer::new(arrived)).await?)
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the rendered prompt's length — what
@@ -57,7 +57,7 @@ pub async fn count_tokens(app: Arc<App>, request: Request) -> Result<Response, A
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let tokens = prepare(&app, reservation, bytes, move |app, turn, bytes| {
         let fields = Fields::parse(&bytes, app.core.limits().max_prompt_tokens)?;
-        let (model, conversation) = request::count_tokens(&fields)?;
+        let (model, conversation) = messages_body::count_tokens(&fields)?;
         drop(fields);
         drop(bytes);
         app.check_model(&model)?;

@@ -5,8 +5,8 @@
 //! same reply. k3d keeps no responses (`store` is accepted and nothing is kept;
 //! `previous_response_id` is refused, naming it).
 
-mod reply;
-pub mod request;
+pub mod input;
+mod response;
 
 use super::error::ApiError;
 use super::stream::{Route, Timer, submit};
@@ -32,7 +32,7 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
     let (reservation, bytes) = reserve(&app, caller.as_ref(), request).await?;
     let (shape, echoed, reader) = prepare(&app, reservation, bytes, move |app, turn, bytes| {
         submit(app, turn, caller, &RESPONSES, bytes, |fields| {
-            let parsed = request::responses(fields)?;
+            let parsed = input::responses(fields)?;
             if !parsed.hosted_tools.is_empty() {
                 log!(
                     "POST /v1/responses: hosted tools not declared to the model (k3d has none): {}",
@@ -43,7 +43,7 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
         })
     })
     .await?;
-    let head = reply::ResponseHead {
+    let head = response::ResponseHead {
         request: reader.request_id,
         created_at: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -51,5 +51,5 @@ pub async fn responses(app: Arc<App>, request: Request) -> Result<Response, ApiE
         shape,
         echoed,
     };
-    reply::respond(app, head, reader, Timer::new(arrived)).await
+    response::respond(app, head, reader, Timer::new(arrived)).await
 }

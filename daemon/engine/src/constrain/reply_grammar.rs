@@ -7,12 +7,12 @@
 //! at most once.
 
 use super::json::{self, Scan};
-use super::matcher::{Ctl, Frame as AnyFrame, Outcome, Sym};
+use super::matcher::{Ctl, Frame, Outcome, Sym};
 use super::schema::{Node, NodeId, Types};
 use super::{Grammar, Mode};
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum ReplyFrame {
     /// The think channel: any text; `<|close|>` ends it (forced after the thinking budget).
     Think,
     /// Nothing is constrained any more (an unconstrained reply past its thinking).
@@ -68,12 +68,12 @@ pub enum Lit {
     ArgumentTag { tool: u16, prop: u16, ty: Types },
 }
 
-pub fn frame(f: Frame) -> AnyFrame {
-    AnyFrame::Reply(f)
+pub fn frame(f: ReplyFrame) -> Frame {
+    Frame::Reply(f)
 }
 
-fn lit(lit: Lit) -> AnyFrame {
-    frame(Frame::Lit { lit, at: 0 })
+fn lit(lit: Lit) -> Frame {
+    frame(ReplyFrame::Lit { lit, at: 0 })
 }
 
 /// The symbol `at` of a fixed run, `None` past its end.
@@ -172,29 +172,29 @@ enum Part<'a> {
     Ctl(Ctl),
 }
 
-pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
+pub fn step(g: &Grammar, f: ReplyFrame, sym: Sym) -> Vec<Outcome> {
     match f {
-        Frame::Free => Outcome::consume([frame(Frame::Free)]),
-        Frame::Think => match sym {
-            Sym::Byte(_) => Outcome::consume([frame(Frame::Think)]),
+        ReplyFrame::Free => Outcome::consume([frame(ReplyFrame::Free)]),
+        ReplyFrame::Think => match sym {
+            Sym::Byte(_) => Outcome::consume([frame(ReplyFrame::Think)]),
             Sym::Ctl(Ctl::Close) => {
                 let next = match g.mode {
-                    Mode::Free => Frame::Free,
-                    _ => Frame::Content,
+                    Mode::Free => ReplyFrame::Free,
+                    _ => ReplyFrame::Content,
                 };
                 Outcome::consume([frame(next), lit(Lit::ThinkTail)])
             }
             // Unconstrained, a reply that breaks its structure is the model's to break.
-            Sym::Ctl(_) if g.mode == Mode::Free => Outcome::consume([frame(Frame::Free)]),
+            Sym::Ctl(_) if g.mode == Mode::Free => Outcome::consume([frame(ReplyFrame::Free)]),
             Sym::Ctl(_) => Vec::new(),
         },
-        Frame::Content => content(g, sym),
-        Frame::Tools { calls } => match sym {
+        ReplyFrame::Content => content(g, sym),
+        ReplyFrame::Tools { calls } => match sym {
             Sym::Ctl(Ctl::Open) if g.max_calls.is_none_or(|m| calls < m) => (0..g.tools.len())
                 .map(|tool| {
                     Outcome::Consume(vec![
-                        frame(Frame::Tools { calls: calls + 1 }),
-                        frame(Frame::Call {
+                        frame(ReplyFrame::Tools { calls: calls + 1 }),
+                        frame(ReplyFrame::Call {
                             tool: tool as u16,
                             used: 0,
                             args: 0,
@@ -208,35 +208,35 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
                 })
                 .collect(),
             Sym::Ctl(Ctl::Close) if calls >= 1 => {
-                Outcome::consume([frame(Frame::EndId), lit(Lit::ToolsEnd)])
+                Outcome::consume([frame(ReplyFrame::EndId), lit(Lit::ToolsEnd)])
             }
             _ => Vec::new(),
         },
-        Frame::Call {
+        ReplyFrame::Call {
             tool,
             used,
             args,
             json_block,
         } => call(g, tool, used, args, json_block, sym),
-        Frame::Lit { lit: l, at } => match lit_sym(g, l, at as usize) {
+        ReplyFrame::Lit { lit: l, at } => match lit_sym(g, l, at as usize) {
             Some(expected) if expected == sym => {
                 if lit_sym(g, l, at as usize + 1).is_none() {
                     Outcome::consume([])
                 } else {
-                    Outcome::consume([frame(Frame::Lit { lit: l, at: at + 1 })])
+                    Outcome::consume([frame(ReplyFrame::Lit { lit: l, at: at + 1 })])
                 }
             }
             _ => Vec::new(),
         },
-        Frame::RawStr { min, max, scan } => match sym {
+        ReplyFrame::RawStr { min, max, scan } => match sym {
             Sym::Byte(b) => match scan.step(b, false, max) {
-                Some(scan) => Outcome::consume([frame(Frame::RawStr { min, max, scan })]),
+                Some(scan) => Outcome::consume([frame(ReplyFrame::RawStr { min, max, scan })]),
                 None => Vec::new(),
             },
             Sym::Ctl(Ctl::Close) if scan.is_neutral() && scan.chars >= min => Outcome::pass([]),
             Sym::Ctl(_) => Vec::new(),
         },
-        Frame::RawLit { node, alt, at } => {
+        ReplyFrame::RawLit { node, alt, at } => {
             let Node::Enum { raw, .. } = &g.nodes[node] else {
                 return Vec::new();
             };
@@ -245,7 +245,7 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
             };
             match sym {
                 Sym::Byte(b) if text.get(at as usize) == Some(&b) => {
-                    Outcome::consume([frame(Frame::RawLit {
+                    Outcome::consume([frame(ReplyFrame::RawLit {
                         node,
                         alt,
                         at: at + 1,
@@ -255,7 +255,7 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
                 _ => Vec::new(),
             }
         }
-        Frame::EndId => match sym {
+        ReplyFrame::EndId => match sym {
             Sym::Ctl(Ctl::End) => Outcome::consume([]),
             _ => Vec::new(),
         },
@@ -264,12 +264,17 @@ pub fn step(g: &Grammar, f: Frame, sym: Sym) -> Vec<Outcome> {
 
 /// The response channel's first symbol.
 fn content(g: &Grammar, sym: Sym) -> Vec<Outcome> {
-    let tools = || Outcome::Consume(vec![frame(Frame::Tools { calls: 0 }), lit(Lit::ToolsOpen)]);
+    let tools = || {
+        Outcome::Consume(vec![
+            frame(ReplyFrame::Tools { calls: 0 }),
+            lit(Lit::ToolsOpen),
+        ])
+    };
     let json = |root: NodeId| {
         Outcome::Pass(vec![
-            frame(Frame::EndId),
+            frame(ReplyFrame::EndId),
             lit(Lit::ResponseEnd),
-            json::frame(json::Frame::Tail {
+            json::frame(json::JsonFrame::Tail {
                 ws: json::Ws::new(json::PRETTY),
             }),
             json::value(root, Types::ALL, json::PRETTY),
@@ -303,7 +308,7 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
                 let types = g.types(property.node);
                 for (ty, _) in types.names() {
                     let head = [
-                        frame(Frame::Call {
+                        frame(ReplyFrame::Call {
                             tool,
                             used: used | (1 << i),
                             args: args + 1,
@@ -325,7 +330,7 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
                         }
                     } else {
                         let mut frames = head.to_vec();
-                        frames.push(json::frame(json::Frame::Tail {
+                        frames.push(json::frame(json::JsonFrame::Tail {
                             ws: json::Ws::new(json::SPACED),
                         }));
                         frames.push(json::value(property.node, ty, json::SPACED));
@@ -336,14 +341,14 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
             }
             if args == 0 {
                 out.push(Outcome::Consume(vec![
-                    frame(Frame::Call {
+                    frame(ReplyFrame::Call {
                         tool,
                         used,
                         args,
                         json_block: true,
                     }),
                     lit(Lit::JsonEnd),
-                    json::frame(json::Frame::Tail {
+                    json::frame(json::JsonFrame::Tail {
                         ws: json::Ws::new(json::SPACED),
                     }),
                     json::value(spec.root, Types::OBJECT, json::SPACED),
@@ -358,12 +363,12 @@ fn call(g: &Grammar, tool: u16, used: u128, args: u16, json_block: bool, sym: Sy
 
 /// The raw-text frames a `string` argument of `node` may take: free text within the length
 /// limits, or one of the enum's strings exactly.
-fn raw_values(g: &Grammar, node: NodeId, depth: u8) -> Vec<Frame> {
+fn raw_values(g: &Grammar, node: NodeId, depth: u8) -> Vec<ReplyFrame> {
     if depth > 32 {
         return Vec::new();
     }
     match &g.nodes[node] {
-        Node::Any => vec![Frame::RawStr {
+        Node::Any => vec![ReplyFrame::RawStr {
             min: 0,
             max: None,
             scan: Scan::default(),
@@ -371,7 +376,7 @@ fn raw_values(g: &Grammar, node: NodeId, depth: u8) -> Vec<Frame> {
         Node::String {
             min_chars,
             max_chars,
-        } => vec![Frame::RawStr {
+        } => vec![ReplyFrame::RawStr {
             min: *min_chars,
             max: *max_chars,
             scan: Scan::default(),
@@ -380,7 +385,7 @@ fn raw_values(g: &Grammar, node: NodeId, depth: u8) -> Vec<Frame> {
             .iter()
             .enumerate()
             .filter(|(_, r)| r.is_some())
-            .map(|(alt, _)| Frame::RawLit {
+            .map(|(alt, _)| ReplyFrame::RawLit {
                 node,
                 alt: alt as u16,
                 at: 0,

@@ -6,7 +6,7 @@
 
 use crate::http::App;
 use crate::http::error::ApiError;
-use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
+use crate::http::reader::{Finish, OpenAiUsage, Reader, ReplyPart};
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::http::header;
 use axum::response::sse::Event;
@@ -345,7 +345,7 @@ mod tests {
     //! and the whole message, tool calls included.
 
     use super::*;
-    use crate::http::reply::{Details, PromptDetails};
+    use crate::http::reader::{Details, PromptDetails};
     use k3_engine::serve::{ToolCallDelta, ToolCallStart};
     use k3_engine::tokenizer::chat::ToolCall;
 

@@ -785,12 +785,12 @@ mod tests {
             (
                 r#""max_tokens":1,"messages":[{"role":"user","content":"a"}]"#,
                 r#"{"name":"t#","input_schema":{}}"#,
-                |f| crate::http::anthropic::request::messages(f).map(drop),
+                |f| crate::http::anthropic::messages_body::messages(f).map(drop),
             ),
             (
                 r#""input":"a""#,
                 r#"{"type":"function","name":"t#"}"#,
-                |f| crate::http::responses::request::responses(f).map(drop),
+                |f| crate::http::responses::input::responses(f).map(drop),
             ),
         ];
         for (rest, tool, read) in apis {

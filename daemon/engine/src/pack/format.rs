@@ -15,7 +15,7 @@
 //! never be applied to other bytes than those it was made from: opening it checks the
 //! checkpoint's fingerprint (config and every shard header, [`Checkpoint::fingerprint`]) and
 //! that each tensor is one of the checkpoint's BF16 matrices. Each tensor's SHA-256 (of the
-//! original bytes) is recorded for [`super::verify`].
+//! original bytes) is recorded for [`super::decode_check`].
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;

@@ -22,10 +22,10 @@
 //! their names); a `namespace`'s function tools are declared as `NAMESPACE.NAME`, and a call
 //! of one comes back with its `namespace`.
 
-use crate::http::error::ApiError;
-use crate::http::request::{
+use crate::http::body::{
     Fields, JsonKind, Submission, function_tool, schema_format, text_parts, tool_choice, value,
 };
+use crate::http::error::ApiError;
 use k3_engine::echo::Echo;
 use k3_engine::serve::{Prompt, ThinkingBudget};
 use k3_engine::tokenizer::chat::{

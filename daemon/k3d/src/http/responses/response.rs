@@ -14,11 +14,11 @@
 //! `function_call` per call (`call_id` unique across turns, `call_<request>_<i>`; a namespaced
 //! function's call carries its `namespace`).
 
-use super::request::Echoed;
+use super::input::Echoed;
 use crate::http::App;
+use crate::http::body::Shape;
 use crate::http::error::ApiError;
-use crate::http::reply::{Finish, OpenAiUsage, Reader, ReplyPart};
-use crate::http::request::Shape;
+use crate::http::reader::{Finish, OpenAiUsage, Reader, ReplyPart};
 use crate::http::stream::{self, Timer, Whole, Wire, collect};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -458,8 +458,8 @@ impl Wire for ResponseEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::request::Fields;
-    use crate::http::responses::request::responses;
+    use crate::http::body::Fields;
+    use crate::http::responses::input::responses;
 
     /// A response repeats the request's settings as the client gave them. A Responses body has no seed
     /// or stop strings: given, they are ignored.

@@ -8,8 +8,8 @@
 //! not change the answer are accepted: `metadata`, `service_tier`, `cache_control` (k3 reuses
 //! prefixes by itself), a thinking block's `signature` (k3 does not sign its reasoning).
 
+use crate::http::body::{Fields, Submission, not_empty, schema_format, value};
 use crate::http::error::ApiError;
-use crate::http::request::{Fields, Submission, not_empty, schema_format, value};
 use k3_engine::echo::Echo;
 use k3_engine::serve::{Api, Prompt, ThinkingBudget};
 use k3_engine::tokenizer::chat::{

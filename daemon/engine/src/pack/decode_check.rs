@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use sha2::{Digest, Sha256};
 
-use super::file::{PackError, PackFile, PackedTensor};
+use super::format::{PackError, PackFile, PackedTensor};
 use super::simd::Path as DecodePath;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::verify::ByteProgress;
