@@ -690,7 +690,28 @@ fn model_id(dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::keys_file_exposure;
+    use k3_engine::serve::limits::{DEFAULT_MAX_TOKENS_CAP, DEFAULT_THINKING_BUDGET};
     use std::os::unix::fs::PermissionsExt;
+
+    /// The request defaults `--help` states are the core's (`serve::limits`), the one place
+    /// they are defined: the help is prose, so this holds it to the numbers.
+    #[test]
+    fn the_help_states_the_request_defaults_of_serve_limits() {
+        use clap::Args as _;
+        let command = super::Args::augment_args(clap::Command::new("serve"));
+        let default_of = |flag: &str| {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(flag))
+                .unwrap_or_else(|| panic!("--{flag} exists"));
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let start = help.find("[default: ").expect("a stated default") + "[default: ".len();
+            help[start..].split(']').next().unwrap_or_default().to_string()
+        };
+        assert_eq!(default_of("max-tokens-cap"), DEFAULT_MAX_TOKENS_CAP.to_string());
+        assert_eq!(default_of("thinking-budget"), DEFAULT_THINKING_BUDGET.to_string());
+        assert_eq!(default_of("speculate"), "0");
+    }
 
     #[test]
     fn a_keys_file_others_can_read_is_named_with_its_mode() {
