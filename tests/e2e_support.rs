@@ -570,3 +570,33 @@ pub fn fill(dir: &Path) {
     while filler.write_all(&block).is_ok() {}
     let _ = filler.write_all(&[0u8; 1]);
 }
+
+/// `k3 run` of a 4,000-token generation (as `user`, with runuser), its stderr piped.
+pub fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Child {
+    k3_run(socket, user, 4000)
+}
+
+/// `k3 run` of a `max_tokens` generation (as `user`, with runuser), its stderr piped.
+pub fn k3_run(socket: &std::path::Path, user: Option<&str>, max_tokens: u32) -> std::process::Child {
+    let mut cmd = match user {
+        Some(user) => {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", user, "--"]).arg(bin("k3"));
+            c
+        }
+        None => std::process::Command::new(bin("k3")),
+    };
+    cmd.arg("--socket")
+        .arg(socket)
+        .args([
+            "run",
+            "--ids",
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "5 6 7",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("k3 run")
+}
