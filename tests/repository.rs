@@ -1,8 +1,8 @@
 //! The repository explains itself (issue 32): no source file so long a reader cannot hold it
-//! (900 lines before its `#[cfg(test)]` module; the store's `mod.rs` 600), and every file or
-//! folder the docs and README name exists, and every route `k3d` serves has a row in
-//! docs/http.md (issue 44.4). Each check is also run on a made-up text, so a checker that could
-//! never fail would be caught.
+//! (900 lines besides its `#[cfg(test)]` items, wherever they sit — issue 44.5; the store's
+//! `mod.rs` 600), no test file over 1,500 lines, every file or folder the docs and README name
+//! exists, and every route `k3d` serves has a row in docs/http.md (issue 44.4). Each check is
+//! also run on a made-up text, so a checker that could never fail would be caught.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -46,11 +46,94 @@ fn repository() -> BTreeSet<String> {
     all
 }
 
-/// Lines before the file's first `#[cfg(test)]` (all of them if it has none).
-fn lines_before_tests(text: &str) -> usize {
-    text.lines()
-        .position(|l| l.trim_start().starts_with("#[cfg(test)]"))
-        .unwrap_or_else(|| text.lines().count())
+/// The lines (0-based) of the items annotated `#[cfg(test)]` in a Rust source, wherever they
+/// sit: a `mod tests { … }`, a test-only fn or impl between the product's, a `mod replay;`, a
+/// field. Each runs from the doc comments and attributes above its annotation to the end of the
+/// item, found by bracket matching in [`code_only`] (so braces in strings and comments do not
+/// count): the brace that closes its body, else its `;`, else (a field, an arm) its `,` or the
+/// bracket that closes what encloses it.
+fn test_lines(text: &str) -> BTreeSet<usize> {
+    let code = code_only(text);
+    let lines: Vec<&str> = text.lines().collect();
+    let line_of = |at: usize| code[..at].iter().filter(|&&c| c == b'\n').count();
+    let mut test = BTreeSet::new();
+    let mut from = 0;
+    while let Some(at) = find(&code[from..], b"#[cfg(test)]").map(|n| from + n) {
+        let end = item_end(&code, at);
+        let mut first = line_of(at);
+        while first > 0 && {
+            let above = lines[first - 1].trim_start();
+            above.starts_with("///") || above.starts_with("#[")
+        } {
+            first -= 1;
+        }
+        let last = line_of(end.max(at + 1) - 1).min(lines.len().saturating_sub(1));
+        test.extend(first..=last);
+        from = end.max(at + 1);
+    }
+    test
+}
+
+/// The words that begin an item (after `pub`): an annotated item ends only with its body or
+/// its `;`, never at a comma of its generics (`impl<A, B>`); anything else (a field, an arm, a
+/// statement) ends at its `,` too.
+const ITEM_WORDS: [&str; 14] = [
+    "fn", "mod", "impl", "struct", "enum", "trait", "use", "const", "static", "type", "unsafe",
+    "async", "extern", "macro_rules",
+];
+
+/// The byte after the item whose attribute starts at `at`, in `code` ([`code_only`]).
+fn item_end(code: &[u8], at: usize) -> usize {
+    let mut i = at;
+    // Its attributes, this one first.
+    while code[i..].starts_with(b"#[") {
+        i = skip_space(code, (closing(code, i + 1) + 1).min(code.len()));
+    }
+    let word_at = |i: usize| {
+        let end = code[i..]
+            .iter()
+            .position(|&c| !is_ident(c))
+            .map_or(code.len(), |n| i + n);
+        (std::str::from_utf8(&code[i..end]).unwrap_or(""), end)
+    };
+    let mut first = i;
+    if let ("pub", end) = word_at(i) {
+        first = skip_space(code, end);
+        if code.get(first) == Some(&b'(') {
+            first = skip_space(code, (closing(code, first) + 1).min(code.len()));
+        }
+    }
+    let item = ITEM_WORDS.contains(&word_at(first).0);
+    let mut depth = 0usize;
+    while i < code.len() {
+        match code[i] {
+            b'{' if depth == 0 => {
+                let end = closing(code, i) + 1;
+                // `static X: T = T { … };` ends at its `;`.
+                let after = skip_space(code, end);
+                return match code.get(after) {
+                    Some(b';') => after + 1,
+                    Some(b',') if !item => after + 1,
+                    _ => end,
+                };
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            // The end of what encloses it: the annotated field or arm was its last.
+            b')' | b']' | b'}' if depth == 0 => return i,
+            b')' | b']' | b'}' => depth -= 1,
+            b';' if depth == 0 => return i + 1,
+            b',' if depth == 0 && !item => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    code.len()
+}
+
+/// The lines of a Rust source that are not test code ([`test_lines`]), blank lines and
+/// comments included: what a reader of the product's code has to hold.
+fn non_test_lines(text: &str) -> usize {
+    text.lines().count() - test_lines(text).len()
 }
 
 /// The Rust sources of every crate of the workspace (`src/` folders; tests, examples and
@@ -65,11 +148,36 @@ fn sources(all: &BTreeSet<String>) -> Vec<String> {
 
 const MAX_LINES: usize = 900;
 const MAX_STORE_MOD_LINES: usize = 600;
+const MAX_TEST_FILE_LINES: usize = 1_500;
 
 #[test]
-fn no_source_file_is_over_900_lines_before_its_tests() {
-    assert_eq!(lines_before_tests("a\nb\n#[cfg(test)]\nmod tests {}\n"), 2);
-    assert_eq!(lines_before_tests("a\nb\nc\n"), 3);
+fn test_code_is_told_from_the_products() {
+    // A test module at the end; none at all.
+    assert_eq!(non_test_lines("a\nb\n#[cfg(test)]\nmod tests {\n    fn f() {}\n}\n"), 2);
+    assert_eq!(non_test_lines("a\nb\nc\n"), 3);
+    // A test-only method between the product's, with its doc comment; the code after it counts.
+    let interleaved = "impl A {\n    fn a() {}\n    /// For tests.\n    #[cfg(test)]\n    \
+                       pub(crate) fn peek(&self) -> Vec<(u8, u8)> {\n        vec![]\n    }\n    \
+                       fn b() {}\n}\n";
+    assert_eq!(non_test_lines(interleaved), 4);
+    // Braces in strings, chars and comments are not the item's.
+    let braces = "#[cfg(test)]\nfn t() {\n    let s = \"}}{ \\\" }\";\n    let c = '}';\n    \
+                  // }\n    let r = r#\"}\"#;\n}\nfn product<'a>(x: &'a str) {}\n";
+    assert_eq!(non_test_lines(braces), 1);
+    let raw = "fn a() {\n    let s = r#\"{\"#;\n}\n#[cfg(test)]\nmod tests {\n}\n";
+    assert_eq!(non_test_lines(raw), 3);
+    // A declared test module, a generic impl, a field.
+    assert_eq!(non_test_lines("#[cfg(test)]\nmod replay;\nfn a() {}\n"), 1);
+    let generic = "#[cfg(test)]\nimpl<A, B> T<A, B> for X {\n    fn f() {}\n}\nfn g() {}\n";
+    assert_eq!(non_test_lines(generic), 1);
+    let field = "struct S {\n    a: u8,\n    #[cfg(test)]\n    b: Vec<u8>,\n    c: u8,\n}\n";
+    assert_eq!(non_test_lines(field), 4);
+    // The attribute in a string is no attribute.
+    assert_eq!(non_test_lines("const A: &str = \"#[cfg(test)]\";\nfn b() {}\n"), 2);
+}
+
+#[test]
+fn no_source_file_has_over_900_lines_of_product_code() {
     let all = repository();
     let files = sources(&all);
     assert!(
@@ -80,21 +188,60 @@ fn no_source_file_is_over_900_lines_before_its_tests() {
         .iter()
         .filter_map(|f| {
             let text = std::fs::read_to_string(root().join(f)).expect("read source");
-            let n = lines_before_tests(&text);
+            let n = non_test_lines(&text);
             (n > MAX_LINES).then(|| format!("{f}: {n} lines"))
         })
         .collect();
     assert!(
         long.is_empty(),
-        "over {MAX_LINES} lines before #[cfg(test)] — split by concern:\n{}",
+        "over {MAX_LINES} lines besides #[cfg(test)] items — split by concern:\n{}",
         long.join("\n")
     );
     let store = std::fs::read_to_string(root().join("daemon/engine/src/store/mod.rs"))
         .expect("store/mod.rs");
-    let n = lines_before_tests(&store);
+    let n = non_test_lines(&store);
     assert!(
         n <= MAX_STORE_MOD_LINES,
-        "daemon/engine/src/store/mod.rs has {n} lines before its tests (at most {MAX_STORE_MOD_LINES})"
+        "daemon/engine/src/store/mod.rs has {n} lines besides its tests (at most {MAX_STORE_MOD_LINES})"
+    );
+}
+
+/// The test code of the repository: the programs in every `tests/` folder (the workspace's
+/// and each crate's), not the data they read (`fixtures/`).
+fn test_files(all: &BTreeSet<String>) -> Vec<String> {
+    const CODE: [&str; 4] = [".rs", ".py", ".sh", ".lua"];
+    all.iter()
+        .filter(|p| p.starts_with("tests/") || p.contains("/tests/"))
+        .filter(|p| CODE.iter().any(|e| p.ends_with(e)))
+        .filter(|p| !p.contains("fixtures/") && !p.starts_with("fuzz/libfuzzer/"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn no_test_file_is_over_1500_lines() {
+    let all = repository();
+    let files = test_files(&all);
+    for expected in ["tests/repository.rs", "daemon/engine/tests/serve_core.rs"] {
+        assert!(
+            files.iter().any(|f| f == expected),
+            "the walk found {expected}"
+        );
+    }
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(root().join(f))
+                .expect("read test file")
+                .lines()
+                .count();
+            (n > MAX_TEST_FILE_LINES).then(|| format!("{f}: {n} lines"))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "test files over {MAX_TEST_FILE_LINES} lines — split by what they test:\n{}",
+        long.join("\n")
     );
 }
 
