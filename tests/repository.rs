@@ -78,8 +78,20 @@ fn test_lines(text: &str) -> BTreeSet<usize> {
 /// its `;`, never at a comma of its generics (`impl<A, B>`); anything else (a field, an arm, a
 /// statement) ends at its `,` too.
 const ITEM_WORDS: [&str; 14] = [
-    "fn", "mod", "impl", "struct", "enum", "trait", "use", "const", "static", "type", "unsafe",
-    "async", "extern", "macro_rules",
+    "fn",
+    "mod",
+    "impl",
+    "struct",
+    "enum",
+    "trait",
+    "use",
+    "const",
+    "static",
+    "type",
+    "unsafe",
+    "async",
+    "extern",
+    "macro_rules",
 ];
 
 /// The byte after the item whose attribute starts at `at`, in `code` ([`code_only`]).
@@ -153,7 +165,10 @@ const MAX_TEST_FILE_LINES: usize = 1_500;
 #[test]
 fn test_code_is_told_from_the_products() {
     // A test module at the end; none at all.
-    assert_eq!(non_test_lines("a\nb\n#[cfg(test)]\nmod tests {\n    fn f() {}\n}\n"), 2);
+    assert_eq!(
+        non_test_lines("a\nb\n#[cfg(test)]\nmod tests {\n    fn f() {}\n}\n"),
+        2
+    );
     assert_eq!(non_test_lines("a\nb\nc\n"), 3);
     // A test-only method between the product's, with its doc comment; the code after it counts.
     let interleaved = "impl A {\n    fn a() {}\n    /// For tests.\n    #[cfg(test)]\n    \
@@ -173,7 +188,23 @@ fn test_code_is_told_from_the_products() {
     let field = "struct S {\n    a: u8,\n    #[cfg(test)]\n    b: Vec<u8>,\n    c: u8,\n}\n";
     assert_eq!(non_test_lines(field), 4);
     // The attribute in a string is no attribute.
-    assert_eq!(non_test_lines("const A: &str = \"#[cfg(test)]\";\nfn b() {}\n"), 2);
+    assert_eq!(
+        non_test_lines("const A: &str = \"#[cfg(test)]\";\nfn b() {}\n"),
+        2
+    );
+}
+
+/// `FILE: N lines` for each of `files` that `count` finds more than `limit` lines in.
+fn longer_than(files: &[String], limit: usize, count: impl Fn(&str) -> usize) -> Vec<String> {
+    files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(root().join(f))
+                .unwrap_or_else(|e| panic!("cannot read {f}: {e}"));
+            let n = count(&text);
+            (n > limit).then(|| format!("{f}: {n} lines"))
+        })
+        .collect()
 }
 
 #[test]
@@ -184,14 +215,7 @@ fn no_source_file_has_over_900_lines_of_product_code() {
         files.iter().any(|f| f == "daemon/engine/src/lib.rs"),
         "the walk found the engine's sources"
     );
-    let long: Vec<String> = files
-        .iter()
-        .filter_map(|f| {
-            let text = std::fs::read_to_string(root().join(f)).expect("read source");
-            let n = non_test_lines(&text);
-            (n > MAX_LINES).then(|| format!("{f}: {n} lines"))
-        })
-        .collect();
+    let long = longer_than(&files, MAX_LINES, non_test_lines);
     assert!(
         long.is_empty(),
         "over {MAX_LINES} lines besides #[cfg(test)] items — split by concern:\n{}",
@@ -228,16 +252,7 @@ fn no_test_file_is_over_1500_lines() {
             "the walk found {expected}"
         );
     }
-    let long: Vec<String> = files
-        .iter()
-        .filter_map(|f| {
-            let n = std::fs::read_to_string(root().join(f))
-                .expect("read test file")
-                .lines()
-                .count();
-            (n > MAX_TEST_FILE_LINES).then(|| format!("{f}: {n} lines"))
-        })
-        .collect();
+    let long = longer_than(&files, MAX_TEST_FILE_LINES, |text| text.lines().count());
     assert!(
         long.is_empty(),
         "test files over {MAX_TEST_FILE_LINES} lines — split by what they test:\n{}",
@@ -391,11 +406,13 @@ fn code_only(text: &str) -> Vec<u8> {
         let starts_word = i == 0 || !is_ident(b[i - 1]);
         // `r"…"` and `br"…"`: the `r` starts a word, or follows a `b`/`c` that does.
         let raw_prefix = b[i] == b'r'
-            && (starts_word
-                || matches!(b[i - 1], b'b' | b'c') && (i < 2 || !is_ident(b[i - 2])));
+            && (starts_word || matches!(b[i - 1], b'b' | b'c') && (i < 2 || !is_ident(b[i - 2])));
         match b[i] {
             b'/' if b.get(i + 1) == Some(&b'/') => {
-                let end = b[i..].iter().position(|&c| c == b'\n').map_or(b.len(), |n| i + n);
+                let end = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |n| i + n);
                 blank(&mut out, i, end);
                 i = end;
             }
@@ -594,7 +611,10 @@ fn routes_are_read_from_router_source() {
     );
     assert!(routes(r#"x.route(PATH, get(y))"#).is_err());
     let table = "| endpoint | what |\n|---|---|\n| `POST /a` | a |\nSee `GET /b`.\n";
-    assert_eq!(tabled_routes(table), BTreeSet::from(["POST /a".to_string()]));
+    assert_eq!(
+        tabled_routes(table),
+        BTreeSet::from(["POST /a".to_string()])
+    );
 }
 
 /// Every route `k3d` serves has a row in docs/http.md's route table (issue 44.4:
@@ -615,10 +635,7 @@ fn every_route_k3d_serves_is_in_the_http_docs() {
         "GET /health",
         "GET /metrics",
     ];
-    let unread: Vec<&str> = known
-        .into_iter()
-        .filter(|r| !served.contains(*r))
-        .collect();
+    let unread: Vec<&str> = known.into_iter().filter(|r| !served.contains(*r)).collect();
     assert!(
         unread.is_empty(),
         "the router in daemon/k3d/src/ was not read as expected: {unread:?} not found among \
