@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::bin;
+use support::{bin, subcommands};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -402,16 +402,7 @@ fn subcommands_of(binary: &str, sub: &str) -> Vec<String> {
         .args([sub, "--help"])
         .output()
         .expect("--help runs");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .skip_while(|l| l.trim() != "Commands:")
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|name| *name != "help")
-        .map(str::to_string)
-        .collect()
+    subcommands(&String::from_utf8_lossy(&out.stdout))
 }
 
 /// The default a text states: `[default: X]` or `(default: X)`.

@@ -33,6 +33,21 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The subcommands a `--help` text lists under `Commands:` (not `help`): what
+/// `tests/reference.rs` generates the reference from and `tests/docs_examples.rs` holds the
+/// docs to, read one way.
+pub fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
 /// A fresh scratch directory for one test, removed on drop, world-traversable so other uids can
 /// reach sockets.
 pub fn scratch(name: &str) -> tempfile::TempDir {
@@ -569,4 +584,38 @@ pub fn fill(dir: &Path) {
     let block = [0u8; 4096];
     while filler.write_all(&block).is_ok() {}
     let _ = filler.write_all(&[0u8; 1]);
+}
+
+/// `k3 run` of a 4,000-token generation (as `user`, with runuser), its stderr piped.
+pub fn long_k3_run(socket: &std::path::Path, user: Option<&str>) -> std::process::Child {
+    k3_run(socket, user, 4000)
+}
+
+/// `k3 run` of a `max_tokens` generation (as `user`, with runuser), its stderr piped.
+pub fn k3_run(
+    socket: &std::path::Path,
+    user: Option<&str>,
+    max_tokens: u32,
+) -> std::process::Child {
+    let mut cmd = match user {
+        Some(user) => {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", user, "--"]).arg(bin("k3"));
+            c
+        }
+        None => std::process::Command::new(bin("k3")),
+    };
+    cmd.arg("--socket")
+        .arg(socket)
+        .args([
+            "run",
+            "--ids",
+            "--max-tokens",
+            &max_tokens.to_string(),
+            "5 6 7",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("k3 run")
 }

@@ -9,7 +9,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use support::bin;
+use support::{bin, subcommands};
 
 const MARKER: &str = "<!-- generated from the binaries' --help below this line: \
                       K3_BLESS=1 cargo test -p k3-tests --test reference -->";
@@ -31,19 +31,6 @@ fn help(binary: &Path, args: &[String]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("--help is UTF-8")
-}
-
-/// The subcommands a help text lists under `Commands:` (not `help`).
-fn subcommands(help: &str) -> Vec<String> {
-    help.lines()
-        .skip_while(|l| l.trim() != "Commands:")
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|name| *name != "help")
-        .map(str::to_string)
-        .collect()
 }
 
 fn sections(name: &str, binary: &Path, args: Vec<String>, out: &mut String) {
