@@ -4,7 +4,7 @@
 //! exists, and every route `k3d` serves has a row in docs/http.md (issue 44.4). Each check is
 //! also run on a made-up text, so a checker that could never fail would be caught.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -228,6 +228,68 @@ fn no_source_file_has_over_900_lines_of_product_code() {
         n <= MAX_STORE_MOD_LINES,
         "daemon/engine/src/store/mod.rs has {n} lines besides its tests (at most {MAX_STORE_MOD_LINES})"
     );
+}
+
+/// File names any module of a crate may share with another: a folder's module (`mod.rs`),
+/// its errors (`error.rs`) and the crate roots.
+const SHARED_FILE_NAMES: [&str; 4] = ["mod.rs", "error.rs", "lib.rs", "main.rs"];
+
+/// For each crate's `src/` folder, the file names two or more of its modules share
+/// (besides [`SHARED_FILE_NAMES`]), each with the paths that bear it.
+fn shared_names(files: &[String]) -> Vec<String> {
+    let mut by_crate: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for file in files {
+        let Some(at) = file.find("src/") else {
+            continue;
+        };
+        let name = file.rsplit('/').next().unwrap_or(file).to_string();
+        if SHARED_FILE_NAMES.contains(&name.as_str()) {
+            continue;
+        }
+        by_crate
+            .entry((file[..at].to_string(), name))
+            .or_default()
+            .push(file.clone());
+    }
+    by_crate
+        .into_iter()
+        .filter(|(_, paths)| paths.len() > 1)
+        .map(|((_, name), paths)| format!("{name}: {}", paths.join(", ")))
+        .collect()
+}
+
+/// Issue 44 point 3: a name says what a module is, so a reader who meets `reply.rs` or a
+/// `Frame` knows which one is meant.
+#[test]
+fn no_two_modules_of_a_crate_share_a_file_name_and_one_type_is_called_frame() {
+    let made_up = [
+        "a/src/x/reply.rs",
+        "a/src/y/reply.rs",
+        "b/src/reply.rs",
+        "a/src/z/mod.rs",
+    ]
+    .map(String::from);
+    assert_eq!(
+        shared_names(&made_up),
+        ["reply.rs: a/src/x/reply.rs, a/src/y/reply.rs"]
+    );
+    let files = sources(&repository());
+    let shared = shared_names(&files);
+    assert!(
+        shared.is_empty(),
+        "modules of one crate share a file name — name each for what it is:\n{}",
+        shared.join("\n")
+    );
+    let frames: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(root().join(f)).unwrap_or_default();
+            ["enum Frame", "struct Frame", "type Frame"]
+                .iter()
+                .any(|d| text.contains(&format!("{d} ")) || text.contains(&format!("{d}<")))
+        })
+        .collect();
+    assert_eq!(frames.len(), 1, "types called Frame: {frames:?}");
 }
 
 /// The test code of the repository: the programs in every `tests/` folder (the workspace's

@@ -706,10 +706,20 @@ mod tests {
                 .unwrap_or_else(|| panic!("--{flag} exists"));
             let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
             let start = help.find("[default: ").expect("a stated default") + "[default: ".len();
-            help[start..].split(']').next().unwrap_or_default().to_string()
+            help[start..]
+                .split(']')
+                .next()
+                .unwrap_or_default()
+                .to_string()
         };
-        assert_eq!(default_of("max-tokens-cap"), DEFAULT_MAX_TOKENS_CAP.to_string());
-        assert_eq!(default_of("thinking-budget"), DEFAULT_THINKING_BUDGET.to_string());
+        assert_eq!(
+            default_of("max-tokens-cap"),
+            DEFAULT_MAX_TOKENS_CAP.to_string()
+        );
+        assert_eq!(
+            default_of("thinking-budget"),
+            DEFAULT_THINKING_BUDGET.to_string()
+        );
         assert_eq!(default_of("speculate"), "0");
     }
 
