@@ -385,10 +385,10 @@ fn help_flags(binary: &str, args: &[&str]) -> BTreeMap<String, Option<String>> {
             let name = f.split([' ', '=']).next().unwrap_or(f).to_string();
             flags.insert(name.clone(), None);
             current = Some(name);
-        } else if let Some(name) = &current {
-            if let Some(default) = stated_default(t) {
-                flags.insert(name.clone(), Some(default));
-            }
+        } else if let Some(name) = &current
+            && let Some(default) = stated_default(t)
+        {
+            flags.insert(name.clone(), Some(default));
         }
     }
     flags.remove("--help");

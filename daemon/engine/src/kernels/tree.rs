@@ -116,20 +116,20 @@ mod tests {
         let x = vec![1.0f32; 35];
         // Inputs 0 and 1 share lane 0 (pairs), input 16 is lane 8: l0 = big + 1 (rounds to
         // big), l8 = -big → t0 = 0. Had 1 gone to its own lane (i mod 16), the sum would be 1.
-        let mut w = vec![0.0f32; 35];
+        let mut w = [0.0f32; 35];
         (w[0], w[1], w[16]) = (big, 1.0, -big);
         assert_eq!(weight_dot(&x, |i| w[i]), 0.0);
         // The tail is fused after the fold, in index order: the lanes sum to big, then -big
         // (→ 0), then 1 → 1. Tail first (-big, then 1 → -big, then the lanes) gives 0, and so
         // does fusing the tail into lane 0.
-        let mut w = vec![0.0f32; 35];
+        let mut w = [0.0f32; 35];
         (w[2], w[32], w[33]) = (big, -big, 1.0);
         assert_eq!(weight_dot(&x, |i| w[i]), 1.0);
         // Each tail term is one fused operation: fma(w, x, sum) rounds once. With w = 1 + 2^-12
         // and x = 1 + 2^-12 the product alone needs 25 bits; an unfused multiply-then-add onto
         // -1 would lose the 2^-24 term.
         let e = 2.0f32.powi(-12);
-        let mut w = vec![0.0f32; 33];
+        let mut w = [0.0f32; 33];
         let mut x = vec![0.0f32; 33];
         (w[0], x[0]) = (-1.0, 1.0);
         (w[32], x[32]) = (1.0 + e, 1.0 + e);
