@@ -228,28 +228,33 @@ mod tests {
     #[test]
     fn the_daemons_settings_are_refused_outside_their_ranges() {
         assert_eq!(Limits::check_tokens_cap(None), Ok(DEFAULT_MAX_TOKENS_CAP));
-        assert_eq!(
-            Limits::check_tokens_cap(Some(0)),
-            Err(LimitError::MaxTokensCap)
-        );
-        assert_eq!(
-            Limits::check_tokens_cap(Some(MAX_TOKENS_LIMIT + 1)),
-            Err(LimitError::MaxTokensCap)
-        );
         assert_eq!(Limits::check_speculate(None), Ok(0));
-        assert_eq!(
-            Limits::check_speculate(Some(MAX_SPECULATE + 1)),
-            Err(LimitError::Speculate(MAX_SPECULATE + 1))
-        );
-        assert_eq!(
-            Limits::check_prompt_tokens(Some(0)),
-            Err(LimitError::MaxPromptTokens)
-        );
-        assert_eq!(
-            Limits::check_prompt_tokens(Some(MAX_PROMPT_TOKENS + 1)),
-            Err(LimitError::MaxPromptTokens)
-        );
         assert_eq!(Limits::check_prompt_tokens(None), Ok(None));
+        let refusals = [
+            (
+                Limits::check_tokens_cap(Some(0)).err(),
+                LimitError::MaxTokensCap,
+            ),
+            (
+                Limits::check_tokens_cap(Some(MAX_TOKENS_LIMIT + 1)).err(),
+                LimitError::MaxTokensCap,
+            ),
+            (
+                Limits::check_speculate(Some(MAX_SPECULATE + 1)).err(),
+                LimitError::Speculate(MAX_SPECULATE + 1),
+            ),
+            (
+                Limits::check_prompt_tokens(Some(0)).err(),
+                LimitError::MaxPromptTokens,
+            ),
+            (
+                Limits::check_prompt_tokens(Some(MAX_PROMPT_TOKENS + 1)).err(),
+                LimitError::MaxPromptTokens,
+            ),
+        ];
+        for (got, refusal) in refusals {
+            assert_eq!(got, Some(refusal));
+        }
         assert_eq!(Limits::new(8, 0, Some(None), 8).thinking_budget, None);
         assert_eq!(
             Limits::new(8, 0, None, 8).thinking_budget,

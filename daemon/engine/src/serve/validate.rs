@@ -251,18 +251,20 @@ pub enum Kind {
 /// A request that passed every check, ready to queue.
 #[derive(Debug, Clone)]
 pub struct Validated {
+    /// Checked once, here: the engine runs it as it is.
     pub request: ValidRequest,
+    /// How its generated ids are presented (text, or a chat reply's channels).
     pub kind: Kind,
-    /// The caller the job runs for: the transport's, narrowed by the request's cache scope.
+    /// The caller the job runs for (the transport's, narrowed by the request's cache scope),
+    /// and the session the job continues and updates.
     pub caller: Caller,
-    /// The session the job continues and updates.
     pub session: Option<String>,
-    /// With automatic prefix reuse: the conversation a chat prompt was rendered from (reuse
-    /// re-renders it with the reply as history, [`super::prefix::next_turn`]) and the prompt
-    /// positions of its prelude ([`super::prefix::prelude_points`]); `None` otherwise.
-    pub conversation: Option<(Conversation, Vec<usize>)>,
-    /// The caller whose kept states the job continues from and adds to; `None` = no reuse.
+    /// With automatic prefix reuse: the caller whose kept states the job continues from and
+    /// adds to, and for a chat the conversation its prompt was rendered from (reuse re-renders
+    /// it with the reply as history, [`super::prefix::next_turn`]) with the prompt positions of
+    /// its prelude ([`super::prefix::prelude_points`]); `None` without reuse.
     pub reuse: Option<Caller>,
+    pub conversation: Option<(Conversation, Vec<usize>)>,
 }
 
 /// What validation needs to know about the model.

@@ -27,11 +27,19 @@ use crate::http::body::{
 };
 use crate::http::error::ApiError;
 use k3_engine::echo::Echo;
+use k3_engine::engine::Sampling;
 use k3_engine::serve::{Prompt, ThinkingBudget};
 use k3_engine::tokenizer::chat::{
     Conversation, Message, ResponseFormat, Role, Thinking, Tool, ToolCall,
 };
 use serde_json::{Map, Value};
+
+/// The generation options a response object repeats, as the request carries them to the core:
+/// `null`, or the sampling defaults, where the client set nothing (the core applies its cap).
+pub struct Options {
+    pub max_output_tokens: Option<usize>,
+    pub sampling: Sampling,
+}
 
 /// A `/v1/responses` body read.
 pub struct Parsed {
@@ -45,9 +53,8 @@ pub struct Parsed {
 /// The request's settings a response object repeats (the SDK's `Response` requires
 /// `tools`, `tool_choice` and `parallel_tool_calls`) as the client gave them.
 pub struct Echoed {
-    pub max_output_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
+    /// `max_output_tokens`, `temperature` and `top_p` as the request carries them to the core.
+    pub options: Options,
     pub instructions: Option<String>,
     pub tools: Vec<Value>,
     pub tool_choice: Value,
@@ -134,9 +141,10 @@ pub fn responses(f: &Fields) -> Result<Parsed, ApiError> {
         submission.request.thinking_budget = Some(ThinkingBudget::Effort(effort));
     }
     let echoed = Echoed {
-        max_output_tokens: submission.request.max_tokens,
-        temperature: submission.request.sampling.temperature,
-        top_p: submission.request.sampling.top_p,
+        options: Options {
+            max_output_tokens: submission.request.max_tokens,
+            sampling: submission.request.sampling.clone(),
+        },
         instructions,
         tools: declared.echo,
         tool_choice: f
