@@ -606,8 +606,8 @@ impl Core {
             sender,
             lease,
         );
+        job.reuse = validated.reuse.then(|| job.caller.clone());
         job.conversation = validated.conversation;
-        job.reuse = validated.reuse;
         // From here the place is the job's: filled, or taken away with the job's refusal.
         reservation.filled = true;
         if let Err(e) = self.admission.fill(job) {

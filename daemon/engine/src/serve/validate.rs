@@ -22,9 +22,8 @@ use super::limits::{
 };
 use super::prefix;
 use crate::constrain::{self, ReplyRules, Vocab};
-use crate::echo::Echo;
 use crate::engine::{GenerateRequest, LogitTransform, RequestError, Sampling, ValidRequest};
-use crate::tokenizer::chat::{self, Conversation, ToolChoice};
+use crate::tokenizer::chat::{self, Conversation};
 use crate::tokenizer::{Specials, Tokenizer};
 
 /// What to generate from.
@@ -146,8 +145,10 @@ pub enum Invalid {
     Tokenize(String),
     #[error("the conversation has no messages")]
     NoMessages,
-    #[error("cannot render the conversation: {0}")]
-    Render(String),
+    /// The chat template refused the conversation (spec §8.2), naming the field it concerns:
+    /// the tool choice (a forced call without tools, a function not among them) or the prompt.
+    #[error("cannot render the conversation: {reason}")]
+    Render { field: Field, reason: String },
     /// `tool_choice` / `response_format` cannot be enforced (a schema outside the supported
     /// subset, or one no value satisfies), naming the field and the schema path.
     #[error("cannot constrain the reply: {0}")]
@@ -165,10 +166,6 @@ pub enum Invalid {
     /// Above the largest temperature the request's API documents ([`Api::temperature_max`]).
     #[error("temperature {value} must be between 0 and {max}")]
     Temperature { value: f32, max: f32 },
-    #[error("tool_choice forces a tool call, but the request declares no tools")]
-    CallWithoutTools,
-    #[error("tool_choice names the function {}, which is not among the tools", Echo(.0))]
-    UnknownFunction(String),
     /// Anthropic's rule ([`Api::refuses_thinking_with_a_forced_call`]).
     #[error(
         "thinking may not be enabled when tool_choice forces tool use: use tool_choice auto, \
@@ -216,9 +213,8 @@ impl Invalid {
             Invalid::NoTokens | Invalid::NoRoomForCall { .. } => Field::MaxTokens,
             Invalid::Temperature { .. } => Field::Temperature,
             Invalid::TooManyTools { .. } => Field::Tools,
-            Invalid::CallWithoutTools
-            | Invalid::UnknownFunction(_)
-            | Invalid::ThinkingWithForcedCall => Field::ToolChoice,
+            Invalid::ThinkingWithForcedCall => Field::ToolChoice,
+            Invalid::Render { field, .. } => *field,
             Invalid::Constraint(c) => match c.field() {
                 "response_format" => Field::ResponseFormat,
                 "tool_choice" => Field::ToolChoice,
@@ -231,7 +227,6 @@ impl Invalid {
             | Invalid::TooManyMessages { .. }
             | Invalid::Tokenize(_)
             | Invalid::NoMessages
-            | Invalid::Render(_)
             | Invalid::ContextFull { .. }
             | Invalid::Engine(_) => Field::Prompt,
         }
@@ -259,11 +254,11 @@ pub struct Validated {
     /// and the session the job continues and updates.
     pub caller: Caller,
     pub session: Option<String>,
-    /// With automatic prefix reuse: the caller whose kept states the job continues from and
-    /// adds to, and for a chat the conversation its prompt was rendered from (reuse re-renders
-    /// it with the reply as history, [`super::prefix::next_turn`]) with the prompt positions of
-    /// its prelude ([`super::prefix::prelude_points`]); `None` without reuse.
-    pub reuse: Option<Caller>,
+    /// With automatic prefix reuse: the job continues from the caller's kept states and adds
+    /// to them, and for a chat keeps the conversation its prompt was rendered from (reuse
+    /// re-renders it with the reply as history, [`super::prefix::next_turn`]) with the prompt
+    /// positions of its prelude ([`super::prefix::prelude_points`]); `None` without reuse.
+    pub reuse: bool,
     pub conversation: Option<(Conversation, Vec<usize>)>,
 }
 
@@ -322,8 +317,7 @@ pub fn validate(
     let caller = caller.scoped(cache_scope.as_deref());
     // A session's own states take precedence over automatic reuse; nothing is kept for a
     // caller nobody vouches for (issue 35 point 7).
-    let reuse = (reuse.unwrap_or(api.reuses_prefixes()) && session.is_none() && caller.is_known())
-        .then(|| caller.clone());
+    let reuse = reuse.unwrap_or(api.reuses_prefixes()) && session.is_none() && caller.is_known();
     let mut guide = None;
     let too_long = |tokens| Invalid::PromptTooLong {
         tokens,
@@ -341,14 +335,6 @@ pub fn validate(
         ),
         Prompt::Chat(mut conversation) => {
             if conversation.forces_a_call() {
-                if conversation.tools.is_empty() {
-                    return Err(Invalid::CallWithoutTools);
-                }
-                if let ToolChoice::Function(name) = &conversation.tool_choice
-                    && !conversation.tools.iter().any(|t| t.name == *name)
-                {
-                    return Err(Invalid::UnknownFunction(name.clone()));
-                }
                 if conversation.thinking.is_on() && api.refuses_thinking_with_a_forced_call() {
                     return Err(Invalid::ThinkingWithForcedCall);
                 }
@@ -408,12 +394,11 @@ pub fn validate(
     }
     // Reuse keeps states where later prompts may diverge: the prelude's ends and the ends of
     // messages ([`prefix::keep_points`]).
-    let keep_at = match &reuse {
-        Some(_) => {
-            let end_of_message = tokenizer.special_id(crate::tokenizer::END_OF_MSG);
-            prefix::keep_points(&prompt, end_of_message, &prelude)
-        }
-        None => Vec::new(),
+    let keep_at = if reuse {
+        let end_of_message = tokenizer.special_id(crate::tokenizer::END_OF_MSG);
+        prefix::keep_points(&prompt, end_of_message, &prelude)
+    } else {
+        Vec::new()
     };
     let prelude_points = prefix::prelude_points(prompt.len(), &prelude);
     let request = GenerateRequest {
@@ -432,9 +417,7 @@ pub fn validate(
     Ok(Validated {
         request,
         kind,
-        conversation: conversation
-            .filter(|_| reuse.is_some())
-            .map(|c| (c, prelude_points)),
+        conversation: conversation.filter(|_| reuse).map(|c| (c, prelude_points)),
         caller,
         session,
         reuse,
@@ -466,9 +449,15 @@ pub fn render_chat(
     // and vLLM's reading), unless that message is marked to be continued (`partial`).
     conversation.generation_prompt = true;
     let thinking = conversation.reply_opens_thinking();
-    match chat::render_limited(tokenizer, &conversation, limit)
-        .map_err(|e| Invalid::Render(e.to_string()))?
-    {
+    match chat::render_limited(tokenizer, &conversation, limit).map_err(|e| Invalid::Render {
+        field: match e {
+            chat::ChatError::RequiredWithoutTools | chat::ChatError::UnknownFunction(_) => {
+                Field::ToolChoice
+            }
+            _ => Field::Prompt,
+        },
+        reason: e.to_string(),
+    })? {
         chat::Limited::Within(ids, prelude) => Ok(Ok((ids, thinking, conversation, prelude))),
         chat::Limited::Over(count) => Ok(Err(count)),
     }
